@@ -1,0 +1,12 @@
+"""numba_attn: attention kernels in Python with Numba CUDA, checked against the NumPy `reference` package.
+
+Public functions (each mirrors a `reference` function of the same signature):
+``flash_forward``, ``flash_decode``, ``combine_lse``, ``causal_dot_product``, ``linear_attention``.
+Without a usable GPU the same calls run under Numba's CUDA simulator (see ``numba_attn._device``).
+"""
+from . import _device  # noqa: F401  (decides GPU vs simulator before numba.cuda is imported)
+from ._device import SIMULATOR
+from .api import causal_dot_product, combine_lse, flash_decode, flash_forward, linear_attention
+
+__version__ = "0.1.0"
+__all__ = ["flash_forward", "flash_decode", "combine_lse", "causal_dot_product", "linear_attention", "SIMULATOR"]

@@ -1,0 +1,386 @@
+"""Array handling for every public call, in one place.
+
+The kernels only ever see Numba device-array views. This module turns whatever the caller passed into those views
+and turns the results back into the caller's kind of array:
+
+* NumPy arrays and torch CPU tensors are copied to the device and the results copied back (NumPy / torch out);
+* CuPy arrays, Numba device arrays and torch CUDA tensors are used in place through ``__cuda_array_interface__``
+  (any strides, no copy) and the outputs are allocated by the caller's library;
+* torch ``bfloat16`` tensors (which have no ``__cuda_array_interface__``) travel as a ``uint16`` bit view; raw bf16
+  buffers can be passed the same way with ``dtype="bfloat16"`` where a function offers it.
+
+Kernels are launched on the caller's *current* stream (CuPy's or torch's), so the results are ordered after the
+caller's earlier work and before its later work without any device-wide synchronisation.
+
+It also holds the argument checks shared by the public functions, so that every bad input gets the same clear
+message naming the argument and what was expected.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._device import SIMULATOR, cuda
+
+#: Head dims the kernels accept (the tiles hold at most 256 columns).
+MAX_HEAD_DIM = 256
+
+_HOST, _CUPY, _TORCH, _NUMBA = "host", "cupy", "torch", "numba"
+
+BFLOAT16 = "bfloat16"
+
+
+def _library_of(x: Any) -> str:
+    module = type(x).__module__
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    if module.startswith("torch"):
+        return "torch"
+    if module.startswith("cupy"):
+        return "cupy"
+    if cuda.is_cuda_array(x):
+        return "numba"
+    return "unknown"
+
+
+def _dtype_name(x: Any, library: str) -> str:
+    if library == "torch":
+        name = str(x.dtype).replace("torch.", "")
+        return {"half": "float16", "float": "float32", "double": "float64"}.get(name, name)
+    return np.dtype(x.dtype).name
+
+
+def _torch_device_index(x: Any) -> int:
+    return x.device.index if x.device.index is not None else 0
+
+
+@dataclass
+class _Placement:
+    kind: str  # host, cupy, torch or numba
+    library: str  # numpy, torch, cupy, numba
+    device_id: int  # -1 for host arrays
+
+
+def _placement(name: str, x: Any) -> _Placement:
+    library = _library_of(x)
+    if library == "numpy":
+        return _Placement(_HOST, "numpy", -1)
+    if library == "torch":
+        if x.device.type == "cuda":
+            return _Placement(_TORCH, "torch", _torch_device_index(x))
+        if x.device.type == "cpu":
+            return _Placement(_HOST, "torch", -1)
+        raise TypeError(f"{name}: torch tensors must be on a CUDA device or the CPU, got device {x.device}")
+    if library == "cupy":
+        return _Placement(_CUPY, "cupy", x.device.id)
+    if library == "numba":
+        return _Placement(_NUMBA, "numba", cuda.get_current_device().id if not SIMULATOR else 0)
+    raise TypeError(
+        f"{name}: expected a NumPy array, CuPy array, Numba device array or torch tensor, got {type(x).__name__}"
+    )
+
+
+@dataclass
+class Output:
+    """An output array: ``view`` is what the kernel writes, ``obj`` the caller's array (None: make one at the end)."""
+
+    view: Any
+    obj: Any = None
+
+
+def _torch_from_numpy(host: np.ndarray):
+    import torch
+
+    return torch.from_numpy(host)
+
+
+@dataclass
+class Call:
+    """One public call's arrays: validated, on the device, with the stream to launch on.
+
+    ``call.inputs[name]`` is the device view a kernel takes; ``call.output(shape)`` makes an output of the caller's
+    kind; ``call.result(output)`` is what the caller gets back.
+    """
+
+    kind: str
+    library: str
+    device_id: int
+    dtype: str  # float16, float32 or bfloat16
+    stream: Any
+    inputs: dict = field(default_factory=dict)
+
+    # -- outputs -------------------------------------------------------------------------------------------------
+    def output(self, shape: tuple, dtype: str | None = None, out: Any = None, name: str = "out") -> "Output":
+        """An output of the caller's kind: a new uninitialised one, or the caller's ``out`` after checking it."""
+        dtype = dtype or self.dtype
+        if out is not None:
+            self._check_out(name, out, shape, dtype)
+        if self.kind == _HOST:
+            if SIMULATOR:
+                view = out if out is not None else np.empty(shape, dtype=_storage_dtype(dtype))
+            else:
+                view = cuda.device_array(shape, dtype=_storage_dtype(dtype), stream=self.stream)
+            return Output(view=view, obj=out)
+        if out is not None:
+            return Output(view=self._device_view(name, out, _placement(name, out)), obj=out)
+        if self.kind == _CUPY:
+            import cupy
+
+            with cupy.cuda.Device(self.device_id):
+                arr = cupy.empty(shape, dtype=_storage_dtype(dtype))
+            return Output(view=cuda.as_cuda_array(arr, sync=False), obj=arr)
+        if self.kind == _TORCH:
+            import torch
+
+            arr = torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{self.device_id}")
+            return Output(view=_device_view_of_torch(arr), obj=arr)
+        view = cuda.device_array(shape, dtype=_storage_dtype(dtype), stream=self.stream)
+        return Output(view=view, obj=view)
+
+    def _check_out(self, name: str, out: Any, shape: tuple, dtype: str) -> None:
+        placement = _placement(name, out)
+        if placement.kind != self.kind or placement.device_id != self.device_id:
+            raise ValueError(
+                f"{name}: must live where the inputs live ({self.library}, device {self.device_id}), "
+                f"got {placement.library} on device {placement.device_id}"
+            )
+        if tuple(out.shape) != tuple(shape):
+            raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(out.shape)}")
+        if _dtype_name(out, placement.library) != dtype:
+            raise ValueError(f"{name}: expected dtype {dtype}, got {_dtype_name(out, placement.library)}")
+        if placement.kind == _HOST and placement.library == "numpy" and not out.flags.writeable:
+            raise ValueError(f"{name}: must be writeable")
+
+    def result(self, output: "Output"):
+        """What the caller gets back: the output array of its kind (copied to the host for host callers)."""
+        if self.kind != _HOST:
+            return output.obj
+        if SIMULATOR:
+            host = output.view
+        else:
+            host = output.view.copy_to_host(stream=self.stream)
+            self.stream.synchronize()
+        if output.obj is not None:
+            if output.obj is not host:
+                output.obj[...] = host if self.library == "numpy" else _torch_from_numpy(host)
+            return output.obj
+        return _torch_from_numpy(host) if self.library == "torch" else host
+
+    # -- inputs --------------------------------------------------------------------------------------------------
+    def _device_view(self, name: str, x: Any, placement: _Placement):
+        if placement.library == "torch":
+            return _device_view_of_torch(x)
+        if placement.library == "numba":
+            return x
+        return cuda.as_cuda_array(x, sync=False)
+
+    def add_input(self, name: str, x: Any, placement: _Placement):
+        if self.kind == _HOST:
+            host = x.detach().numpy() if placement.library == "torch" else x
+            if SIMULATOR:
+                self.inputs[name] = host
+            else:
+                # one contiguous host buffer per input: the copy to the device is a copy anyway
+                self.inputs[name] = cuda.to_device(np.ascontiguousarray(host), stream=self.stream)
+        else:
+            self.inputs[name] = self._device_view(name, x, placement)
+
+
+def _storage_dtype(dtype: str):
+    # bfloat16 travels as its bit pattern; the kernels convert it on load
+    return np.uint16 if dtype == BFLOAT16 else np.dtype(dtype)
+
+
+def _device_view_of_torch(t: Any):
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    view = cuda.as_cuda_array(t, sync=False)
+    return view
+
+
+def _caller_stream(kind: str, device_id: int):
+    if SIMULATOR:
+        return 0
+    if kind == _CUPY:
+        import cupy
+
+        with cupy.cuda.Device(device_id):
+            ptr = cupy.cuda.get_current_stream().ptr
+    elif kind == _TORCH:
+        import torch
+
+        ptr = torch.cuda.current_stream(device_id).cuda_stream
+    else:
+        return cuda.default_stream()
+    # ptr 0 is the legacy default stream; Numba's default stream object is that stream
+    return cuda.external_stream(ptr) if ptr else cuda.default_stream()
+
+
+def prepare(
+    arrays: dict[str, Any],
+    *,
+    dtypes: tuple[str, ...] = ("float16", "float32", BFLOAT16),
+    own_dtype: dict[str, tuple[str, ...]] | None = None,
+) -> Call:
+    """Validate the named input arrays of one call and bring them onto the device.
+
+    All arrays must be of one kind (all host or all on the same GPU) and share one dtype from ``dtypes``, except
+    those named in ``own_dtype``, which need one of their own listed dtypes instead.
+    """
+    own_dtype = own_dtype or {}
+    first_name, first_placement = None, None
+    common_dtype = None
+    placements = {}
+    for name, x in arrays.items():
+        placement = _placement(name, x)
+        dtype = _dtype_name(x, placement.library)
+        allowed = own_dtype.get(name, dtypes)
+        if dtype not in allowed:
+            raise TypeError(f"{name}: dtype {dtype} is not supported; expected {' or '.join(allowed)}")
+        if first_placement is None:
+            first_name, first_placement, common_dtype = name, placement, dtype
+        else:
+            if placement.kind == _HOST and first_placement.kind != _HOST or (
+                placement.kind != _HOST and first_placement.kind == _HOST
+            ):
+                raise ValueError(
+                    f"{name}: is on the {'host' if placement.kind == _HOST else 'GPU'} but {first_name} is on the "
+                    f"{'host' if first_placement.kind == _HOST else 'GPU'}; pass all arrays from one place"
+                )
+            if placement.device_id != first_placement.device_id:
+                raise ValueError(
+                    f"{name}: is on GPU {placement.device_id} but {first_name} is on GPU {first_placement.device_id}"
+                )
+            if name not in own_dtype and dtype != common_dtype:
+                raise TypeError(f"{name}: dtype {dtype} differs from {first_name}'s {common_dtype}; cast them to one")
+        placements[name] = placement
+
+    # Several device libraries at once (say CuPy q, torch k) are allowed; outputs follow the first array's library.
+    kind = first_placement.kind
+    library = first_placement.library
+    call = Call(
+        kind=kind,
+        library=library,
+        device_id=first_placement.device_id,
+        dtype=common_dtype,
+        stream=_caller_stream(kind, first_placement.device_id),
+    )
+    for name, x in arrays.items():
+        call.add_input(name, x, placements[name])
+    return call
+
+
+# -- shape checks shared by the public functions ---------------------------------------------------------------------
+def with_unit_axes(view: Any, at: int, count: int):
+    """The device (or simulator NumPy) view with ``count`` axes of length 1 inserted before axis ``at``; no copy."""
+    shape = tuple(view.shape[:at]) + (1,) * count + tuple(view.shape[at:])
+    strides = tuple(view.strides[:at]) + (0,) * count + tuple(view.strides[at:])
+    if isinstance(view, np.ndarray):
+        return np.lib.stride_tricks.as_strided(view, shape, strides)
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    return DeviceNDArray(shape=shape, strides=strides, dtype=view.dtype, stream=view.stream, gpu_data=view.gpu_data)
+
+
+def lift(view: Any, ndim: int):
+    """Prepend length-1 axes up to ``ndim``: ``(seqlen, headdim)`` -> ``(1, 1, seqlen, headdim)``, ``(seqlen,)`` ->
+    ``(1, 1, seqlen)``. The kernels only know the batched layout."""
+    return with_unit_axes(view, 0, ndim - view.ndim) if view.ndim < ndim else view
+
+
+def check_rank(name: str, x: Any) -> int:
+    ndim = len(x.shape)
+    if ndim not in (2, 4):
+        raise ValueError(f"{name}: expected shape (batch, heads, seqlen, headdim) or (seqlen, headdim), got {tuple(x.shape)}")
+    return ndim
+
+
+@dataclass
+class AttentionShape:
+    batch: int
+    heads: int
+    kv_heads: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    ndim: int  # 2 or 4, the rank the caller used
+
+    @property
+    def group_size(self) -> int:
+        return self.heads // self.kv_heads
+
+    def out_shape(self, last: int | None = None) -> tuple:
+        last = self.head_dim if last is None else last
+        if self.ndim == 2:
+            return (self.seqlen_q, last)
+        return (self.batch, self.heads, self.seqlen_q, last)
+
+    def lse_shape(self) -> tuple:
+        return (self.seqlen_q,) if self.ndim == 2 else (self.batch, self.heads, self.seqlen_q)
+
+
+def attention_shape(q: Any, k: Any, v: Any) -> AttentionShape:
+    """Check q, k, v of ``(batch, heads, seqlen, headdim)`` (k/v may have fewer heads: GQA) or ``(seqlen, headdim)``."""
+    ranks = {name: check_rank(name, x) for name, x in (("q", q), ("k", k), ("v", v))}
+    if len(set(ranks.values())) != 1:
+        raise ValueError(f"q, k, v: must all have the same rank, got {ranks['q']}, {ranks['k']}, {ranks['v']}")
+    qs, ks, vs = (tuple(x.shape) for x in (q, k, v))
+    if ranks["q"] == 2:
+        qs, ks, vs = (1, 1) + qs, (1, 1) + ks, (1, 1) + vs
+    b, h, lq, d = qs
+    if ks[0] != b or vs[0] != b:
+        raise ValueError(f"k, v: batch must match q's batch {b}, got k {ks[0]} and v {vs[0]}")
+    if ks[1] != vs[1]:
+        raise ValueError(f"k, v: must have the same number of heads, got {ks[1]} and {vs[1]}")
+    hk = ks[1]
+    if hk < 1 or h % hk != 0:
+        raise ValueError(f"k: number of heads {hk} must divide q's {h} (grouped-query attention)")
+    if ks[2] != vs[2]:
+        raise ValueError(f"v: seqlen must equal k's seqlen {ks[2]}, got {vs[2]}")
+    if not (1 <= d <= MAX_HEAD_DIM):
+        raise ValueError(f"q: headdim must be between 1 and {MAX_HEAD_DIM}, got {d}")
+    if ks[3] != d:
+        raise ValueError(f"k: headdim must equal q's headdim {d}, got {ks[3]}")
+    if vs[3] != d:
+        raise ValueError(f"v: headdim must equal q's headdim {d}, got {vs[3]}")
+    return AttentionShape(b, h, hk, lq, ks[2], d, ranks["q"])
+
+
+@dataclass
+class LinearShape:
+    batch: int
+    heads: int
+    seqlen: int
+    key_dim: int  # E
+    value_dim: int  # M
+    ndim: int
+
+    def out_shape(self) -> tuple:
+        if self.ndim == 2:
+            return (self.seqlen, self.value_dim)
+        return (self.batch, self.heads, self.seqlen, self.value_dim)
+
+
+def linear_shape(q: Any, k: Any, v: Any, max_dim: int = MAX_HEAD_DIM) -> LinearShape:
+    """Check q, k ``(batch, heads, seqlen, E)`` and v ``(batch, heads, seqlen, M)`` (or the same without batch, heads)."""
+    ranks = {name: check_rank(name, x) for name, x in (("q", q), ("k", k), ("v", v))}
+    if len(set(ranks.values())) != 1:
+        raise ValueError(f"q, k, v: must all have the same rank, got {ranks['q']}, {ranks['k']}, {ranks['v']}")
+    qs, ks, vs = (tuple(x.shape) for x in (q, k, v))
+    if ranks["q"] == 2:
+        qs, ks, vs = (1, 1) + qs, (1, 1) + ks, (1, 1) + vs
+    if ks[:3] != qs[:3]:
+        raise ValueError(f"k: (batch, heads, seqlen) must equal q's {qs[:3]}, got {ks[:3]}")
+    if vs[:3] != qs[:3]:
+        raise ValueError(f"v: (batch, heads, seqlen) must equal q's {qs[:3]}, got {vs[:3]}")
+    if ks[3] != qs[3]:
+        raise ValueError(f"k: feature dim E must equal q's {qs[3]}, got {ks[3]}")
+    if not (1 <= qs[3] <= max_dim):
+        raise ValueError(f"q: feature dim E must be between 1 and {max_dim}, got {qs[3]}")
+    if not (1 <= vs[3] <= max_dim):
+        raise ValueError(f"v: value dim M must be between 1 and {max_dim}, got {vs[3]}")
+    return LinearShape(qs[0], qs[1], qs[2], qs[3], vs[3], ranks["q"])

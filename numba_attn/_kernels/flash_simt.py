@@ -1,0 +1,232 @@
+"""Portable tiled online-softmax attention forward (FlashAttention-2 loop order), plain CUDA cores.
+
+One thread block owns ``block_m`` query rows of one (batch, head) and walks the key/value sequence in tiles of
+``block_n`` keys. The scores of a tile never leave the chip: ``S = Q K^T`` is accumulated in registers, the running
+row max ``m`` and the sum ``l`` are updated (online softmax), ``P = exp2(S - m)`` goes through shared memory once to
+meet ``V``, and the un-normalised output accumulator ``O`` is rescaled by ``exp2(m_old - m_new)``. ``O / l`` is
+written once at the end. Scores are kept in base 2: ``sm_scale * log2(e)`` is folded into one multiply.
+
+Thread layout: ``threads_x * threads_y`` threads; thread ``(ty, tx)`` owns rows ``ty + threads_y * i`` of the tile,
+keys ``tx + threads_x * j`` of ``S`` and head-dim columns ``tx + threads_x * j`` of ``O``. The interleaving makes the
+shared-memory reads of a warp hit consecutive words (no bank conflicts) and the output stores coalesce. Q and K reach
+shared memory transposed, in slices of ``chunk`` head-dim columns; V and P in slices of ``chunk`` keys. Static shared
+memory therefore stays small for any head dim up to 256.
+
+Everything here also runs under ``NUMBA_ENABLE_CUDASIM=1`` (no warp shuffles: row reductions go through shared
+memory), so the tile shape is a parameter and the tests use tiny tiles.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from numba import float32
+
+from .._device import SIMULATOR, cuda
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@dataclass(frozen=True)
+class SimtConfig:
+    """Tuning knobs of the portable kernel."""
+
+    threads_x: int = 16  # threads along keys / head dim
+    threads_y: int = 8  # threads along query rows
+    rows_per_thread: int = 8  # block_m = threads_y * rows_per_thread
+    keys_per_thread: int = 4  # block_n = threads_x * keys_per_thread
+    chunk: int = 16  # head-dim columns (GEMM 1) or keys (GEMM 2) staged in shared memory at a time
+
+    @property
+    def block_m(self) -> int:
+        return self.threads_y * self.rows_per_thread
+
+    @property
+    def block_n(self) -> int:
+        return self.threads_x * self.keys_per_thread
+
+    @property
+    def threads(self) -> int:
+        return self.threads_x * self.threads_y
+
+
+#: Default tiles on a GPU and under the simulator (where every thread is a Python thread: keep blocks tiny).
+GPU_CONFIG = SimtConfig()
+SIMULATOR_CONFIG = SimtConfig(threads_x=4, threads_y=4, rows_per_thread=2, keys_per_thread=2, chunk=4)
+
+
+def default_config() -> SimtConfig:
+    return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
+
+
+@lru_cache(maxsize=None)
+def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
+    """Compile-time specialised kernel: tile shape, padded head dim and causality are constants."""
+    TX, TY = config.threads_x, config.threads_y
+    RM, RN = config.rows_per_thread, config.keys_per_thread
+    CHUNK = config.chunk
+    BLOCK_M, BLOCK_N = config.block_m, config.block_n
+    NT = TX * TY
+    RD = head_dim_pad // TX  # head-dim columns of O per thread
+    D_PAD = head_dim_pad
+    CAUSAL = causal
+    # +1 word of padding per row: the transposed stores into shared memory then spread over all banks
+    PAD = 1
+    NEG_INF = -math.inf
+
+    @cuda.jit(cache=not SIMULATOR)
+    def kernel(q, k, v, out, lse, write_lse, scale_log2):
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * TX + tx
+        # batch * heads on x (up to 2**31 - 1 blocks), query tiles on y (up to 65535)
+        bh = cuda.blockIdx.x
+        m0 = cuda.blockIdx.y * BLOCK_M
+        heads = q.shape[1]
+        b = bh // heads
+        h = bh % heads
+        hk = h // (heads // k.shape[1])  # grouped-query attention: q heads share a kv head
+        seqlen_q = q.shape[2]
+        seqlen_k = k.shape[2]
+        head_dim = q.shape[3]
+        # bottom-right aligned causal mask: query row i sees keys j <= i + diag_offset
+        diag_offset = seqlen_k - seqlen_q
+
+        q_tile = cuda.shared.array((CHUNK, BLOCK_M + PAD), float32)  # Q^T slice
+        k_tile = cuda.shared.array((CHUNK, BLOCK_N + PAD), float32)  # K^T slice
+        v_tile = cuda.shared.array((CHUNK, D_PAD), float32)  # V slice, keys x head dim
+        p_tile = cuda.shared.array((BLOCK_N, BLOCK_M + PAD), float32)  # P^T of the whole tile
+        row_part = cuda.shared.array((BLOCK_M, TX), float32)  # per-thread partial row max / sum
+
+        acc = cuda.local.array((RM, RD), float32)
+        s = cuda.local.array((RM, RN), float32)
+        m_i = cuda.local.array(RM, float32)
+        l_part = cuda.local.array(RM, float32)  # this thread's share of l; summed over the row at the end
+        for i in range(RM):
+            m_i[i] = NEG_INF
+            l_part[i] = 0.0
+            for j in range(RD):
+                acc[i, j] = 0.0
+
+        n_end = seqlen_k
+        if CAUSAL:
+            n_end = min(seqlen_k, max(0, m0 + BLOCK_M + diag_offset))
+        for n0 in range(0, n_end, BLOCK_N):
+            # ---- S = Q K^T for this tile, head dim in slices of CHUNK -------------------------------------------
+            for i in range(RM):
+                for j in range(RN):
+                    s[i, j] = 0.0
+            for d0 in range(0, D_PAD, CHUNK):
+                for e in range(tid, CHUNK * BLOCK_M, NT):
+                    dd = e % CHUNK
+                    r = e // CHUNK
+                    val = float32(0.0)
+                    if m0 + r < seqlen_q and d0 + dd < head_dim:
+                        val = float32(q[b, h, m0 + r, d0 + dd])
+                    q_tile[dd, r] = val
+                for e in range(tid, CHUNK * BLOCK_N, NT):
+                    dd = e % CHUNK
+                    c = e // CHUNK
+                    val = float32(0.0)
+                    if n0 + c < seqlen_k and d0 + dd < head_dim:
+                        val = float32(k[b, hk, n0 + c, d0 + dd])
+                    k_tile[dd, c] = val
+                cuda.syncthreads()
+                for dd in range(CHUNK):
+                    for i in range(RM):
+                        qv = q_tile[dd, ty + TY * i]
+                        for j in range(RN):
+                            s[i, j] += qv * k_tile[dd, tx + TX * j]
+                cuda.syncthreads()
+
+            # ---- online softmax: masks only on the tail tile and tiles that cross the diagonal ------------------
+            needs_mask = n0 + BLOCK_N > seqlen_k
+            if CAUSAL:
+                needs_mask = needs_mask or (n0 + BLOCK_N - 1 > m0 + diag_offset)
+            for i in range(RM):
+                row = m0 + ty + TY * i
+                tile_max = NEG_INF
+                for j in range(RN):
+                    x = s[i, j] * scale_log2
+                    if needs_mask:
+                        key = n0 + tx + TX * j
+                        if key >= seqlen_k or (CAUSAL and key > row + diag_offset):
+                            x = NEG_INF
+                    s[i, j] = x
+                    tile_max = max(tile_max, x)
+                row_part[ty + TY * i, tx] = tile_max
+            cuda.syncthreads()
+            for i in range(RM):
+                r = ty + TY * i
+                m_new = m_i[i]
+                for t in range(TX):
+                    m_new = max(m_new, row_part[r, t])
+                # a row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
+                m_use = m_new if m_new != NEG_INF else float32(0.0)
+                alpha = math.exp2(m_i[i] - m_use)
+                m_i[i] = m_new
+                row_sum = float32(0.0)
+                for j in range(RN):
+                    p = math.exp2(s[i, j] - m_use)
+                    row_sum += p
+                    p_tile[tx + TX * j, r] = p
+                l_part[i] = l_part[i] * alpha + row_sum
+                for j in range(RD):
+                    acc[i, j] *= alpha
+            cuda.syncthreads()  # P complete, and row_part free for the next tile
+
+            # ---- O += P V, keys in slices of CHUNK ---------------------------------------------------------------
+            for c0 in range(0, BLOCK_N, CHUNK):
+                for e in range(tid, CHUNK * D_PAD, NT):
+                    dd = e % D_PAD
+                    c = e // D_PAD
+                    val = float32(0.0)
+                    if n0 + c0 + c < seqlen_k and dd < head_dim:
+                        val = float32(v[b, hk, n0 + c0 + c, dd])
+                    v_tile[c, dd] = val
+                cuda.syncthreads()
+                for c in range(CHUNK):
+                    for i in range(RM):
+                        p = p_tile[c0 + c, ty + TY * i]
+                        for j in range(RD):
+                            acc[i, j] += p * v_tile[c, tx + TX * j]
+                cuda.syncthreads()
+
+        # ---- epilogue: one division per row, lse in natural log ----------------------------------------------
+        for i in range(RM):
+            row_part[ty + TY * i, tx] = l_part[i]
+        cuda.syncthreads()
+        for i in range(RM):
+            r = ty + TY * i
+            row = m0 + r
+            if row < seqlen_q:
+                l = float32(0.0)
+                for t in range(TX):
+                    l += row_part[r, t]
+                # rows that see no key (causal, Lq > Lk) give 0 and lse = -inf, as in the reference
+                inv_l = float32(1.0) / l if l > 0.0 else float32(0.0)
+                for j in range(RD):
+                    d = tx + TX * j
+                    if d < head_dim:
+                        out[b, h, row, d] = acc[i, j] * inv_l
+                if write_lse and tx == 0:
+                    if l > 0.0:
+                        lse[b, h, row] = (m_i[i] + math.log2(l)) * LN2
+                    else:
+                        lse[b, h, row] = NEG_INF
+
+    return kernel
+
+
+def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: SimtConfig | None = None):
+    """Launch on device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q)."""
+    config = config or default_config()
+    batch, heads, seqlen_q, head_dim = q.shape
+    step = config.threads_x * (config.chunk // math.gcd(config.chunk, config.threads_x))
+    head_dim_pad = -(-head_dim // step) * step  # a multiple of threads_x and of chunk
+    kernel = flash_forward_kernel(config, head_dim_pad, bool(causal))
+    grid = (batch * heads, -(-seqlen_q // config.block_m))
+    block = (config.threads_x, config.threads_y)
+    kernel[grid, block, stream](q, k, v, out, lse, write_lse, float32(sm_scale * LOG2E))

@@ -1,0 +1,200 @@
+"""The public API of numba_attn: five functions, each with the same signature as its float64 twin in `reference`.
+
+| numba_attn              | reference                         |
+|-------------------------|-----------------------------------|
+| ``flash_forward``       | ``reference.attention``           |
+| ``flash_decode``        | ``reference.attention`` (via split-KV + ``combine_lse``) |
+| ``combine_lse``         | ``reference.combine_lse``         |
+| ``causal_dot_product``  | ``reference.causal_dot_product``  |
+| ``linear_attention``    | ``reference.linear_attention``    |
+
+Every function takes NumPy arrays, CuPy arrays, Numba device arrays or torch tensors and returns the same kind
+(see ``_arrays``); device inputs are used in place and kernels run on the caller's current stream.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+from . import _arrays
+from ._arrays import attention_shape, lift, prepare
+from ._device import multiprocessor_count
+from ._kernels import decode as _decode
+from ._kernels import flash_simt as _flash_simt
+from ._kernels import linear_recurrent as _linear
+
+__all__ = ["flash_forward", "flash_decode", "combine_lse", "causal_dot_product", "linear_attention"]
+
+
+def _check_sm_scale(sm_scale, head_dim: int) -> float:
+    if sm_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if not isinstance(sm_scale, numbers.Real) or not math.isfinite(float(sm_scale)):
+        raise ValueError(f"sm_scale: expected a finite real number or None, got {sm_scale!r}")
+    return float(sm_scale)
+
+
+def _lse_placeholder(call):
+    """A one-element lse array for kernels launched without ``return_lse`` (they never write it)."""
+    return call.output((1, 1, 1), "float32").view
+
+
+def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out=None):
+    """Exact attention ``softmax(sm_scale * q k^T) v`` without materialising the scores.
+
+    Args:
+        q: ``(batch, heads, seqlen_q, headdim)`` or ``(seqlen_q, headdim)``; float16 or float32.
+        k, v: ``(batch, kv_heads, seqlen_k, headdim)``; ``heads`` must be a multiple of ``kv_heads``
+            (grouped-query attention: q head ``h`` reads kv head ``h // (heads // kv_heads)``).
+        causal: mask aligned bottom-right, query ``i`` sees keys ``j <= i + seqlen_k - seqlen_q``.
+        sm_scale: score scale, default ``1 / sqrt(headdim)``.
+        return_lse: also return ``lse``, the natural-log log-sum-exp of each row's scaled scores,
+            ``(batch, heads, seqlen_q)`` float32.
+        out: optional output array of q's shape, dtype and kind.
+
+    Returns:
+        ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key give 0 and ``lse = -inf``.
+    """
+    return _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits=None, decode=False)
+
+
+def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, return_lse=False):
+    """Attention for a few query rows against a long key/value sequence (the KV-cache case), split over keys.
+
+    The keys are cut into ``num_splits`` contiguous ranges handled by separate thread blocks (flash-decoding), each
+    producing a normalised partial output and its ``lse``; a second kernel merges them with ``combine_lse`` weights.
+    ``num_splits=None`` picks the count from the number of (batch, head) blocks and SMs so that the whole GPU
+    streams the cache.
+
+    Args and returns as ``flash_forward``; ``q`` is typically ``(batch, heads, 1..16, headdim)``.
+    """
+    if num_splits is not None and (
+        isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits < 1
+    ):
+        raise ValueError(f"num_splits: expected an integer >= 1 or None, got {num_splits!r}")
+    return _attention(q, k, v, causal, sm_scale, return_lse, None, num_splits=num_splits, decode=True)
+
+
+def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode):
+    shape = attention_shape(q, k, v)
+    sm_scale = _check_sm_scale(sm_scale, shape.head_dim)
+    call = prepare({"q": q, "k": k, "v": v})
+    out = call.output(shape.out_shape(), out=out)
+    lse = call.output(shape.lse_shape(), "float32") if return_lse else None
+    if shape.seqlen_q > 0 and shape.batch * shape.heads > 0:
+        if call.dtype == _arrays.BFLOAT16:
+            raise TypeError("q: bfloat16 needs the tensor-core kernels, which this build does not have yet")
+        args = (
+            lift(call.inputs["q"], 4),
+            lift(call.inputs["k"], 4),
+            lift(call.inputs["v"], 4),
+            lift(out.view, 4),
+            lift(lse.view, 3) if return_lse else _lse_placeholder(call),
+            bool(return_lse),
+            sm_scale,
+            bool(causal),
+        )
+        if decode:
+            if num_splits is None:
+                num_splits = _decode.choose_num_splits(
+                    shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_k, multiprocessor_count()
+                )
+            _decode.launch(*args, num_splits, call.stream)
+        else:
+            _flash_simt.launch(*args, call.stream)
+    if return_lse:
+        return call.result(out), call.result(lse)
+    return call.result(out)
+
+
+def combine_lse(o_parts, lse_parts):
+    """Merge partial attention results computed over disjoint key sets (split-K, ring / context parallelism).
+
+    Args:
+        o_parts: ``(num_splits, batch, heads, seqlen_q, headdim)`` (or ``(num_splits, seqlen_q, headdim)``),
+            each part normalised over its own keys; float16 or float32.
+        lse_parts: ``(num_splits, batch, heads, seqlen_q)`` (or ``(num_splits, seqlen_q)``) float32, ``-inf`` for
+            a part that saw no key.
+
+    Returns:
+        ``(out, lse)``: ``out = sum_s exp(lse_s - lse) o_s`` in o_parts' dtype and ``lse = log(sum_s exp(lse_s))``
+        float32. If every part is empty: 0 and ``-inf``, never NaN.
+    """
+    o_ndim = len(o_parts.shape)
+    if o_ndim not in (3, 5):
+        raise ValueError(
+            "o_parts: expected shape (num_splits, batch, heads, seqlen_q, headdim) or "
+            f"(num_splits, seqlen_q, headdim), got {tuple(o_parts.shape)}"
+        )
+    if tuple(lse_parts.shape) != tuple(o_parts.shape[:-1]):
+        raise ValueError(
+            f"lse_parts: expected shape {tuple(o_parts.shape[:-1])} (o_parts without headdim), "
+            f"got {tuple(lse_parts.shape)}"
+        )
+    if o_parts.shape[0] < 1:
+        raise ValueError("o_parts: needs at least one part (num_splits >= 1)")
+    call = prepare(
+        {"o_parts": o_parts, "lse_parts": lse_parts},
+        dtypes=("float16", "float32"),
+        own_dtype={"lse_parts": ("float32",)},
+    )
+    out = call.output(tuple(o_parts.shape[1:]))
+    lse = call.output(tuple(lse_parts.shape[1:]), "float32")
+    if math.prod(o_parts.shape[1:]) > 0:
+        unit_axes = 2 if o_ndim == 3 else 0  # (num_splits, seqlen, d) -> (num_splits, 1, 1, seqlen, d)
+        _decode.launch_combine(
+            _arrays.with_unit_axes(call.inputs["o_parts"], 1, unit_axes),
+            _arrays.with_unit_axes(call.inputs["lse_parts"], 1, unit_axes),
+            lift(out.view, 4),
+            lift(lse.view, 3),
+            call.stream,
+        )
+    return call.result(out), call.result(lse)
+
+
+def causal_dot_product(q, k, v):
+    """``out_i = sum_{j <= i} (q_i . k_j) v_j``, the causal numerator of linear attention ("Transformers are RNNs").
+
+    Args:
+        q, k: ``(batch, heads, seqlen, E)``; v: ``(batch, heads, seqlen, M)`` (or without batch, heads);
+            E, M <= 256 may differ; float16 or float32. The state ``sum k_j v_j^T`` is accumulated in float32.
+
+    Returns:
+        ``(batch, heads, seqlen, M)`` in the inputs' dtype.
+    """
+    shape = _arrays.linear_shape(q, k, v)
+    call = prepare({"q": q, "k": k, "v": v}, dtypes=("float16", "float32"))
+    out = call.output(shape.out_shape())
+    if shape.seqlen > 0 and shape.batch * shape.heads > 0:
+        _linear.launch_causal_dot_product(
+            lift(call.inputs["q"], 4), lift(call.inputs["k"], 4), lift(call.inputs["v"], 4), lift(out.view, 4),
+            call.stream,
+        )
+    return call.result(out)
+
+
+def linear_attention(q, k, v, *, causal=True, eps=1e-6):
+    """The linear-attention layer of "Transformers are RNNs" with the ``elu(x) + 1`` feature map ``phi``.
+
+    ``out_i = phi(q_i)^T S_i / (phi(q_i) . z_i + eps)`` with ``S_i = sum_j phi(k_j) v_j^T`` and
+    ``z_i = sum_j phi(k_j)``, the sums over ``j <= i`` when ``causal`` and over all ``j`` otherwise.
+
+    Args:
+        q, k: ``(batch, heads, seqlen, E)``; v: ``(batch, heads, seqlen, M)`` (or without batch, heads);
+            float16 or float32.
+        eps: added to the normaliser's denominator.
+
+    Returns:
+        ``(batch, heads, seqlen, M)`` in the inputs' dtype.
+    """
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(float(eps)) or eps < 0:
+        raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
+    shape = _arrays.linear_shape(q, k, v)
+    call = prepare({"q": q, "k": k, "v": v}, dtypes=("float16", "float32"))
+    out = call.output(shape.out_shape())
+    if shape.seqlen > 0 and shape.batch * shape.heads > 0:
+        _linear.launch_linear_attention(
+            lift(call.inputs["q"], 4), lift(call.inputs["k"], 4), lift(call.inputs["v"], 4), lift(out.view, 4),
+            bool(causal), float(eps), call.stream,
+        )
+    return call.result(out)

@@ -1,0 +1,37 @@
+"""Test setup: GPU-or-simulator decision, Hypothesis profiles, the `gpu` marker.
+
+Importing numba_attn first lets it decide, before numba.cuda is imported, whether kernels run on a GPU or under
+Numba's CUDA simulator (no GPU visible -> NUMBA_ENABLE_CUDASIM=1). Tests marked `gpu` need real hardware and
+are skipped under the simulator.
+"""
+import os
+
+import numba_attn  # noqa: F401  (must come before any numba.cuda import)
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile(
+    "dev",
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if not numba_attn.SIMULATOR:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (running under the Numba CUDA simulator)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -51,3 +51,13 @@ def compute_capability() -> tuple[int, int]:
     if SIMULATOR:
         return (0, 0)
     return tuple(cuda.get_current_device().compute_capability)
+
+
+def kernel_jit(launch_bounds=None, **options):
+    """``cuda.jit`` for the package's kernels: cached on disk on a GPU; GPU-only options are dropped under the
+    simulator (which accepts neither caching nor launch bounds)."""
+    if SIMULATOR:
+        return cuda.jit
+    if launch_bounds is not None:
+        options["launch_bounds"] = launch_bounds
+    return cuda.jit(cache=True, **options)

@@ -21,9 +21,10 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 from numba import float32
 
-from .._device import SIMULATOR, cuda
+from .._device import SIMULATOR, cuda, kernel_jit
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -38,6 +39,7 @@ class SimtConfig:
     rows_per_thread: int = 8  # block_m = threads_y * rows_per_thread
     keys_per_thread: int = 4  # block_n = threads_x * keys_per_thread
     chunk: int = 16  # head-dim columns (GEMM 1) or keys (GEMM 2) staged in shared memory at a time
+    blocks_per_sm: int = 2  # launch bound: caps registers at 64K / (threads * blocks_per_sm)
 
     @property
     def block_m(self) -> int:
@@ -72,15 +74,15 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
     RD = head_dim_pad // TX  # head-dim columns of O per thread
     D_PAD = head_dim_pad
     CAUSAL = causal
-    # +1 word of padding per row: the transposed stores into shared memory then spread over all banks
-    PAD = 1
-    NEG_INF = -math.inf
+    # +1 word of padding per row of the transposed tiles: the transposed stores then spread over all banks
+    M_STRIDE = BLOCK_M + 1
+    N_STRIDE = BLOCK_N + 1
+    NEG_INF = np.float32(-np.inf)  # a float32 constant keeps the softmax arithmetic in float32
 
-    @cuda.jit(cache=not SIMULATOR)
+    @kernel_jit(launch_bounds=(NT, config.blocks_per_sm))
     def kernel(q, k, v, out, lse, write_lse, scale_log2):
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
-        tid = ty * TX + tx
         # batch * heads on x (up to 2**31 - 1 blocks), query tiles on y (up to 65535)
         bh = cuda.blockIdx.x
         m0 = cuda.blockIdx.y * BLOCK_M
@@ -93,11 +95,16 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
         head_dim = q.shape[3]
         # bottom-right aligned causal mask: query row i sees keys j <= i + diag_offset
         diag_offset = seqlen_k - seqlen_q
+        # 2-D views of this (batch, head): two strides per access instead of four
+        q_head = q[b, h]
+        k_head = k[b, hk]
+        v_head = v[b, hk]
+        out_head = out[b, h]
 
-        q_tile = cuda.shared.array((CHUNK, BLOCK_M + PAD), float32)  # Q^T slice
-        k_tile = cuda.shared.array((CHUNK, BLOCK_N + PAD), float32)  # K^T slice
+        q_tile = cuda.shared.array((CHUNK, M_STRIDE), float32)  # Q^T slice
+        k_tile = cuda.shared.array((CHUNK, N_STRIDE), float32)  # K^T slice
         v_tile = cuda.shared.array((CHUNK, D_PAD), float32)  # V slice, keys x head dim
-        p_tile = cuda.shared.array((BLOCK_N, BLOCK_M + PAD), float32)  # P^T of the whole tile
+        p_tile = cuda.shared.array((BLOCK_N, M_STRIDE), float32)  # P^T of the whole tile
         row_part = cuda.shared.array((BLOCK_M, TX), float32)  # per-thread partial row max / sum
 
         acc = cuda.local.array((RM, RD), float32)
@@ -119,20 +126,19 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
                 for j in range(RN):
                     s[i, j] = 0.0
             for d0 in range(0, D_PAD, CHUNK):
-                for e in range(tid, CHUNK * BLOCK_M, NT):
-                    dd = e % CHUNK
-                    r = e // CHUNK
-                    val = float32(0.0)
-                    if m0 + r < seqlen_q and d0 + dd < head_dim:
-                        val = float32(q[b, h, m0 + r, d0 + dd])
-                    q_tile[dd, r] = val
-                for e in range(tid, CHUNK * BLOCK_N, NT):
-                    dd = e % CHUNK
-                    c = e // CHUNK
-                    val = float32(0.0)
-                    if n0 + c < seqlen_k and d0 + dd < head_dim:
-                        val = float32(k[b, hk, n0 + c, d0 + dd])
-                    k_tile[dd, c] = val
+                # thread (ty, tx) stages rows ty + TY*i, columns tx + TX*j: no integer division, coalesced rows
+                for r in range(ty, BLOCK_M, TY):
+                    for dd in range(tx, CHUNK, TX):
+                        val = float32(0.0)
+                        if m0 + r < seqlen_q and d0 + dd < head_dim:
+                            val = float32(q_head[m0 + r, d0 + dd])
+                        q_tile[dd, r] = val
+                for c in range(ty, BLOCK_N, TY):
+                    for dd in range(tx, CHUNK, TX):
+                        val = float32(0.0)
+                        if n0 + c < seqlen_k and d0 + dd < head_dim:
+                            val = float32(k_head[n0 + c, d0 + dd])
+                        k_tile[dd, c] = val
                 cuda.syncthreads()
                 for dd in range(CHUNK):
                     for i in range(RM):
@@ -179,13 +185,12 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
 
             # ---- O += P V, keys in slices of CHUNK ---------------------------------------------------------------
             for c0 in range(0, BLOCK_N, CHUNK):
-                for e in range(tid, CHUNK * D_PAD, NT):
-                    dd = e % D_PAD
-                    c = e // D_PAD
-                    val = float32(0.0)
-                    if n0 + c0 + c < seqlen_k and dd < head_dim:
-                        val = float32(v[b, hk, n0 + c0 + c, dd])
-                    v_tile[c, dd] = val
+                for c in range(ty, CHUNK, TY):
+                    for dd in range(tx, D_PAD, TX):
+                        val = float32(0.0)
+                        if n0 + c0 + c < seqlen_k and dd < head_dim:
+                            val = float32(v_head[n0 + c0 + c, dd])
+                        v_tile[c, dd] = val
                 cuda.syncthreads()
                 for c in range(CHUNK):
                     for i in range(RM):
@@ -210,7 +215,7 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
                 for j in range(RD):
                     d = tx + TX * j
                     if d < head_dim:
-                        out[b, h, row, d] = acc[i, j] * inv_l
+                        out_head[row, d] = acc[i, j] * inv_l
                 if write_lse and tx == 0:
                     if l > 0.0:
                         lse[b, h, row] = (m_i[i] + math.log2(l)) * LN2

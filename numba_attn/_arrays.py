@@ -118,8 +118,9 @@ class Call:
         if out is not None:
             self._check_out(name, out, shape, dtype)
         if self.kind == _HOST:
+            # a fresh contiguous buffer even for a caller's out= (which may be strided): copied into it at the end
             if SIMULATOR:
-                view = out if out is not None else np.empty(shape, dtype=_storage_dtype(dtype))
+                view = np.empty(shape, dtype=_storage_dtype(dtype))
             else:
                 view = cuda.device_array(shape, dtype=_storage_dtype(dtype), stream=self.stream)
             return Output(view=view, obj=out)
@@ -180,7 +181,8 @@ class Call:
         if self.kind == _HOST:
             host = x.detach().numpy() if placement.library == "torch" else x
             if SIMULATOR:
-                self.inputs[name] = host
+                # the simulator only takes contiguous host buffers
+                self.inputs[name] = np.ascontiguousarray(host)
             else:
                 # one contiguous host buffer per input: the copy to the device is a copy anyway
                 self.inputs[name] = cuda.to_device(np.ascontiguousarray(host), stream=self.stream)
@@ -293,6 +295,7 @@ def lift(view: Any, ndim: int):
 
 
 def check_rank(name: str, x: Any) -> int:
+    _placement(name, x)  # not an array at all: a TypeError naming the argument
     ndim = len(x.shape)
     if ndim not in (2, 4):
         raise ValueError(f"{name}: expected shape (batch, heads, seqlen, headdim) or (seqlen, headdim), got {tuple(x.shape)}")

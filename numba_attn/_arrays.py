@@ -40,7 +40,7 @@ def _library_of(x: Any) -> str:
         return "torch"
     if module.startswith("cupy"):
         return "cupy"
-    if cuda.is_cuda_array(x):
+    if hasattr(x, "__cuda_array_interface__"):
         return "numba"
     return "unknown"
 

@@ -173,8 +173,8 @@ class Call:
     def _device_view(self, name: str, x: Any, placement: _Placement):
         if placement.library == "torch":
             return _device_view_of_torch(x)
-        if placement.library == "numba":
-            return x
+        if placement.library == "numba" and cuda.is_cuda_array(x) and hasattr(x, "gpu_data"):
+            return x  # already a Numba device array
         return cuda.as_cuda_array(x, sync=False)
 
     def add_input(self, name: str, x: Any, placement: _Placement):

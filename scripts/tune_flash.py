@@ -1,0 +1,89 @@
+"""Time the portable flash kernel's tile configurations on this GPU (a tuning aid, not the benchmark).
+
+    python scripts/tune_flash.py --seqlen 4096 --headdim 64 128 --dtype float32
+
+Prints, for each SimtConfig tried, the median time and TFLOP/s next to torch SDPA on the same inputs (if torch is
+installed). The benchmark of record is scripts/sweep.py.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import numpy as np
+
+import numba_attn
+from numba_attn._kernels import flash_simt
+
+
+def _time(fn, reps=20):
+    import cupy
+
+    for _ in range(3):
+        fn()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--seqlen", type=int, default=4096)
+    parser.add_argument("--headdim", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--causal", action="store_true")
+    args = parser.parse_args()
+    if numba_attn.SIMULATOR:
+        raise SystemExit("tune_flash.py needs a GPU")
+    import cupy
+
+    configs = [
+        flash_simt.SimtConfig(threads_x=tx, threads_y=ty, rows_per_thread=rm, keys_per_thread=rn, chunk=ch,
+                              blocks_per_sm=bps)
+        for (tx, ty, rm, rn, ch, bps) in [
+            (16, 8, 8, 4, 16, 2), (16, 16, 4, 4, 16, 1), (16, 16, 4, 4, 16, 2), (16, 8, 4, 4, 16, 3),
+            (16, 8, 8, 8, 16, 1), (16, 16, 4, 8, 16, 1), (16, 16, 8, 4, 16, 1), (32, 8, 8, 2, 32, 2),
+        ]
+    ]
+    rng = np.random.default_rng(0)
+    for head_dim in args.headdim:
+        shape = (args.batch, args.heads, args.seqlen, head_dim)
+        q, k, v = (cupy.asarray(rng.standard_normal(shape).astype(args.dtype)) for _ in range(3))
+        out = cupy.empty_like(q)
+        flops = 4 * args.batch * args.heads * args.seqlen**2 * head_dim * (0.5 if args.causal else 1.0)
+        lse = cupy.empty((1, 1, 1), np.float32)
+        rows = []
+        for config in configs:
+            def run(config=config):
+                flash_simt.launch(q, k, v, out, lse, False, head_dim**-0.5, args.causal, None, config)
+            try:
+                from numba import cuda
+                stream = cuda.external_stream(cupy.cuda.get_current_stream().ptr)
+                def run(config=config, stream=stream):
+                    flash_simt.launch(q, k, v, out, lse, False, head_dim**-0.5, args.causal, stream, config)
+                ms = _time(run)
+                rows.append((str(config), ms, flops / ms / 1e9))
+            except Exception as exc:  # a config can fail to compile or launch (too many registers, shared memory)
+                rows.append((str(config), float("nan"), f"{type(exc).__name__}: {exc}"[:80]))
+        try:
+            import torch
+            tq, tk, tv = (torch.as_tensor(x, device="cuda") for x in (q, k, v))
+            ms = _time(lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=args.causal))
+            rows.append(("torch SDPA (default backend)", ms, flops / ms / 1e9))
+        except Exception as exc:
+            rows.append(("torch SDPA", float("nan"), str(exc)[:80]))
+        print(f"\nB={args.batch} H={args.heads} N={args.seqlen} D={head_dim} {args.dtype} causal={args.causal}")
+        for name, ms, tflops in rows:
+            print(f"  {ms:9.3f} ms  {tflops if isinstance(tflops, str) else f'{tflops:7.1f} TFLOP/s'}  {name}")
+
+
+if __name__ == "__main__":
+    main()

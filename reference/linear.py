@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._shapes import check_positive_int, to_float64
+from .softmax import _safe_divide
 
 __all__ = [
     "elu_feature_map",
@@ -188,7 +189,8 @@ def linear_attention(q, k, v, causal=False, eps=1e-6, feature_map=elu_feature_ma
     :func:`causal_dot_product` of ``phi(q), phi(k), v`` and the normaliser uses
     a cumulative sum of ``phi(k)``. ``eps`` is added to the denominator (the
     scalar ``phi(q_i) . sum_j phi(k_j)``), after the dot product, per query row;
-    it keeps the division finite and makes an empty key set give 0.
+    it keeps the division finite. A row whose denominator is exactly 0 (no keys
+    and ``eps = 0``) gives 0, like an attention row that sees no key.
 
     Args:
         q: ``(batch, heads, seqlen_q, E)`` (any leading axes, or none).
@@ -230,4 +232,4 @@ def linear_attention(q, k, v, causal=False, eps=1e-6, feature_map=elu_feature_ma
         numerator = phi_q @ kv_state
         key_sums = np.sum(phi_k, axis=-2, keepdims=True)
     denominator = np.sum(phi_q * key_sums, axis=-1, keepdims=True) + eps
-    return np.asarray(numerator / denominator, dtype=np.float64 if dtype is None else dtype)
+    return np.asarray(_safe_divide(numerator, denominator), dtype=np.float64 if dtype is None else dtype)

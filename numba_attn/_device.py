@@ -61,3 +61,29 @@ def kernel_jit(launch_bounds=None, **options):
     if launch_bounds is not None:
         options["launch_bounds"] = launch_bounds
     return cuda.jit(cache=True, **options)
+
+
+#: Dynamic shared memory a kernel may use without raising its attribute first.
+DEFAULT_DYNAMIC_SHARED = 48 * 1024
+_raised_shared: dict = {}
+
+
+def launch(kernel, grid, block, stream, shared_bytes: int, *args) -> None:
+    """Launch ``kernel`` with ``shared_bytes`` of dynamic shared memory, raising the kernel's
+    max-dynamic-shared-memory attribute first when it needs more than the default 48 KB (a plain launch with
+    more fails)."""
+    if not SIMULATOR and shared_bytes > DEFAULT_DYNAMIC_SHARED:
+        argtypes = tuple(kernel.typeof_pyval(a) for a in args)
+        device_id = cuda.get_current_device().id
+        key = (id(kernel), argtypes, device_id)
+        if _raised_shared.get(key, 0) < shared_bytes:
+            from numba.cuda.cudadrv.driver import binding, driver
+
+            cufunc = kernel.compile(argtypes)._codelibrary.get_cufunc()
+            limit = cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+            if shared_bytes > limit:
+                raise ValueError(f"kernel needs {shared_bytes} bytes of shared memory, the device allows {limit}")
+            attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            driver.cuKernelSetAttribute(attr, shared_bytes, cufunc.handle, device_id)
+            _raised_shared[key] = shared_bytes
+    kernel[grid, block, stream, shared_bytes](*args)

@@ -44,13 +44,13 @@ def main():
     if numba_attn.SIMULATOR:
         raise SystemExit("tune_flash.py needs a GPU")
     import cupy
+    from numba import cuda
 
     configs = [
-        flash_simt.SimtConfig(threads_x=tx, threads_y=ty, rows_per_thread=rm, keys_per_thread=rn, chunk=ch,
-                              blocks_per_sm=bps)
-        for (tx, ty, rm, rn, ch, bps) in [
-            (16, 8, 8, 4, 16, 2), (16, 16, 4, 4, 16, 1), (16, 16, 4, 4, 16, 2), (16, 8, 4, 4, 16, 3),
-            (16, 8, 8, 8, 16, 1), (16, 16, 4, 8, 16, 1), (16, 16, 8, 4, 16, 1), (32, 8, 8, 2, 32, 2),
+        flash_simt.SimtConfig(threads_x=tx, threads_y=ty, rows_per_thread=rm, keys_per_thread=rn, blocks_per_sm=bps)
+        for (tx, ty, rm, rn, bps) in [
+            (16, 8, 8, 4, 2), (16, 8, 8, 8, 1), (16, 16, 4, 4, 2), (16, 16, 8, 4, 1),
+            (16, 8, 4, 4, 3), (16, 16, 4, 8, 1), (32, 8, 8, 2, 2), (8, 16, 8, 8, 1),
         ]
     ]
     rng = np.random.default_rng(0)
@@ -62,13 +62,12 @@ def main():
         lse = cupy.empty((1, 1, 1), np.float32)
         rows = []
         for config in configs:
-            def run(config=config):
-                flash_simt.launch(q, k, v, out, lse, False, head_dim**-0.5, args.causal, None, config)
+            stream = cuda.external_stream(cupy.cuda.get_current_stream().ptr)
+
+            def run(config=config, stream=stream):
+                flash_simt.launch(q, k, v, out, lse, False, head_dim**-0.5, args.causal, stream, config)
+
             try:
-                from numba import cuda
-                stream = cuda.external_stream(cupy.cuda.get_current_stream().ptr)
-                def run(config=config, stream=stream):
-                    flash_simt.launch(q, k, v, out, lse, False, head_dim**-0.5, args.causal, stream, config)
                 ms = _time(run)
                 rows.append((str(config), ms, flops / ms / 1e9))
             except Exception as exc:  # a config can fail to compile or launch (too many registers, shared memory)

@@ -8,9 +8,10 @@ written once at the end. Scores are kept in base 2: ``sm_scale * log2(e)`` is fo
 
 Thread layout: ``threads_x * threads_y`` threads; thread ``(ty, tx)`` owns rows ``ty + threads_y * i`` of the tile,
 keys ``tx + threads_x * j`` of ``S`` and head-dim columns ``tx + threads_x * j`` of ``O``. The interleaving makes the
-shared-memory reads of a warp hit consecutive words (no bank conflicts) and the output stores coalesce. Q and K reach
-shared memory transposed, in slices of ``chunk`` head-dim columns; V and P in slices of ``chunk`` keys. Static shared
-memory therefore stays small for any head dim up to 256.
+shared-memory reads of a warp hit consecutive words (no bank conflicts) and the output stores coalesce. ``Q^T`` stays
+in shared memory for the whole kernel; each key tile brings ``K^T``, then ``V`` into the same words, and ``P^T``:
+four barriers per tile. The buffer is dynamic shared memory (over 48 KB for large head dims, so the launch raises
+the kernel's limit).
 
 Everything here also runs under ``NUMBA_ENABLE_CUDASIM=1`` (no warp shuffles: row reductions go through shared
 memory), so the tile shape is a parameter and the tests use tiny tiles.
@@ -25,6 +26,7 @@ import numpy as np
 from numba import float32
 
 from .._device import SIMULATOR, cuda, kernel_jit
+from .._device import launch as device_launch
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -38,7 +40,6 @@ class SimtConfig:
     threads_y: int = 8  # threads along query rows
     rows_per_thread: int = 8  # block_m = threads_y * rows_per_thread
     keys_per_thread: int = 4  # block_n = threads_x * keys_per_thread
-    chunk: int = 16  # head-dim columns (GEMM 1) or keys (GEMM 2) staged in shared memory at a time
     blocks_per_sm: int = 2  # launch bound: caps registers at 64K / (threads * blocks_per_sm)
 
     @property
@@ -53,10 +54,17 @@ class SimtConfig:
     def threads(self) -> int:
         return self.threads_x * self.threads_y
 
+    def shared_words(self, head_dim_pad: int) -> int:
+        """float32 words of dynamic shared memory: resident Q^T, one K^T-or-V tile, P^T, row partials."""
+        q_t = head_dim_pad * (self.block_m + 1)
+        kv = max(head_dim_pad * (self.block_n + 1), self.block_n * head_dim_pad)
+        p_t = self.block_n * (self.block_m + 1)
+        return q_t + kv + p_t + self.block_m * self.threads_x
+
 
 #: Default tiles on a GPU and under the simulator (where every thread is a Python thread: keep blocks tiny).
 GPU_CONFIG = SimtConfig()
-SIMULATOR_CONFIG = SimtConfig(threads_x=4, threads_y=4, rows_per_thread=2, keys_per_thread=2, chunk=4)
+SIMULATOR_CONFIG = SimtConfig(threads_x=4, threads_y=4, rows_per_thread=2, keys_per_thread=2)
 
 
 def default_config() -> SimtConfig:
@@ -68,15 +76,18 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
     """Compile-time specialised kernel: tile shape, padded head dim and causality are constants."""
     TX, TY = config.threads_x, config.threads_y
     RM, RN = config.rows_per_thread, config.keys_per_thread
-    CHUNK = config.chunk
     BLOCK_M, BLOCK_N = config.block_m, config.block_n
     NT = TX * TY
     RD = head_dim_pad // TX  # head-dim columns of O per thread
     D_PAD = head_dim_pad
     CAUSAL = causal
-    # +1 word of padding per row of the transposed tiles: the transposed stores then spread over all banks
+    # Transposed tiles get one word of padding per row so that the transposed stores spread over the banks.
     M_STRIDE = BLOCK_M + 1
     N_STRIDE = BLOCK_N + 1
+    # Offsets into the one dynamic shared buffer (float32 words)
+    KV_OFFSET = D_PAD * M_STRIDE
+    P_OFFSET = KV_OFFSET + max(D_PAD * N_STRIDE, BLOCK_N * D_PAD)
+    ROW_OFFSET = P_OFFSET + BLOCK_N * M_STRIDE
     NEG_INF = np.float32(-np.inf)  # a float32 constant keeps the softmax arithmetic in float32
 
     @kernel_jit(launch_bounds=(NT, config.blocks_per_sm))
@@ -101,11 +112,19 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
         v_head = v[b, hk]
         out_head = out[b, h]
 
-        q_tile = cuda.shared.array((CHUNK, M_STRIDE), float32)  # Q^T slice
-        k_tile = cuda.shared.array((CHUNK, N_STRIDE), float32)  # K^T slice
-        v_tile = cuda.shared.array((CHUNK, D_PAD), float32)  # V slice, keys x head dim
-        p_tile = cuda.shared.array((BLOCK_N, M_STRIDE), float32)  # P^T of the whole tile
-        row_part = cuda.shared.array((BLOCK_M, TX), float32)  # per-thread partial row max / sum
+        # One dynamic buffer, carved by hand:
+        #   q_t[d * M_STRIDE + r]     Q^T of the block's rows, resident for the whole kernel
+        #   kv[d * N_STRIDE + c]      K^T of the current tile, then (same words) kv[c * D_PAD + d] = V
+        #   p_t[c * M_STRIDE + r]     P^T of the current tile
+        #   row_part[r * TX + t]      per-thread partial row max / sum
+        smem = cuda.shared.array(0, float32)
+
+        for r in range(ty, BLOCK_M, TY):
+            for dd in range(tx, D_PAD, TX):
+                val = float32(0.0)
+                if m0 + r < seqlen_q and dd < head_dim:
+                    val = float32(q_head[m0 + r, dd])
+                smem[dd * M_STRIDE + r] = val
 
         acc = cuda.local.array((RM, RD), float32)
         s = cuda.local.array((RM, RN), float32)
@@ -121,31 +140,24 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
         if CAUSAL:
             n_end = min(seqlen_k, max(0, m0 + BLOCK_M + diag_offset))
         for n0 in range(0, n_end, BLOCK_N):
-            # ---- S = Q K^T for this tile, head dim in slices of CHUNK -------------------------------------------
+            # ---- K^T tile -> shared (barrier A also publishes Q^T on the first tile) ------------------------------
+            for c in range(ty, BLOCK_N, TY):
+                for dd in range(tx, D_PAD, TX):
+                    val = float32(0.0)
+                    if n0 + c < seqlen_k and dd < head_dim:
+                        val = float32(k_head[n0 + c, dd])
+                    smem[KV_OFFSET + dd * N_STRIDE + c] = val
+            cuda.syncthreads()
+
+            # ---- S = Q K^T in registers ------------------------------------------------------------------------
             for i in range(RM):
                 for j in range(RN):
                     s[i, j] = 0.0
-            for d0 in range(0, D_PAD, CHUNK):
-                # thread (ty, tx) stages rows ty + TY*i, columns tx + TX*j: no integer division, coalesced rows
-                for r in range(ty, BLOCK_M, TY):
-                    for dd in range(tx, CHUNK, TX):
-                        val = float32(0.0)
-                        if m0 + r < seqlen_q and d0 + dd < head_dim:
-                            val = float32(q_head[m0 + r, d0 + dd])
-                        q_tile[dd, r] = val
-                for c in range(ty, BLOCK_N, TY):
-                    for dd in range(tx, CHUNK, TX):
-                        val = float32(0.0)
-                        if n0 + c < seqlen_k and d0 + dd < head_dim:
-                            val = float32(k_head[n0 + c, d0 + dd])
-                        k_tile[dd, c] = val
-                cuda.syncthreads()
-                for dd in range(CHUNK):
-                    for i in range(RM):
-                        qv = q_tile[dd, ty + TY * i]
-                        for j in range(RN):
-                            s[i, j] += qv * k_tile[dd, tx + TX * j]
-                cuda.syncthreads()
+            for dd in range(D_PAD):
+                for i in range(RM):
+                    qv = smem[dd * M_STRIDE + ty + TY * i]
+                    for j in range(RN):
+                        s[i, j] += qv * smem[KV_OFFSET + dd * N_STRIDE + tx + TX * j]
 
             # ---- online softmax: masks only on the tail tile and tiles that cross the diagonal ------------------
             needs_mask = n0 + BLOCK_N > seqlen_k
@@ -162,13 +174,21 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
                             x = NEG_INF
                     s[i, j] = x
                     tile_max = max(tile_max, x)
-                row_part[ty + TY * i, tx] = tile_max
-            cuda.syncthreads()
+                smem[ROW_OFFSET + (ty + TY * i) * TX + tx] = tile_max
+            cuda.syncthreads()  # barrier B: row maxima visible, and every thread is done reading K^T
+
+            # ---- V tile -> shared, into the words K^T used; P^T -> shared; rescale O -----------------------------
+            for c in range(ty, BLOCK_N, TY):
+                for dd in range(tx, D_PAD, TX):
+                    val = float32(0.0)
+                    if n0 + c < seqlen_k and dd < head_dim:
+                        val = float32(v_head[n0 + c, dd])
+                    smem[KV_OFFSET + c * D_PAD + dd] = val
             for i in range(RM):
                 r = ty + TY * i
                 m_new = m_i[i]
                 for t in range(TX):
-                    m_new = max(m_new, row_part[r, t])
+                    m_new = max(m_new, smem[ROW_OFFSET + r * TX + t])
                 # a row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
                 m_use = m_new if m_new != NEG_INF else float32(0.0)
                 alpha = math.exp2(m_i[i] - m_use)
@@ -177,31 +197,23 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
                 for j in range(RN):
                     p = math.exp2(s[i, j] - m_use)
                     row_sum += p
-                    p_tile[tx + TX * j, r] = p
+                    smem[P_OFFSET + (tx + TX * j) * M_STRIDE + r] = p
                 l_part[i] = l_part[i] * alpha + row_sum
                 for j in range(RD):
                     acc[i, j] *= alpha
-            cuda.syncthreads()  # P complete, and row_part free for the next tile
+            cuda.syncthreads()  # barrier C: P^T and V complete
 
-            # ---- O += P V, keys in slices of CHUNK ---------------------------------------------------------------
-            for c0 in range(0, BLOCK_N, CHUNK):
-                for c in range(ty, CHUNK, TY):
-                    for dd in range(tx, D_PAD, TX):
-                        val = float32(0.0)
-                        if n0 + c0 + c < seqlen_k and dd < head_dim:
-                            val = float32(v_head[n0 + c0 + c, dd])
-                        v_tile[c, dd] = val
-                cuda.syncthreads()
-                for c in range(CHUNK):
-                    for i in range(RM):
-                        p = p_tile[c0 + c, ty + TY * i]
-                        for j in range(RD):
-                            acc[i, j] += p * v_tile[c, tx + TX * j]
-                cuda.syncthreads()
+            # ---- O += P V ------------------------------------------------------------------------------------------
+            for c in range(BLOCK_N):
+                for i in range(RM):
+                    p = smem[P_OFFSET + c * M_STRIDE + ty + TY * i]
+                    for j in range(RD):
+                        acc[i, j] += p * smem[KV_OFFSET + c * D_PAD + tx + TX * j]
+            cuda.syncthreads()  # barrier D: V, P^T and row partials free for the next tile
 
         # ---- epilogue: one division per row, lse in natural log ----------------------------------------------
         for i in range(RM):
-            row_part[ty + TY * i, tx] = l_part[i]
+            smem[ROW_OFFSET + (ty + TY * i) * TX + tx] = l_part[i]
         cuda.syncthreads()
         for i in range(RM):
             r = ty + TY * i
@@ -209,7 +221,7 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
             if row < seqlen_q:
                 l = float32(0.0)
                 for t in range(TX):
-                    l += row_part[r, t]
+                    l += smem[ROW_OFFSET + r * TX + t]
                 # rows that see no key (causal, Lq > Lk) give 0 and lse = -inf, as in the reference
                 inv_l = float32(1.0) / l if l > 0.0 else float32(0.0)
                 for j in range(RD):
@@ -229,9 +241,10 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     """Launch on device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q)."""
     config = config or default_config()
     batch, heads, seqlen_q, head_dim = q.shape
-    step = config.threads_x * (config.chunk // math.gcd(config.chunk, config.threads_x))
-    head_dim_pad = -(-head_dim // step) * step  # a multiple of threads_x and of chunk
+    head_dim_pad = -(-head_dim // config.threads_x) * config.threads_x
     kernel = flash_forward_kernel(config, head_dim_pad, bool(causal))
     grid = (batch * heads, -(-seqlen_q // config.block_m))
     block = (config.threads_x, config.threads_y)
-    kernel[grid, block, stream](q, k, v, out, lse, write_lse, float32(sm_scale * LOG2E))
+    shared_bytes = 4 * config.shared_words(head_dim_pad)
+    device_launch(kernel, grid, block, stream, shared_bytes,
+                  q, k, v, out, lse, write_lse, float32(sm_scale * LOG2E))

@@ -1,5 +1,571 @@
-"""Causal dot product / linear attention, sequential state recurrence. TO BE WRITTEN (interface fixed by api.py).
+"""Causal dot product and linear attention ("Transformers are RNNs"), as a recurrence over a register-resident state.
 
-launch_causal_dot_product(q, k, v, out, stream)
-launch_linear_attention(q, k, v, out, causal, eps, stream)
+``out_i = sum_{j <= i} (q_i . k_j) v_j`` is an RNN over the state ``S_i = S_{i-1} + k_i v_i^T`` of shape ``E x M``:
+``out_i = q_i^T S_i``. As in the fast-transformers CUDA kernel (Katharopoulos et al., 2020), one thread block walks
+the whole sequence of one (batch, head) and never writes the state to memory.
+
+State layout. ``TE * TM`` threads; thread ``(te, tm)`` (``tid = te + TE * tm``) owns the ``RE x RM`` entries of
+``S`` at rows ``e = te + TE * i`` and columns ``m = tm + TM * j``. The entries live in registers: every loop that
+indexes them runs over closure constants and is fully unrolled (``ptxas -v``, sm_90: 90-190 registers, no stack
+frame, no spills, for float16 and float32, E = M = 64 and 256, every mode). Per row, a thread
+adds ``k[e] v[m]`` to its entries and forms ``RM`` partial dot products ``sum_i q[e] S[e, m]`` over its rows; the
+``TE`` partials of a column (one per E-slice) are summed through shared memory by whichever thread writes that
+output element, so the stores of a row are coalesced and no atomics are needed.
+
+Pipelining. Rows are handled in chunks of ``R`` rows per barrier. The q/k/v rows of a chunk are staged in
+double-buffered shared memory, and so are the partial sums: in one iteration a thread (1) issues the global loads of
+chunk ``c + 1`` into registers, (2) reduces and writes the outputs of chunk ``c - 1``, (3) runs the recurrence over
+chunk ``c``, (4) stores the loaded rows into the free buffer; then one ``syncthreads``. The loads are in flight
+during (2) and (3), and every hazard between the two buffers is separated by exactly that one barrier. Rows past the
+end of the sequence are staged as zeros, so the recurrence itself needs no bounds checks.
+
+Low occupancy: splitting M. ``batch * heads`` blocks rarely fill a GPU, and the walk is latency bound. The value
+columns are independent, so ``m_splits`` blocks per (batch, head) each own ``M / m_splits`` columns of the state
+(each reads all of q and k, which stays in L2). The state must fit in registers, so large ``E * M`` (E = M = 256)
+needs some split anyway (:func:`min_m_splits`); :func:`choose_m_splits` adds more when the SMs would otherwise idle.
+
+Linear attention. ``phi(x) = elu(x) + 1`` is applied as rows are staged. The normaliser ``z = sum phi(k_j)`` is a
+register vector beside the state (``RE`` entries per thread, the same in all ``TM`` threads of an E-slice) whose
+partial dot ``phi(q) . z`` is reduced with the outputs; ``out = num / (den + eps)``, eps after the dot product as in
+``reference.linear_attention``. Causal: the same walk. Non-causal: the sums are over the whole sequence, so there is
+no recurrence to respect: a REDUCE pass splits the sequence over blocks, each writing its partial ``KV`` and ``z``
+(float32 scratch), a combine kernel adds the partials in a fixed order (deterministic, no atomics), and an APPLY pass
+loads the final state into registers and produces rows in parallel blocks. All three modes are one kernel body.
+
+Everything also runs under ``NUMBA_ENABLE_CUDASIM=1`` (no warp shuffles are used), so the layout is a parameter and
+the simulator configuration is tiny.
 """
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numba import float32
+
+from .._device import SIMULATOR, cuda, multiprocessor_count
+
+#: Kernel modes: the causal walk, and the two passes of the non-causal layer.
+CAUSAL, REDUCE, APPLY = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """Tuning knobs."""
+
+    max_threads: int = 256  # per block; even at 255 registers a thread such a block fits one SM's register file
+    min_threads: int = 64  # more E-slices until a block has this many threads (when E allows): shorter rows
+    cols_per_thread: int = 4  # RM: columns of the state per thread; q and k shared loads are reused RM times
+    state_per_thread: int = 64  # RE * RM registers of state per thread
+    rows_per_sync: int = 8  # R: rows per barrier (lowered per layout to fit shared memory and max_prefetch)
+    max_prefetch: int = 40  # registers a thread may hold for the next chunk's rows
+    max_shared_bytes: int = 44 * 1024  # static shared memory is capped at 48 KiB per block
+    dim_quantum: int = 8  # E and a block's M columns are rounded up to this: fewer compiled variants
+    min_cols_per_block: int = 8  # the M split stops here: q and k are re-read by every split
+    blocks_per_sm: int = 2  # target grid size, in blocks per SM, for the split heuristics
+    min_rows_per_block: int = 256  # non-causal passes split the sequence down to this many rows per block
+    combine_threads: int = 256  # block size of the kernel that adds the non-causal partial states
+    combine_blocks_per_sm: int = 8
+
+
+#: Default knobs on a GPU and under the simulator (every thread a Python thread: keep blocks tiny, lengths odd).
+GPU_CONFIG = LinearConfig()
+SIMULATOR_CONFIG = LinearConfig(
+    max_threads=16,
+    min_threads=4,
+    cols_per_thread=2,
+    state_per_thread=8,
+    rows_per_sync=3,
+    max_prefetch=16,
+    max_shared_bytes=48 * 1024,
+    dim_quantum=1,
+    min_cols_per_block=2,
+    blocks_per_sm=1,
+    min_rows_per_block=4,
+    combine_threads=16,
+    combine_blocks_per_sm=1,
+)
+
+
+def default_config() -> LinearConfig:
+    return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(a: int, b: int) -> int:
+    return _cdiv(a, b) * b
+
+
+@dataclass(frozen=True)
+class _Staging:
+    """How a block's threads copy ``rows x width`` elements: thread ``tid`` takes column ``tid % width`` of rows
+    ``tid // width + row_step * a`` when the block is at least a row wide, else columns ``tid + col_step * c`` of every
+    row. Each thread's addresses then differ by constant multiples of two strides, so the compiler keeps a handful of
+    pointers live instead of one per staged element."""
+
+    by_row: bool
+    row_step: int
+    col_step: int
+    n_rows: int  # per thread
+    n_cols: int  # per thread
+
+    @property
+    def count(self) -> int:
+        return self.n_rows * self.n_cols
+
+
+def _staging(width: int, threads: int, rows: int) -> _Staging:
+    if width <= threads:
+        step = threads // width
+        return _Staging(True, step, width, _cdiv(rows, step), 1)
+    return _Staging(False, 1, threads, rows, _cdiv(width, threads))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One block's share of the state: ``E_pad x M_cols`` entries on ``te * tm`` threads, ``rows`` rows per barrier."""
+
+    te: int  # E-slices
+    tm: int  # column threads
+    re: int  # state rows per thread
+    rm: int  # state columns per thread
+    rows: int  # R
+
+    @property
+    def threads(self) -> int:
+        return self.te * self.tm
+
+    @property
+    def e_pad(self) -> int:
+        return self.te * self.re
+
+    @property
+    def m_cols(self) -> int:
+        return self.tm * self.rm
+
+    def prefetch(self, mode: int) -> int:
+        """Registers per thread that stage the next chunk's q/k/v rows."""
+        emit, update = mode != REDUCE, mode != APPLY
+        qk = _staging(self.e_pad, self.threads, self.rows).count
+        vv = _staging(self.m_cols, self.threads, self.rows).count
+        return (qk if emit else 0) + ((qk + vv) if update else 0)
+
+    def shared_bytes(self, mode: int, normalise: bool) -> int:
+        emit, update = mode != REDUCE, mode != APPLY
+        words = 0
+        if emit:
+            words += self.e_pad  # q rows
+            words += self.rm * self.tm * (self.te + 1)  # partial dot products
+            words += self.te if normalise else 0  # partial normalisers
+        if update:
+            words += self.e_pad + self.m_cols  # k and v rows
+        return 2 * self.rows * words * 4  # double-buffered float32
+
+
+def _shape_layout(e: int, m_cols: int, config: LinearConfig) -> Layout:
+    """Threads and register tile for ``e`` state rows and at least ``m_cols`` columns (``rows`` not yet chosen)."""
+    e = _round_up(e, config.dim_quantum)
+    m_cols = _round_up(m_cols, config.dim_quantum)
+    rm = min(config.cols_per_thread, m_cols)
+    tm = _cdiv(m_cols, rm)
+    te = _cdiv(e, max(1, config.state_per_thread // rm))  # fewest E-slices whose rows fit the register budget
+    te = max(te, min(e, _cdiv(config.min_threads, tm)))
+    re = _cdiv(e, te)
+    te = _cdiv(e, re)
+    return Layout(te=te, tm=tm, re=re, rm=rm, rows=1)
+
+
+def _with_rows(layout: Layout, mode: int, normalise: bool, config: LinearConfig) -> Layout:
+    """The most rows per barrier (up to ``rows_per_sync``) within the shared-memory and prefetch budgets."""
+    for rows in range(config.rows_per_sync, 1, -1):
+        candidate = Layout(layout.te, layout.tm, layout.re, layout.rm, rows)
+        if (
+            candidate.shared_bytes(mode, normalise) <= config.max_shared_bytes
+            and candidate.prefetch(mode) <= config.max_prefetch
+        ):
+            return candidate
+    return Layout(layout.te, layout.tm, layout.re, layout.rm, 1)
+
+
+def _fits(e: int, m: int, splits: int, config: LinearConfig) -> bool:
+    return _shape_layout(e, _cdiv(m, splits), config).threads <= config.max_threads
+
+
+def min_m_splits(e: int, m: int, config: LinearConfig | None = None) -> int:
+    """Fewest blocks per (batch, head) whose state slices fit the register budget (1 unless E * M is large)."""
+    config = config or default_config()
+    splits = 1
+    while not _fits(e, m, splits, config):
+        splits += 1
+    return splits
+
+
+def choose_m_splits(batch_heads: int, e: int, m: int, sm_count: int, config: LinearConfig | None = None) -> int:
+    """M split for the causal walk: enough blocks for ``blocks_per_sm`` per SM, columns per block >= the minimum."""
+    config = config or default_config()
+    lowest = min_m_splits(e, m, config)
+    highest = max(lowest, m // config.min_cols_per_block)
+    wanted = _cdiv(config.blocks_per_sm * sm_count, batch_heads)
+    return max(lowest, min(highest, wanted))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one call is launched: the layout of each block and the grid's M split (``m_splits`` blocks exactly)."""
+
+    layout: Layout
+    m_splits: int
+
+
+def plan(e: int, m: int, mode: int, normalise: bool, m_splits: int, config: LinearConfig | None = None) -> Plan:
+    """Layout for ``m_splits`` requested blocks along M; the grid may get fewer when M is rounded to whole tiles."""
+    config = config or default_config()
+    if isinstance(m_splits, bool) or not isinstance(m_splits, (int, np.integer)) or m_splits < 1:
+        raise ValueError(f"m_splits: expected an integer >= 1 or None, got {m_splits!r}")
+    lowest = min_m_splits(e, m, config)
+    if m_splits < lowest:
+        raise ValueError(
+            f"m_splits: E={e}, M={m} needs at least {lowest} blocks per (batch, head) to keep the state in "
+            f"registers, got {m_splits}"
+        )
+    layout = _with_rows(_shape_layout(e, _cdiv(m, int(m_splits)), config), mode, normalise, config)
+    return Plan(layout=layout, m_splits=_cdiv(m, layout.m_cols))
+
+
+def _seq_splits(seqlen: int, blocks_across: int, sm_count: int, config: LinearConfig) -> int:
+    """Sequence blocks for a non-causal pass: fill the GPU, but keep at least ``min_rows_per_block`` rows each."""
+    wanted = _cdiv(config.blocks_per_sm * sm_count, blocks_across)
+    return max(1, min(wanted, _cdiv(seqlen, config.min_rows_per_block), 65535))
+
+
+def _jit_options(threads: int) -> dict:
+    if SIMULATOR:
+        return {}
+    # the exact block size lets ptxas budget registers for it (never a launch failure from too many registers)
+    return {"cache": True, "launch_bounds": (threads,)}
+
+
+@lru_cache(maxsize=None)
+def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: bool):
+    """The walk over rows, specialised on layout and mode.
+
+    CAUSAL: state from 0, updated then read at every row. REDUCE: state from 0, updated, written to ``part`` at the
+    end. APPLY: state read from ``part``, never updated, read at every row. ``feature_map`` applies phi to q and k on
+    load, ``normalise`` keeps ``z`` and divides by ``phi(q) . z + eps``.
+    """
+    TE, TM, RE, RM, R = layout.te, layout.tm, layout.re, layout.rm, layout.rows
+    NT = layout.threads
+    E_PAD, M_COLS = layout.e_pad, layout.m_cols
+    MODE = mode
+    PHI, NORM = feature_map, normalise
+    EMIT = mode != REDUCE  # rows produce outputs
+    UPDATE = mode != APPLY  # the state accumulates k v^T
+    # unused buffers keep a size of 1 so that every mode shares one body
+    Q_WORDS = R * E_PAD if EMIT else 1
+    K_WORDS = R * E_PAD if UPDATE else 1
+    V_WORDS = R * M_COLS if UPDATE else 1
+    RED_ROWS = R if EMIT else 1
+    QK = _staging(E_PAD, NT, R)
+    VS = _staging(M_COLS, NT, R)
+    QK_BY_ROW, QK_RSTEP, QK_CSTEP, QK_NR, QK_NC = QK.by_row, QK.row_step, QK.col_step, QK.n_rows, QK.n_cols
+    V_BY_ROW, V_RSTEP, V_CSTEP, V_NR, V_NC = VS.by_row, VS.row_step, VS.col_step, VS.n_rows, VS.n_cols
+    LQ = QK.count if EMIT else 1
+    LK = QK.count if UPDATE else 1
+    LV = VS.count if UPDATE else 1
+    # the partial sums of one column sit TE + 1 words apart: the reading threads (one per column) hit distinct banks
+    TE_PAD = TE + 1
+
+    @cuda.jit(**_jit_options(NT))
+    def kernel(q, k, v, out, part, eps, rows_per_block):
+        tid = cuda.threadIdx.x
+        te = tid % TE
+        tm = tid // TE
+        bh = cuda.blockIdx.x
+        heads = q.shape[1]
+        b = bh // heads
+        h = bh % heads
+        m_base = cuda.blockIdx.z * M_COLS
+        e_dim = q.shape[3]
+        m_dim = v.shape[3]
+        if MODE == CAUSAL:
+            row_begin = 0
+            row_end = q.shape[2]
+        else:
+            # non-causal passes: this block's slice of the sequence (k's rows for REDUCE, q's for APPLY)
+            seqlen = k.shape[2] if MODE == REDUCE else q.shape[2]
+            row_begin = cuda.blockIdx.y * rows_per_block
+            row_end = min(seqlen, row_begin + rows_per_block)
+        n_chunks = (max(0, row_end - row_begin) + R - 1) // R
+        # this thread's staging coordinates (see _Staging); lanes past the last whole row group stay idle
+        if QK_BY_ROW:
+            qk_c0 = tid % E_PAD
+            qk_r0 = tid // E_PAD
+        else:
+            qk_c0 = tid
+            qk_r0 = 0
+        qk_lane_ok = qk_r0 < QK_RSTEP
+        if V_BY_ROW:
+            v_c0 = tid % M_COLS
+            v_r0 = tid // M_COLS
+        else:
+            v_c0 = tid
+            v_r0 = 0
+        v_lane_ok = v_r0 < V_RSTEP
+
+        q_buf = cuda.shared.array((2, Q_WORDS), float32)
+        k_buf = cuda.shared.array((2, K_WORDS), float32)
+        v_buf = cuda.shared.array((2, V_WORDS), float32)
+        red = cuda.shared.array((2, RED_ROWS, RM, TM, TE_PAD), float32)
+        den_red = cuda.shared.array((2, RED_ROWS, TE), float32)
+
+        st = cuda.local.array((RE, RM), float32)
+        zs = cuda.local.array(RE, float32)
+        pq = cuda.local.array(LQ, float32)
+        pk = cuda.local.array(LK, float32)
+        pv = cuda.local.array(LV, float32)
+        kr = cuda.local.array(RE, float32)
+        qr = cuda.local.array(RE, float32)
+        vr = cuda.local.array(RM, float32)
+
+        for i in range(RE):
+            e = te + TE * i
+            zs[i] = float32(0.0)
+            if MODE == APPLY and NORM and e < e_dim:
+                zs[i] = float32(part[bh, 0, e, m_dim])
+            for j in range(RM):
+                st[i, j] = float32(0.0)
+                if MODE == APPLY:
+                    m = m_base + tm + TM * j
+                    if e < e_dim and m < m_dim:
+                        st[i, j] = float32(part[bh, 0, e, m])
+
+        # iteration `it` loads chunk it, reduces chunk it - 2 and computes chunk it - 1 (see the module docstring)
+        for it in range(n_chunks + 2):
+            # (1) global loads of the next chunk, into registers; padding rows and columns are zeros (not phi(0))
+            if it < n_chunks:
+                t0 = row_begin + it * R
+                for a in range(QK_NR):
+                    r = qk_r0 + QK_RSTEP * a
+                    row_ok = qk_lane_ok and r < R and t0 + r < row_end
+                    for c in range(QK_NC):
+                        e = qk_c0 + QK_CSTEP * c
+                        ok = row_ok and e < e_dim
+                        if EMIT:
+                            x = float32(0.0)
+                            if ok:
+                                x = float32(q[b, h, t0 + r, e])
+                                if PHI:  # elu(x) + 1, written out: no device function, so compile_ptx needs no GPU
+                                    x = x + float32(1.0) if x > float32(0.0) else math.exp(x)
+                            pq[a * QK_NC + c] = x
+                        if UPDATE:
+                            x = float32(0.0)
+                            if ok:
+                                x = float32(k[b, h, t0 + r, e])
+                                if PHI:
+                                    x = x + float32(1.0) if x > float32(0.0) else math.exp(x)
+                            pk[a * QK_NC + c] = x
+                if UPDATE:
+                    for a in range(V_NR):
+                        r = v_r0 + V_RSTEP * a
+                        row_ok = v_lane_ok and r < R and t0 + r < row_end
+                        for c in range(V_NC):
+                            col = v_c0 + V_CSTEP * c
+                            x = float32(0.0)
+                            if row_ok and m_base + col < m_dim:
+                                x = float32(v[b, h, t0 + r, m_base + col])
+                            pv[a * V_NC + c] = x
+
+            # (2) outputs of chunk it - 2: sum the E-slices' partials; consecutive threads write consecutive columns
+            if EMIT and it >= 2:
+                rb = it & 1
+                t0 = row_begin + (it - 2) * R
+                for o in range(tid, R * M_COLS, NT):
+                    r = o // M_COLS
+                    c = o % M_COLS
+                    t = t0 + r
+                    if t < row_end and m_base + c < m_dim:
+                        j = c // TM
+                        tmc = c % TM
+                        acc = float32(0.0)
+                        for x in range(TE):
+                            acc += red[rb, r, j, tmc, x]
+                        if NORM:
+                            den = float32(0.0)
+                            for x in range(TE):
+                                den += den_red[rb, r, x]
+                            acc = acc / (den + eps)
+                        out[b, h, t, m_base + c] = acc
+
+            # (3) the recurrence over chunk it - 1, from shared memory; state indices are all constants
+            if it >= 1 and it <= n_chunks:
+                cb = (it - 1) & 1
+                for r in range(R):
+                    if UPDATE:
+                        for i in range(RE):
+                            kr[i] = k_buf[cb, r * E_PAD + te + TE * i]
+                        for j in range(RM):
+                            vr[j] = v_buf[cb, r * M_COLS + tm + TM * j]
+                        for i in range(RE):
+                            for j in range(RM):
+                                st[i, j] += kr[i] * vr[j]
+                        if NORM:
+                            for i in range(RE):
+                                zs[i] += kr[i]
+                    if EMIT:
+                        for i in range(RE):
+                            qr[i] = q_buf[cb, r * E_PAD + te + TE * i]
+                        for j in range(RM):
+                            acc = float32(0.0)
+                            for i in range(RE):
+                                acc += qr[i] * st[i, j]
+                            red[cb, r, j, tm, te] = acc
+                        if NORM:
+                            den = float32(0.0)
+                            for i in range(RE):
+                                den += qr[i] * zs[i]
+                            if tm == 0:
+                                den_red[cb, r, te] = den
+
+            # (4) the loaded rows into the buffer that chunk it - 2 used (free since the last barrier)
+            if it < n_chunks:
+                lb = it & 1
+                for a in range(QK_NR):
+                    r = qk_r0 + QK_RSTEP * a
+                    if qk_lane_ok and r < R:
+                        for c in range(QK_NC):
+                            e = qk_c0 + QK_CSTEP * c
+                            if e < E_PAD:
+                                if EMIT:
+                                    q_buf[lb, r * E_PAD + e] = pq[a * QK_NC + c]
+                                if UPDATE:
+                                    k_buf[lb, r * E_PAD + e] = pk[a * QK_NC + c]
+                if UPDATE:
+                    for a in range(V_NR):
+                        r = v_r0 + V_RSTEP * a
+                        if v_lane_ok and r < R:
+                            for c in range(V_NC):
+                                col = v_c0 + V_CSTEP * c
+                                if col < M_COLS:
+                                    v_buf[lb, r * M_COLS + col] = pv[a * V_NC + c]
+            cuda.syncthreads()
+
+        if MODE == REDUCE:
+            split = cuda.blockIdx.y
+            for i in range(RE):
+                e = te + TE * i
+                if e < e_dim:
+                    for j in range(RM):
+                        m = m_base + tm + TM * j
+                        if m < m_dim:
+                            part[bh, split, e, m] = st[i, j]
+                    # z is the same in every column thread and every M split: one writer
+                    if NORM and tm == 0 and cuda.blockIdx.z == 0:
+                        part[bh, split, e, m_dim] = zs[i]
+
+    return kernel
+
+
+@lru_cache(maxsize=None)
+def _combine_kernel(threads: int):
+    @cuda.jit(**_jit_options(threads))
+    def combine(part):
+        """``part[:, 0] += part[:, 1:]``, one thread per state entry, splits added in order (deterministic)."""
+        splits = part.shape[1]
+        e_dim = part.shape[2]
+        cols = part.shape[3]
+        total = part.shape[0] * e_dim * cols
+        start = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        for idx in range(start, total, cuda.gridDim.x * cuda.blockDim.x):
+            c = idx % cols
+            e = (idx // cols) % e_dim
+            bh = idx // (cols * e_dim)
+            acc = part[bh, 0, e, c]
+            for s in range(1, splits):
+                acc += part[bh, s, e, c]
+            part[bh, 0, e, c] = acc
+
+    return combine
+
+
+def _resolve_splits(m_splits, batch_heads, e, m, config, sm_count) -> int:
+    if m_splits is None:
+        return choose_m_splits(batch_heads, e, m, sm_count, config)
+    return m_splits
+
+
+def launch_causal_dot_product(q, k, v, out, stream, *, m_splits=None, config: LinearConfig | None = None):
+    """``out_i = sum_{j <= i} (q_i . k_j) v_j`` on device views ``(batch, heads, seqlen, E | M)``, any strides.
+
+    ``m_splits``: blocks per (batch, head) along M (None: :func:`choose_m_splits`); at least :func:`min_m_splits`.
+    """
+    config = config or default_config()
+    batch, heads, seqlen, e = q.shape
+    m = v.shape[3]
+    if batch * heads == 0 or seqlen == 0:
+        return
+    m_splits = _resolve_splits(m_splits, batch * heads, e, m, config, multiprocessor_count())
+    p = plan(e, m, CAUSAL, False, m_splits, config)
+    kernel = row_walk_kernel(p.layout, CAUSAL, False, False)
+    # `part` is unused in this mode; q stands in for it
+    kernel[(batch * heads, 1, p.m_splits), p.layout.threads, stream](q, k, v, out, q, float32(0.0), 0)
+
+
+def launch_linear_attention(
+    q, k, v, out, causal, eps, stream, *, m_splits=None, seq_splits=None, config: LinearConfig | None = None
+):
+    """The linear-attention layer with ``phi = elu + 1`` on device views; eps added after ``phi(q) . z``.
+
+    ``m_splits`` as in :func:`launch_causal_dot_product` (None: the causal heuristic, or the minimum when non-causal,
+    which splits the sequence instead). ``seq_splits``: sequence blocks of the non-causal passes (None: heuristic).
+    Non-causal also accepts k, v with a seqlen different from q's.
+    """
+    config = config or default_config()
+    batch, heads, seqlen_q, e = q.shape
+    seqlen_k, m = v.shape[2], v.shape[3]
+    bh = batch * heads
+    if bh == 0 or seqlen_q == 0:
+        return
+    sm_count = multiprocessor_count()
+    eps32 = float32(eps)
+    if causal:
+        m_splits = _resolve_splits(m_splits, bh, e, m, config, sm_count)
+        p = plan(e, m, CAUSAL, True, m_splits, config)
+        kernel = row_walk_kernel(p.layout, CAUSAL, True, True)
+        kernel[(bh, 1, p.m_splits), p.layout.threads, stream](q, k, v, out, q, eps32, 0)
+        return
+
+    if m_splits is None:
+        m_splits = min_m_splits(e, m, config)
+    if seq_splits is not None and (
+        isinstance(seq_splits, bool) or not isinstance(seq_splits, (int, np.integer)) or seq_splits < 1
+    ):
+        raise ValueError(f"seq_splits: expected an integer >= 1 or None, got {seq_splits!r}")
+    reduce_plan = plan(e, m, REDUCE, True, m_splits, config)
+    apply_plan = plan(e, m, APPLY, True, m_splits, config)
+    if seq_splits is None:
+        seq_splits = _seq_splits(seqlen_k, bh * reduce_plan.m_splits, sm_count, config)
+    seq_splits = max(1, min(int(seq_splits), seqlen_k, 65535))
+    reduce_rows = max(1, _cdiv(seqlen_k, seq_splits))
+    seq_splits = max(1, _cdiv(seqlen_k, reduce_rows))  # no empty blocks (one, writing zeros, when there are no keys)
+    apply_splits = _seq_splits(seqlen_q, bh * apply_plan.m_splits, sm_count, config)
+    apply_rows = _cdiv(seqlen_q, apply_splits)
+    apply_splits = _cdiv(seqlen_q, apply_rows)
+
+    # partial KV | z per sequence block, float32; column m holds z
+    part = cuda.device_array((bh, seq_splits, e, m + 1), dtype=np.float32, stream=stream)
+    reduce_kernel = row_walk_kernel(reduce_plan.layout, REDUCE, True, True)
+    reduce_kernel[(bh, seq_splits, reduce_plan.m_splits), reduce_plan.layout.threads, stream](
+        q, k, v, out, part, eps32, reduce_rows
+    )
+    if seq_splits > 1:
+        threads = config.combine_threads
+        blocks = min(_cdiv(bh * e * (m + 1), threads), config.combine_blocks_per_sm * sm_count)
+        _combine_kernel(threads)[blocks, threads, stream](part)
+    apply_kernel = row_walk_kernel(apply_plan.layout, APPLY, True, True)
+    apply_kernel[(bh, apply_splits, apply_plan.m_splits), apply_plan.layout.threads, stream](
+        q, k, v, out, part, eps32, apply_rows
+    )

@@ -1,0 +1,52 @@
+"""flash-linear-attention (fla) kernels as peers of ``numba_attn.causal_dot_product``.
+
+``numba_attn.causal_dot_product(q, k, v)`` computes ``out_i = sum_{j <= i} (q_i . k_j) v_j`` with no scale and no
+normaliser. fla's ``chunk_linear_attn`` / ``fused_recurrent_linear_attn`` compute the same with ``scale=1.0`` and
+``normalize=False`` (their defaults are ``scale = 1/sqrt(K)`` and, for the chunked kernel, ``normalize=True``, so
+both are passed explicitly). They return ``(o, final_state)``; ``o`` is what we compare.
+
+Layout: fla 0.6 takes ``(batch, seqlen, heads, dim)`` (its ``head_first`` option is gone), numba_attn
+``(batch, heads, seqlen, dim)``. :func:`to_fla_layout` makes contiguous ``(B, T, H, D)`` copies once, outside the
+timed region (an application using fla keeps its tensors in fla's layout), so only the kernel call is timed;
+:func:`from_fla_layout` turns the output back, again outside the timed region, for the correctness check.
+"""
+from __future__ import annotations
+
+import torch  # noqa: F401  (fla needs torch: a missing torch fails this import clearly)
+from fla.ops.linear_attn import chunk_linear_attn, fused_recurrent_linear_attn
+
+__all__ = ["KERNELS", "to_fla_layout", "from_fla_layout"]
+
+
+def _chunk(q, k, v):
+    return chunk_linear_attn(q, k, v, scale=1.0, normalize=False)[0]
+
+
+def _fused_recurrent(q, k, v):
+    return fused_recurrent_linear_attn(q, k, v, scale=1.0, normalize=False)[0]
+
+
+#: provider suffix -> callable on (B, T, H, D) tensors returning o (B, T, H, M)
+KERNELS = {"chunk": _chunk, "fused-recurrent": _fused_recurrent}
+
+
+def to_fla_layout(x):
+    """(batch, heads, seqlen, dim) -> contiguous (batch, seqlen, heads, dim)."""
+    return x.transpose(1, 2).contiguous()
+
+
+def from_fla_layout(x):
+    """(batch, seqlen, heads, dim) -> (batch, heads, seqlen, dim) view."""
+    return x.transpose(1, 2)
+
+
+def version() -> str:
+    try:
+        from importlib.metadata import version as _version
+
+        return _version("fla-core")
+    except Exception:  # noqa: BLE001
+        import fla
+
+        return getattr(fla, "__version__", "?")
+

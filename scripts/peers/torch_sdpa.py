@@ -1,0 +1,65 @@
+"""torch's ``scaled_dot_product_attention`` with one backend forced at a time.
+
+``sdpa_kernel(backend)`` restricts SDPA to that backend; if the backend cannot take the inputs (dtype, head dim,
+GPU generation) SDPA raises, and the sweep records the provider as skipped with torch's reason (torch explains
+the refusal in a warning, which the sweep appends to the error text).
+
+Masking: torch's ``is_causal`` aligns the mask top-left and numba_attn bottom-right; both agree when
+``seqlen_q == seqlen_k``, the only causal case the sweep runs. Other causal shapes are refused here rather than
+silently computing something different.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+__all__ = ["BACKENDS", "backend_context", "attention", "decode"]
+
+#: provider suffix -> SDPBackend member name
+BACKENDS = {
+    "flash": "FLASH_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+}
+
+
+def backend_context(name: str):
+    """A context manager that forces SDPA backend ``name`` (a key of ``BACKENDS``) and disables autograd."""
+    backend = getattr(SDPBackend, BACKENDS[name])
+
+    @contextlib.contextmanager
+    def context():
+        with torch.no_grad(), sdpa_kernel(backend):
+            yield
+
+    return context
+
+
+def attention(q, k, v, causal: bool, sm_scale: float | None = None):
+    """SDPA on ``(batch, heads, seqlen, headdim)`` tensors; k/v may have fewer heads (GQA via ``enable_gqa``)."""
+    if causal and q.shape[2] != k.shape[2]:
+        raise ValueError("torch SDPA aligns the causal mask top-left; only seqlen_q == seqlen_k matches numba_attn")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    if k.shape[1] != q.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def decode(q, k, v, sm_scale: float | None = None):
+    """Non-causal attention of a few query rows against a long cache, GQA packed.
+
+    The ``group = heads // kv_heads`` query heads sharing a kv head are reshaped into ``group * seqlen_q`` query
+    rows of one kv head (a free view of a contiguous q): every backend then sees plain multi-head attention and
+    reads each K/V head once, which is how decoding with GQA is normally fed to these kernels.
+    """
+    batch, heads, seqlen_q, head_dim = q.shape
+    kv_heads = k.shape[1]
+    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
+    packed = q.reshape(batch, kv_heads, (heads // kv_heads) * seqlen_q, head_dim)
+    out = F.scaled_dot_product_attention(packed, k, v, is_causal=False, scale=scale)
+    return out.reshape(batch, heads, seqlen_q, head_dim)

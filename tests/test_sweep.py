@@ -1,0 +1,203 @@
+"""The benchmark sweep (scripts/sweep.py) end to end on a tiny grid, plus its small helpers.
+
+The run uses tiny explicit shapes so that it takes seconds under Numba's CUDA simulator (and also works on a GPU,
+where the installed peers join in). Two extra providers are injected through the registry: one that returns a
+wrong answer (must be marked FAIL and never timed) and one that raises (must be recorded as skipped with the
+error text, without stopping the sweep).
+"""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "sweep.py")
+
+TINY = [
+    "--sweeps", "flash,decode,linear",
+    "--seqlens", "16,32",
+    "--flash-configs", "16:1",
+    "--batch", "1",
+    "--decode-lengths", "32,64",
+    "--decode-heads", "2",
+    "--decode-kv-heads", "2,1",
+    "--decode-headdim", "16",
+    "--linear-heads", "1",
+    "--linear-dim", "16",
+    "--dtypes", "fp32",
+    "--reps", "2",
+    "--warmup", "0",
+    "--budget", "0.5",
+    "--no-plot",
+]
+
+
+def _load_sweep():
+    spec = importlib.util.spec_from_file_location("sweep_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    return _load_sweep()
+
+
+class _Counter:
+    def __init__(self):
+        self.calls = 0
+
+
+def _wrong_provider(sweep, counter):
+    """Returns ones of the right shape: rel err ~1, far above any bound."""
+
+    def prepare(case, inputs, env):
+        def fn():
+            counter.calls += 1
+            return np.ones(case.out_shape(), dtype=case.dtype)
+
+        return sweep.Prepared(fn)
+
+    return sweep.Provider(prepare, note="deliberately wrong")
+
+
+def _raising_provider(sweep):
+    def prepare(case, inputs, env):
+        def fn():
+            raise RuntimeError("boom: this provider does not support anything")
+
+        return sweep.Prepared(fn)
+
+    return sweep.Provider(prepare, note="always raises")
+
+
+@pytest.fixture(scope="module")
+def run(sweep, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_out")
+    counter = _Counter()
+    extra = {s: {"wrong": _wrong_provider(sweep, counter), "raises": _raising_provider(sweep)} for s in sweep.SWEEPS}
+    result = sweep.main(TINY + ["--out", str(out)], extra_providers=extra)
+    return {"result": result, "out": out, "wrong_calls": counter.calls}
+
+
+def _csv_rows(out):
+    with open(os.path.join(out, "results.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+EXPECTED_CASES = {
+    "flash": [(c, s) for c in ("D=16 H=1 non-causal", "D=16 H=1 causal") for s in (16, 32)],
+    "decode": [(c, s) for c in ("H=2 Hkv=2 D=16", "H=2 Hkv=1 D=16 (GQA 2)") for s in (32, 64)],
+    "linear": [("H=1 E=M=16", s) for s in (16, 32)],
+}
+
+
+def test_files_written(run):
+    names = sorted(os.listdir(run["out"]))
+    assert {"results.csv", "results.json", "results.md"} <= set(names)
+    assert len(names) <= 8
+    assert not any(n.endswith(".png") for n in names)  # --no-plot
+
+
+def test_a_row_per_provider_and_case(run):
+    rows = _csv_rows(run["out"])
+    meta = run["result"]["meta"]
+    for sweep_name, cases in EXPECTED_CASES.items():
+        providers = list(meta["providers"][sweep_name])
+        assert "numba_attn" in providers and "wrong" in providers and "raises" in providers
+        for config, size in cases:
+            got = [r["provider"] for r in rows
+                   if r["sweep"] == sweep_name and r["config"] == config and int(r["size"]) == size]
+            assert sorted(got) == sorted(providers), (sweep_name, config, size)
+
+
+def test_correct_providers_are_within_bounds_and_timed(run):
+    rows = _csv_rows(run["out"])
+    for r in rows:
+        if r["status"] == "ok":
+            assert float(r["rel_err"]) <= float(r["tol"]), r
+            assert float(r["ms"]) > 0 and int(r["reps"]) >= 1, r
+    ours_flash = [r for r in rows if r["provider"] == "numba_attn" and r["sweep"] == "flash"]
+    assert ours_flash and all(r["status"] == "ok" for r in ours_flash)
+    # decode and linear kernels: correct when present; a kernel that raises is recorded, not fatal
+    for r in rows:
+        if r["provider"] == "numba_attn":
+            assert r["status"] in ("ok", "skip"), r
+            assert r["status"] == "ok" or r["reason"], r
+    for r in rows:
+        if r["provider"] not in ("wrong", "raises"):
+            assert r["status"] != "FAIL", r
+
+
+def test_wrong_provider_fails_and_is_not_timed(run):
+    rows = [r for r in _csv_rows(run["out"]) if r["provider"] == "wrong"]
+    n_cases = sum(len(c) for c in EXPECTED_CASES.values())
+    assert len(rows) == n_cases
+    for r in rows:
+        assert r["status"] == "FAIL"
+        assert float(r["rel_err"]) > float(r["tol"])
+        assert r["ms"] == "" and r["reps"] == "0"
+    assert run["wrong_calls"] == n_cases  # exactly the correctness call, never a timed one
+
+
+def test_raising_provider_is_skipped_with_reason(run):
+    rows = [r for r in _csv_rows(run["out"]) if r["provider"] == "raises"]
+    assert rows and all(r["status"] == "skip" and "boom" in r["reason"] for r in rows)
+
+
+def test_json_and_markdown(run):
+    with open(os.path.join(run["out"], "results.json")) as f:
+        data = json.load(f)
+    meta = data["meta"]
+    for key in ("device", "date", "versions", "command", "simulator", "options"):
+        assert key in meta
+    assert "numba" in meta["versions"] and "numpy" in meta["versions"]
+    assert "--seqlens" in meta["command"]
+    assert len(data["results"]) == len(_csv_rows(run["out"]))
+    md = open(os.path.join(run["out"], "results.md")).read()
+    for heading in ("## flash", "## decode", "## linear"):
+        assert heading in md
+    assert "| size |" in md and "FAIL" in md and "halved for causal" in md
+
+
+def test_plot_written_when_matplotlib_is_present(sweep, run, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "flash.png"
+    problem = sweep.write_plot(str(path), run["result"]["rows"], "flash", run["result"]["meta"])
+    assert problem is None and path.stat().st_size > 0
+
+
+def test_provider_filter_and_helpers(sweep):
+    assert sweep.parse_size("4k") == 4096 and sweep.parse_size("48") == 48
+    assert sweep.size_label(16384) == "16k" and sweep.size_label(48) == "48"
+    tol = sweep._tolerances("fp16=3e-3,tf32=1e-2")
+    assert tol == {"fp16": 3e-3, "tf32": 1e-2}
+    registry = {"flash": {"numba_attn": 1, "torch-sdpa-flash": 2, "triton-fa2": 3}}
+    assert list(sweep.filter_registry(registry, ["numba", "triton"])["flash"]) == ["numba_attn", "triton-fa2"]
+
+
+def test_backend_keyword_adds_providers(sweep):
+    def with_backend(q, k, v, *, causal=False, backend=None):
+        return q
+
+    def without_backend(q, k, v, *, causal=False):
+        return q
+
+    assert sweep._backend_variants(without_backend) == [None]
+    variants = sweep._backend_variants(with_backend)
+    assert variants[0] is None and len(variants) >= 2
+
+
+def test_help_documents_options(sweep):
+    text = sweep.build_parser().format_help()
+    for option in ("--sweeps", "--seqlens", "--dtypes", "--providers", "--batch", "--headdims", "--heads",
+                   "--decode-lengths", "--reps", "--out", "--quick", "--no-plot", "--tol"):
+        assert option in text

@@ -1,0 +1,514 @@
+"""FlashAttention-2 forward on tensor cores (``mma.sync.m16n8k16``, float32 accumulation) for float16 and bfloat16.
+
+Same interface and semantics as ``flash_simt.launch``: shapes ``(batch, heads, seqlen, headdim)``, any strides,
+grouped-query heads (q head ``h`` reads kv head ``h // (heads // kv_heads)``), bottom-right causal mask (query ``i``
+sees keys ``j <= i + seqlen_k - seqlen_q``), rows that see no key give 0 and ``lse = -inf``, lse in natural log,
+float32. The inputs travel as their 16-bit patterns (uint16 views); the dtype picks the MMA and the conversions.
+
+Work split
+    One thread block = ``warps`` warps = ``block_m = 16 * warps`` query rows of one (batch, head); warp ``w`` owns
+    rows ``16 w .. 16 w + 15`` of the block, which is exactly the M = 16 of one MMA, so the softmax statistics of a
+    row never leave the 4 lanes that hold it. The block walks the keys in tiles of ``block_n``.
+
+Per K/V tile
+    1. All threads copy K ``[key][d]`` and V transposed ``[d][key]`` into shared memory as 32-bit words of two
+       16-bit elements (K: ``d = 2w, 2w + 1``; V^T: ``key = 2j, 2j + 1``), zero for keys >= seqlen_k and columns
+       >= headdim (so padded columns and tail keys contribute exactly 0, never NaN). Row strides are padded to 4
+       mod 8 words: the fragment loads of a warp (8 rows x 4 consecutive words) then hit 32 different banks.
+       When K and V rows are 16-byte aligned with a contiguous last axis and headdim % 8 == 0 (``launch`` checks:
+       ``vector_loads_ok``), rows are read in 16-byte pieces and V is transposed in registers (half-word
+       interleaves of two key rows); otherwise element by element, for any strides and head dims. The copy is
+       synchronous (load, ``syncthreads``, compute): several blocks per SM overlap one's copy with another's MMAs.
+    2. ``S = Q K^T``: Q's A fragments were loaded from global memory once and stay in registers; a B fragment of K
+       is two 32-bit shared loads (``ptx`` module docstring has the layouts).
+    3. Online softmax on the C fragments: a thread holds rows ``g = lane // 4`` and ``g + 8`` of its warp's 16,
+       columns ``2 (lane % 4) + {0, 1}`` of every n8 block; row maxima are finished with two butterfly shuffles
+       (lane masks 1 and 2). Scores are in base 2 (``sm_scale * log2 e`` folded into one multiply), masks are
+       applied only on tiles that cross the causal diagonal or the end of the keys.
+    4. ``O += P V``: the probabilities are rounded to the input dtype IN REGISTERS and used directly as the A
+       operand (C fragments of n8 blocks ``2j, 2j + 1`` = A fragment of k-step ``j``); V^T gives the B fragments.
+       ``O`` is rescaled by ``exp2(m_old - m_new)`` first. One division by ``l`` at the end.
+
+Head dims
+    The head dim is padded to a multiple of 16 inside the kernel (``head_dim_pad``). Up to ``max_single_pass_dim``
+    (128) the whole output row is accumulated at once: Q fragments ``head_dim_pad / 4`` and O accumulators
+    ``head_dim_pad / 2`` registers per thread (32 + 64 at D = 128). Above that (up to 256) the same kernel makes
+    TWO passes over the keys, each accumulating one half of the output columns (recomputing ``S`` in the second
+    pass, which is exactly the first pass's, so ``m`` and ``l`` agree), with tiles of ``block_n_wide`` keys so that
+    the shared tiles stay under 48 KB: 64 Q registers + 64 O registers instead of 64 + 128. That costs 1.5x the
+    MMA work at D = 256 but keeps the kernel simple, spill-free and static-shared-memory only.
+
+Specialisations (compiled once each, cached on disk): padded head dim, dtype and load width. Causality is a run-time
+flag (it only changes the loop bound, the block order and the masks of diagonal tiles).
+
+Register arrays (``cuda.local.array``) are indexed only inside loops over compile-time constants, which NVVM unrolls
+fully, so they live in registers. Shared-memory fragment loads go through ``ptx.load2`` (no negative-index
+wraparound), so the unrolled addresses fold into one base register plus immediate offsets. ``ptxas -v`` (sm_90,
+CUDA 13): no stack frame and no spills for every dtype and head dim; 168 registers at D = 64 (3 blocks per SM),
+220 at D = 128 (2 blocks per SM), 253 at D = 256.
+
+The kernel also runs under the CUDA simulator, with the ``ptx`` emulations (tiny shapes only: every thread is a
+Python thread and every MMA a block-wide barrier).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numba import float32, types, uint32
+
+from .._device import SIMULATOR, cuda
+from . import ptx
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    """Tuning knobs of the tensor-core kernel."""
+
+    warps: int = 4  # warps per block; each owns 16 query rows, so block_m = 16 * warps
+    block_n: int = 64  # keys per K/V tile for head dims <= max_single_pass_dim (multiple of 16)
+    block_n_wide: int = 32  # keys per tile for larger head dims (two passes over output halves)
+    max_single_pass_dim: int = 128  # padded head dims above this take two passes
+    # launch bound (min blocks per SM, which caps registers at 64K / (32 * warps * blocks)): 3 blocks for padded
+    # head dims <= 64 with 16-byte loads (168 registers, no spills with ptxas 13 / sm_90), else 2 (a cap that the
+    # kernels stay under without spilling)
+    min_blocks_small: int = 3
+    min_blocks: int = 2
+
+    @property
+    def block_m(self) -> int:
+        return 16 * self.warps
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def launch_bounds(self, head_dim_pad: int, vector_loads: bool = True) -> tuple[int, int]:
+        small = head_dim_pad <= 64 and vector_loads
+        return self.threads, self.min_blocks_small if small else self.min_blocks
+
+
+DEFAULT_CONFIG = MmaConfig()
+
+#: dtype names the kernel takes (bfloat16 arrives as a uint16 bit view, float16 may too).
+DTYPES = ("float16", "bfloat16")
+
+
+def padded_head_dim(head_dim: int) -> int:
+    return -(-head_dim // 16) * 16
+
+
+@dataclass(frozen=True)
+class _Tiles:
+    """Compile-time shape of one specialisation (derived from the config and the padded head dim)."""
+
+    warps: int
+    block_n: int
+    d_pad: int
+    d_pass: int
+
+    @property
+    def passes(self) -> int:
+        return self.d_pad // self.d_pass
+
+    @property
+    def k_stride(self) -> int:  # words per K row in shared memory: d_pad / 2 + 4 (= 4 mod 8: conflict-free)
+        return self.d_pad // 2 + 4
+
+    @property
+    def v_stride(self) -> int:  # words per V^T row: block_n / 2 + 4
+        return self.block_n // 2 + 4
+
+    @property
+    def shared_bytes(self) -> int:
+        return 4 * (self.block_n * self.k_stride + self.d_pass * self.v_stride)
+
+
+def tiles_for(config: MmaConfig, head_dim_pad: int) -> _Tiles:
+    if head_dim_pad % 16 or not 16 <= head_dim_pad <= 256:
+        raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, 256], got {head_dim_pad}")
+    if head_dim_pad <= config.max_single_pass_dim:
+        tiles = _Tiles(config.warps, config.block_n, head_dim_pad, head_dim_pad)
+    else:
+        tiles = _Tiles(config.warps, config.block_n_wide, head_dim_pad, head_dim_pad // 2)
+    if tiles.block_n % 16:
+        raise ValueError(f"block_n must be a multiple of 16, got {tiles.block_n}")
+    if tiles.shared_bytes > 48 * 1024:
+        raise ValueError(f"tiles need {tiles.shared_bytes} bytes of shared memory, more than the static 48 KB")
+    return tiles
+
+
+_U16_4D = types.Array(types.uint16, 4, "A")
+_F32_3D = types.Array(types.float32, 3, "A")
+#: one signature for every layout (layout 'A' takes contiguous and strided views alike: one compile per shape)
+SIGNATURE = types.void(_U16_4D, _U16_4D, _U16_4D, _U16_4D, _F32_3D, types.boolean, types.boolean, types.float32)
+
+
+def _jit(launch_bounds):
+    if SIMULATOR:
+        return cuda.jit
+    return cuda.jit(SIGNATURE, launch_bounds=launch_bounds, cache=True)
+
+
+def _device_function(fn):
+    """A device function NVVM always inlines (a plain function under the simulator)."""
+    if SIMULATOR:
+        return fn
+    return cuda.jit(device=True, forceinline=True)(fn)
+
+
+def _tile_loaders(tiles: _Tiles, vector_loads: bool):
+    """``(load_k_tile, load_v_tile)``: the global -> shared copies of one K/V tile, every thread of the block taking
+    part. K lands as ``[key][column pair]`` words, V transposed as ``[column][key pair]`` words; keys >= seqlen_k
+    and columns >= headdim are zeros (so they add exactly 0 to S and O, never NaN).
+
+    ``vector_loads``: rows are read in 16-byte pieces (needs headdim % 8 == 0, a contiguous last axis and 16-byte
+    aligned rows; ``launch`` checks); otherwise element by element (any strides, any headdim). Chosen here, in
+    Python, so that each kernel compiles only the loader it uses."""
+    NT = 32 * tiles.warps
+    BLOCK_N = tiles.block_n
+    D_PASS = tiles.d_pass
+    K_WORDS = tiles.d_pad // 2  # 32-bit words per K row (two columns each)
+    K_CHUNKS = tiles.d_pad // 8  # 16-byte pieces per K row
+    V_WORDS = BLOCK_N // 2  # 32-bit words per V^T row (two keys each)
+    load2 = ptx.load2
+    store2 = ptx.store2
+    pack_u16x2 = ptx.pack_u16x2
+    load_u16x8 = ptx.load_u16x8
+    store_u32x4 = ptx.store_u32x4
+    interleave_low = ptx.interleave_low
+    interleave_high = ptx.interleave_high
+
+    def load_k_vector(k_head, k_tile, tid, n0, seqlen_k, head_dim):
+        for chunk in range(tid, BLOCK_N * K_CHUNKS, NT):  # consecutive threads: consecutive 16 bytes of a row
+            c = chunk // K_CHUNKS
+            c8 = chunk - c * K_CHUNKS
+            key = n0 + c
+            w0 = w1 = w2 = w3 = 0
+            if key < seqlen_k and 8 * c8 < head_dim:
+                w0, w1, w2, w3 = load_u16x8(k_head, key, 8 * c8)
+            store_u32x4(k_tile, c, 4 * c8, w0, w1, w2, w3)
+
+    def load_v_vector(v_head, vt_tile, tid, n0, d_off, seqlen_k, head_dim):
+        # thread (j, d): keys 2j and 2j + 1, columns d .. d + 7 -> words [d + i][j]; a warp covers 32 key pairs of
+        # one column group, so the 8 stores of a thread hit 32 different banks across the warp
+        for task in range(tid, V_WORDS * (D_PASS // 8), NT):
+            j = task % V_WORDS
+            d = 8 * (task // V_WORDS)
+            key = n0 + 2 * j
+            col = d_off + d
+            x0 = x1 = x2 = x3 = 0
+            y0 = y1 = y2 = y3 = 0
+            if col < head_dim:
+                if key < seqlen_k:
+                    x0, x1, x2, x3 = load_u16x8(v_head, key, col)
+                if key + 1 < seqlen_k:
+                    y0, y1, y2, y3 = load_u16x8(v_head, key + 1, col)
+            store2(vt_tile, d, j, interleave_low(x0, y0))
+            store2(vt_tile, d + 1, j, interleave_high(x0, y0))
+            store2(vt_tile, d + 2, j, interleave_low(x1, y1))
+            store2(vt_tile, d + 3, j, interleave_high(x1, y1))
+            store2(vt_tile, d + 4, j, interleave_low(x2, y2))
+            store2(vt_tile, d + 5, j, interleave_high(x2, y2))
+            store2(vt_tile, d + 6, j, interleave_low(x3, y3))
+            store2(vt_tile, d + 7, j, interleave_high(x3, y3))
+
+    def load_k_elements(k_head, k_tile, tid, n0, seqlen_k, head_dim):
+        for idx in range(tid, BLOCK_N * K_WORDS, NT):
+            c = idx // K_WORDS
+            w = idx - c * K_WORDS
+            key = n0 + c
+            col = 2 * w
+            lo = 0
+            hi = 0
+            if key < seqlen_k:
+                if col < head_dim:
+                    lo = load2(k_head, key, col)
+                if col + 1 < head_dim:
+                    hi = load2(k_head, key, col + 1)
+            store2(k_tile, c, w, pack_u16x2(lo, hi))
+
+    def load_v_elements(v_head, vt_tile, tid, n0, d_off, seqlen_k, head_dim):
+        for idx in range(tid, D_PASS * V_WORDS, NT):  # a warp: 4 key pairs x 8 columns (no bank conflicts)
+            rest = idx // 4
+            d = rest % D_PASS
+            j = idx % 4 + 4 * (rest // D_PASS)
+            key = n0 + 2 * j
+            col = d_off + d
+            lo = 0
+            hi = 0
+            if col < head_dim:
+                if key < seqlen_k:
+                    lo = load2(v_head, key, col)
+                if key + 1 < seqlen_k:
+                    hi = load2(v_head, key + 1, col)
+            store2(vt_tile, d, j, pack_u16x2(lo, hi))
+
+    if vector_loads:
+        return _device_function(load_k_vector), _device_function(load_v_vector)
+    return _device_function(load_k_elements), _device_function(load_v_elements)
+
+
+def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool):
+    """The Python function of one specialisation (not yet jitted); also what ``compile_ptx`` checks offline."""
+    WARPS = tiles.warps
+    BLOCK_M = 16 * WARPS
+    BLOCK_N = tiles.block_n
+    D_PASS = tiles.d_pass
+    PASSES = tiles.passes
+    QK_STEPS = tiles.d_pad // 16  # k-steps of S = Q K^T
+    S_BLOCKS = BLOCK_N // 8  # n8 blocks of S
+    PV_STEPS = BLOCK_N // 16  # k-steps of O += P V
+    O_BLOCKS = D_PASS // 8  # n8 blocks of O
+    K_SHAPE = (BLOCK_N, tiles.k_stride)
+    V_SHAPE = (D_PASS, tiles.v_stride)
+    NEG_INF = np.float32(-np.inf)
+    ZERO = np.float32(0.0)
+    mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
+    pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
+    pack_u16x2 = ptx.pack_u16x2
+    low_u16 = ptx.low_u16
+    high_u16 = ptx.high_u16
+    exp2 = ptx.exp2_approx
+    shfl_xor = ptx.shfl_xor_f32
+    load2 = ptx.load2
+    store2 = ptx.store2
+    load_k_tile, load_v_tile = _tile_loaders(tiles, vector_loads)
+
+    def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4  # MMA groupID: fragment rows g and g + 8
+        t = lane % 4  # MMA threadID_in_group: fragment columns 2t, 2t + 1
+        bh = cuda.blockIdx.x
+        m_block = cuda.blockIdx.y
+        if causal:
+            m_block = cuda.gridDim.y - 1 - m_block  # the longest (last) query blocks start first
+        m0 = m_block * BLOCK_M
+        heads = q.shape[1]
+        b = bh // heads
+        h = bh % heads
+        hk = h // (heads // k.shape[1])
+        seqlen_q = q.shape[2]
+        seqlen_k = k.shape[2]
+        head_dim = q.shape[3]
+        diag_offset = seqlen_k - seqlen_q  # query i sees keys j <= i + diag_offset
+        q_head = q[b, h]
+        k_head = k[b, hk]
+        v_head = v[b, hk]
+        out_head = out[b, h]
+        row0 = m0 + 16 * warp + g
+        row1 = row0 + 8
+
+        k_tile = cuda.shared.array(K_SHAPE, uint32)  # [key][column pair]
+        vt_tile = cuda.shared.array(V_SHAPE, uint32)  # [column][key pair]
+        q_frag = cuda.local.array((QK_STEPS, 4), uint32)
+        s = cuda.local.array((S_BLOCKS, 4), float32)
+        acc = cuda.local.array((O_BLOCKS, 4), float32)
+
+        # ---- Q A-fragments, straight from global memory, kept in registers ------------------------------------
+        for kk in range(QK_STEPS):
+            for r in range(4):
+                row = row0 + 8 * (r % 2)
+                col = 16 * kk + 2 * t + 8 * (r // 2)
+                lo = 0
+                hi = 0
+                if row < seqlen_q:
+                    if col < head_dim:
+                        lo = load2(q_head, row, col)
+                    if col + 1 < head_dim:
+                        hi = load2(q_head, row, col + 1)
+                q_frag[kk, r] = pack_u16x2(lo, hi)
+
+        n_end = seqlen_k
+        if causal:
+            n_end = min(seqlen_k, max(0, m0 + BLOCK_M + diag_offset))
+
+        for p in range(PASSES):
+            d_off = p * D_PASS  # first output column of this pass
+            m_0 = NEG_INF  # running row maxima (base 2) of rows row0, row1
+            m_1 = NEG_INF
+            l_0 = ZERO  # this thread's part of the row sums
+            l_1 = ZERO
+            for ob in range(O_BLOCKS):
+                for e in range(4):
+                    acc[ob, e] = ZERO
+
+            for n0 in range(0, n_end, BLOCK_N):
+                cuda.syncthreads()  # everyone is done with the previous tile
+                load_k_tile(k_head, k_tile, tid, n0, seqlen_k, head_dim)  # [key][column pair]
+                load_v_tile(v_head, vt_tile, tid, n0, d_off, seqlen_k, head_dim)  # [column][key pair]
+                cuda.syncthreads()
+
+                # ---- S = Q K^T ------------------------------------------------------------------------------------
+                for nb in range(S_BLOCKS):
+                    for e in range(4):
+                        s[nb, e] = ZERO
+                for kk in range(QK_STEPS):
+                    for nb in range(S_BLOCKS):
+                        b0 = load2(k_tile, 8 * nb + g, 8 * kk + t)
+                        b1 = load2(k_tile, 8 * nb + g, 8 * kk + 4 + t)
+                        r0, r1, r2, r3 = mma(q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b0, b1,
+                                             s[nb, 0], s[nb, 1], s[nb, 2], s[nb, 3])
+                        s[nb, 0] = r0
+                        s[nb, 1] = r1
+                        s[nb, 2] = r2
+                        s[nb, 3] = r3
+
+                # ---- online softmax (base 2), masks only on the diagonal / tail tiles ----------------------------
+                needs_mask = n0 + BLOCK_N > seqlen_k
+                if causal:
+                    needs_mask = needs_mask or (n0 + BLOCK_N - 1 > m0 + diag_offset)
+                mx_0 = NEG_INF
+                mx_1 = NEG_INF
+                for nb in range(S_BLOCKS):
+                    for e in range(4):
+                        x = s[nb, e] * scale_log2
+                        if needs_mask:
+                            key = n0 + 8 * nb + 2 * t + e % 2
+                            row = row0 + 8 * (e // 2)
+                            if key >= seqlen_k or (causal and key > row + diag_offset):
+                                x = NEG_INF
+                        s[nb, e] = x
+                    mx_0 = max(mx_0, max(s[nb, 0], s[nb, 1]))
+                    mx_1 = max(mx_1, max(s[nb, 2], s[nb, 3]))
+                # the 4 lanes of a row differ in the two low lane bits
+                mx_0 = max(mx_0, shfl_xor(mx_0, 1))
+                mx_0 = max(mx_0, shfl_xor(mx_0, 2))
+                mx_1 = max(mx_1, shfl_xor(mx_1, 1))
+                mx_1 = max(mx_1, shfl_xor(mx_1, 2))
+                new_0 = max(m_0, mx_0)
+                new_1 = max(m_1, mx_1)
+                # a row that has seen no key yet keeps m = -inf: subtract 0 instead, so exp2 gives 0, not NaN
+                use_0 = new_0 if new_0 != NEG_INF else ZERO
+                use_1 = new_1 if new_1 != NEG_INF else ZERO
+                alpha_0 = exp2(m_0 - use_0)
+                alpha_1 = exp2(m_1 - use_1)
+                m_0 = new_0
+                m_1 = new_1
+                sum_0 = ZERO
+                sum_1 = ZERO
+                for nb in range(S_BLOCKS):
+                    s[nb, 0] = exp2(s[nb, 0] - use_0)
+                    s[nb, 1] = exp2(s[nb, 1] - use_0)
+                    s[nb, 2] = exp2(s[nb, 2] - use_1)
+                    s[nb, 3] = exp2(s[nb, 3] - use_1)
+                    sum_0 += s[nb, 0] + s[nb, 1]
+                    sum_1 += s[nb, 2] + s[nb, 3]
+                l_0 = l_0 * alpha_0 + sum_0
+                l_1 = l_1 * alpha_1 + sum_1
+                for ob in range(O_BLOCKS):
+                    acc[ob, 0] *= alpha_0
+                    acc[ob, 1] *= alpha_0
+                    acc[ob, 2] *= alpha_1
+                    acc[ob, 3] *= alpha_1
+
+                # ---- O += P V: P's C fragments of n8 blocks 2kk, 2kk + 1 are the A fragment of k-step kk ----------
+                for kk in range(PV_STEPS):
+                    a0 = pack(s[2 * kk, 0], s[2 * kk, 1])
+                    a1 = pack(s[2 * kk, 2], s[2 * kk, 3])
+                    a2 = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
+                    a3 = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+                    for ob in range(O_BLOCKS):
+                        b0 = load2(vt_tile, 8 * ob + g, 8 * kk + t)
+                        b1 = load2(vt_tile, 8 * ob + g, 8 * kk + 4 + t)
+                        r0, r1, r2, r3 = mma(a0, a1, a2, a3, b0, b1, acc[ob, 0], acc[ob, 1], acc[ob, 2], acc[ob, 3])
+                        acc[ob, 0] = r0
+                        acc[ob, 1] = r1
+                        acc[ob, 2] = r2
+                        acc[ob, 3] = r3
+
+            # ---- epilogue: full row sums, one division per row, output in the input dtype -------------------------
+            l_0 += shfl_xor(l_0, 1)
+            l_0 += shfl_xor(l_0, 2)
+            l_1 += shfl_xor(l_1, 1)
+            l_1 += shfl_xor(l_1, 2)
+            # rows that see no key (causal, Lq > Lk) give 0 and lse = -inf, as in the reference
+            inv_0 = float32(1.0) / l_0 if l_0 > ZERO else ZERO
+            inv_1 = float32(1.0) / l_1 if l_1 > ZERO else ZERO
+            for ob in range(O_BLOCKS):
+                col = d_off + 8 * ob + 2 * t
+                w0 = pack(acc[ob, 0] * inv_0, acc[ob, 1] * inv_0)
+                w1 = pack(acc[ob, 2] * inv_1, acc[ob, 3] * inv_1)
+                if row0 < seqlen_q:
+                    if col < head_dim:
+                        store2(out_head, row0, col, low_u16(w0))
+                    if col + 1 < head_dim:
+                        store2(out_head, row0, col + 1, high_u16(w0))
+                if row1 < seqlen_q:
+                    if col < head_dim:
+                        store2(out_head, row1, col, low_u16(w1))
+                    if col + 1 < head_dim:
+                        store2(out_head, row1, col + 1, high_u16(w1))
+            if write_lse and p == 0 and t == 0:
+                if row0 < seqlen_q:
+                    lse[b, h, row0] = (m_0 + math.log2(l_0)) * LN2 if l_0 > ZERO else NEG_INF
+                if row1 < seqlen_q:
+                    lse[b, h, row1] = (m_1 + math.log2(l_1)) * LN2 if l_1 > ZERO else NEG_INF
+
+    return kernel
+
+
+@lru_cache(maxsize=None)
+def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_loads: bool):
+    """The compiled kernel of one specialisation: tiles, padded head dim, dtype and load width are constants
+    (causality is a run-time flag: it only changes the loop bound and the masks of diagonal tiles)."""
+    tiles = tiles_for(config, head_dim_pad)
+    return _jit(config.launch_bounds(head_dim_pad, vector_loads))(_kernel_source(tiles, bf16, vector_loads))
+
+
+def _bits(x, name: str):
+    """The uint16 bit view of a float16 / bfloat16 (uint16 or int16 bits) device or simulator array; no copy."""
+    dtype = np.dtype(x.dtype)
+    if dtype.itemsize != 2 or dtype.kind not in "fiu":
+        raise TypeError(f"{name}: expected 16-bit elements (float16, or bfloat16 as uint16 / int16 bits), got {dtype}")
+    return x if dtype == np.uint16 else x.view(np.uint16)
+
+
+def _address(x) -> int:
+    interface = getattr(x, "__cuda_array_interface__", None) or x.__array_interface__
+    return int(interface["data"][0])
+
+
+def vector_loads_ok(*arrays) -> bool:
+    """True when K and V rows can be read in aligned 16-byte pieces: headdim % 8 == 0, unit stride along headdim,
+    and every row start 16-byte aligned (base address and the other strides multiples of 16 bytes)."""
+    for x in arrays:
+        shape, strides = tuple(x.shape), tuple(x.strides)  # plain tuples (the simulator's refuse index -1)
+        if shape[-1] % 8 or strides[-1] != 2 or _address(x) % 16:
+            return False
+        if any(stride % 16 for size, stride in zip(shape[:-1], strides[:-1]) if size > 1):
+            return False
+    return True
+
+
+def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: MmaConfig | None = None,
+           dtype: str | None = None):
+    """Launch on device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q) float32.
+
+    ``dtype`` is ``"float16"`` or ``"bfloat16"``; None means float16 for float16 arrays and bfloat16 for uint16 /
+    int16 bit views (the way this package carries bfloat16). ``out`` has q's shape and receives the input dtype
+    (a float16 array or a 16-bit bit view).
+    """
+    config = config or DEFAULT_CONFIG
+    if dtype is None:
+        dtype = "float16" if np.dtype(q.dtype) == np.float16 else "bfloat16"
+    if dtype not in DTYPES:
+        raise TypeError(f"dtype: the tensor-core kernel takes float16 or bfloat16, got {dtype}")
+    batch, heads, seqlen_q, head_dim = q.shape
+    if batch * heads == 0 or seqlen_q == 0:
+        return
+    q, k, v, out = _bits(q, "q"), _bits(k, "k"), _bits(v, "v"), _bits(out, "out")
+    kernel = flash_mma_kernel(config, padded_head_dim(head_dim), dtype == "bfloat16", vector_loads_ok(k, v))
+    grid = (batch * heads, -(-seqlen_q // config.block_m))
+    args = (q, k, v, out, lse, bool(write_lse), bool(causal), np.float32(sm_scale * LOG2E))
+    if SIMULATOR:
+        kernel[grid, config.threads](*args)
+    else:
+        kernel[grid, config.threads, stream](*args)

@@ -1,0 +1,437 @@
+"""Inline-PTX (and small LLVM-IR) intrinsics for the tensor-core kernels, via Numba ``@intrinsic``.
+
+Every intrinsic is a plain function call inside a ``@cuda.jit`` kernel. A 32-bit operand that holds two 16-bit
+values is passed as one integer (any Numba integer type; it is truncated to 32 bits); the element with the smaller
+index sits in the LOW half, as the PTX fragment layouts require ("elements low to high").
+
+Warp-level MMA ``mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32``. For lane ``l`` of the warp let
+``g = l // 4`` (PTX "groupID") and ``t = l % 4`` ("threadID_in_group"), and let ``X[r][c0, c1]`` be one 32-bit
+register holding ``X[r][c0]`` (low half) and ``X[r][c1]`` (high half). From the PTX ISA, "Matrix Fragments for
+mma.m16n8k16 with floating point type"::
+
+    A (16 x 16, row major), four registers      a0 = A[g    ][2t    , 2t + 1]
+                                                a1 = A[g + 8][2t    , 2t + 1]
+                                                a2 = A[g    ][2t + 8, 2t + 9]
+                                                a3 = A[g + 8][2t + 8, 2t + 9]
+    B (16 x 8, "col": columns contiguous),      b0 = B[2t    , 2t + 1][g]      (two consecutive k of column g)
+      two registers                             b1 = B[2t + 8, 2t + 9][g]
+    C, D (16 x 8, float32), four registers      c0 = C[g    ][2t]   c1 = C[g    ][2t + 1]
+                                                c2 = C[g + 8][2t]   c3 = C[g + 8][2t + 1]
+
+Consequences the attention kernel relies on:
+
+* ``S = Q K^T`` with K stored ``[key][d]``: B = K^T, so ``b0`` is the 32-bit word of K row ``g`` holding columns
+  ``2t, 2t + 1`` of the 16-column k-slice and ``b1`` the word 4 further on.
+* ``O += P V``: the C fragments of two neighbouring n8 blocks ``2j`` and ``2j + 1`` of ``S`` (keys ``16j .. 16j + 15``),
+  packed pairwise, ARE the A fragment of k-step ``j``: ``a0 = (c0, c1)`` and ``a1 = (c2, c3)`` of block ``2j`` (key
+  columns ``16j + 2t, +1`` of rows ``g``, ``g + 8``), ``a2 = (c0, c1)`` and ``a3 = (c2, c3)`` of block ``2j + 1`` (key
+  columns ``16j + 8 + 2t, +1``). No shuffles and no shared memory between the two GEMMs.
+* For V as B (``B[k = key][n = d]``) a register needs two consecutive KEYS of one column ``d``: V is stored transposed
+  ``[d][key]`` in shared memory.
+
+Under Numba's CUDA simulator (``numba_attn._device.SIMULATOR``) inline PTX cannot run: the same names are then
+pure-Python emulations with the same semantics. The warp-collective ones (``mma_*``, ``shfl_xor_f32``) exchange
+operands through the thread block's barrier, so under the simulator every thread of the block must call them the
+same number of times in the same order (the kernels of this package do); that lets the tensor-core kernel's index
+arithmetic be tested without a GPU.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .._device import SIMULATOR
+
+__all__ = [
+    "mma_m16n8k16_f16",
+    "mma_m16n8k16_bf16",
+    "pack_half2",
+    "pack_bf16x2",
+    "pack_u16x2",
+    "interleave_low",
+    "interleave_high",
+    "low_u16",
+    "high_u16",
+    "exp2_approx",
+    "shfl_xor_f32",
+    "load2",
+    "store2",
+    "load_u16x8",
+    "store_u32x4",
+    "float32_to_bf16_bits",
+    "bf16_bits_to_float32",
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Host helpers (NumPy): the simulator emulation, the tests and scripts/check_mma.py use them
+# ---------------------------------------------------------------------------------------------------------------------
+def float32_to_bf16_bits(x) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) of ``x``, rounded to nearest even like ``cvt.rn.bf16.f32`` (NaN stays NaN)."""
+    x32 = np.asarray(x, dtype=np.float32)
+    bits = np.ascontiguousarray(x32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    rounded = np.where(np.isnan(x32), (bits >> 16) | 0x40, rounded)
+    return rounded.astype(np.uint16)
+
+
+def bf16_bits_to_float32(bits) -> np.ndarray:
+    """float32 values of bfloat16 bit patterns (exact)."""
+    return (np.asarray(bits).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _f16_bits(x) -> int:
+    with np.errstate(over="ignore"):
+        return int(np.array(x, dtype=np.float32).astype(np.float16).view(np.uint16))
+
+
+def _bf16_bits(x) -> int:
+    return int(float32_to_bf16_bits(np.array([x], dtype=np.float32))[0])
+
+
+def _halves(word, bf16: bool):
+    lo, hi = int(word) & 0xFFFF, (int(word) >> 16) & 0xFFFF
+    if bf16:
+        return float(bf16_bits_to_float32(lo)), float(bf16_bits_to_float32(hi))
+    return float(np.uint16(lo).view(np.float16)), float(np.uint16(hi).view(np.float16))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Simulator emulation
+# ---------------------------------------------------------------------------------------------------------------------
+def _sim_warp_gather(value):
+    """All 32 lanes' ``value`` of the calling thread's warp (simulator only; a block-wide barrier inside)."""
+    thread = threading.current_thread()
+    slots = thread._manager.__dict__.setdefault("_ptx_exchange", ({}, {}))
+    calls = getattr(thread, "_ptx_calls", 0)
+    thread._ptx_calls = calls + 1
+    # Two slots used alternately: a thread only comes back to a slot after every thread has passed the next
+    # barrier, i.e. after every thread has read it.
+    slot = slots[calls % 2]
+    tid = thread.thread_id
+    slot[tid] = value
+    thread.syncthreads()
+    base = tid - tid % 32
+    return [slot[base + i] for i in range(32)]
+
+
+def _sim_lane() -> int:
+    return threading.current_thread().thread_id % 32
+
+
+def _sim_mma(bf16, regs):
+    lanes = _sim_warp_gather(tuple(regs))
+    a = np.zeros((16, 16))
+    b = np.zeros((16, 8))
+    c = np.zeros((16, 8))
+    for lane, r in enumerate(lanes):
+        g, t = lane // 4, lane % 4
+        for reg, (row, col) in zip(r[:4], ((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+            a[row, col], a[row, col + 1] = _halves(reg, bf16)
+        for reg, row in zip(r[4:6], (2 * t, 2 * t + 8)):
+            b[row, g], b[row + 1, g] = _halves(reg, bf16)
+        c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1] = (float(x) for x in r[6:])
+    d = (a @ b + c).astype(np.float32)
+    g, t = _sim_lane() // 4, _sim_lane() % 4
+    return d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1]
+
+
+if SIMULATOR:
+
+    def mma_m16n8k16_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """Simulator emulation of the float16 MMA (see the GPU version)."""
+        return _sim_mma(False, (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3))
+
+    def mma_m16n8k16_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """Simulator emulation of the bfloat16 MMA (see the GPU version)."""
+        return _sim_mma(True, (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3))
+
+    def pack_half2(lo, hi):
+        return np.uint32(_f16_bits(lo) | (_f16_bits(hi) << 16))
+
+    def pack_bf16x2(lo, hi):
+        return np.uint32(_bf16_bits(lo) | (_bf16_bits(hi) << 16))
+
+    def pack_u16x2(lo, hi):
+        return np.uint32((int(lo) & 0xFFFF) | ((int(hi) & 0xFFFF) << 16))
+
+    def interleave_low(a, b):
+        return np.uint32((int(a) & 0xFFFF) | ((int(b) & 0xFFFF) << 16))
+
+    def interleave_high(a, b):
+        return np.uint32(((int(a) >> 16) & 0xFFFF) | (int(b) & 0xFFFF0000))
+
+    def low_u16(word):
+        return np.uint16(int(word) & 0xFFFF)
+
+    def high_u16(word):
+        return np.uint16((int(word) >> 16) & 0xFFFF)
+
+    def exp2_approx(x):
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            return np.float32(np.exp2(np.float32(x)))
+
+    def shfl_xor_f32(x, lane_mask):
+        return _sim_warp_gather(np.float32(x))[_sim_lane() ^ int(lane_mask)]
+
+    def load2(arr, i, j):
+        return arr[i, j]
+
+    def store2(arr, i, j, value):
+        arr[i, j] = value
+
+    def load_u16x8(arr, i, j):
+        words = [int(arr[i, j + 2 * n]) | (int(arr[i, j + 2 * n + 1]) << 16) for n in range(4)]
+        return tuple(np.uint32(w) for w in words)
+
+    def store_u32x4(arr, i, j, w0, w1, w2, w3):
+        arr[i, j], arr[i, j + 1], arr[i, j + 2], arr[i, j + 3] = w0, w1, w2, w3
+
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
+
+    _I16 = ir.IntType(16)
+    _I32 = ir.IntType(32)
+    _F32 = ir.FloatType()
+
+    def _i32(context, builder, value, ty):
+        return context.cast(builder, value, ty, types.uint32)
+
+    def _f32(context, builder, value, ty):
+        return context.cast(builder, value, ty, types.float32)
+
+    def _asm(builder, ret, arg_types, text, constraints, args, convergent=False):
+        """Call an inline-asm block. Warp-synchronous instructions are marked ``convergent`` so that LLVM never
+        moves them across control flow."""
+        asm = ir.InlineAsm(ir.FunctionType(ret, arg_types), text, constraints)
+        return builder.call(asm, args, attrs=("convergent",) if convergent else ())
+
+    def _is_number(*tys):
+        return all(isinstance(ty, (types.Integer, types.Float)) for ty in tys)
+
+    def _is_int(*tys):
+        return all(isinstance(ty, types.Integer) for ty in tys)
+
+    def _mma(ab_type, regs, accs):
+        if not (_is_int(*regs) and _is_number(*accs)):
+            return None
+        text = (
+            f"mma.sync.aligned.m16n8k16.row.col.f32.{ab_type}.{ab_type}.f32 "
+            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+        )
+        sig = types.UniTuple(types.float32, 4)(*regs, *accs)
+
+        def codegen(context, builder, sig, args):
+            ins = [_i32(context, builder, v, ty) for v, ty in zip(args[:6], sig.args[:6])]
+            ins += [_f32(context, builder, v, ty) for v, ty in zip(args[6:], sig.args[6:])]
+            res = _asm(builder, ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4, text,
+                       "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", ins, convergent=True)
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, i) for i in range(4)])
+
+        return sig, codegen
+
+    @intrinsic
+    def mma_m16n8k16_f16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3): one warp-wide ``D = A B + C``, A 16x16
+        and B 16x8 float16, C and D 16x8 float32::
+
+            mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {d0,d1,d2,d3}, {a0,a1,a2,a3}, {b0,b1}, {c0,c1,c2,c3};
+
+        a and b are 32-bit integers holding two float16 each (low half = lower index), c and d float32, laid out
+        as in the module docstring. All 32 lanes must call it together (converged)."""
+        return _mma("f16", (a0, a1, a2, a3, b0, b1), (c0, c1, c2, c3))
+
+    @intrinsic
+    def mma_m16n8k16_bf16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """As ``mma_m16n8k16_f16`` with bfloat16 A and B::
+
+        mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d0,d1,d2,d3}, {a0,a1,a2,a3}, {b0,b1}, {c0,c1,c2,c3};
+        """
+        return _mma("bf16", (a0, a1, a2, a3, b0, b1), (c0, c1, c2, c3))
+
+    def _pack(cvt, lo, hi):
+        if not _is_number(lo, hi):
+            return None
+        sig = types.uint32(lo, hi)
+
+        def codegen(context, builder, sig, args):
+            a = _f32(context, builder, args[0], sig.args[0])
+            b = _f32(context, builder, args[1], sig.args[1])
+            # cvt puts its FIRST source in the UPPER half: pass (hi, lo)
+            return _asm(builder, _I32, [_F32, _F32], f"{cvt} $0, $1, $2;", "=r,f,f", [b, a])
+
+        return sig, codegen
+
+    @intrinsic
+    def pack_half2(typingctx, lo, hi):
+        """(lo, hi) -> uint32: two float32 rounded to nearest float16, ``lo`` in bits 0-15, ``hi`` in 16-31 (an
+        A/B operand register)::
+
+            cvt.rn.f16x2.f32 d, hi, lo;     // cvt puts its first source in the upper half"""
+        return _pack("cvt.rn.f16x2.f32", lo, hi)
+
+    @intrinsic
+    def pack_bf16x2(typingctx, lo, hi):
+        """(lo, hi) -> uint32: as ``pack_half2``, to bfloat16::
+
+            cvt.rn.bf16x2.f32 d, hi, lo;"""
+        return _pack("cvt.rn.bf16x2.f32", lo, hi)
+
+    def _bits_op(sig, body):
+        def codegen(context, builder, sig, args):
+            return body(builder, *[_i32(context, builder, v, ty) for v, ty in zip(args, sig.args)])
+
+        return sig, codegen
+
+    def _c(value):
+        return ir.Constant(_I32, value)
+
+    @intrinsic
+    def pack_u16x2(typingctx, lo, hi):
+        """(lo, hi) -> uint32 ``(lo & 0xFFFF) | (hi & 0xFFFF) << 16``: two raw 16-bit patterns (float16 or
+        bfloat16 elements loaded as uint16) in one register. Plain LLVM, no asm."""
+        if not _is_int(lo, hi):
+            return None
+        return _bits_op(types.uint32(lo, hi),
+                        lambda b, x, y: b.or_(b.and_(x, _c(0xFFFF)), b.shl(y, _c(16))))
+
+    @intrinsic
+    def interleave_low(typingctx, a, b):
+        """(a, b) -> uint32 ``(a & 0xFFFF) | (b << 16)``: the low halves of two words (element 2i of two rows)."""
+        if not _is_int(a, b):
+            return None
+        return _bits_op(types.uint32(a, b),
+                        lambda bl, x, y: bl.or_(bl.and_(x, _c(0xFFFF)), bl.shl(y, _c(16))))
+
+    @intrinsic
+    def interleave_high(typingctx, a, b):
+        """(a, b) -> uint32 ``(a >> 16) | (b & 0xFFFF0000)``: the high halves of two words (element 2i + 1)."""
+        if not _is_int(a, b):
+            return None
+        return _bits_op(types.uint32(a, b),
+                        lambda bl, x, y: bl.or_(bl.lshr(x, _c(16)), bl.and_(y, _c(0xFFFF0000))))
+
+    @intrinsic
+    def low_u16(typingctx, word):
+        """word -> uint16: bits 0-15 (the element with the lower index)."""
+        if not _is_int(word):
+            return None
+        return _bits_op(types.uint16(word), lambda b, x: b.trunc(x, _I16))
+
+    @intrinsic
+    def high_u16(typingctx, word):
+        """word -> uint16: bits 16-31."""
+        if not _is_int(word):
+            return None
+        return _bits_op(types.uint16(word), lambda b, x: b.trunc(b.lshr(x, _c(16)), _I16))
+
+    @intrinsic
+    def exp2_approx(typingctx, x):
+        """x -> float32 ``2**x`` on the SFU, subnormals flushed (``exp2(-inf) = 0``)::
+
+            ex2.approx.ftz.f32 d, x;"""
+        if not _is_number(x):
+            return None
+        sig = types.float32(x)
+
+        def codegen(context, builder, sig, args):
+            return _asm(builder, _F32, [_F32], "ex2.approx.ftz.f32 $0, $1;", "=f,f",
+                        [_f32(context, builder, args[0], sig.args[0])])
+
+        return sig, codegen
+
+    @intrinsic
+    def shfl_xor_f32(typingctx, x, lane_mask):
+        """(x, lane_mask) -> float32: ``x`` of lane ``laneid ^ lane_mask``; all 32 lanes take part::
+
+            shfl.sync.bfly.b32 d, x, lane_mask, 31, 0xffffffff;"""
+        if not (_is_number(x) and _is_int(lane_mask)):
+            return None
+        sig = types.float32(x, lane_mask)
+
+        def codegen(context, builder, sig, args):
+            v = _f32(context, builder, args[0], sig.args[0])
+            m = _i32(context, builder, args[1], sig.args[1])
+            return _asm(builder, _F32, [_F32, _I32], "shfl.sync.bfly.b32 $0, $1, $2, 31, -1;", "=f,f,r", [v, m],
+                        convergent=True)
+
+        return sig, codegen
+
+    def _pointer(context, builder, aryty, ary, i_ty, i, j_ty, j):
+        """Element pointer of ``ary[i, j]`` WITHOUT negative-index wraparound (Numba adds a compare and select per
+        signed index otherwise, which keeps the fully unrolled fragment addresses from folding into base + offset)."""
+        array = context.make_array(aryty)(context, builder, value=ary)
+        inds = [context.cast(builder, i, i_ty, types.intp), context.cast(builder, j, j_ty, types.intp)]
+        return cgutils.get_item_pointer(context, builder, aryty, array, inds, wraparound=False)
+
+    def _is_2d(arr):
+        return isinstance(arr, types.Array) and arr.ndim == 2
+
+    @intrinsic
+    def load2(typingctx, arr, i, j):
+        """(arr, i, j) -> ``arr[i, j]`` of a 2-D array, for ``0 <= i, j`` only (no negative-index wraparound)."""
+        if not (_is_2d(arr) and _is_int(i, j)):
+            return None
+        sig = arr.dtype(arr, i, j)
+
+        def codegen(context, builder, sig, args):
+            return builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1],
+                                         sig.args[2], args[2]))
+
+        return sig, codegen
+
+    @intrinsic
+    def store2(typingctx, arr, i, j, value):
+        """(arr, i, j, value): ``arr[i, j] = value`` for a 2-D array, ``0 <= i, j`` only (no wraparound)."""
+        if not (_is_2d(arr) and _is_int(i, j) and _is_number(value)):
+            return None
+        sig = types.void(arr, i, j, value)
+
+        def codegen(context, builder, sig, args):
+            ptr = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], sig.args[2], args[2])
+            builder.store(context.cast(builder, args[3], sig.args[3], sig.args[0].dtype), ptr)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def load_u16x8(typingctx, arr, i, j):
+        """(arr, i, j) -> (w0, w1, w2, w3): one 16-byte load of ``arr[i, j : j + 8]`` of a 2-D uint16 array whose
+        last axis is contiguous; word ``n`` holds elements ``j + 2n`` (low) and ``j + 2n + 1`` (high). The address
+        must be 16-byte aligned. Emitted as an LLVM ``<4 x i32>`` load (PTX ``ld.v4.u32``)."""
+        if not (_is_2d(arr) and arr.dtype == types.uint16 and _is_int(i, j)):
+            return None
+        sig = types.UniTuple(types.uint32, 4)(arr, i, j)
+
+        def codegen(context, builder, sig, args):
+            ptr = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], sig.args[2], args[2])
+            vec_ty = ir.VectorType(_I32, 4)
+            vec = builder.load(builder.bitcast(ptr, vec_ty.as_pointer()), align=16)
+            words = [builder.extract_element(vec, ir.Constant(_I32, n)) for n in range(4)]
+            return context.make_tuple(builder, sig.return_type, words)
+
+        return sig, codegen
+
+    @intrinsic
+    def store_u32x4(typingctx, arr, i, j, w0, w1, w2, w3):
+        """(arr, i, j, w0, w1, w2, w3): one 16-byte store of four words to ``arr[i, j : j + 4]`` of a 2-D uint32
+        array (a shared-memory tile) whose last axis is contiguous; the address must be 16-byte aligned."""
+        if not (_is_2d(arr) and arr.dtype == types.uint32 and _is_int(i, j, w0, w1, w2, w3)):
+            return None
+        sig = types.void(arr, i, j, w0, w1, w2, w3)
+
+        def codegen(context, builder, sig, args):
+            ptr = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], sig.args[2], args[2])
+            vec_ty = ir.VectorType(_I32, 4)
+            vec = ir.Constant(vec_ty, ir.Undefined)
+            for n in range(4):
+                word = _i32(context, builder, args[3 + n], sig.args[3 + n])
+                vec = builder.insert_element(vec, word, ir.Constant(_I32, n))
+            builder.store(vec, builder.bitcast(ptr, vec_ty.as_pointer()), align=16)
+            return context.get_dummy_value()
+
+        return sig, codegen

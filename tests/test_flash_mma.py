@@ -1,0 +1,188 @@
+"""The tensor-core flash kernel (numba_attn._kernels.flash_mma) against reference.attention.
+
+* ``gpu`` tests: the real kernel (4 warps, 64-key tiles, inline PTX) on float16 and bfloat16 inputs over head dims
+  16..256, causal or not, Lq != Lk both ways, GQA, tails, strided views, poisoned outputs.
+* Simulator tests (skipped on a GPU, where the ``gpu`` tests cover more): the same kernel code on tiny tiles with
+  the Python emulations of the intrinsics, so the fragment index arithmetic is checked without a GPU.
+* The module must import under the simulator (no inline PTX is built there).
+"""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import numba_attn
+import reference
+from kernel_checks import TOLERANCE, assert_close_lse, rel_error
+from numba_attn._device import cuda
+from numba_attn._kernels import flash_mma, ptx
+
+POISON = {"float16": 0x7E00, "bfloat16": 0x7FC0}  # quiet-NaN bit patterns
+
+#: tiles small enough for the simulator (one warp, 16-key tiles, two passes above 32 columns)
+TINY = flash_mma.MmaConfig(warps=1, block_n=16, block_n_wide=16, max_single_pass_dim=32)
+
+
+def _bits_and_exact(x, dtype):
+    """(uint16 bit pattern, exact float64 value) of float32 ``x`` rounded to ``dtype``."""
+    if dtype == "float16":
+        bits = x.astype(np.float16).view(np.uint16)
+        return bits, bits.view(np.float16).astype(np.float64)
+    bits = ptx.float32_to_bf16_bits(x)
+    return bits, ptx.bf16_bits_to_float32(bits).astype(np.float64)
+
+
+def _from_bits(bits, dtype):
+    if dtype == "float16":
+        return np.ascontiguousarray(bits).view(np.float16).astype(np.float64)
+    return ptx.bf16_bits_to_float32(bits).astype(np.float64)
+
+
+def _device_view(bits, layout):
+    """uint16 (B, H, L, D) host bits -> device (or simulator) view of that shape in the given memory layout."""
+    b, h, length, d = bits.shape
+    if layout == "contig":
+        return cuda.to_device(np.ascontiguousarray(bits))
+    if layout == "blhd":  # memory (B, L, H, D): a transposed view
+        mem = np.ascontiguousarray(bits.transpose(0, 2, 1, 3))
+        strides = (mem.strides[0], mem.strides[2], mem.strides[1], mem.strides[3])
+    elif layout == "pad3":  # rows of D + 3 elements: not 16-byte aligned, element loads
+        mem = np.zeros((b, h, length, d + 3), np.uint16)
+        mem[..., :d] = bits
+        strides = mem.strides
+    else:
+        raise ValueError(layout)
+    dev = cuda.to_device(mem)
+    if numba_attn.SIMULATOR:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return FakeCUDAArray(np.lib.stride_tricks.as_strided(dev.copy_to_host(), (b, h, length, d), strides))
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    return DeviceNDArray(shape=(b, h, length, d), strides=strides, dtype=np.uint16, gpu_data=dev.gpu_data)
+
+
+def _check(dtype, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, layout="contig", config=None,
+           seed=0, scale=1.0, sm_scale=None, bits_dtype=np.uint16):
+    rng = np.random.default_rng(seed)
+
+    def make(h, length, s):
+        return _bits_and_exact((rng.standard_normal((batch, h, length, head_dim)) * s).astype(np.float32), dtype)
+
+    (qb, qf), (kb, kf), (vb, vf) = make(heads, seqlen_q, scale), make(kv_heads, seqlen_k, scale), \
+        make(kv_heads, seqlen_k, 1.0)
+    q, k, v = (_device_view(x, layout) for x in (qb, kb, vb))
+    if bits_dtype != np.uint16:
+        q, k, v = (x.view(bits_dtype) for x in (q, k, v))
+    # a poisoned output buffer wider than headdim: the kernel must write [..., :D] and nothing else
+    out_mem = cuda.to_device(np.full((batch, heads, seqlen_q, head_dim + 5), POISON[dtype], np.uint16))
+    out = out_mem[:, :, :, :head_dim]
+    lse = cuda.to_device(np.full((batch, heads, seqlen_q), np.nan, np.float32))
+    sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
+    stream = 0 if numba_attn.SIMULATOR else cuda.default_stream()
+    flash_mma.launch(q, k, v, out, lse, True, sm_scale, causal, stream, config=config, dtype=dtype)
+    got_mem = out_mem.copy_to_host()
+    assert np.all(got_mem[..., head_dim:] == POISON[dtype]), "wrote past headdim"
+    got = _from_bits(got_mem[..., :head_dim], dtype)
+    ref, ref_lse = reference.attention(qf, kf, vf, causal=causal, sm_scale=sm_scale, return_lse=True)
+    assert rel_error(got, ref) < TOLERANCE[dtype]
+    lse_host = lse.copy_to_host()
+    assert_close_lse(lse_host, ref_lse)
+    empty = np.isneginf(ref_lse)
+    assert np.all(got[empty] == 0.0), "rows that see no key must be exactly 0"
+
+
+# -- always --------------------------------------------------------------------------------------------------------
+def test_module_imports_under_the_simulator():
+    code = (
+        "import numba_attn; assert numba_attn.SIMULATOR\n"
+        "from numba_attn._kernels import flash_mma, ptx\n"
+        "assert callable(ptx.mma_m16n8k16_f16) and callable(flash_mma.launch)\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_bf16_bit_helpers_round_to_nearest_even():
+    x = np.array([1.0, 1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, -2.5, 3.0e38, 1e-40], np.float32)
+    bits = ptx.float32_to_bf16_bits(x)
+    # ties go to the even mantissa: 1 + 2^-8 -> 1.0, 1 + 3 * 2^-8 -> 1 + 2^-6
+    np.testing.assert_array_equal(ptx.bf16_bits_to_float32(bits)[:4], [1.0, 1.0, 1.0 + 2.0 ** -6, -2.5])
+    assert np.isfinite(ptx.bf16_bits_to_float32(bits)[4])
+
+
+def test_tiles_fit_static_shared_memory_and_reject_bad_dims():
+    for d in range(16, 257, 16):
+        tiles = flash_mma.tiles_for(flash_mma.DEFAULT_CONFIG, d)
+        assert tiles.shared_bytes <= 48 * 1024
+        assert tiles.k_stride % 8 == 4 and tiles.v_stride % 8 == 4  # conflict-free fragment loads
+    with pytest.raises(ValueError):
+        flash_mma.tiles_for(flash_mma.DEFAULT_CONFIG, 24)
+    with pytest.raises(ValueError):
+        flash_mma.tiles_for(flash_mma.DEFAULT_CONFIG, 272)
+
+
+# -- simulator: the real kernel code on tiny tiles --------------------------------------------------------------------
+simulator_only = pytest.mark.skipif(not numba_attn.SIMULATOR, reason="the gpu tests cover this on a GPU")
+
+
+@simulator_only
+@pytest.mark.parametrize(
+    "dtype, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, layout",
+    [
+        ("float16", 2, 1, 21, 17, 16, True, "contig"),  # GQA, Lq > Lk: empty rows, tail tiles
+        ("bfloat16", 1, 1, 9, 35, 13, False, "contig"),  # odd head dim: element loads, padded columns
+        ("float16", 1, 1, 18, 18, 40, True, "blhd"),  # two passes over output halves, strided view
+    ],
+)
+def test_simulated_kernel_equals_reference(dtype, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, layout):
+    _check(dtype, 1, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, layout, config=TINY)
+
+
+# -- GPU -----------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [16, 59, 64, 80, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims(dtype, head_dim, causal):
+    _check(dtype, 2, 4, 2, 200, 200, head_dim, causal, seed=head_dim)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "seqlen_q, seqlen_k",
+    [(1, 1), (1, 1000), (63, 65), (65, 63), (1000, 1), (1000, 1000), (130, 64)],
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_lengths(seqlen_q, seqlen_k, causal):
+    _check("float16", 1, 2, 1, seqlen_q, seqlen_k, 64, causal, seed=seqlen_q + seqlen_k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout, head_dim", [("blhd", 128), ("pad3", 64), ("pad3", 111)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_strided_views(layout, head_dim, dtype):
+    _check(dtype, 2, 4, 2, 150, 170, head_dim, True, layout, seed=3)
+
+
+@pytest.mark.gpu
+def test_int16_bit_view_and_peaky_softmax():
+    # torch's bfloat16 arrives as an int16 view; large logits exercise the running max
+    _check("bfloat16", 1, 2, 2, 300, 300, 64, True, scale=3.0, sm_scale=0.3, bits_dtype=np.int16)
+
+
+@pytest.mark.gpu
+def test_vector_load_choice():
+    a = cuda.device_array((2, 3, 40, 64), np.uint16)
+    assert flash_mma.vector_loads_ok(a, a)
+    assert not flash_mma.vector_loads_ok(cuda.device_array((2, 3, 40, 60), np.uint16))
+    assert not flash_mma.vector_loads_ok(cuda.device_array((2, 3, 40, 67), np.uint16)[:, :, :, :64])

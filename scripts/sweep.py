@@ -852,9 +852,10 @@ def _fla_providers(mod) -> dict:
             return Prepared(lambda: kernel(q, k, v), post=mod.from_fla_layout, context=no_grad)
 
         tf32 = ("float32",) if name == "chunk" else ()
-        linear[f"fla-{name}"] = Provider(
-            prep, check=_torch_only, tf32_dtypes=tf32,
-            note=f"fla {name}_linear_attn(scale=1, normalize=False), (B,T,H,D) inputs prepared outside timing")
+        note = f"fla {name}_linear_attn(scale=1, normalize=False), (B,T,H,D) inputs prepared outside timing"
+        if mod.EINOPS_STUBBED:
+            note += "; einops missing, stubbed for fla's import"
+        linear[f"fla-{name}"] = Provider(prep, check=_torch_only, tf32_dtypes=tf32, note=note)
     return {"linear": linear}
 
 

@@ -47,20 +47,61 @@ def say(*args):
 # ---------------------------------------------------------------------------------------------------------------------
 # helpers shared by the parts (imported lazily: the parent process never touches CUDA)
 # ---------------------------------------------------------------------------------------------------------------------
-cuda = None  # numba.cuda, bound by _setup(): a module global so that the simulator can swap it inside kernels
+# Bound by _setup(). Module globals, not closure variables, so that kernels defined below see them as globals (the
+# simulator swaps the global ``cuda`` inside kernels; Numba resolves global modules and types at compile time).
+cuda = None  # numba.cuda
+ptx = None  # numba_attn._kernels.ptx
+float32 = uint32 = None  # Numba types
 
 
 def _setup():
-    global cuda
+    global cuda, ptx, float32, uint32
     import numpy as np
 
     import numba_attn  # noqa: F401  (GPU or simulator decision before numba.cuda)
+    from numba import float32 as f32
+    from numba import uint32 as u32
+
     from numba_attn._device import SIMULATOR
     from numba_attn._device import cuda as numba_cuda
-    from numba_attn._kernels import flash_mma, ptx
+    from numba_attn._kernels import flash_mma
+    from numba_attn._kernels import ptx as ptx_module
 
-    cuda = numba_cuda
-    return np, SIMULATOR, flash_mma, ptx
+    cuda, ptx, float32, uint32 = numba_cuda, ptx_module, f32, u32
+    return np, SIMULATOR, flash_mma, ptx_module
+
+
+class _CompiledOnly(Exception):
+    """--compile-only: the kernel was compiled (and assembled), not run."""
+
+
+def _offline_compile(pyfunc, argtypes, name, launch_bounds=None):
+    """PTX for sm_90 without a GPU (NUMBA_ENABLE_CUDASIM=0), then ``ptxas -v`` when it is on the PATH."""
+    import shutil
+    import tempfile
+
+    import numba.cuda.dispatcher as dispatcher
+
+    class _Sm90:  # device functions ask the current device for its compute capability; there is none
+        compute_capability = (9, 0)
+
+    dispatcher.get_current_device = lambda: _Sm90()
+    ptx_src, _ = cuda.compile_ptx(pyfunc, argtypes, cc=(9, 0), launch_bounds=launch_bounds)
+    info = f"{ptx_src.count('mma.sync')} mma, {ptx_src.count('call.uni')} calls"
+    ptxas = shutil.which("ptxas")
+    if ptxas:
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "k.ptx")
+            with open(src, "w") as f:
+                f.write(ptx_src)
+            res = subprocess.run([ptxas, "-arch=sm_90", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+                                 capture_output=True, text=True)
+            if res.returncode:
+                raise RuntimeError(f"ptxas failed for {name}:\n{res.stderr}")
+            info += " | " + " | ".join(l.split("info    :")[-1].strip() for l in res.stderr.splitlines()
+                                      if "Used" in l or "spill" in l)
+    say(f"INFO compiled {name}: {info}")
+    return ptx_src
 
 
 def _describe_device(cuda, simulator):
@@ -88,10 +129,9 @@ def _sync(cuda, simulator):
 # part 1: intrinsics
 # ---------------------------------------------------------------------------------------------------------------------
 def part_unit(args):
-    np, simulator, flash_mma, ptx = _setup()
-    say(f"INFO device: {_describe_device(cuda, simulator)}")
-    from numba import float32, uint16, uint32
-
+    np, simulator, flash_mma, _ = _setup()
+    if not args.compile_only:
+        say(f"INFO device: {_describe_device(cuda, simulator)}")
     rng = np.random.default_rng(0)
     results = []
 
@@ -102,12 +142,20 @@ def part_unit(args):
     def guarded(name, fn):
         try:
             fn()
+        except _CompiledOnly:
+            results.append(True)
+            say(f"PASS unit {name}: compiled for sm_90 (not run)")
         except Exception as exc:  # noqa: BLE001  (report and go on)
             results.append(False)
             say(f"ERROR unit {name}: {type(exc).__name__}: {exc}")
             traceback.print_exc(file=sys.stdout)
 
     def run1(kernel, *arrays):
+        if args.compile_only:
+            from numba import typeof
+
+            _offline_compile(kernel.py_func, tuple(typeof(a) for a in arrays), kernel.py_func.__name__)
+            raise _CompiledOnly
         dev = [_to_device(cuda, simulator, a) for a in arrays]
         kernel[1, 32](*dev)
         _sync(cuda, simulator)
@@ -282,7 +330,6 @@ def part_unit(args):
               and np.array_equal(inter[:, 1], want_hi), "(row r, row r + 1) pairs of one column")
 
     guarded("vector", vector_case)
-    _ = uint16  # (imported for symmetry with the kernels' types)
     return 0 if all(results) else 1
 
 
@@ -371,9 +418,29 @@ def _place(np, cuda, simulator, DeviceNDArray, bits, layout):
     return DeviceNDArray(shape=(b, h, length, d), strides=strides, dtype=np.uint16, gpu_data=dev.gpu_data)
 
 
+def _case_spec(flash_mma, c):
+    """(padded head dim, dtype, vector loads) that a case runs with on a GPU (device buffers are 256-byte aligned)."""
+    return flash_mma.padded_head_dim(c["d"]), c["dtype"], c["d"] % 8 == 0 and c["layout"] != "pad3"
+
+
 def part_correctness(args):
-    np, simulator, flash_mma, ptx = _setup()
+    np, simulator, flash_mma, _ = _setup()
     import reference
+
+    if args.compile_only:
+        specs = sorted({_case_spec(flash_mma, c) for c in correctness_cases(args.tiny)})
+        failed = 0
+        for d_pad, dtype, vector in specs:
+            name = f"flash kernel D_pad={d_pad} {dtype} vector_loads={vector}"
+            try:
+                config = flash_mma.DEFAULT_CONFIG
+                fn = flash_mma._kernel_source(flash_mma.tiles_for(config, d_pad), dtype == "bfloat16", vector)
+                _offline_compile(fn, flash_mma.SIGNATURE.args, name, config.launch_bounds(d_pad, vector))
+                say(f"PASS correct {name}: compiled for sm_90 (not run)")
+            except Exception as exc:  # noqa: BLE001
+                failed += 1
+                say(f"ERROR correct {name}: {type(exc).__name__}: {exc}")
+        return 1 if failed else 0
 
     say(f"INFO device: {_describe_device(cuda, simulator)}")
     rng = np.random.default_rng(1)
@@ -446,11 +513,11 @@ def part_correctness(args):
 # part 3: timing
 # ---------------------------------------------------------------------------------------------------------------------
 def part_timing(args):
-    np, simulator, flash_mma, ptx = _setup()
-    say(f"INFO device: {_describe_device(cuda, simulator)}")
-    if simulator:
+    np, simulator, flash_mma, _ = _setup()
+    if simulator or args.compile_only:
         say("SKIP timing: needs a GPU")
         return 0
+    say(f"INFO device: {_describe_device(cuda, simulator)}")
     try:
         import torch
         import torch.nn.functional as F
@@ -591,6 +658,9 @@ def main():
     parser.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--reps", type=int, default=20, help="timed repetitions per timing case (median)")
     parser.add_argument("--tiny", action="store_true", help="two tiny correctness cases (simulator smoke test)")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="no GPU needed: compile every kernel for sm_90 (set NUMBA_ENABLE_CUDASIM=0) and run "
+                             "ptxas -v on it instead of running it")
     args = parser.parse_args()
     start = time.time()
     if args.deadline is None:
@@ -604,7 +674,8 @@ def main():
             code = 1
         sys.exit(code)
 
-    extra = ["--reps", str(args.reps)] + (["--tiny"] if args.tiny else [])
+    extra = ["--reps", str(args.reps)] + (["--tiny"] if args.tiny else []) + \
+        (["--compile-only"] if args.compile_only else [])
     summary = {}
     failures = []
     # time shares: the correctness part compiles most kernels; timing reuses them from Numba's disk cache

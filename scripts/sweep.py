@@ -56,7 +56,7 @@ import subprocess
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -1182,6 +1182,8 @@ def write_markdown(path: str, rows: list, meta: dict):
         for title, header, body in pivot_tables(rows, sweep):
             out += ["", f"### {title}", "", format_markdown_table(header, body)]
         out += ["", "Notes:", ""] + [f"- {line.strip()}" for line in sweep_notes(rows, sweep)]
+    if meta.get("notes"):
+        out += [""] + [f"Note: {n}" for n in meta["notes"]]
     if meta["unavailable_peers"]:
         out += ["", "Peers not available: " + "; ".join(f"{k} ({v})" for k, v in meta["unavailable_peers"].items())]
     with open(path, "w") as f:
@@ -1273,21 +1275,21 @@ def write_outputs(rows: list, meta: dict, opts: Options) -> list:
     """Write the result files; remove this script's own files that this run did not rewrite (stale plots)."""
     os.makedirs(opts.out, exist_ok=True)
     written = []
+    for sweep in opts.sweeps if opts.plot else ():
+        path = os.path.join(opts.out, f"{sweep}.png")
+        problem = write_plot(path, rows, sweep, meta)
+        if problem is None:
+            written.append(path)
+        else:
+            note = f"{sweep}.png not written: {problem}"
+            meta.setdefault("notes", []).append(note)
+            print(note, flush=True)
     for name, writer in (("results.csv", lambda p: write_csv(p, rows)),
                          ("results.json", lambda p: write_json(p, rows, meta)),
                          ("results.md", lambda p: write_markdown(p, rows, meta))):
         path = os.path.join(opts.out, name)
         writer(path)
         written.append(path)
-    for sweep in opts.sweeps:
-        if not opts.plot:
-            continue
-        path = os.path.join(opts.out, f"{sweep}.png")
-        problem = write_plot(path, rows, sweep, meta)
-        if problem is None:
-            written.append(path)
-        else:
-            print(f"{sweep}: {problem}; PNG skipped", flush=True)
     for name in OUTPUT_FILES:
         path = os.path.join(opts.out, name)
         if path not in written and os.path.exists(path):

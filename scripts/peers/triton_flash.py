@@ -221,7 +221,7 @@ def flash_forward(q, k, v, causal=False, sm_scale=None):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("triton flash_forward: q, k, v must be (batch, heads, seqlen, headdim)")
     batch, heads, seqlen_q, head_dim = q.shape
-    kv_heads, seqlen_k = k.shape[1], k.shape[2]
+    kv_heads = k.shape[1]
     if tuple(v.shape) != tuple(k.shape) or k.shape[0] != batch or k.shape[3] != head_dim:
         raise ValueError(f"triton flash_forward: incompatible shapes q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)}")
     if kv_heads < 1 or heads % kv_heads:

@@ -44,8 +44,8 @@ flag (it only changes the loop bound, the block order and the masks of diagonal 
 Register arrays (``cuda.local.array``) are indexed only inside loops over compile-time constants, which NVVM unrolls
 fully, so they live in registers. Shared-memory fragment loads go through ``ptx.load2`` (no negative-index
 wraparound), so the unrolled addresses fold into one base register plus immediate offsets. ``ptxas -v`` (sm_90,
-CUDA 13): no stack frame and no spills for every dtype and head dim; 168 registers at D = 64 (3 blocks per SM),
-220 at D = 128 (2 blocks per SM), 253 at D = 256.
+CUDA 13): no stack frame and no spills for every dtype and head dim; 168 registers at D = 64 (3 blocks of 4 warps
+per SM), 220 at D = 128 (2 blocks per SM), 253 at D = 256.
 
 The kernel also runs under the CUDA simulator, with the ``ptx`` emulations (tiny shapes only: every thread is a
 Python thread and every MMA a block-wide barrier).
@@ -74,11 +74,11 @@ class MmaConfig:
     block_n: int = 64  # keys per K/V tile for head dims <= max_single_pass_dim (multiple of 16)
     block_n_wide: int = 32  # keys per tile for larger head dims (two passes over output halves)
     max_single_pass_dim: int = 128  # padded head dims above this take two passes
-    # launch bound (min blocks per SM, which caps registers at 64K / (32 * warps * blocks)): 3 blocks for padded
-    # head dims <= 64 with 16-byte loads (168 registers, no spills with ptxas 13 / sm_90), else 2 (a cap that the
-    # kernels stay under without spilling)
-    min_blocks_small: int = 3
-    min_blocks: int = 2
+    # launch bound, as warps per SM to keep resident (min blocks per SM = these // warps, at least 1; registers are
+    # capped at 64K / (32 * warps * blocks)): 12 warps for padded head dims <= 64 with 16-byte loads (168
+    # registers, no spills with ptxas 13 / sm_90), else 8 (a cap the kernels stay under without spilling)
+    min_warps_small: int = 12
+    min_warps: int = 8
 
     @property
     def block_m(self) -> int:
@@ -89,8 +89,9 @@ class MmaConfig:
         return 32 * self.warps
 
     def launch_bounds(self, head_dim_pad: int, vector_loads: bool = True) -> tuple[int, int]:
-        small = head_dim_pad <= 64 and vector_loads
-        return self.threads, self.min_blocks_small if small else self.min_blocks
+        """(max threads per block, min blocks per SM) for ``cuda.jit(launch_bounds=...)``."""
+        warps = self.min_warps_small if head_dim_pad <= 64 and vector_loads else self.min_warps
+        return self.threads, max(1, warps // self.warps)
 
 
 DEFAULT_CONFIG = MmaConfig()
@@ -267,6 +268,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool):
     O_BLOCKS = D_PASS // 8  # n8 blocks of O
     K_SHAPE = (BLOCK_N, tiles.k_stride)
     V_SHAPE = (D_PASS, tiles.v_stride)
+    SMEM_ALIGN = None if SIMULATOR else 16  # the simulator refuses an alignment (and needs none)
     NEG_INF = np.float32(-np.inf)
     ZERO = np.float32(0.0)
     mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
@@ -306,8 +308,9 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool):
         row0 = m0 + 16 * warp + g
         row1 = row0 + 8
 
-        k_tile = cuda.shared.array(K_SHAPE, uint32)  # [key][column pair]
-        vt_tile = cuda.shared.array(V_SHAPE, uint32)  # [column][key pair]
+        # 16-byte aligned: the vector loader stores 16 bytes at a time (rows are multiples of 16 bytes long)
+        k_tile = cuda.shared.array(K_SHAPE, uint32, alignment=SMEM_ALIGN)  # [key][column pair]
+        vt_tile = cuda.shared.array(V_SHAPE, uint32, alignment=SMEM_ALIGN)  # [column][key pair]
         q_frag = cuda.local.array((QK_STEPS, 4), uint32)
         s = cuda.local.array((S_BLOCKS, 4), float32)
         acc = cuda.local.array((O_BLOCKS, 4), float32)

@@ -24,6 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 from numba import float32
+from numba import uint32 as index  # unsigned shared-memory indices: Numba skips its negative-index wraparound code
 
 from .._device import SIMULATOR, cuda, kernel_jit
 from .._device import launch as device_launch
@@ -62,13 +63,17 @@ class SimtConfig:
         return q_t + kv + p_t + self.block_m * self.threads_x
 
 
-#: Default tiles on a GPU and under the simulator (where every thread is a Python thread: keep blocks tiny).
-GPU_CONFIG = SimtConfig()
+#: Default tiles on a GPU by head dim (fastest of scripts/tune_flash.py on an H100: each thread keeps about 8 output
+#: columns), and under the simulator, where every thread is a Python thread: keep blocks tiny.
+GPU_CONFIG_SMALL_D = SimtConfig(threads_x=8, threads_y=16, rows_per_thread=8, keys_per_thread=8, blocks_per_sm=1)
+GPU_CONFIG = SimtConfig(threads_x=16, threads_y=16, rows_per_thread=8, keys_per_thread=4, blocks_per_sm=1)
 SIMULATOR_CONFIG = SimtConfig(threads_x=4, threads_y=4, rows_per_thread=2, keys_per_thread=2)
 
 
-def default_config() -> SimtConfig:
-    return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
+def default_config(head_dim: int = 128) -> SimtConfig:
+    if SIMULATOR:
+        return SIMULATOR_CONFIG
+    return GPU_CONFIG_SMALL_D if head_dim <= 64 else GPU_CONFIG
 
 
 @lru_cache(maxsize=None)
@@ -124,7 +129,7 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
                 val = float32(0.0)
                 if m0 + r < seqlen_q and dd < head_dim:
                     val = float32(q_head[m0 + r, dd])
-                smem[dd * M_STRIDE + r] = val
+                smem[index(dd * M_STRIDE + r)] = val
 
         acc = cuda.local.array((RM, RD), float32)
         s = cuda.local.array((RM, RN), float32)
@@ -146,7 +151,7 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
                     val = float32(0.0)
                     if n0 + c < seqlen_k and dd < head_dim:
                         val = float32(k_head[n0 + c, dd])
-                    smem[KV_OFFSET + dd * N_STRIDE + c] = val
+                    smem[index(KV_OFFSET + dd * N_STRIDE + c)] = val
             cuda.syncthreads()
 
             # ---- S = Q K^T in registers ------------------------------------------------------------------------
@@ -155,9 +160,9 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
                     s[i, j] = 0.0
             for dd in range(D_PAD):
                 for i in range(RM):
-                    qv = smem[dd * M_STRIDE + ty + TY * i]
+                    qv = smem[index(dd * M_STRIDE + ty + TY * i)]
                     for j in range(RN):
-                        s[i, j] += qv * smem[KV_OFFSET + dd * N_STRIDE + tx + TX * j]
+                        s[i, j] += qv * smem[index(KV_OFFSET + dd * N_STRIDE + tx + TX * j)]
 
             # ---- online softmax: masks only on the tail tile and tiles that cross the diagonal ------------------
             needs_mask = n0 + BLOCK_N > seqlen_k
@@ -174,7 +179,7 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
                             x = NEG_INF
                     s[i, j] = x
                     tile_max = max(tile_max, x)
-                smem[ROW_OFFSET + (ty + TY * i) * TX + tx] = tile_max
+                smem[index(ROW_OFFSET + (ty + TY * i) * TX + tx)] = tile_max
             cuda.syncthreads()  # barrier B: row maxima visible, and every thread is done reading K^T
 
             # ---- V tile -> shared, into the words K^T used; P^T -> shared; rescale O -----------------------------
@@ -183,12 +188,12 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
                     val = float32(0.0)
                     if n0 + c < seqlen_k and dd < head_dim:
                         val = float32(v_head[n0 + c, dd])
-                    smem[KV_OFFSET + c * D_PAD + dd] = val
+                    smem[index(KV_OFFSET + c * D_PAD + dd)] = val
             for i in range(RM):
                 r = ty + TY * i
                 m_new = m_i[i]
                 for t in range(TX):
-                    m_new = max(m_new, smem[ROW_OFFSET + r * TX + t])
+                    m_new = max(m_new, smem[index(ROW_OFFSET + r * TX + t)])
                 # a row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
                 m_use = m_new if m_new != NEG_INF else float32(0.0)
                 alpha = math.exp2(m_i[i] - m_use)
@@ -197,7 +202,7 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
                 for j in range(RN):
                     p = math.exp2(s[i, j] - m_use)
                     row_sum += p
-                    smem[P_OFFSET + (tx + TX * j) * M_STRIDE + r] = p
+                    smem[index(P_OFFSET + (tx + TX * j) * M_STRIDE + r)] = p
                 l_part[i] = l_part[i] * alpha + row_sum
                 for j in range(RD):
                     acc[i, j] *= alpha
@@ -206,14 +211,14 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
             # ---- O += P V ------------------------------------------------------------------------------------------
             for c in range(BLOCK_N):
                 for i in range(RM):
-                    p = smem[P_OFFSET + c * M_STRIDE + ty + TY * i]
+                    p = smem[index(P_OFFSET + c * M_STRIDE + ty + TY * i)]
                     for j in range(RD):
-                        acc[i, j] += p * smem[KV_OFFSET + c * D_PAD + tx + TX * j]
+                        acc[i, j] += p * smem[index(KV_OFFSET + c * D_PAD + tx + TX * j)]
             cuda.syncthreads()  # barrier D: V, P^T and row partials free for the next tile
 
         # ---- epilogue: one division per row, lse in natural log ----------------------------------------------
         for i in range(RM):
-            smem[ROW_OFFSET + (ty + TY * i) * TX + tx] = l_part[i]
+            smem[index(ROW_OFFSET + (ty + TY * i) * TX + tx)] = l_part[i]
         cuda.syncthreads()
         for i in range(RM):
             r = ty + TY * i
@@ -221,7 +226,7 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
             if row < seqlen_q:
                 l = float32(0.0)
                 for t in range(TX):
-                    l += smem[ROW_OFFSET + r * TX + t]
+                    l += smem[index(ROW_OFFSET + r * TX + t)]
                 # rows that see no key (causal, Lq > Lk) give 0 and lse = -inf, as in the reference
                 inv_l = float32(1.0) / l if l > 0.0 else float32(0.0)
                 for j in range(RD):
@@ -239,8 +244,8 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: SimtConfig | None = None):
     """Launch on device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q)."""
-    config = config or default_config()
     batch, heads, seqlen_q, head_dim = q.shape
+    config = config or default_config(head_dim)
     head_dim_pad = -(-head_dim // config.threads_x) * config.threads_x
     kernel = flash_forward_kernel(config, head_dim_pad, bool(causal))
     grid = (batch * heads, -(-seqlen_q // config.block_m))

@@ -140,6 +140,18 @@ class Call:
         view = cuda.device_array(shape, dtype=_storage_dtype(dtype), stream=self.stream)
         return Output(view=view, obj=view)
 
+    def scratch(self, shape: tuple, dtype: str = "float32"):
+        """A temporary device array for a kernel's intermediate results (split-KV parts, partial states).
+
+        Allocated by the caller's library on the caller's stream (CuPy's and torch's pools are stream-ordered),
+        so dropping it after the launches is safe and costs no synchronisation; Numba's allocator otherwise.
+        """
+        if SIMULATOR:
+            return np.empty(shape, dtype=_storage_dtype(dtype))
+        if self.kind in (_CUPY, _TORCH):
+            return self.output(shape, dtype).view
+        return cuda.device_array(shape, dtype=_storage_dtype(dtype), stream=self.stream)
+
     def _check_out(self, name: str, out: Any, shape: tuple, dtype: str) -> None:
         placement = _placement(name, out)
         if placement.kind != self.kind or placement.device_id != self.device_id:

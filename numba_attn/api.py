@@ -99,7 +99,7 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode):
                 num_splits = _decode.choose_num_splits(
                     shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_k, multiprocessor_count()
                 )
-            _decode.launch(*args, num_splits, call.stream)
+            _decode.launch(*args, num_splits, call.stream, scratch=call.scratch)
         else:
             _flash_simt.launch(*args, call.stream)
     if return_lse:
@@ -195,6 +195,6 @@ def linear_attention(q, k, v, *, causal=True, eps=1e-6):
     if shape.seqlen > 0 and shape.batch * shape.heads > 0:
         _linear.launch_linear_attention(
             lift(call.inputs["q"], 4), lift(call.inputs["k"], 4), lift(call.inputs["v"], 4), lift(out.view, 4),
-            bool(causal), float(eps), call.stream,
+            bool(causal), float(eps), call.stream, scratch=call.scratch,
         )
     return call.result(out)

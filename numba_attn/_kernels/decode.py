@@ -464,18 +464,20 @@ def launch_split(q, k, v, o_dst, lse_dst, write_lse: bool, sm_scale: float, caus
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, num_splits: int, stream,
-           config: DecodeConfig | None = None):
+           config: DecodeConfig | None = None, scratch=None):
     """Split-KV attention on device views: q (batch, heads, seqlen_q, d), k/v (batch, kv_heads, seqlen_k, d).
 
     One split writes ``out`` (and ``lse``) directly; several go through float32 scratch parts and the combine.
+    ``scratch(shape)`` allocates them (default: Numba's allocator on ``stream``).
     """
+    scratch = scratch or (lambda shape: _scratch(shape, stream))
     batch, heads, seqlen_q, head_dim = q.shape
     num_splits = clamp_num_splits(num_splits, k.shape[2])
     if num_splits == 1:
         launch_split(q, k, v, _unit_axis(out), _unit_axis(lse), write_lse, sm_scale, causal, stream, config)
         return
-    o_parts = _scratch((num_splits, batch, heads, seqlen_q, head_dim), stream)
-    lse_parts = _scratch((num_splits, batch, heads, seqlen_q), stream)
+    o_parts = scratch((num_splits, batch, heads, seqlen_q, head_dim))
+    lse_parts = scratch((num_splits, batch, heads, seqlen_q))
     launch_split(q, k, v, o_parts, lse_parts, True, sm_scale, causal, stream, config)
     _launch_combine(o_parts, lse_parts, out, lse, write_lse, stream, config)
 

@@ -515,7 +515,8 @@ def launch_causal_dot_product(q, k, v, out, stream, *, m_splits=None, config: Li
 
 
 def launch_linear_attention(
-    q, k, v, out, causal, eps, stream, *, m_splits=None, seq_splits=None, config: LinearConfig | None = None
+    q, k, v, out, causal, eps, stream, *, m_splits=None, seq_splits=None, config: LinearConfig | None = None,
+    scratch=None,
 ):
     """The linear-attention layer with ``phi = elu + 1`` on device views; eps added after ``phi(q) . z``.
 
@@ -556,7 +557,8 @@ def launch_linear_attention(
     apply_splits = _cdiv(seqlen_q, apply_rows)
 
     # partial KV | z per sequence block, float32; column m holds z
-    part = cuda.device_array((bh, seq_splits, e, m + 1), dtype=np.float32, stream=stream)
+    shape = (bh, seq_splits, e, m + 1)
+    part = scratch(shape) if scratch else cuda.device_array(shape, dtype=np.float32, stream=stream)
     reduce_kernel = row_walk_kernel(reduce_plan.layout, REDUCE, True, True)
     reduce_kernel[(bh, seq_splits, reduce_plan.m_splits), reduce_plan.layout.threads, stream](
         q, k, v, out, part, eps32, reduce_rows

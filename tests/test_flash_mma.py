@@ -25,7 +25,7 @@ from numba_attn._kernels import flash_mma, ptx
 POISON = {"float16": 0x7E00, "bfloat16": 0x7FC0}  # quiet-NaN bit patterns
 
 #: tiles small enough for the simulator (one warp, 16-key tiles, two passes above 32 columns)
-TINY = flash_mma.MmaConfig(warps=1, block_n=16, block_n_wide=16, max_single_pass_dim=32)
+TINY = flash_mma.SIMULATOR_CONFIG
 
 
 def _bits_and_exact(x, dtype):

@@ -95,6 +95,15 @@ class MmaConfig:
 
 
 DEFAULT_CONFIG = MmaConfig()
+#: tiles for the CUDA simulator, where every thread is a Python thread: one warp, 16-key tiles, two passes above 32
+SIMULATOR_CONFIG = MmaConfig(warps=1, block_n=16, block_n_wide=16, max_single_pass_dim=32)
+#: mma.sync.m16n8k16 with f16 / bf16 operands and cvt.rn.bf16x2 need sm_80 or newer
+MIN_COMPUTE_CAPABILITY = (8, 0)
+
+
+def default_config() -> MmaConfig:
+    return SIMULATOR_CONFIG if SIMULATOR else DEFAULT_CONFIG
+
 
 #: dtype names the kernel takes (bfloat16 arrives as a uint16 bit view, float16 may too).
 DTYPES = ("float16", "bfloat16")
@@ -499,7 +508,7 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     int16 bit views (the way this package carries bfloat16). ``out`` has q's shape and receives the input dtype
     (a float16 array or a 16-bit bit view).
     """
-    config = config or DEFAULT_CONFIG
+    config = config or default_config()
     if dtype is None:
         dtype = "float16" if np.dtype(q.dtype) == np.float16 else "bfloat16"
     if dtype not in DTYPES:

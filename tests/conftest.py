@@ -6,6 +6,9 @@ are skipped under the simulator.
 """
 import os
 
+# small test grids are meant to be small: no occupancy warnings for them
+os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
+
 import numba_attn  # noqa: F401  (must come before any numba.cuda import)
 import pytest
 from hypothesis import HealthCheck, settings

@@ -18,12 +18,13 @@ import numbers
 
 from . import _arrays
 from ._arrays import attention_shape, lift, prepare
-from ._device import multiprocessor_count
+from ._device import SIMULATOR, compute_capability, multiprocessor_count
 from ._kernels import decode as _decode
+from ._kernels import flash_mma as _flash_mma
 from ._kernels import flash_simt as _flash_simt
 from ._kernels import linear_recurrent as _linear
 
-__all__ = ["flash_forward", "flash_decode", "combine_lse", "causal_dot_product", "linear_attention"]
+__all__ = ["flash_forward", "flash_decode", "combine_lse", "causal_dot_product", "linear_attention", "BACKENDS"]
 
 
 def _check_sm_scale(sm_scale, head_dim: int) -> float:
@@ -39,11 +40,35 @@ def _lse_placeholder(call):
     return call.output((1, 1, 1), "float32").view
 
 
-def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out=None):
+#: Kernels behind ``flash_forward``: "mma" (tensor cores, float16 / bfloat16, sm_80+) and "simt" (CUDA cores, any
+#: supported dtype, also the simulator path). ``backend=None`` picks "mma" where it applies.
+BACKENDS = ("simt", "mma")
+
+
+def _flash_backend(backend, dtype: str) -> str:
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
+    mma_ok = dtype in _flash_mma.DTYPES and (SIMULATOR or compute_capability() >= _flash_mma.MIN_COMPUTE_CAPABILITY)
+    if backend == "mma" and not mma_ok:
+        raise ValueError(
+            f"backend: 'mma' needs float16 or bfloat16 inputs on a GPU of compute capability >= 8.0 "
+            f"(got {dtype} on {'the simulator' if SIMULATOR else compute_capability()})"
+        )
+    if backend == "simt" and dtype == _arrays.BFLOAT16:
+        raise ValueError("backend: 'simt' does not take bfloat16; use 'mma' or None")
+    if backend is None:
+        backend = "mma" if mma_ok else "simt"
+    if backend == "simt" and dtype == _arrays.BFLOAT16:
+        raise TypeError("q: bfloat16 needs the tensor-core kernel, which needs a GPU of compute capability >= 8.0")
+    return backend
+
+
+def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out=None, backend=None):
     """Exact attention ``softmax(sm_scale * q k^T) v`` without materialising the scores.
 
     Args:
-        q: ``(batch, heads, seqlen_q, headdim)`` or ``(seqlen_q, headdim)``; float16 or float32.
+        q: ``(batch, heads, seqlen_q, headdim)`` or ``(seqlen_q, headdim)``; float16, float32 or bfloat16 (torch
+            bfloat16 tensors).
         k, v: ``(batch, kv_heads, seqlen_k, headdim)``; ``heads`` must be a multiple of ``kv_heads``
             (grouped-query attention: q head ``h`` reads kv head ``h // (heads // kv_heads)``).
         causal: mask aligned bottom-right, query ``i`` sees keys ``j <= i + seqlen_k - seqlen_q``.
@@ -51,11 +76,13 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
         return_lse: also return ``lse``, the natural-log log-sum-exp of each row's scaled scores,
             ``(batch, heads, seqlen_q)`` float32.
         out: optional output array of q's shape, dtype and kind.
+        backend: ``"mma"`` (tensor cores: float16 / bfloat16 on sm_80+), ``"simt"`` (CUDA cores: float16 /
+            float32) or None for "mma" where it applies and "simt" otherwise.
 
     Returns:
         ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key give 0 and ``lse = -inf``.
     """
-    return _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits=None, decode=False)
+    return _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits=None, decode=False, backend=backend)
 
 
 def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, return_lse=False):
@@ -72,18 +99,20 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
         isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits < 1
     ):
         raise ValueError(f"num_splits: expected an integer >= 1 or None, got {num_splits!r}")
-    return _attention(q, k, v, causal, sm_scale, return_lse, None, num_splits=num_splits, decode=True)
+    return _attention(q, k, v, causal, sm_scale, return_lse, None, num_splits=num_splits, decode=True, backend=None)
 
 
-def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode):
+def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, backend):
     shape = attention_shape(q, k, v)
     sm_scale = _check_sm_scale(sm_scale, shape.head_dim)
     call = prepare({"q": q, "k": k, "v": v})
     out = call.output(shape.out_shape(), out=out)
     lse = call.output(shape.lse_shape(), "float32") if return_lse else None
+    if not decode:
+        backend = _flash_backend(backend, call.dtype)
+    elif call.dtype == _arrays.BFLOAT16:
+        raise TypeError("q: flash_decode does not take bfloat16 yet (flash_forward does)")
     if shape.seqlen_q > 0 and shape.batch * shape.heads > 0:
-        if call.dtype == _arrays.BFLOAT16:
-            raise TypeError("q: bfloat16 needs the tensor-core kernels, which this build does not have yet")
         args = (
             lift(call.inputs["q"], 4),
             lift(call.inputs["k"], 4),
@@ -100,6 +129,8 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode):
                     shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_k, multiprocessor_count()
                 )
             _decode.launch(*args, num_splits, call.stream, scratch=call.scratch)
+        elif backend == "mma":
+            _flash_mma.launch(*args, call.stream, dtype=call.dtype)
         else:
             _flash_simt.launch(*args, call.stream)
     if return_lse:

@@ -37,6 +37,8 @@ def attention_cases(draw):
         head_dim=draw(st.integers(1, 10)),
         causal=draw(st.booleans()),
         dtype=draw(st.sampled_from(["float32", "float16"])),
+        # float16: the default (tensor-core kernel) and the portable kernel
+        backend=draw(st.sampled_from([None, "simt"])),
         seed=draw(st.integers(0, 2**31)),
     )
 
@@ -47,7 +49,7 @@ def test_flash_forward_equals_reference(case):
     rng = np.random.default_rng(case["seed"])
     q, k, v = _inputs(rng, case["batch"], case["heads"], case["kv_heads"], case["seqlen_q"], case["seqlen_k"],
                       case["head_dim"], case["dtype"])
-    out, lse = numba_attn.flash_forward(q, k, v, causal=case["causal"], return_lse=True)
+    out, lse = numba_attn.flash_forward(q, k, v, causal=case["causal"], return_lse=True, backend=case["backend"])
     ref_out, ref_lse = reference.attention(q, k, v, causal=case["causal"], return_lse=True)
     assert out.dtype == q.dtype and out.shape == q.shape
     assert rel_error(out, ref_out) < TOLERANCE[case["dtype"]]
@@ -93,6 +95,19 @@ def test_two_dimensional_inputs_and_strided_views():
     assert out.shape == (6, 8) and lse.shape == (6,)
     assert rel_error(out, ref_out) < TOLERANCE["float32"]
     assert_close_lse(lse, ref_lse)
+
+
+def test_backend_choice_is_checked():
+    rng = np.random.default_rng(8)
+    q, k, v = _inputs(rng, 1, 1, 1, 4, 5, 16, "float32")
+    with pytest.raises(ValueError, match="backend: 'mma' needs float16 or bfloat16"):
+        numba_attn.flash_forward(q, k, v, backend="mma")
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        numba_attn.flash_forward(q, k, v, backend="cudnn")
+    q16, k16, v16 = (x.astype(np.float16) for x in (q, k, v))
+    ref = reference.attention(q16, k16, v16)
+    for backend in numba_attn.BACKENDS:
+        assert rel_error(numba_attn.flash_forward(q16, k16, v16, backend=backend), ref) < TOLERANCE["float16"]
 
 
 def test_out_argument_is_filled_in_place():
@@ -150,7 +165,7 @@ def _reference_rows(q, k, v, causal, rows):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype,backend", [("float32", "simt"), ("float16", "simt"), ("float16", "mma")])
 @pytest.mark.parametrize(
     "batch,heads,kv_heads,seqlen_q,seqlen_k,head_dim,causal",
     [
@@ -162,19 +177,34 @@ def _reference_rows(q, k, v, causal, rows):
         (1, 3, 3, 64, 5000, 80, False),
     ],
 )
-def test_gpu_flash_forward(dtype, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal):
+def test_gpu_flash_forward(dtype, backend, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal):
     import cupy
 
     rng = np.random.default_rng(10)
     q, k, v = _inputs(rng, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype)
     dq, dk, dv = (cupy.asarray(x) for x in (q, k, v))
     out = cupy.full(q.shape, cupy.nan, dtype=dtype)  # poison: unwritten elements show as NaN
-    numba_attn.flash_forward(dq, dk, dv, causal=causal, out=out)
+    numba_attn.flash_forward(dq, dk, dv, causal=causal, out=out, backend=backend)
     rows = np.unique(np.r_[0:8, seqlen_q // 2 : seqlen_q // 2 + 8, seqlen_q - 8 : seqlen_q].clip(0, seqlen_q - 1))
     ref = _reference_rows(q, k, v, causal, rows)
     host = out.get()
     assert not np.isnan(host).any()
     assert rel_error(host[:, :, rows], ref) < TOLERANCE[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_bfloat16_torch_tensors(causal):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(14)
+    q, k, v = _inputs(rng, 2, 8, 2, 1000, 1300, 128, "float32")
+    tq, tk, tv = (torch.from_numpy(x).cuda().to(torch.bfloat16) for x in (q, k, v))
+    out, lse = numba_attn.flash_forward(tq, tk, tv, causal=causal, return_lse=True)
+    assert out.dtype == torch.bfloat16 and out.shape == tq.shape
+    bq, bk, bv = (t.float().cpu().numpy() for t in (tq, tk, tv))  # the bf16-rounded inputs
+    rows = np.arange(0, 1000, 37)
+    assert rel_error(out.float().cpu().numpy()[:, :, rows], _reference_rows(bq, bk, bv, causal, rows)) < TOLERANCE["bfloat16"]
+    assert not torch.isnan(lse).any()
 
 
 @pytest.mark.gpu

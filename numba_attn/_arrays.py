@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ._device import SIMULATOR, cuda
+from ._device import SIMULATOR, cuda, external_stream
 
 #: Head dims the kernels accept (the tiles hold at most 256 columns).
 MAX_HEAD_DIM = 256
@@ -231,7 +231,7 @@ def _caller_stream(kind: str, device_id: int):
     else:
         return cuda.default_stream()
     # ptr 0 is the legacy default stream; Numba's default stream object is that stream
-    return cuda.external_stream(ptr) if ptr else cuda.default_stream()
+    return external_stream(ptr) if ptr else cuda.default_stream()
 
 
 def prepare(

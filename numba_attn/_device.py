@@ -8,6 +8,7 @@ Set ``NUMBA_ENABLE_CUDASIM`` yourself (to 0 or 1) to take the decision out of ou
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 
@@ -44,13 +45,26 @@ def multiprocessor_count() -> int:
     """Number of SMs of the current device (a small fixed number under the simulator)."""
     if SIMULATOR:
         return 4
-    return cuda.get_current_device().MULTIPROCESSOR_COUNT
+    return _device_properties(cuda.get_current_device().id)[0]
 
 
 def compute_capability() -> tuple[int, int]:
     if SIMULATOR:
         return (0, 0)
-    return tuple(cuda.get_current_device().compute_capability)
+    return _device_properties(cuda.get_current_device().id)[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _device_properties(device_id: int) -> tuple[int, tuple[int, int]]:
+    # read once per device: every public call asks, and the driver queries cost microseconds each
+    device = cuda.get_current_device()
+    return device.MULTIPROCESSOR_COUNT, tuple(device.compute_capability)
+
+
+@functools.lru_cache(maxsize=64)
+def external_stream(ptr: int):
+    """Numba's handle on a stream someone else created (CuPy's, torch's), made once per stream pointer."""
+    return cuda.external_stream(ptr)
 
 
 def kernel_jit(launch_bounds=None, **options):

@@ -35,9 +35,22 @@ def _check_sm_scale(sm_scale, head_dim: int) -> float:
     return float(sm_scale)
 
 
+_LSE_PLACEHOLDERS: dict = {}
+
+
 def _lse_placeholder(call):
-    """A one-element lse array for kernels launched without ``return_lse`` (they never write it)."""
-    return call.output((1, 1, 1), "float32").view
+    """A one-element lse array for kernels launched without ``return_lse`` (they never write it), made once per
+    device: allocating it on every call would cost more host time than some kernels take."""
+    key = max(call.device_id, 0)
+    if key not in _LSE_PLACEHOLDERS:
+        _LSE_PLACEHOLDERS[key] = call.scratch((1, 1, 1), "float32") if SIMULATOR else _device_array_float32((1, 1, 1))
+    return _LSE_PLACEHOLDERS[key]
+
+
+def _device_array_float32(shape):
+    from ._device import cuda
+
+    return cuda.device_array(shape, dtype="float32")
 
 
 #: Kernels behind ``flash_forward``: "mma" (tensor cores, float16 / bfloat16, sm_80+) and "simt" (CUDA cores, any

@@ -338,14 +338,21 @@ class AttentionShape:
         return (self.seqlen_q,) if self.ndim == 2 else (self.batch, self.heads, self.seqlen_q)
 
 
-def attention_shape(q: Any, k: Any, v: Any) -> AttentionShape:
-    """Check q, k, v of ``(batch, heads, seqlen, headdim)`` (k/v may have fewer heads: GQA) or ``(seqlen, headdim)``."""
+def _batched_shapes(q: Any, k: Any, v: Any) -> tuple[tuple, tuple, tuple, int]:
+    """The shapes of q, k, v as ``(batch, heads, seqlen, dim)`` and the rank the caller used (2 or 4, the same for
+    all three)."""
     ranks = {name: check_rank(name, x) for name, x in (("q", q), ("k", k), ("v", v))}
     if len(set(ranks.values())) != 1:
         raise ValueError(f"q, k, v: must all have the same rank, got {ranks['q']}, {ranks['k']}, {ranks['v']}")
     qs, ks, vs = (tuple(x.shape) for x in (q, k, v))
     if ranks["q"] == 2:
         qs, ks, vs = (1, 1) + qs, (1, 1) + ks, (1, 1) + vs
+    return qs, ks, vs, ranks["q"]
+
+
+def attention_shape(q: Any, k: Any, v: Any) -> AttentionShape:
+    """Check q, k, v of ``(batch, heads, seqlen, headdim)`` (k/v may have fewer heads: GQA) or ``(seqlen, headdim)``."""
+    qs, ks, vs, ndim = _batched_shapes(q, k, v)
     b, h, lq, d = qs
     if ks[0] != b or vs[0] != b:
         raise ValueError(f"k, v: batch must match q's batch {b}, got k {ks[0]} and v {vs[0]}")
@@ -362,7 +369,7 @@ def attention_shape(q: Any, k: Any, v: Any) -> AttentionShape:
         raise ValueError(f"k: headdim must equal q's headdim {d}, got {ks[3]}")
     if vs[3] != d:
         raise ValueError(f"v: headdim must equal q's headdim {d}, got {vs[3]}")
-    return AttentionShape(b, h, hk, lq, ks[2], d, ranks["q"])
+    return AttentionShape(b, h, hk, lq, ks[2], d, ndim)
 
 
 @dataclass
@@ -382,12 +389,7 @@ class LinearShape:
 
 def linear_shape(q: Any, k: Any, v: Any, max_dim: int = MAX_HEAD_DIM) -> LinearShape:
     """Check q, k ``(batch, heads, seqlen, E)`` and v ``(batch, heads, seqlen, M)`` (or the same without batch, heads)."""
-    ranks = {name: check_rank(name, x) for name, x in (("q", q), ("k", k), ("v", v))}
-    if len(set(ranks.values())) != 1:
-        raise ValueError(f"q, k, v: must all have the same rank, got {ranks['q']}, {ranks['k']}, {ranks['v']}")
-    qs, ks, vs = (tuple(x.shape) for x in (q, k, v))
-    if ranks["q"] == 2:
-        qs, ks, vs = (1, 1) + qs, (1, 1) + ks, (1, 1) + vs
+    qs, ks, vs, ndim = _batched_shapes(q, k, v)
     if ks[:3] != qs[:3]:
         raise ValueError(f"k: (batch, heads, seqlen) must equal q's {qs[:3]}, got {ks[:3]}")
     if vs[:3] != qs[:3]:
@@ -398,4 +400,4 @@ def linear_shape(q: Any, k: Any, v: Any, max_dim: int = MAX_HEAD_DIM) -> LinearS
         raise ValueError(f"q: feature dim E must be between 1 and {max_dim}, got {qs[3]}")
     if not (1 <= vs[3] <= max_dim):
         raise ValueError(f"v: value dim M must be between 1 and {max_dim}, got {vs[3]}")
-    return LinearShape(qs[0], qs[1], qs[2], qs[3], vs[3], ranks["q"])
+    return LinearShape(qs[0], qs[1], qs[2], qs[3], vs[3], ndim)

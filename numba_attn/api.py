@@ -206,15 +206,7 @@ def causal_dot_product(q, k, v):
     Returns:
         ``(batch, heads, seqlen, M)`` in the inputs' dtype.
     """
-    shape = _arrays.linear_shape(q, k, v)
-    call = prepare({"q": q, "k": k, "v": v}, dtypes=("float16", "float32"))
-    out = call.output(shape.out_shape())
-    if shape.seqlen > 0 and shape.batch * shape.heads > 0:
-        _linear.launch_causal_dot_product(
-            lift(call.inputs["q"], 4), lift(call.inputs["k"], 4), lift(call.inputs["v"], 4), lift(out.view, 4),
-            call.stream,
-        )
-    return call.result(out)
+    return _linear_call(q, k, v, lambda call, *views: _linear.launch_causal_dot_product(*views, call.stream))
 
 
 def linear_attention(q, k, v, *, causal=True, eps=1e-6):
@@ -233,12 +225,19 @@ def linear_attention(q, k, v, *, causal=True, eps=1e-6):
     """
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(float(eps)) or eps < 0:
         raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
+    return _linear_call(
+        q, k, v,
+        lambda call, *views: _linear.launch_linear_attention(
+            *views, bool(causal), float(eps), call.stream, scratch=call.scratch
+        ),
+    )
+
+
+def _linear_call(q, k, v, launch):
+    """Shared body of the linear-attention functions: checks, device views, output, ``launch(call, q, k, v, out)``."""
     shape = _arrays.linear_shape(q, k, v)
     call = prepare({"q": q, "k": k, "v": v}, dtypes=("float16", "float32"))
     out = call.output(shape.out_shape())
     if shape.seqlen > 0 and shape.batch * shape.heads > 0:
-        _linear.launch_linear_attention(
-            lift(call.inputs["q"], 4), lift(call.inputs["k"], 4), lift(call.inputs["v"], 4), lift(out.view, 4),
-            bool(causal), float(eps), call.stream, scratch=call.scratch,
-        )
+        launch(call, *(lift(call.inputs[name], 4) for name in ("q", "k", "v")), lift(out.view, 4))
     return call.result(out)

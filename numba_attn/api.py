@@ -115,9 +115,15 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
     return _attention(q, k, v, causal, sm_scale, return_lse, None, num_splits=num_splits, decode=True, backend=None)
 
 
+_MAX_SEQLEN_Q = 65535 * 64
+
+
 def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, backend):
     shape = attention_shape(q, k, v)
     sm_scale = _check_sm_scale(sm_scale, shape.head_dim)
+    if not decode and shape.seqlen_q > _MAX_SEQLEN_Q:
+        # query tiles go on the grid's y axis (at most 65535 blocks of at least 64 rows)
+        raise ValueError(f"q: seqlen_q {shape.seqlen_q} is longer than one launch handles ({_MAX_SEQLEN_Q})")
     call = prepare({"q": q, "k": k, "v": v})
     out = call.output(shape.out_shape(), out=out)
     lse = call.output(shape.lse_shape(), "float32") if return_lse else None

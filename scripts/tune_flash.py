@@ -49,8 +49,8 @@ def main():
     configs = [
         flash_simt.SimtConfig(threads_x=tx, threads_y=ty, rows_per_thread=rm, keys_per_thread=rn, blocks_per_sm=bps)
         for (tx, ty, rm, rn, bps) in [
-            (16, 8, 8, 4, 2), (16, 8, 8, 8, 1), (16, 16, 4, 4, 2), (16, 16, 8, 4, 1),
-            (16, 8, 4, 4, 3), (16, 16, 4, 8, 1), (32, 8, 8, 2, 2), (8, 16, 8, 8, 1),
+            (8, 16, 8, 8, 1), (16, 16, 8, 4, 1), (16, 8, 8, 4, 1), (16, 8, 8, 8, 1),
+            (16, 16, 8, 8, 1), (8, 32, 4, 8, 1), (16, 16, 4, 8, 2), (8, 16, 8, 4, 2),
         ]
     ]
     rng = np.random.default_rng(0)

@@ -66,7 +66,7 @@ class SimtConfig:
 #: Default tiles on a GPU by head dim (fastest of scripts/tune_flash.py on an H100: each thread keeps about 8 output
 #: columns), and under the simulator, where every thread is a Python thread: keep blocks tiny.
 GPU_CONFIG_SMALL_D = SimtConfig(threads_x=8, threads_y=16, rows_per_thread=8, keys_per_thread=8, blocks_per_sm=1)
-GPU_CONFIG = SimtConfig(threads_x=16, threads_y=16, rows_per_thread=8, keys_per_thread=4, blocks_per_sm=1)
+GPU_CONFIG = SimtConfig(threads_x=16, threads_y=16, rows_per_thread=8, keys_per_thread=8, blocks_per_sm=1)
 # head dims above 128: half the rows, so that the resident Q^T (and the rest) fit the 227 KB a block may have
 GPU_CONFIG_LARGE_D = SimtConfig(threads_x=16, threads_y=8, rows_per_thread=8, keys_per_thread=4, blocks_per_sm=1)
 SIMULATOR_CONFIG = SimtConfig(threads_x=4, threads_y=4, rows_per_thread=2, keys_per_thread=2)

@@ -29,6 +29,17 @@ Consequences the attention kernel relies on:
 * For V as B (``B[k = key][n = d]``) a register needs two consecutive KEYS of one column ``d``: V is stored transposed
   ``[d][key]`` in shared memory.
 
+Warp-level MMA ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`` (PTX "Matrix Fragments for mma.m16n8k8" with
+``.tf32``), one 32-bit register per element (float32 bits; the hardware reads the top 19)::
+
+    A (16 x 8), four registers     a0 = A[g][t]   a1 = A[g + 8][t]   a2 = A[g][t + 4]   a3 = A[g + 8][t + 4]
+    B (8 x 8), two registers       b0 = B[t][g]   b1 = B[t + 4][g]
+    C, D                           as for m16n8k16
+
+The k index of one MMA may be permuted freely as long as A and B use the same permutation. With ``A col t <-> k 2t``
+and ``A col t + 4 <-> k 2t + 1`` the C fragment of one n8 block of a product IS the A fragment of a k8 step of the
+next product: ``(a0, a1, a2, a3) = (c0, c2, c1, c3)``, and the matching B registers are rows ``2t`` and ``2t + 1``.
+
 Under Numba's CUDA simulator (``numba_attn._device.SIMULATOR``) inline PTX cannot run: the same names are then
 pure-Python emulations with the same semantics. The warp-collective ones (``mma_*``, ``shfl_xor_f32``) exchange
 operands through the thread block's barrier, so under the simulator every thread of the block must call them the
@@ -61,6 +72,16 @@ __all__ = [
     "store_u32x4",
     "float32_to_bf16_bits",
     "bf16_bits_to_float32",
+    "mma_m16n8k8_tf32",
+    "to_tf32",
+    "float_bits",
+    "bits_float",
+    "load_f32x2",
+    "load1",
+    "store1",
+    "load_f32x4",
+    "half_to_float",
+    "bf16_to_float",
 ]
 
 
@@ -186,6 +207,55 @@ if SIMULATOR:
 
     def store_u32x4(arr, i, j, w0, w1, w2, w3):
         arr[i, j], arr[i, j + 1], arr[i, j + 2], arr[i, j + 3] = w0, w1, w2, w3
+
+    def _tf32_value(bits):
+        return float(np.uint32(int(bits) & 0xFFFFE000).view(np.float32))
+
+    def mma_m16n8k8_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """Simulator emulation of the tf32 MMA (operands are float32 bit patterns; the low 13 bits are ignored)."""
+        lanes = _sim_warp_gather((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3))
+        a = np.zeros((16, 8))
+        b = np.zeros((8, 8))
+        c = np.zeros((16, 8))
+        for lane, r in enumerate(lanes):
+            g, t = lane // 4, lane % 4
+            a[g, t], a[g + 8, t], a[g, t + 4], a[g + 8, t + 4] = (_tf32_value(x) for x in r[:4])
+            b[t, g], b[t + 4, g] = _tf32_value(r[4]), _tf32_value(r[5])
+            c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1] = (float(x) for x in r[6:])
+        with np.errstate(over="ignore", invalid="ignore"):
+            d = (a @ b + c).astype(np.float32)
+        g, t = _sim_lane() // 4, _sim_lane() % 4
+        return d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1]
+
+    def to_tf32(x):
+        bits = int(np.float32(x).view(np.uint32))
+        if (bits & 0x7F800000) == 0x7F800000:  # inf and NaN pass unchanged
+            return np.uint32(bits)
+        return np.uint32(((bits + 0x1000) & 0xFFFFE000) & 0xFFFFFFFF)
+
+    def float_bits(x):
+        return np.float32(x).view(np.uint32)
+
+    def bits_float(bits):
+        return np.uint32(int(bits) & 0xFFFFFFFF).view(np.float32)
+
+    def load_f32x2(arr, i):
+        return arr[i], arr[i + 1]
+
+    def load1(arr, i):
+        return arr[i]
+
+    def store1(arr, i, value):
+        arr[i] = value
+
+    def load_f32x4(arr, i, j):
+        return arr[i, j], arr[i, j + 1], arr[i, j + 2], arr[i, j + 3]
+
+    def half_to_float(bits):
+        return np.float32(np.uint16(int(bits) & 0xFFFF).view(np.float16))
+
+    def bf16_to_float(bits):
+        return np.uint32((int(bits) & 0xFFFF) << 16).view(np.float32)
 
 else:
     from llvmlite import ir
@@ -428,5 +498,171 @@ else:
                 vec = builder.insert_element(vec, word, ir.Constant(_I32, n))
             builder.store(vec, builder.bitcast(ptr, vec_ty.as_pointer()), align=16)
             return context.get_dummy_value()
+
+        return sig, codegen
+
+
+    @intrinsic
+    def mma_m16n8k8_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3): one warp-wide ``D = A B + C``, A 16x8 and
+        B 8x8 tf32 (float32 bit patterns, e.g. from ``to_tf32``), C and D 16x8 float32::
+
+            mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {d0,d1,d2,d3}, {a0,a1,a2,a3}, {b0,b1}, {c0,c1,c2,c3};
+        """
+        regs = (a0, a1, a2, a3, b0, b1)
+        accs = (c0, c1, c2, c3)
+        if not (_is_int(*regs) and _is_number(*accs)):
+            return None
+        text = (
+            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+        )
+        sig = types.UniTuple(types.float32, 4)(*regs, *accs)
+
+        def codegen(context, builder, sig, args):
+            ins = [_i32(context, builder, v, ty) for v, ty in zip(args[:6], sig.args[:6])]
+            ins += [_f32(context, builder, v, ty) for v, ty in zip(args[6:], sig.args[6:])]
+            res = _asm(builder, ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4, text,
+                       "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", ins, convergent=True)
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, i) for i in range(4)])
+
+        return sig, codegen
+
+    @intrinsic
+    def to_tf32(typingctx, x):
+        """x -> uint32: float32 ``x`` rounded to tf32 (10 mantissa bits, nearest, ties away), as float32 bits with
+        the low 13 bits zero::
+
+            cvt.rna.tf32.f32 d, x;"""
+        if not _is_number(x):
+            return None
+        sig = types.uint32(x)
+
+        def codegen(context, builder, sig, args):
+            return _asm(builder, _I32, [_F32], "cvt.rna.tf32.f32 $0, $1;", "=r,f",
+                        [_f32(context, builder, args[0], sig.args[0])])
+
+        return sig, codegen
+
+    @intrinsic
+    def float_bits(typingctx, x):
+        """float32 x -> uint32: its bit pattern (no conversion)."""
+        if not _is_number(x):
+            return None
+        sig = types.uint32(x)
+
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(_f32(context, builder, args[0], sig.args[0]), _I32)
+
+        return sig, codegen
+
+    @intrinsic
+    def bits_float(typingctx, bits):
+        """uint32 bits -> float32 with that bit pattern (no conversion)."""
+        if not _is_int(bits):
+            return None
+        sig = types.float32(bits)
+
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(_i32(context, builder, args[0], sig.args[0]), _F32)
+
+        return sig, codegen
+
+    @intrinsic
+    def load_f32x2(typingctx, arr, i):
+        """(arr, i) -> (arr[i], arr[i + 1]) of a 1-D float32 array (a shared-memory buffer) in ONE 8-byte load
+        (``ld.v2.f32``): ``i`` must be even and ``>= 0`` (no negative-index wraparound) and the buffer 8-byte
+        aligned. Two scalar loads would cost two instructions and two shared-memory wavefronts."""
+        if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == types.float32 and _is_int(i)):
+            return None
+        sig = types.UniTuple(types.float32, 2)(arr, i)
+
+        def codegen(context, builder, sig, args):
+            array = context.make_array(sig.args[0])(context, builder, value=args[0])
+            idx = context.cast(builder, args[1], sig.args[1], types.intp)
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], array, [idx], wraparound=False)
+            vec_ty = ir.VectorType(_F32, 2)
+            vec = builder.load(builder.bitcast(ptr, vec_ty.as_pointer()), align=8)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_element(vec, ir.Constant(_I32, n)) for n in range(2)])
+
+        return sig, codegen
+
+    @intrinsic
+    def half_to_float(typingctx, bits):
+        """16-bit float16 pattern (low half of any integer) -> its float32 value (exact)."""
+        if not _is_int(bits):
+            return None
+        sig = types.float32(bits)
+
+        def codegen(context, builder, sig, args):
+            low = builder.trunc(_i32(context, builder, args[0], sig.args[0]), _I16)
+            return builder.fpext(builder.bitcast(low, ir.HalfType()), _F32)
+
+        return sig, codegen
+
+    @intrinsic
+    def bf16_to_float(typingctx, bits):
+        """16-bit bfloat16 pattern (low half of any integer) -> its float32 value (exact: a shift)."""
+        if not _is_int(bits):
+            return None
+        sig = types.float32(bits)
+
+        def codegen(context, builder, sig, args):
+            word = builder.and_(_i32(context, builder, args[0], sig.args[0]), _c(0xFFFF))
+            return builder.bitcast(builder.shl(word, _c(16)), _F32)
+
+        return sig, codegen
+
+    def _pointer1(context, builder, aryty, ary, i_ty, i):
+        array = context.make_array(aryty)(context, builder, value=ary)
+        idx = context.cast(builder, i, i_ty, types.intp)
+        return cgutils.get_item_pointer(context, builder, aryty, array, [idx], wraparound=False)
+
+    def _is_1d(arr):
+        return isinstance(arr, types.Array) and arr.ndim == 1
+
+    @intrinsic
+    def load1(typingctx, arr, i):
+        """(arr, i) -> ``arr[i]`` of a 1-D array, ``i >= 0`` only. The index stays a 64-bit integer with no
+        negative-index wraparound, so ``arr[x + c]`` for a constant ``c`` folds into one address register plus an
+        immediate offset (a 32-bit unsigned index would be zero-extended first, which blocks that folding)."""
+        if not (_is_1d(arr) and _is_int(i)):
+            return None
+        sig = arr.dtype(arr, i)
+
+        def codegen(context, builder, sig, args):
+            return builder.load(_pointer1(context, builder, sig.args[0], args[0], sig.args[1], args[1]))
+
+        return sig, codegen
+
+    @intrinsic
+    def store1(typingctx, arr, i, value):
+        """(arr, i, value): ``arr[i] = value`` for a 1-D array, ``i >= 0`` only (see ``load1``)."""
+        if not (_is_1d(arr) and _is_int(i) and _is_number(value)):
+            return None
+        sig = types.void(arr, i, value)
+
+        def codegen(context, builder, sig, args):
+            ptr = _pointer1(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            builder.store(context.cast(builder, args[2], sig.args[2], sig.args[0].dtype), ptr)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def load_f32x4(typingctx, arr, i, j):
+        """(arr, i, j) -> four float32 ``arr[i, j : j + 4]`` of a 2-D float32 array with a contiguous last axis, in
+        one 16-byte load (``ld.v4.f32``); the address must be 16-byte aligned."""
+        if not (_is_2d(arr) and arr.dtype == types.float32 and _is_int(i, j)):
+            return None
+        sig = types.UniTuple(types.float32, 4)(arr, i, j)
+
+        def codegen(context, builder, sig, args):
+            ptr = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], sig.args[2], args[2])
+            vec_ty = ir.VectorType(_F32, 4)
+            vec = builder.load(builder.bitcast(ptr, vec_ty.as_pointer()), align=16)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_element(vec, ir.Constant(_I32, n)) for n in range(4)])
 
         return sig, codegen

@@ -6,7 +6,7 @@ Without a usable GPU the same calls run under Numba's CUDA simulator (see ``numb
 """
 from . import _device  # noqa: F401  (decides GPU vs simulator before numba.cuda is imported)
 from ._device import SIMULATOR
-from .api import BACKENDS, causal_dot_product, combine_lse, flash_decode, flash_forward, linear_attention
+from .api import BACKENDS, LINEAR_BACKENDS, causal_dot_product, combine_lse, flash_decode, flash_forward, linear_attention
 
 __version__ = "0.1.0"
-__all__ = ["BACKENDS", "flash_forward", "flash_decode", "combine_lse", "causal_dot_product", "linear_attention", "SIMULATOR"]
+__all__ = ["BACKENDS", "LINEAR_BACKENDS", "flash_forward", "flash_decode", "combine_lse", "causal_dot_product", "linear_attention", "SIMULATOR"]

@@ -386,6 +386,12 @@ class LinearShape:
             return (self.seqlen, self.value_dim)
         return (self.batch, self.heads, self.seqlen, self.value_dim)
 
+    def state_shape(self) -> tuple:
+        """Shape of a state ``sum k_j v_j^T``: ``(batch, heads, E, M)``, or ``(E, M)`` for unbatched inputs."""
+        if self.ndim == 2:
+            return (self.key_dim, self.value_dim)
+        return (self.batch, self.heads, self.key_dim, self.value_dim)
+
 
 def linear_shape(q: Any, k: Any, v: Any, max_dim: int = MAX_HEAD_DIM) -> LinearShape:
     """Check q, k ``(batch, heads, seqlen, E)`` and v ``(batch, heads, seqlen, M)`` (or the same without batch, heads)."""

@@ -16,15 +16,22 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
+
 from . import _arrays
 from ._arrays import attention_shape, lift, prepare
 from ._device import SIMULATOR, compute_capability, multiprocessor_count
 from ._kernels import decode as _decode
 from ._kernels import flash_mma as _flash_mma
 from ._kernels import flash_simt as _flash_simt
+from ._kernels import flash_tf32 as _flash_tf32
+from ._kernels import linear_chunked as _chunked
 from ._kernels import linear_recurrent as _linear
 
-__all__ = ["flash_forward", "flash_decode", "combine_lse", "causal_dot_product", "linear_attention", "BACKENDS"]
+__all__ = [
+    "flash_forward", "flash_decode", "combine_lse", "causal_dot_product", "linear_attention", "BACKENDS",
+    "LINEAR_BACKENDS",
+]
 
 
 def _check_sm_scale(sm_scale, head_dim: int) -> float:
@@ -53,30 +60,40 @@ def _device_array_float32(shape):
     return cuda.device_array(shape, dtype="float32")
 
 
-#: Kernels behind ``flash_forward``: "mma" (tensor cores, float16 / bfloat16, sm_80+) and "simt" (CUDA cores, any
-#: supported dtype, also the simulator path). ``backend=None`` picks "mma" where it applies.
+#: Kernels behind ``flash_forward``: "mma" (tensor cores on sm_80+: float16 / bfloat16 with m16n8k16, float32 with
+#: tf32 m16n8k8 -- 3xTF32, or one tf32 term with ``allow_tf32=True``) and "simt" (CUDA cores, float16 / float32, any
+#: GPU). ``backend=None`` picks "mma" for float16 / bfloat16 where it applies (and under the simulator, which
+#: emulates it), and "simt" for float32: on an H100 (2026-11-22) the float32 tensor-core kernel ran at 9.3-13.8
+#: TFLOP/s, the SIMT kernel at 16.6-20.2 (docs/design.md). ``allow_tf32=True`` with float32 opts into the tensor-core
+#: kernel's one-term tf32 mode, so it picks "mma" where that applies.
 BACKENDS = ("simt", "mma")
 
 
-def _flash_backend(backend, dtype: str) -> str:
+def _flash_backend(backend, dtype: str, allow_tf32: bool = False) -> str:
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
-    mma_ok = dtype in _flash_mma.DTYPES and (SIMULATOR or compute_capability() >= _flash_mma.MIN_COMPUTE_CAPABILITY)
+    mma_ok = dtype in _flash_mma.DTYPES + _flash_tf32.DTYPES and (
+        SIMULATOR or compute_capability() >= _flash_mma.MIN_COMPUTE_CAPABILITY
+    )
     if backend == "mma" and not mma_ok:
         raise ValueError(
-            f"backend: 'mma' needs float16 or bfloat16 inputs on a GPU of compute capability >= 8.0 "
+            f"backend: 'mma' needs a GPU of compute capability >= 8.0 "
             f"(got {dtype} on {'the simulator' if SIMULATOR else compute_capability()})"
         )
     if backend == "simt" and dtype == _arrays.BFLOAT16:
         raise ValueError("backend: 'simt' does not take bfloat16; use 'mma' or None")
     if backend is None:
-        backend = "mma" if mma_ok else "simt"
+        # float32: the SIMT kernel is faster than 3xTF32 on tensor cores (measured, see BACKENDS); plain tf32 is
+        # the caller's explicit choice of speed over accuracy
+        wants_mma = dtype != "float32" or allow_tf32
+        backend = "mma" if mma_ok and wants_mma else "simt"
     if backend == "simt" and dtype == _arrays.BFLOAT16:
         raise TypeError("q: bfloat16 needs the tensor-core kernel, which needs a GPU of compute capability >= 8.0")
     return backend
 
 
-def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out=None, backend=None):
+def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out=None, backend=None,
+                  allow_tf32=False):
     """Exact attention ``softmax(sm_scale * q k^T) v`` without materialising the scores.
 
     Args:
@@ -89,13 +106,20 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
         return_lse: also return ``lse``, the natural-log log-sum-exp of each row's scaled scores,
             ``(batch, heads, seqlen_q)`` float32.
         out: optional output array of q's shape, dtype and kind.
-        backend: ``"mma"`` (tensor cores: float16 / bfloat16 on sm_80+), ``"simt"`` (CUDA cores: float16 /
-            float32) or None for "mma" where it applies and "simt" otherwise.
+        backend: ``"mma"`` (tensor cores, GPUs of compute capability >= 8.0: float16 / bfloat16 products; float32
+            as 3xTF32 -- each operand split into two tf32 parts, three products, float32 accuracy), ``"simt"``
+            (CUDA cores: float16 / float32, any GPU) or None: "mma" for float16 / bfloat16 where it applies,
+            "simt" for float32 (measured faster than 3xTF32 on an H100), "mma" for float32 with ``allow_tf32=True``.
+        allow_tf32: float32 inputs only: one plain tf32 product on the tensor cores instead of three (about 3x less
+            tensor-core work, relative error about 1e-3 instead of 1e-6); with ``backend=None`` it selects the
+            tensor-core kernel. Ignored for 16-bit inputs and by ``backend="simt"``, which computes in float32
+            throughout.
 
     Returns:
         ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key give 0 and ``lse = -inf``.
     """
-    return _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits=None, decode=False, backend=backend)
+    return _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits=None, decode=False, backend=backend,
+                      allow_tf32=_check_flag(allow_tf32, "allow_tf32"))
 
 
 def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, return_lse=False):
@@ -118,7 +142,7 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
 _MAX_SEQLEN_Q = 65535 * 64
 
 
-def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, backend):
+def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, backend, allow_tf32=False):
     shape = attention_shape(q, k, v)
     sm_scale = _check_sm_scale(sm_scale, shape.head_dim)
     if not decode and shape.seqlen_q > _MAX_SEQLEN_Q:
@@ -128,7 +152,7 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
     out = call.output(shape.out_shape(), out=out)
     lse = call.output(shape.lse_shape(), "float32") if return_lse else None
     if not decode:
-        backend = _flash_backend(backend, call.dtype)
+        backend = _flash_backend(backend, call.dtype, allow_tf32)
     elif call.dtype == _arrays.BFLOAT16:
         raise TypeError("q: flash_decode does not take bfloat16 yet (flash_forward does)")
     if shape.seqlen_q > 0 and shape.batch * shape.heads > 0:
@@ -148,6 +172,8 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
                     shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_k, multiprocessor_count()
                 )
             _decode.launch(*args, num_splits, call.stream, scratch=call.scratch)
+        elif backend == "mma" and call.dtype == "float32":
+            _flash_tf32.launch(*args, call.stream, tf32_only=allow_tf32)
         elif backend == "mma":
             _flash_mma.launch(*args, call.stream, dtype=call.dtype)
         else:
@@ -202,20 +228,92 @@ def combine_lse(o_parts, lse_parts):
     return call.result(out), call.result(lse)
 
 
-def causal_dot_product(q, k, v):
-    """``out_i = sum_{j <= i} (q_i . k_j) v_j``, the causal numerator of linear attention ("Transformers are RNNs").
+#: Kernels behind ``causal_dot_product`` and ``linear_attention``: "chunked" (tensor cores, sm_80+: float16,
+#: bfloat16, float32) and "recurrent" (the sequential walk of "Transformers are RNNs": float16, float32, any GPU).
+LINEAR_BACKENDS = ("chunked", "recurrent")
+#: ``backend=None`` takes the chunked kernel from this many rows on (and for bfloat16 or a state in / out). Measured
+#: on an H100 (2026-11-22, B=4, H=8, E=M=64, scripts/tune_linear.py): at 1k rows the sequential walk was faster
+#: (fp32 0.84 vs 1.36 ms), at 4k the chunked one (fp16 1.47 vs 3.44 ms; fp32 even), at 16k 4-6x faster.
+CHUNKED_MIN_SEQLEN = 2048
+
+
+def _linear_backend(backend, dtype: str, seqlen: int, stateful: bool) -> str:
+    if backend is not None and backend not in LINEAR_BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(LINEAR_BACKENDS)} or None, got {backend!r}")
+    chunked_ok = SIMULATOR or compute_capability() >= _chunked.MIN_COMPUTE_CAPABILITY
+    if backend == "chunked" and not chunked_ok:
+        raise ValueError(f"backend: 'chunked' needs a GPU of compute capability >= 8.0, got {compute_capability()}")
+    if backend == "recurrent" and stateful:
+        raise ValueError("backend: 'recurrent' takes no initial_state / return_state; use 'chunked' or None")
+    if backend == "recurrent" and dtype == _arrays.BFLOAT16:
+        raise ValueError("backend: 'recurrent' does not take bfloat16; use 'chunked' or None")
+    if backend is None:
+        wants_chunked = stateful or dtype == _arrays.BFLOAT16 or seqlen >= CHUNKED_MIN_SEQLEN
+        backend = "chunked" if chunked_ok and wants_chunked else "recurrent"
+    if backend == "recurrent" and (stateful or dtype == _arrays.BFLOAT16):
+        raise TypeError("bfloat16 inputs and initial_state / return_state need a GPU of compute capability >= 8.0")
+    return backend
+
+
+def _check_flag(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+    return bool(value)
+
+
+def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow_tf32=False, backend=None):
+    """``out_i = sum_{j <= i} (q_i . k_j) v_j  (+ q_i^T S_0)``, the causal numerator of linear attention
+    ("Transformers are RNNs"); fla's ``chunk_linear_attn`` with ``scale=1, normalize=False``.
 
     Args:
         q, k: ``(batch, heads, seqlen, E)``; v: ``(batch, heads, seqlen, M)`` (or without batch, heads);
-            E, M <= 256 may differ; float16 or float32. The state ``sum k_j v_j^T`` is accumulated in float32.
+            E, M <= 256 may differ; float16, bfloat16 (torch tensors) or float32. The state ``sum k_j v_j^T`` is
+            accumulated in float32.
+        initial_state: ``S_0``, float32 ``(batch, heads, E, M)`` (``(E, M)`` without batch, heads), added to
+            the state before the first row; pass a returned state to continue a sequence in pieces.
+        return_state: also return the final state ``S_0 + K^T V`` (float32, the shape of ``initial_state``).
+        allow_tf32: float32 inputs on the chunked kernel in one tf32 term (faster, ~1e-3 relative error) instead
+            of three (float32 accuracy).
+        backend: ``"chunked"`` (tensor cores, compute capability >= 8.0), ``"recurrent"`` (sequential walk; no
+            state in / out, no bfloat16) or None to pick by shape and device.
 
     Returns:
-        ``(batch, heads, seqlen, M)`` in the inputs' dtype.
+        ``out`` ``(batch, heads, seqlen, M)`` in the inputs' dtype, or ``(out, final_state)``.
     """
-    return _linear_call(q, k, v, lambda call, *views: _linear.launch_causal_dot_product(*views, call.stream))
+    return_state = _check_flag(return_state, "return_state")
+    allow_tf32 = _check_flag(allow_tf32, "allow_tf32")
+    shape = _arrays.linear_shape(q, k, v)
+    state_shape = shape.state_shape()
+    arrays = {"q": q, "k": k, "v": v}
+    if initial_state is not None:
+        if not hasattr(initial_state, "shape"):
+            raise TypeError(f"initial_state: expected an array of shape {state_shape}, got {type(initial_state).__name__}")
+        if tuple(initial_state.shape) != state_shape:
+            raise ValueError(f"initial_state: expected shape {state_shape} (batch, heads, E, M), "
+                             f"got {tuple(initial_state.shape)}")
+        arrays["initial_state"] = initial_state
+    call = prepare(arrays, own_dtype={"initial_state": ("float32",)})
+    stateful = initial_state is not None or return_state
+    backend = _linear_backend(backend, call.dtype, shape.seqlen, stateful)
+    out = call.output(shape.out_shape())
+    final = call.output(state_shape, "float32", name="final_state") if return_state else None
+    views = [lift(call.inputs[name], 4) for name in ("q", "k", "v")] + [lift(out.view, 4)]
+    if shape.batch * shape.heads > 0 and (shape.seqlen > 0 or return_state):
+        if backend == "chunked":
+            _chunked.launch_causal(
+                *views, call.stream,
+                initial_state=lift(call.inputs["initial_state"], 4) if initial_state is not None else None,
+                final_state=lift(final.view, 4) if return_state else None,
+                tf32=allow_tf32, dtype=call.dtype, scratch=call.scratch,
+            )
+        else:
+            _linear.launch_causal_dot_product(*views, call.stream)
+    if return_state:
+        return call.result(out), call.result(final)
+    return call.result(out)
 
 
-def linear_attention(q, k, v, *, causal=True, eps=1e-6):
+def linear_attention(q, k, v, *, causal=True, eps=1e-6, allow_tf32=False, backend=None):
     """The linear-attention layer of "Transformers are RNNs" with the ``elu(x) + 1`` feature map ``phi``.
 
     ``out_i = phi(q_i)^T S_i / (phi(q_i) . z_i + eps)`` with ``S_i = sum_j phi(k_j) v_j^T`` and
@@ -223,27 +321,29 @@ def linear_attention(q, k, v, *, causal=True, eps=1e-6):
 
     Args:
         q, k: ``(batch, heads, seqlen, E)``; v: ``(batch, heads, seqlen, M)`` (or without batch, heads);
-            float16 or float32.
+            float16, bfloat16 (torch tensors) or float32.
         eps: added to the normaliser's denominator.
+        allow_tf32, backend: as :func:`causal_dot_product`.
 
     Returns:
         ``(batch, heads, seqlen, M)`` in the inputs' dtype.
     """
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(float(eps)) or eps < 0:
         raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
-    return _linear_call(
-        q, k, v,
-        lambda call, *views: _linear.launch_linear_attention(
-            *views, bool(causal), float(eps), call.stream, scratch=call.scratch
-        ),
-    )
-
-
-def _linear_call(q, k, v, launch):
-    """Shared body of the linear-attention functions: checks, device views, output, ``launch(call, q, k, v, out)``."""
+    causal = _check_flag(causal, "causal")
+    allow_tf32 = _check_flag(allow_tf32, "allow_tf32")
     shape = _arrays.linear_shape(q, k, v)
-    call = prepare({"q": q, "k": k, "v": v}, dtypes=("float16", "float32"))
+    call = prepare({"q": q, "k": k, "v": v})
+    backend = _linear_backend(backend, call.dtype, shape.seqlen, False)
     out = call.output(shape.out_shape())
     if shape.seqlen > 0 and shape.batch * shape.heads > 0:
-        launch(call, *(lift(call.inputs[name], 4) for name in ("q", "k", "v")), lift(out.view, 4))
+        views = [lift(call.inputs[name], 4) for name in ("q", "k", "v")] + [lift(out.view, 4)]
+        if backend == "chunked" and causal:
+            _chunked.launch_causal(*views, call.stream, normalise=True, eps=float(eps), tf32=allow_tf32,
+                                   dtype=call.dtype, scratch=call.scratch)
+        elif backend == "chunked":
+            _chunked.launch_noncausal(*views, float(eps), call.stream, tf32=allow_tf32, dtype=call.dtype,
+                                      scratch=call.scratch)
+        else:
+            _linear.launch_linear_attention(*views, causal, float(eps), call.stream, scratch=call.scratch)
     return call.result(out)

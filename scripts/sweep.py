@@ -715,33 +715,52 @@ class Provider:
     note: str = ""
 
 
-def _backend_variants(fn) -> list:
-    """``[None]``, or the backend names when ``fn`` takes ``backend=`` (``numba_attn.BACKENDS`` or simt, mma)."""
+def _backend_variants(fn, names) -> list:
+    """``[None]`` plus the backend names when ``fn`` takes ``backend=``."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return [None]
     if "backend" not in params:
         return [None]
-    names = getattr(numba_attn, "BACKENDS", None) or ("simt", "mma")
     return [None] + [str(n) for n in names]
 
 
+def _takes(fn, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _float32_only(case: Case, env: Env) -> str | None:
+    return None if case.dtype == "float32" else "tf32 applies to float32 inputs only"
+
+
 def numba_attn_providers(sweep: str) -> dict:
-    """``numba_attn`` (default dispatch) plus ``numba_attn[<backend>]`` for each backend the function offers."""
+    """``numba_attn`` (default dispatch), ``numba_attn[<backend>]`` for each backend the function offers, and
+    ``numba_attn[tf32]`` (float32 inputs in one tf32 term) where it offers ``allow_tf32``."""
     fn = {"flash": numba_attn.flash_forward, "decode": numba_attn.flash_decode,
           "linear": numba_attn.causal_dot_product}[sweep]
+    names = {"flash": getattr(numba_attn, "BACKENDS", ("simt", "mma")),
+             "linear": getattr(numba_attn, "LINEAR_BACKENDS", ())}.get(sweep, ())
+    variants = [(backend, {} if backend is None else {"backend": backend}) for backend in _backend_variants(fn, names)]
+    if _takes(fn, "allow_tf32"):
+        variants.append(("tf32", {"allow_tf32": True}))
     providers = {}
-    for backend in _backend_variants(fn):
-        kwargs = {} if backend is None else {"backend": backend}
+    for variant, kwargs in variants:
 
         def prepare(case, x, env, kwargs=kwargs):
             if sweep == "flash":
                 return Prepared(lambda: fn(x["q"], x["k"], x["v"], causal=case.causal, **kwargs))
             return Prepared(lambda: fn(x["q"], x["k"], x["v"], **kwargs))
 
-        name = OURS if backend is None else f"{OURS}[{backend}]"
-        providers[name] = Provider(prepare, ours=True, note=f"numba_attn.{fn.__name__}")
+        name = OURS if variant is None else f"{OURS}[{variant}]"
+        if variant == "tf32":
+            providers[name] = Provider(prepare, ours=True, check=_float32_only, tf32_dtypes=("float32",),
+                                       note=f"numba_attn.{fn.__name__}(allow_tf32=True)")
+        else:
+            providers[name] = Provider(prepare, ours=True, note=f"numba_attn.{fn.__name__}")
     return providers
 
 

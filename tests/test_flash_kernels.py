@@ -100,14 +100,14 @@ def test_two_dimensional_inputs_and_strided_views():
 def test_backend_choice_is_checked():
     rng = np.random.default_rng(8)
     q, k, v = _inputs(rng, 1, 1, 1, 4, 5, 16, "float32")
-    with pytest.raises(ValueError, match="backend: 'mma' needs float16 or bfloat16"):
-        numba_attn.flash_forward(q, k, v, backend="mma")
     with pytest.raises(ValueError, match="backend: expected one of"):
         numba_attn.flash_forward(q, k, v, backend="cudnn")
-    q16, k16, v16 = (x.astype(np.float16) for x in (q, k, v))
-    ref = reference.attention(q16, k16, v16)
-    for backend in numba_attn.BACKENDS:
-        assert rel_error(numba_attn.flash_forward(q16, k16, v16, backend=backend), ref) < TOLERANCE["float16"]
+    # every backend takes float16 and float32 ("mma": m16n8k16 for float16, 3xTF32 m16n8k8 for float32)
+    for dtype in ("float16", "float32"):
+        xq, xk, xv = (x.astype(dtype) for x in (q, k, v))
+        ref = reference.attention(xq, xk, xv)
+        for backend in numba_attn.BACKENDS:
+            assert rel_error(numba_attn.flash_forward(xq, xk, xv, backend=backend), ref) < TOLERANCE[dtype]
 
 
 def test_out_argument_is_filled_in_place():

@@ -1,4 +1,5 @@
-"""Linear-attention kernels (``numba_attn.causal_dot_product``, ``numba_attn.linear_attention``) against ``reference``.
+"""The sequential linear-attention kernels (``backend="recurrent"`` of ``numba_attn.causal_dot_product`` and
+``numba_attn.linear_attention``) against ``reference``; the chunked tensor-core kernel is in test_linear_chunked.py.
 
 Three groups:
 
@@ -118,7 +119,7 @@ def case_inputs(case):
 def test_causal_dot_product_matches_reference(case):
     q, k, v = case_inputs(case)
     with forced(m_splits=m_splits_for(case["variant"], case["e"], case["m"])):
-        out = numba_attn.causal_dot_product(q, k, v)
+        out = numba_attn.causal_dot_product(q, k, v, backend="recurrent")
     assert out.dtype == np.dtype(case["dtype"]) and out.shape == v.shape
     ref = reference.causal_dot_product(q, k, v)  # from the same (rounded) inputs, in float64
     assert rel_error(out, ref) <= TOLERANCE[case["dtype"]]
@@ -134,7 +135,7 @@ def test_linear_attention_matches_reference(case, causal, eps, seq_splits):
     q, k, v = case_inputs(case)
     m_splits = m_splits_for(case["variant"], case["e"], case["m"])
     with forced(m_splits=m_splits, seq_splits=None if causal else seq_splits):
-        out = numba_attn.linear_attention(q, k, v, causal=causal, eps=eps)
+        out = numba_attn.linear_attention(q, k, v, causal=causal, eps=eps, backend="recurrent")
     assert out.dtype == np.dtype(case["dtype"]) and out.shape == v.shape
     ref = layer_reference(q, k, v, causal, eps)
     assert rel_error(out, ref) <= TOLERANCE[case["dtype"]]
@@ -163,8 +164,8 @@ def test_m_split_matches_one_block(op, seqlen, e, m, splits, seed):
     def run(m_splits):
         with forced(m_splits=m_splits):
             if op == "causal_dot_product":
-                return numba_attn.causal_dot_product(q, k, v)
-            return numba_attn.linear_attention(q, k, v, causal=op == "causal")
+                return numba_attn.causal_dot_product(q, k, v, backend="recurrent")
+            return numba_attn.linear_attention(q, k, v, causal=op == "causal", backend="recurrent")
 
     one, split = run(plain), run(splits)
     assert rel_error(split, one) <= 1e-6
@@ -366,18 +367,19 @@ def test_gpu_realistic_sizes(op, variant, dtype, e, m):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["recurrent", None])
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("op", ["causal_dot_product", "causal", "non-causal"])
-def test_gpu_public_api_cupy(op, dtype):
+def test_gpu_public_api_cupy(op, dtype, backend):
     """The public functions on CuPy arrays (one of them strided): CuPy out, caller's stream, correct values."""
     import cupy as cp
 
     e, m = 32, 128
     q, k, v = _device_views(dtype, gpu_inputs(e, m), strided_name="q")
     if op == "causal_dot_product":
-        out = numba_attn.causal_dot_product(q, k, v)
+        out = numba_attn.causal_dot_product(q, k, v, backend=backend)
     else:
-        out = numba_attn.linear_attention(q, k, v, causal=op == "causal", eps=1e-6)
+        out = numba_attn.linear_attention(q, k, v, causal=op == "causal", eps=1e-6, backend=backend)
     assert isinstance(out, cp.ndarray) and out.dtype == np.dtype(dtype)
     assert rel_error(out, gpu_reference(e, m, op)) <= TOLERANCE[dtype]
 

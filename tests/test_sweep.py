@@ -194,9 +194,13 @@ def test_backend_keyword_adds_providers(sweep):
     def without_backend(q, k, v, *, causal=False):
         return q
 
-    assert sweep._backend_variants(without_backend) == [None]
-    variants = sweep._backend_variants(with_backend)
-    assert variants[0] is None and len(variants) >= 2
+    assert sweep._backend_variants(without_backend, ("simt", "mma")) == [None]
+    assert sweep._backend_variants(with_backend, ("simt", "mma")) == [None, "simt", "mma"]
+
+
+def test_linear_providers_cover_both_backends_and_tf32(sweep):
+    names = set(sweep.numba_attn_providers("linear"))
+    assert {"numba_attn", "numba_attn[chunked]", "numba_attn[recurrent]", "numba_attn[tf32]"} <= names
 
 
 def test_help_documents_options(sweep):

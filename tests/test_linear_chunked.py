@@ -1,0 +1,285 @@
+"""The chunked tensor-core linear-attention kernel (``backend="chunked"``) against ``reference``.
+
+* Simulator cases (Hypothesis, tiny: one warp, 16-row chunks, 8-column M tiles): the causal dot product with every
+  split of the sequence into segments (so the STATES pass and the prefix kernel run), initial and final states,
+  several M tiles, odd lengths, E != M, strided views, float16 and float32 (three tf32 terms and one); the causal
+  and non-causal layer.
+* Properties of the state API: processing a sequence in two pieces, carrying the state, equals one call.
+* ``gpu`` tests at realistic sizes (E, M up to 256, bfloat16 through torch), outputs poisoned with NaN.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import numba_attn
+import reference
+from kernel_checks import TOLERANCE, rel_error, to_host
+from numba_attn._kernels import linear_chunked as lc
+
+SIM = numba_attn.SIMULATOR
+#: one tf32 term per product (allow_tf32=True): float32 inputs rounded to 10 mantissa bits
+TF32_TOLERANCE = 5e-3
+
+
+def make_array(rng, shape, dtype, strided=False):
+    values = rng.standard_normal(shape).astype(dtype)
+    if not strided:
+        return values
+    b, h, n, d = shape
+    base = np.zeros((b, n, h, 2 * d), dtype=dtype)
+    view = base.transpose(0, 2, 1, 3)[..., ::2]
+    view[...] = values
+    return view
+
+
+@contextlib.contextmanager
+def forced_segments(segments):
+    """Make the public functions launch the chunked kernel with this many sequence segments (None: heuristic)."""
+    with pytest.MonkeyPatch.context() as mp:
+        if segments is not None:
+            for name in ("launch_causal", "launch_noncausal"):
+                mp.setattr(lc, name, functools.partial(getattr(lc, name), segments=segments))
+        yield
+
+
+@st.composite
+def chunk_case(draw):
+    return {
+        "batch": draw(st.integers(1, 2)),
+        "heads": draw(st.integers(1, 2)),
+        "seqlen": draw(st.integers(1, 40)),
+        "e": draw(st.integers(1, 20)),
+        "m": draw(st.integers(1, 17)),
+        "dtype": draw(st.sampled_from(["float32", "float16"])),
+        "tf32": draw(st.booleans()),
+        "segments": draw(st.sampled_from([None, 1, 2, 3])),
+        "strided": draw(st.sampled_from([None, "q", "k", "v"])),
+        "seed": draw(st.integers(0, 2**32 - 1)),
+    }
+
+
+def case_inputs(case):
+    rng = np.random.default_rng(case["seed"])
+    lead = (case["batch"], case["heads"])
+    n = case["seqlen"]
+    q = make_array(rng, lead + (n, case["e"]), case["dtype"], case["strided"] == "q")
+    k = make_array(rng, lead + (n, case["e"]), case["dtype"], case["strided"] == "k")
+    v = make_array(rng, lead + (n, case["m"]), case["dtype"], case["strided"] == "v")
+    return q, k, v
+
+
+def tolerance(case):
+    if case["dtype"] == "float32" and case["tf32"]:
+        return TF32_TOLERANCE
+    return TOLERANCE[case["dtype"]]
+
+
+@settings(max_examples=12)
+@given(case=chunk_case(), with_state=st.booleans())
+def test_causal_dot_product_matches_reference(case, with_state):
+    q, k, v = case_inputs(case)
+    rng = np.random.default_rng(case["seed"] + 1)
+    s0 = rng.standard_normal((case["batch"], case["heads"], case["e"], case["m"])).astype(np.float32)
+    kwargs = {"initial_state": s0, "return_state": True} if with_state else {}
+    with forced_segments(case["segments"]):
+        result = numba_attn.causal_dot_product(q, k, v, backend="chunked", allow_tf32=case["tf32"], **kwargs)
+    ref = reference.causal_dot_product(q, k, v, initial_state=s0 if with_state else None, return_state=True)
+    out, state = result if with_state else (result, None)
+    assert out.dtype == np.dtype(case["dtype"]) and out.shape == v.shape
+    assert rel_error(out, ref[0]) <= tolerance(case)
+    if with_state:
+        assert state.dtype == np.float32 and state.shape == s0.shape
+        # the state is float32 whatever the inputs; its error is that of float32 (or tf32) sums
+        assert rel_error(state, ref[1]) <= (TF32_TOLERANCE if case["tf32"] and case["dtype"] == "float32" else 1e-5)
+
+
+@settings(max_examples=10)
+@given(case=chunk_case(), causal=st.booleans(), eps=st.sampled_from([0.0, 1e-6, 0.5]))
+def test_linear_attention_matches_reference(case, causal, eps):
+    q, k, v = case_inputs(case)
+    with forced_segments(case["segments"]):
+        out = numba_attn.linear_attention(q, k, v, causal=causal, eps=eps, backend="chunked",
+                                          allow_tf32=case["tf32"])
+    assert out.dtype == np.dtype(case["dtype"]) and out.shape == v.shape
+    assert rel_error(out, reference.linear_attention(q, k, v, causal=causal, eps=eps)) <= tolerance(case)
+
+
+@settings(max_examples=6)
+@given(n=st.integers(2, 40), cut=st.integers(0, 40), e=st.integers(1, 12), m=st.integers(1, 12),
+       seed=st.integers(0, 2**32 - 1))
+def test_two_pieces_with_carried_state_equal_one_call(n, cut, e, m, seed):
+    """The state API's promise: ``out`` and the final state of a sequence do not depend on where it is cut."""
+    cut = min(cut, n)
+    rng = np.random.default_rng(seed)
+    q, k = (rng.standard_normal((1, 2, n, e)).astype(np.float32) for _ in range(2))
+    v = rng.standard_normal((1, 2, n, m)).astype(np.float32)
+    whole, whole_state = numba_attn.causal_dot_product(q, k, v, return_state=True, backend="chunked")
+    first, state = numba_attn.causal_dot_product(q[:, :, :cut], k[:, :, :cut], v[:, :, :cut], return_state=True,
+                                                 backend="chunked")
+    second, final = numba_attn.causal_dot_product(q[:, :, cut:], k[:, :, cut:], v[:, :, cut:], initial_state=state,
+                                                  return_state=True, backend="chunked")
+    assert rel_error(np.concatenate([first, second], axis=2), whole) <= 1e-5
+    assert rel_error(final, whole_state) <= 1e-5
+
+
+def test_empty_sequence_returns_the_initial_state():
+    q = np.zeros((1, 2, 0, 3), np.float32)
+    v = np.zeros((1, 2, 0, 5), np.float32)
+    s0 = np.arange(30, dtype=np.float32).reshape(1, 2, 3, 5)
+    out, state = numba_attn.causal_dot_product(q, q, v, initial_state=s0, return_state=True)
+    assert out.shape == (1, 2, 0, 5)
+    np.testing.assert_array_equal(state, s0)
+    out, state = numba_attn.causal_dot_product(q, q, v, return_state=True)
+    np.testing.assert_array_equal(state, np.zeros_like(s0))
+
+
+def test_rank2_state_and_fp16_rounding():
+    q = np.array([[0.5], [1.0]], dtype=np.float16)
+    k = np.array([[2.0], [1.0]], dtype=np.float16)
+    v = np.array([[3.0, -1.0], [1.0, 2.0]], dtype=np.float16)
+    out, state = numba_attn.causal_dot_product(q, k, v, initial_state=np.ones((1, 2), np.float32),
+                                               return_state=True)
+    # row 0: 0.5 * (1 + 2 * [3, -1]) ; row 1: 1 * (1 + 2 * [3, -1] + 1 * [1, 2])
+    np.testing.assert_array_equal(out, np.array([[3.5, -0.5], [8.0, 1.0]], dtype=np.float16))
+    np.testing.assert_array_equal(state, np.array([[8.0, 1.0]], dtype=np.float32))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"initial_state": np.zeros((1, 2, 4, 5), np.float32)}, ValueError, "initial_state: expected shape"),
+        ({"initial_state": np.zeros((1, 2, 4, 6), np.float16)}, TypeError, "initial_state: dtype float16"),
+        ({"initial_state": [[0.0]]}, TypeError, "initial_state: expected an array"),
+        ({"return_state": "yes"}, TypeError, "return_state"),
+        ({"allow_tf32": 1}, TypeError, "allow_tf32"),
+        ({"backend": "fast"}, ValueError, "backend: expected one of chunked, recurrent"),
+        ({"backend": "recurrent", "return_state": True}, ValueError, "backend: 'recurrent' takes no initial_state"),
+    ],
+)
+def test_bad_state_arguments_raise(kwargs, error, match):
+    q = np.zeros((1, 2, 3, 4), np.float32)
+    v = np.zeros((1, 2, 3, 6), np.float32)
+    with pytest.raises(error, match=match):
+        numba_attn.causal_dot_product(q, q, v, **kwargs)
+
+
+def test_plan_fills_the_gpu_and_every_shape_fits():
+    config = lc.GPU_CONFIG
+    for e in (1, 16, 64, 100, 128, 129, 256):
+        for m in (1, 64, 72, 256):
+            for normalise in (False, True):
+                tiles = lc.tiles_for(config, e, m, normalise)
+                assert tiles.shared_bytes <= config.max_shared_bytes
+    p = lc.plan(32, 16384, 64, 64, False, 132, config)
+    assert p.segments * 32 * p.m_tiles >= config.blocks_per_sm * 132
+    assert p.segments * p.segment_chunks * p.tiles.chunk >= 16384
+    assert (p.segments - 1) * p.segment_chunks * p.tiles.chunk < 16384  # no empty segment
+    assert lc.plan(4096, 16384, 64, 64, False, 132, config).segments == 1  # enough heads: no extra passes
+    assert lc.plan(1, 100, 64, 64, False, 132, config, segments=50).segments == 2  # never more than the chunks
+
+
+# -- realistic sizes on a GPU -----------------------------------------------------------------------------------------
+GPU_B, GPU_H, GPU_N = 2, 3, 3001
+GPU_DIMS = [(64, 64), (32, 128), (100, 40), (256, 256)]
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_inputs(e, m):
+    rng = np.random.default_rng(1000 * e + m)
+    q = (rng.standard_normal((GPU_B, GPU_H, GPU_N, e)) / math.sqrt(e)).astype(np.float32)
+    k = (rng.standard_normal((GPU_B, GPU_H, GPU_N, e)) / math.sqrt(e)).astype(np.float32)
+    v = rng.standard_normal((GPU_B, GPU_H, GPU_N, m)).astype(np.float32)
+    s0 = rng.standard_normal((GPU_B, GPU_H, e, m)).astype(np.float32)
+    return q, k, v, s0
+
+
+def _rounded(x, dtype):
+    import torch
+
+    return torch.as_tensor(x).to(getattr(torch, dtype)).double().numpy()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("e, m", GPU_DIMS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("segments", [None, 1, 7])
+def test_gpu_causal_dot_product(e, m, dtype, segments):
+    import torch
+
+    q, k, v, s0 = gpu_inputs(e, m)
+    tq, tk, tv = (torch.as_tensor(x, device="cuda").to(getattr(torch, dtype)) for x in (q, k, v))
+    ts0 = torch.as_tensor(s0, device="cuda")
+    with forced_segments(segments):
+        out, state = numba_attn.causal_dot_product(tq, tk, tv, initial_state=ts0, return_state=True)
+    ref, ref_state = reference.causal_dot_product(*(_rounded(x, dtype) for x in (q, k, v)), method="chunked",
+                                                  chunk_size=256, initial_state=s0, return_state=True)
+    assert out.dtype == tq.dtype and state.dtype == torch.float32
+    assert rel_error(out, ref) <= TOLERANCE[dtype]
+    assert rel_error(state, ref_state) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_gpu_poisoned_output_and_strided_inputs(dtype):
+    """Call the launcher on NaN-filled outputs with strided CuPy views: every element written, values right."""
+    import cupy as cp
+    from numba import cuda
+
+    e, m = 72, 136  # two M tiles, the second partial
+    rng = np.random.default_rng(5)
+    q, k = (rng.standard_normal((2, 3, 777, e)).astype(dtype) for _ in range(2))
+    v = rng.standard_normal((2, 3, 777, m)).astype(dtype)
+    base = cp.zeros((2, 777, 3, 2 * e), dtype=dtype)
+    kd = base.transpose(0, 2, 1, 3)[..., ::2]
+    kd[...] = cp.asarray(k)
+    qd, vd = cp.asarray(q), cp.asarray(v)
+    out = cp.full(v.shape, cp.nan, dtype=dtype)
+    final = cp.full((2, 3, e, m), cp.nan, dtype=np.float32)
+    ptr = cp.cuda.get_current_stream().ptr
+    stream = cuda.external_stream(ptr) if ptr else cuda.default_stream()
+    views = [cuda.as_cuda_array(x, sync=False) for x in (qd, kd, vd, out)]
+    lc.launch_causal(*views, stream, final_state=cuda.as_cuda_array(final, sync=False), segments=5)
+    cp.cuda.get_current_stream().synchronize()
+    ref, ref_state = reference.causal_dot_product(q, k, v, return_state=True)
+    assert not cp.isnan(out).any() and not cp.isnan(final).any()
+    assert rel_error(out, ref) <= TOLERANCE[dtype]
+    assert rel_error(final, ref_state) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("e, m", [(64, 64), (256, 256)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_linear_attention(e, m, dtype, causal):
+    import torch
+
+    q, k, v, _ = gpu_inputs(e, m)
+    tq, tk, tv = (torch.as_tensor(x, device="cuda").to(getattr(torch, dtype)) for x in (q, k, v))
+    out = numba_attn.linear_attention(tq, tk, tv, causal=causal, backend="chunked")
+    rq, rk, rv = (_rounded(x, dtype) for x in (q, k, v))
+    ref = np.stack([np.stack([reference.linear_attention(rq[b, h], rk[b, h], rv[b, h], causal=causal)
+                              for h in range(GPU_H)]) for b in range(GPU_B)])
+    assert rel_error(out, ref) <= TOLERANCE[dtype]
+
+
+@pytest.mark.gpu
+def test_gpu_tf32_opt_in_is_close_and_long_positive_sums_stay_finite():
+    import torch
+
+    q, k, v, _ = gpu_inputs(64, 64)
+    tq, tk, tv = (torch.as_tensor(x, device="cuda") for x in (q, k, v))
+    out = numba_attn.causal_dot_product(tq, tk, tv, allow_tf32=True)
+    ref = reference.causal_dot_product(q, k, v, method="chunked", chunk_size=256)
+    assert rel_error(out, ref) <= TF32_TOLERANCE
+    # float16 inputs whose state entries pass the float16 range (65504): the state is kept in float32
+    n = 40000
+    ones = torch.full((1, 1, n, 16), 1.0, device="cuda", dtype=torch.float16)
+    out = numba_attn.linear_attention(ones, ones, ones * 0.5, causal=True, eps=0.0)
+    assert torch.isfinite(out).all() and torch.allclose(out.float(), torch.full_like(out.float(), 0.5), rtol=1e-3)

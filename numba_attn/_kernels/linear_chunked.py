@@ -246,16 +246,20 @@ def _kernel_source(tiles: Tiles, mode: int, dtype: str, split: bool, feature_map
     QK_PER_THREAD = C * E_PAD // NT  # elements of one Q or K tile per thread (E_PAD / 2)
     V_PER_THREAD = C * COLS // NT
     BATCH = 16  # element loads in flight per thread while staging
-    PIECE = 4 if F32 else 8  # elements per 16-byte load (vector staging)
+    PIECE = 4  # elements per vector load (16 bytes of float32, 8 of 16-bit) and per 16-byte shared store
     QK_PIECES = C * E_PAD // PIECE
     V_PIECES = C * COLS // PIECE
-    PIECE_BATCH = 4  # 16-byte loads in flight per thread and tile
+    PIECE_BATCH = 8  # vector loads in flight per thread and tile
     STAGE_ROUNDED = not split  # single-term operands are rounded to tf32 once, when staged
     load1 = ptx.load1
     store1 = ptx.store1
     load2 = ptx.load2
     store2 = ptx.store2
-    load_u16x8 = ptx.load_u16x8
+    load_u16x4 = ptx.load_u16x4
+    load_f32x2 = ptx.load_f32x2
+    store_f32x2 = ptx.store_f32x2
+    store_f32x4 = ptx.store_f32x4
+    store_pair = ptx.store_pair
     load_f32x4 = ptx.load_f32x4
     to_tf32 = ptx.to_tf32
     float_bits = ptx.float_bits
@@ -305,38 +309,46 @@ def _kernel_source(tiles: Tiles, mode: int, dtype: str, split: bool, feature_map
     high_value = _device_function(high_value)
 
     def store_piece(smem, at, inside, w0, w1, w2, w3, phi):
-        """One staged 16-byte piece: 8 (16-bit inputs: four words) or 4 (float32) elements at smem[at ...]."""
-        if F32:
-            store1(smem, at, finish(w0, phi) if inside else ZERO)
-            store1(smem, at + 1, finish(w1, phi) if inside else ZERO)
-            store1(smem, at + 2, finish(w2, phi) if inside else ZERO)
-            store1(smem, at + 3, finish(w3, phi) if inside else ZERO)
+        """One staged piece of 4 elements at smem[at ...] in one 16-byte store (float32: w0..w3 are the values;
+        16-bit inputs: w0, w1 are two words of two elements each). A warp's stores then cover consecutive 16-byte
+        slots, free of bank conflicts (element-wise stores 8 words apart would conflict 4 ways)."""
+        if not inside:
+            store_f32x4(smem, at, ZERO, ZERO, ZERO, ZERO)
+        elif F32:
+            store_f32x4(smem, at, finish(w0, phi), finish(w1, phi), finish(w2, phi), finish(w3, phi))
         else:
-            store1(smem, at, finish(low_value(w0), phi) if inside else ZERO)
-            store1(smem, at + 1, finish(high_value(w0), phi) if inside else ZERO)
-            store1(smem, at + 2, finish(low_value(w1), phi) if inside else ZERO)
-            store1(smem, at + 3, finish(high_value(w1), phi) if inside else ZERO)
-            store1(smem, at + 4, finish(low_value(w2), phi) if inside else ZERO)
-            store1(smem, at + 5, finish(high_value(w2), phi) if inside else ZERO)
-            store1(smem, at + 6, finish(low_value(w3), phi) if inside else ZERO)
-            store1(smem, at + 7, finish(high_value(w3), phi) if inside else ZERO)
+            store_f32x4(smem, at, finish(low_value(w0), phi), finish(high_value(w0), phi),
+                        finish(low_value(w1), phi), finish(high_value(w1), phi))
 
     store_piece = _device_function(store_piece)
-
-    def store_value(arr, row, col, val):
-        if F32:
-            store2(arr, row, col, val)
-        else:
-            store2(arr, row, col, low_u16(pack(val, ZERO)))
-
-    store_value = _device_function(store_value)
 
     def load_piece(arr, row, col):
         if F32:
             return load_f32x4(arr, row, col)
-        return load_u16x8(arr, row, col)
+        w0, w1 = load_u16x4(arr, row, col)
+        return w0, w1, w0, w1  # (only the first two words are used)
 
     load_piece = _device_function(load_piece)
+
+    def store_out(arr, row, col, x0, x1, pairs):
+        """Two neighbouring output elements (col even): one 4- or 8-byte store when ``pairs``."""
+        if F32:
+            if pairs:
+                store_pair(arr, row, col, x0, x1)
+            else:
+                store2(arr, row, col, x0)
+                if col + 1 < arr.shape[1]:
+                    store2(arr, row, col + 1, x1)
+        else:
+            word = pack(x0, x1)
+            if pairs:
+                store_pair(arr, row, col, low_u16(word), ptx.high_u16(word))
+            else:
+                store2(arr, row, col, low_u16(word))
+                if col + 1 < arr.shape[1]:
+                    store2(arr, row, col + 1, ptx.high_u16(word))
+
+    store_out = _device_function(store_out)
 
     def store_state(smem, at, value):
         """H[at] = value, and its tf32 parts when the kernel keeps them."""
@@ -347,6 +359,22 @@ def _kernel_source(tiles: Tiles, mode: int, dtype: str, split: bool, feature_map
             store1(smem, LO_OFF + at, bits_float(to_tf32(value - bits_float(hi))))
 
     store_state = _device_function(store_state)
+
+    def add_state_pair(smem, at, x0, x1):
+        """H[at : at + 2] += (x0, x1) with 8-byte accesses (a warp's C-fragment pairs then hit no bank twice), and
+        the tf32 parts when kept."""
+        h0, h1 = load_f32x2(smem, H_OFF + at)
+        h0 += x0
+        h1 += x1
+        store_f32x2(smem, H_OFF + at, h0, h1)
+        if PRESPLIT:
+            hi0 = to_tf32(h0)
+            hi1 = to_tf32(h1)
+            store_f32x2(smem, HI_OFF + at, bits_float(hi0), bits_float(hi1))
+            store_f32x2(smem, LO_OFF + at, bits_float(to_tf32(h0 - bits_float(hi0))),
+                        bits_float(to_tf32(h1 - bits_float(hi1))))
+
+    add_state_pair = _device_function(add_state_pair)
 
     def state_b(smem, at):
         """(hi, lo) tf32 parts of H[at] as the B operand of Q H."""
@@ -448,9 +476,8 @@ def _kernel_source(tiles: Tiles, mode: int, dtype: str, split: bool, feature_map
                                     store_piece(smem, V_OFF + r * VS + col, inside, q_words[i, 0], q_words[i, 1],
                                                 q_words[i, 2], q_words[i, 3], False)
                                 else:  # the normaliser's block: a ones column, then zeros
-                                    for x in range(PIECE):
-                                        one = c0 + r < seqlen and col + x == VALUE_COLS
-                                        store1(smem, V_OFF + r * VS + col + x, ONE if one else ZERO)
+                                    one = ONE if c0 + r < seqlen and col == VALUE_COLS else ZERO
+                                    store_f32x4(smem, V_OFF + r * VS + col, one, ZERO, ZERO, ZERO)
             else:
                 for base in range(0, QK_PER_THREAD, BATCH):
                     for i in range(BATCH):
@@ -561,13 +588,12 @@ def _kernel_source(tiles: Tiles, mode: int, dtype: str, split: bool, feature_map
                     scale_a = ONE / den_a if den_a != ZERO else ZERO
                     scale_b = ONE / den_b if den_b != ZERO else ZERO
                 for ob in range(VALUE_COLS // 8):
-                    for x in range(2):
-                        col = col0 + 8 * ob + 2 * t + x
-                        if col < m_dim:
-                            if row_a < seqlen:
-                                store_value(out_head, row_a, col, o[ob, x] * scale_a)
-                            if row_b < seqlen:
-                                store_value(out_head, row_b, col, o[ob, 2 + x] * scale_b)
+                    col = col0 + 8 * ob + 2 * t
+                    if col < m_dim:
+                        if row_a < seqlen:
+                            store_out(out_head, row_a, col, o[ob, 0] * scale_a, o[ob, 1] * scale_a, vector)
+                        if row_b < seqlen:
+                            store_out(out_head, row_b, col, o[ob, 2] * scale_b, o[ob, 3] * scale_b, vector)
 
             if mode != APPLY:
                 if mode == CAUSAL:
@@ -592,9 +618,8 @@ def _kernel_source(tiles: Tiles, mode: int, dtype: str, split: bool, feature_map
                             o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3] = qk_mma(
                                 a0, a1, a2, a3, l0, l1, l2, l3, b0, b1, m0, m1, o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3])
                     for ob in range(O_BLOCKS):
-                        for x in range(4):
-                            at = (e0 + 8 * (x // 2)) * HS + 8 * ob + 2 * t + x % 2
-                            store_state(smem, at, load1(smem, H_OFF + at) + o[ob, x])
+                        add_state_pair(smem, e0 * HS + 8 * ob + 2 * t, o[ob, 0], o[ob, 1])
+                        add_state_pair(smem, (e0 + 8) * HS + 8 * ob + 2 * t, o[ob, 2], o[ob, 3])
 
         # ---- the segment's increment (STATES), or the final state (last CAUSAL segment) --------------------------
         if mode == STATES or (mode == CAUSAL and write_final and seg == cuda.gridDim.y - 1):
@@ -684,18 +709,19 @@ def _address(x) -> int:
 
 
 def vector_loads_ok(*arrays) -> bool:
-    """True when every row can be read in aligned 16-byte pieces: the last axis contiguous and a multiple of one
-    piece (8 16-bit or 4 float32 elements), every row start 16-byte aligned."""
+    """True when every row can be read and written in aligned pieces of 4 elements (8 bytes of 16-bit data, 16 of
+    float32): the last axis contiguous and a multiple of 4 long, every row start aligned to a piece."""
     for x in arrays:
         itemsize = np.dtype(x.dtype).itemsize
+        piece = 4 * itemsize
         shape, strides = tuple(x.shape), tuple(x.strides)
-        if (shape[-1] * itemsize) % 16:
+        if shape[-1] % 4:
             return False
         if SIMULATOR:
             continue  # the simulator's twins read element by element: any strides and alignment
-        if strides[-1] != itemsize or _address(x) % 16:
+        if strides[-1] != itemsize or _address(x) % piece:
             return False
-        if any(stride % 16 for size, stride in zip(shape[:-1], strides[:-1]) if size > 1):
+        if any(stride % piece for size, stride in zip(shape[:-1], strides[:-1]) if size > 1):
             return False
     return True
 
@@ -753,7 +779,7 @@ def launch_causal(q, k, v, out, stream, *, initial_state=None, final_state=None,
     v, _ = _kind(v, dtype)
     out, _ = _kind(out, dtype)
     split = dtype == FLOAT32 and not tf32
-    vector = vector_loads_ok(q, k, v)
+    vector = vector_loads_ok(q, k, v, out)
     p = plan(bh, seqlen, e, m, normalise, multiprocessor_count(), config, segments)
     has_init = initial_state is not None
     shape = (bh * p.m_tiles * p.segments, p.tiles.e_pad, p.tiles.cols)
@@ -792,7 +818,7 @@ def launch_noncausal(q, k, v, out, eps, stream, *, tf32=False, dtype=None, segme
     v, _ = _kind(v, dtype)
     out, _ = _kind(out, dtype)
     split = dtype == FLOAT32 and not tf32
-    vector = vector_loads_ok(q, k, v)
+    vector = vector_loads_ok(q, k, v, out)
     sm_count = multiprocessor_count()
     p_keys = plan(bh, seqlen_k, e, m, True, sm_count, config, segments)
     p_rows = plan(bh, seqlen_q, e, m, True, sm_count, config)

@@ -80,6 +80,10 @@ __all__ = [
     "load1",
     "store1",
     "load_f32x4",
+    "load_u16x4",
+    "store_f32x2",
+    "store_f32x4",
+    "store_pair",
     "half_to_float",
     "bf16_to_float",
 ]
@@ -250,6 +254,19 @@ if SIMULATOR:
 
     def load_f32x4(arr, i, j):
         return arr[i, j], arr[i, j + 1], arr[i, j + 2], arr[i, j + 3]
+
+    def load_u16x4(arr, i, j):
+        return (np.uint32(int(arr[i, j]) | (int(arr[i, j + 1]) << 16)),
+                np.uint32(int(arr[i, j + 2]) | (int(arr[i, j + 3]) << 16)))
+
+    def store_f32x2(arr, i, a, b):
+        arr[i], arr[i + 1] = a, b
+
+    def store_f32x4(arr, i, a, b, c, d):
+        arr[i], arr[i + 1], arr[i + 2], arr[i + 3] = a, b, c, d
+
+    def store_pair(arr, i, j, a, b):
+        arr[i, j], arr[i, j + 1] = a, b
 
     def half_to_float(bits):
         return np.float32(np.uint16(int(bits) & 0xFFFF).view(np.float16))
@@ -664,5 +681,75 @@ else:
             vec = builder.load(builder.bitcast(ptr, vec_ty.as_pointer()), align=16)
             return context.make_tuple(builder, sig.return_type,
                                       [builder.extract_element(vec, ir.Constant(_I32, n)) for n in range(4)])
+
+        return sig, codegen
+
+    def _vector_store(builder, ptr, elem_ty, values, align):
+        vec_ty = ir.VectorType(elem_ty, len(values))
+        vec = ir.Constant(vec_ty, ir.Undefined)
+        for n, value in enumerate(values):
+            vec = builder.insert_element(vec, value, ir.Constant(_I32, n))
+        builder.store(vec, builder.bitcast(ptr, vec_ty.as_pointer()), align=align)
+
+    @intrinsic
+    def load_u16x4(typingctx, arr, i, j):
+        """(arr, i, j) -> (w0, w1): one 8-byte load of ``arr[i, j : j + 4]`` of a 2-D uint16 array with a contiguous
+        last axis; ``w0`` holds elements ``j`` (low) and ``j + 1``, ``w1`` the next two. 8-byte aligned."""
+        if not (_is_2d(arr) and arr.dtype == types.uint16 and _is_int(i, j)):
+            return None
+        sig = types.UniTuple(types.uint32, 2)(arr, i, j)
+
+        def codegen(context, builder, sig, args):
+            ptr = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], sig.args[2], args[2])
+            vec_ty = ir.VectorType(_I32, 2)
+            vec = builder.load(builder.bitcast(ptr, vec_ty.as_pointer()), align=8)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_element(vec, ir.Constant(_I32, n)) for n in range(2)])
+
+        return sig, codegen
+
+    def _store_f32_vector(count):
+        def typer(arr, i, *values):
+            if not (_is_1d(arr) and arr.dtype == types.float32 and _is_int(i) and _is_number(*values)):
+                return None
+            sig = types.void(arr, i, *values)
+
+            def codegen(context, builder, sig, args):
+                ptr = _pointer1(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+                values = [_f32(context, builder, v, ty) for v, ty in zip(args[2:], sig.args[2:])]
+                _vector_store(builder, ptr, _F32, values, 4 * count)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return typer
+
+    @intrinsic
+    def store_f32x2(typingctx, arr, i, a, b):
+        """(arr, i, a, b): ``arr[i], arr[i + 1] = a, b`` for a 1-D float32 array (shared memory) in one 8-byte store;
+        ``i`` even, ``>= 0``."""
+        return _store_f32_vector(2)(arr, i, a, b)
+
+    @intrinsic
+    def store_f32x4(typingctx, arr, i, a, b, c, d):
+        """(arr, i, a, b, c, d): ``arr[i : i + 4] = a, b, c, d`` for a 1-D float32 array (shared memory) in one
+        16-byte store; ``i`` a multiple of 4, ``>= 0``."""
+        return _store_f32_vector(4)(arr, i, a, b, c, d)
+
+    @intrinsic
+    def store_pair(typingctx, arr, i, j, a, b):
+        """(arr, i, j, a, b): ``arr[i, j], arr[i, j + 1] = a, b`` for a 2-D uint16 or float32 array with a contiguous
+        last axis, in one store of twice the element size (the address must be aligned to it)."""
+        if not (_is_2d(arr) and arr.dtype in (types.uint16, types.float32) and _is_int(i, j) and _is_number(a, b)):
+            return None
+        sig = types.void(arr, i, j, a, b)
+
+        def codegen(context, builder, sig, args):
+            ptr = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], sig.args[2], args[2])
+            dtype = sig.args[0].dtype
+            elem_ty = context.get_value_type(dtype)
+            values = [context.cast(builder, v, ty, dtype) for v, ty in zip(args[3:], sig.args[3:])]
+            _vector_store(builder, ptr, elem_ty, values, 2 * dtype.bitwidth // 8)
+            return context.get_dummy_value()
 
         return sig, codegen

@@ -231,10 +231,11 @@ def combine_lse(o_parts, lse_parts):
 #: Kernels behind ``causal_dot_product`` and ``linear_attention``: "chunked" (tensor cores, sm_80+: float16,
 #: bfloat16, float32) and "recurrent" (the sequential walk of "Transformers are RNNs": float16, float32, any GPU).
 LINEAR_BACKENDS = ("chunked", "recurrent")
-#: ``backend=None`` takes the chunked kernel from this many rows on (and for bfloat16 or a state in / out). Measured
-#: on an H100 (2026-11-22, B=4, H=8, E=M=64, scripts/tune_linear.py): at 1k rows the sequential walk was faster
-#: (fp32 0.84 vs 1.36 ms), at 4k the chunked one (fp16 1.47 vs 3.44 ms; fp32 even), at 16k 4-6x faster.
-CHUNKED_MIN_SEQLEN = 2048
+#: ``backend=None`` takes the chunked kernel from this many rows on (and always for bfloat16 or a state in / out),
+#: per input dtype. Measured on an H100 (2026-11-22, B=4, H=8, E=M=64, scripts/sweep.py and scripts/tune_linear.py):
+#: float16 at 1k rows: sequential 0.69 vs chunked 0.89 ms, at 2k: 1.35 vs 1.08 ms; float32 at 4k: 0.89 vs 1.04 ms in
+#: one run and 1.47 vs 1.36 ms in another, at 8k: 1.78 vs 1.05 ms. Both are bound by host time per call there.
+CHUNKED_MIN_SEQLEN = {"float16": 2048, "bfloat16": 1, "float32": 4096}
 
 
 def _linear_backend(backend, dtype: str, seqlen: int, stateful: bool) -> str:
@@ -248,7 +249,7 @@ def _linear_backend(backend, dtype: str, seqlen: int, stateful: bool) -> str:
     if backend == "recurrent" and dtype == _arrays.BFLOAT16:
         raise ValueError("backend: 'recurrent' does not take bfloat16; use 'chunked' or None")
     if backend is None:
-        wants_chunked = stateful or dtype == _arrays.BFLOAT16 or seqlen >= CHUNKED_MIN_SEQLEN
+        wants_chunked = stateful or seqlen >= CHUNKED_MIN_SEQLEN[dtype]
         backend = "chunked" if chunked_ok and wants_chunked else "recurrent"
     if backend == "recurrent" and (stateful or dtype == _arrays.BFLOAT16):
         raise TypeError("bfloat16 inputs and initial_state / return_state need a GPU of compute capability >= 8.0")

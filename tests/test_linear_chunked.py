@@ -283,3 +283,16 @@ def test_gpu_tf32_opt_in_is_close_and_long_positive_sums_stay_finite():
     ones = torch.full((1, 1, n, 16), 1.0, device="cuda", dtype=torch.float16)
     out = numba_attn.linear_attention(ones, ones, ones * 0.5, causal=True, eps=0.0)
     assert torch.isfinite(out).all() and torch.allclose(out.float(), torch.full_like(out.float(), 0.5), rtol=1e-3)
+
+
+def test_dispatch_by_length_dtype_and_state():
+    """backend=None: the sequential walk for short sequences, the chunked kernel for long ones, bfloat16 and states."""
+    from numba_attn import api
+
+    threshold = api.CHUNKED_MIN_SEQLEN
+    assert api._linear_backend(None, "float16", threshold["float16"] - 1, False) == "recurrent"
+    assert api._linear_backend(None, "float16", threshold["float16"], False) == "chunked"
+    assert api._linear_backend(None, "float32", threshold["float32"] - 1, False) == "recurrent"
+    assert api._linear_backend(None, "float32", 1, True) == "chunked"
+    assert api._linear_backend(None, "bfloat16", 1, False) == "chunked"
+    assert api._linear_backend("recurrent", "float32", 1 << 20, False) == "recurrent"

@@ -87,13 +87,17 @@ def launch(kernel, grid, block, stream, shared_bytes: int, *args) -> None:
     max-dynamic-shared-memory attribute first when it needs more than the default 48 KB (a plain launch with
     more fails)."""
     if not SIMULATOR and shared_bytes > DEFAULT_DYNAMIC_SHARED:
-        argtypes = tuple(kernel.typeof_pyval(a) for a in args)
         device_id = cuda.get_current_device().id
+        # A kernel compiled for one explicit signature has one overload: key on the kernel alone, so that a launch
+        # does not type its arguments twice (Numba types them again to pick the overload otherwise).
+        specialized = getattr(kernel, "specialized", False) and len(kernel.overloads) == 1
+        argtypes = None if specialized else tuple(kernel.typeof_pyval(a) for a in args)
         key = (id(kernel), argtypes, device_id)
         if _raised_shared.get(key, 0) < shared_bytes:
             from numba.cuda.cudadrv.driver import binding, driver
 
-            cufunc = kernel.compile(argtypes)._codelibrary.get_cufunc()
+            compiled = next(iter(kernel.overloads.values())) if specialized else kernel.compile(argtypes)
+            cufunc = compiled._codelibrary.get_cufunc()
             limit = cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
             if shared_bytes > limit:
                 raise ValueError(f"kernel needs {shared_bytes} bytes of shared memory, the device allows {limit}")

@@ -63,8 +63,8 @@ def _device_array_float32(shape):
 #: Kernels behind ``flash_forward``: "mma" (tensor cores on sm_80+: float16 / bfloat16 with m16n8k16, float32 with
 #: tf32 m16n8k8 -- 3xTF32, or one tf32 term with ``allow_tf32=True``) and "simt" (CUDA cores, float16 / float32, any
 #: GPU). ``backend=None`` picks "mma" for float16 / bfloat16 where it applies (and under the simulator, which
-#: emulates it), and "simt" for float32: on an H100 (2026-11-22) the float32 tensor-core kernel ran at 9.3-13.8
-#: TFLOP/s, the SIMT kernel at 16.6-20.2 (docs/design.md). ``allow_tf32=True`` with float32 opts into the tensor-core
+#: emulates it), and "simt" for float32: on an H100 (2026-11-22, final version) the float32 tensor-core kernel ran at
+#: 11.7-13.4 TFLOP/s (3xTF32), the SIMT kernel at 16.3-20.2 (docs/design.md). ``allow_tf32=True`` with float32 opts into the tensor-core
 #: kernel's one-term tf32 mode, so it picks "mma" where that applies.
 BACKENDS = ("simt", "mma")
 

@@ -148,7 +148,8 @@ def gpu_config(head_dim: int, tf32_only: bool = False) -> Tf32Config:
     B = 4; D = 64 H = 48 and D = 128 H = 32, causal or not): the earlier per-head-dim tiles (4 warps; 64 keys up to
     D = 64, 24 / 32 keys up to D = 128, 32 / 24 above) ran at 9.3-9.8 TFLOP/s (3xTF32) and 10.1-10.6 (plain tf32);
     warps=8, block_n=16 at 12.3-13.8 (3xTF32). For comparison, same runs: the SIMT fp32 kernel 16.6-20.2, torch SDPA
-    fp32 33.3-48.0 -- so this kernel is not the float32 default (``api._flash_backend``). Only 3xTF32 at D = 64 and
+    fp32 33.3-48.0 -- so this kernel is not the float32 default (``api._flash_backend``). Re-timed with these tiles
+    after the per-tile accumulator fix (``--part timing``): 3xTF32 11.7-13.4, plain tf32 14.7-17.3, SIMT 16.3-20.2. Only 3xTF32 at D = 64 and
     128 was timed with these tiles; plain tf32 and D > 128 (two passes of 128 columns, per pass the shape of D = 128)
     take them because ptxas is clean there too. ``scripts/check_tf32.py --compile-only`` (ptxas 13, sm_90, 255-register
     cap under the launch bound), with the per-tile P V accumulators: no spills at any head dim. Registers (3xTF32 /

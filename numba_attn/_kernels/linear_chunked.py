@@ -37,8 +37,15 @@ the state update. With the k-permutation of the ``ptx`` docstring the C fragment
 
 Shared memory (float32 words): ``Q [C][E + 4]``, ``K [C][E + 4]``, ``V [C][cols + 4]``, ``H [E][cols + pad]``,
 strides chosen so that every fragment load of a warp hits 32 different banks (``K[g][t]``: stride = 4 mod 8;
-``K[2t][g]`` and ``V[2t][g]``: stride = 4 mod 8 too; ``H[t][g]``: stride = 8 mod 32). That is about 70 KB at
-E = M = 64 (dynamic shared memory, attribute raised by ``_device.launch``).
+``K[2t][g]`` and ``V[2t][g]``: stride = 4 mod 8 too; ``H[t][g]``: stride = 8 mod 32). Where it fits (E <= 128)
+``H``'s tf32 hi and lo parts sit beside it (``presplit``), so the ``Q H`` operand needs no conversion per use. That
+is 107 KB at E = M = 64 (dynamic shared memory, attribute raised by ``_device.launch``).
+
+Staging. Rows arrive in pieces of 4 elements (8-byte loads of 16-bit data, 16-byte loads of float32; ``vector``,
+when every row is aligned and contiguous, else element by element), a batch of loads in flight before the first is
+converted, and land as one 16-byte shared store per piece (consecutive lanes, consecutive pieces: no bank
+conflicts). Shared memory is indexed with 64-bit integers without wraparound (``ptx.load1`` / ``store1``), so that
+``base + constant`` folds into an immediate offset. ``docs/design.md`` has the profiles behind these choices.
 """
 from __future__ import annotations
 

@@ -300,6 +300,20 @@ def with_unit_axes(view: Any, at: int, count: int):
     return DeviceNDArray(shape=shape, strides=strides, dtype=view.dtype, stream=view.stream, gpu_data=view.gpu_data)
 
 
+def rows_in_pieces(x: Any, elements: int) -> bool:
+    """True when every row of ``x`` (its last axis) can be read and written in aligned pieces of ``elements``
+    elements: the last axis contiguous and a multiple of ``elements`` long, every row start aligned to a piece
+    (base address and the strides of the other axes multiples of the piece's bytes). The kernels' vector loads
+    need this."""
+    itemsize = np.dtype(x.dtype).itemsize
+    piece = elements * itemsize
+    shape, strides = tuple(x.shape), tuple(x.strides)  # plain tuples (the simulator's refuse index -1)
+    interface = getattr(x, "__cuda_array_interface__", None) or x.__array_interface__
+    if shape[-1] % elements or strides[-1] != itemsize or int(interface["data"][0]) % piece:
+        return False
+    return not any(stride % piece for size, stride in zip(shape[:-1], strides[:-1]) if size > 1)
+
+
 def lift(view: Any, ndim: int):
     """Prepend length-1 axes up to ``ndim``: ``(seqlen, headdim)`` -> ``(1, 1, seqlen, headdim)``, ``(seqlen,)`` ->
     ``(1, 1, seqlen)``. The kernels only know the batched layout."""

@@ -59,6 +59,7 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types, uint32
 
+from .._arrays import rows_in_pieces
 from .._device import SIMULATOR, cuda
 from . import ptx
 
@@ -490,21 +491,10 @@ def _bits(x, name: str):
     return x if dtype == np.uint16 else x.view(np.uint16)
 
 
-def _address(x) -> int:
-    interface = getattr(x, "__cuda_array_interface__", None) or x.__array_interface__
-    return int(interface["data"][0])
-
-
 def vector_loads_ok(*arrays) -> bool:
     """True when K and V rows can be read in aligned 16-byte pieces: headdim % 8 == 0, unit stride along headdim,
     and every row start 16-byte aligned (base address and the other strides multiples of 16 bytes)."""
-    for x in arrays:
-        shape, strides = tuple(x.shape), tuple(x.strides)  # plain tuples (the simulator's refuse index -1)
-        if shape[-1] % 8 or strides[-1] != 2 or _address(x) % 16:
-            return False
-        if any(stride % 16 for size, stride in zip(shape[:-1], strides[:-1]) if size > 1):
-            return False
-    return True
+    return all(rows_in_pieces(x, 8) for x in arrays)
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: MmaConfig | None = None,

@@ -302,11 +302,13 @@ else:
     def _is_int(*tys):
         return all(isinstance(ty, types.Integer) for ty in tys)
 
-    def _mma(ab_type, regs, accs):
+    def _mma(ab_type, regs, accs, shape="m16n8k16"):
+        """Typing and codegen of one ``mma.sync`` with four A, two B and four float32 C/D registers (the register
+        counts of both m16n8k16 with 16-bit operands and m16n8k8 with tf32)."""
         if not (_is_int(*regs) and _is_number(*accs)):
             return None
         text = (
-            f"mma.sync.aligned.m16n8k16.row.col.f32.{ab_type}.{ab_type}.f32 "
+            f"mma.sync.aligned.{shape}.row.col.f32.{ab_type}.{ab_type}.f32 "
             "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
         )
         sig = types.UniTuple(types.float32, 4)(*regs, *accs)
@@ -526,24 +528,7 @@ else:
 
             mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {d0,d1,d2,d3}, {a0,a1,a2,a3}, {b0,b1}, {c0,c1,c2,c3};
         """
-        regs = (a0, a1, a2, a3, b0, b1)
-        accs = (c0, c1, c2, c3)
-        if not (_is_int(*regs) and _is_number(*accs)):
-            return None
-        text = (
-            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
-        )
-        sig = types.UniTuple(types.float32, 4)(*regs, *accs)
-
-        def codegen(context, builder, sig, args):
-            ins = [_i32(context, builder, v, ty) for v, ty in zip(args[:6], sig.args[:6])]
-            ins += [_f32(context, builder, v, ty) for v, ty in zip(args[6:], sig.args[6:])]
-            res = _asm(builder, ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4, text,
-                       "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", ins, convergent=True)
-            return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, i) for i in range(4)])
-
-        return sig, codegen
+        return _mma("tf32", (a0, a1, a2, a3, b0, b1), (c0, c1, c2, c3), shape="m16n8k8")
 
     @intrinsic
     def to_tf32(typingctx, x):

@@ -1,7 +1,8 @@
 """Array handling for every public call, in one place.
 
-The kernels only ever see Numba device-array views. This module turns whatever the caller passed into those views
-and turns the results back into the caller's kind of array:
+The kernels only ever see device views (``_device.DeviceView``: pointer, shape, strides, dtype; NumPy arrays under
+the simulator). This module turns whatever the caller passed into those views and turns the results back into the
+caller's kind of array:
 
 * NumPy arrays and torch CPU tensors are copied to the device and the results copied back (NumPy / torch out);
 * CuPy arrays, Numba device arrays and torch CUDA tensors are used in place through ``__cuda_array_interface__``
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ._device import SIMULATOR, cuda, external_stream
+from ._device import SIMULATOR, DeviceView, cuda, current_device_id, external_stream
 
 #: Head dims the kernels accept (the tiles hold at most 256 columns).
 MAX_HEAD_DIM = 256
@@ -76,7 +77,7 @@ def _placement(name: str, x: Any) -> _Placement:
     if library == "cupy":
         return _Placement(_CUPY, "cupy", x.device.id)
     if library == "numba":
-        return _Placement(_NUMBA, "numba", cuda.get_current_device().id if not SIMULATOR else 0)
+        return _Placement(_NUMBA, "numba", current_device_id() if not SIMULATOR else 0)
     raise TypeError(
         f"{name}: expected a NumPy array, CuPy array, Numba device array or torch tensor, got {type(x).__name__}"
     )
@@ -131,7 +132,7 @@ class Call:
 
             with cupy.cuda.Device(self.device_id):
                 arr = cupy.empty(shape, dtype=_storage_dtype(dtype))
-            return Output(view=cuda.as_cuda_array(arr, sync=False), obj=arr)
+            return Output(view=_device_view_of_cupy(arr), obj=arr)
         if self.kind == _TORCH:
             import torch
 
@@ -185,9 +186,13 @@ class Call:
     def _device_view(self, name: str, x: Any, placement: _Placement):
         if placement.library == "torch":
             return _device_view_of_torch(x)
-        if placement.library == "numba" and cuda.is_cuda_array(x) and hasattr(x, "gpu_data"):
-            return x  # already a Numba device array
-        return cuda.as_cuda_array(x, sync=False)
+        if placement.library == "cupy":
+            return _device_view_of_cupy(x)
+        if SIMULATOR:
+            if cuda.is_cuda_array(x) and hasattr(x, "gpu_data"):
+                return x  # already a (simulated) Numba device array
+            return cuda.as_cuda_array(x, sync=False)
+        return DeviceView.of(x)
 
     def add_input(self, name: str, x: Any, placement: _Placement):
         if self.kind == _HOST:
@@ -207,13 +212,31 @@ def _storage_dtype(dtype: str):
     return np.uint16 if dtype == BFLOAT16 else np.dtype(dtype)
 
 
-def _device_view_of_torch(t: Any):
+def _torch_storage_dtypes() -> dict:
     import torch
 
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    view = cuda.as_cuda_array(t, sync=False)
-    return view
+    # bfloat16 travels as its bit pattern (uint16); the kernels convert it on load
+    return {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
+            torch.bfloat16: np.dtype(np.uint16), torch.float64: np.dtype(np.float64)}
+
+
+_TORCH_DTYPES: dict = {}
+
+
+def _device_view_of_torch(t: Any) -> DeviceView:
+    # read straight from the tensor: its __cuda_array_interface__ (and a Numba array made from it) costs tens of
+    # microseconds per array, more than a small kernel runs
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES.update(_torch_storage_dtypes())
+    dtype = _TORCH_DTYPES.get(t.dtype)
+    if dtype is None:
+        return DeviceView.of(t)
+    itemsize = dtype.itemsize
+    return DeviceView(t.data_ptr(), tuple(t.shape), tuple(s * itemsize for s in t.stride()), dtype, t)
+
+
+def _device_view_of_cupy(x: Any) -> DeviceView:
+    return DeviceView(x.data.ptr, x.shape, x.strides, x.dtype, x)
 
 
 def _caller_stream(kind: str, device_id: int):
@@ -295,6 +318,8 @@ def with_unit_axes(view: Any, at: int, count: int):
     strides = tuple(view.strides[:at]) + (0,) * count + tuple(view.strides[at:])
     if isinstance(view, np.ndarray):
         return np.lib.stride_tricks.as_strided(view, shape, strides)
+    if isinstance(view, DeviceView):
+        return view.with_axes(shape, strides)
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
     return DeviceNDArray(shape=shape, strides=strides, dtype=view.dtype, stream=view.stream, gpu_data=view.gpu_data)
@@ -308,8 +333,11 @@ def rows_in_pieces(x: Any, elements: int) -> bool:
     itemsize = np.dtype(x.dtype).itemsize
     piece = elements * itemsize
     shape, strides = tuple(x.shape), tuple(x.strides)  # plain tuples (the simulator's refuse index -1)
-    interface = getattr(x, "__cuda_array_interface__", None) or x.__array_interface__
-    if shape[-1] % elements or strides[-1] != itemsize or int(interface["data"][0]) % piece:
+    if isinstance(x, DeviceView):
+        ptr = x.ptr
+    else:
+        ptr = int((getattr(x, "__cuda_array_interface__", None) or x.__array_interface__)["data"][0])
+    if shape[-1] % elements or strides[-1] != itemsize or ptr % piece:
         return False
     return not any(stride % piece for size, stride in zip(shape[:-1], strides[:-1]) if size > 1)
 

@@ -45,13 +45,23 @@ def multiprocessor_count() -> int:
     """Number of SMs of the current device (a small fixed number under the simulator)."""
     if SIMULATOR:
         return 4
-    return _device_properties(cuda.get_current_device().id)[0]
+    return _device_properties(current_device_id())[0]
 
 
 def compute_capability() -> tuple[int, int]:
     if SIMULATOR:
         return (0, 0)
-    return _device_properties(cuda.get_current_device().id)[1]
+    return _device_properties(current_device_id())[1]
+
+
+def current_device_id() -> int:
+    """The device of the calling thread's current CUDA context, asked of the driver directly (Numba's
+    ``get_current_device`` walks its context stack: about 15 us, several times per public call)."""
+    lib = _cuda_library()
+    device = ctypes.c_int(-1)
+    if lib.cuCtxGetDevice(ctypes.byref(device)) == 0:
+        return device.value
+    return cuda.get_current_device().id  # no context yet: Numba makes one
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,29 +89,287 @@ def kernel_jit(launch_bounds=None, **options):
 
 #: Dynamic shared memory a kernel may use without raising its attribute first.
 DEFAULT_DYNAMIC_SHARED = 48 * 1024
-_raised_shared: dict = {}
+
+
+class DeviceView:
+    """A strided view of device memory, what the kernels take: pointer, shape, strides (bytes), NumPy dtype and
+    the object that owns the memory (kept alive with the view).
+
+    Making one costs no driver call, unlike a Numba device array made from ``__cuda_array_interface__``, and the
+    launcher reads its kernel parameters (``params``) without typing it again. Numba still takes it wherever it
+    takes a device array (it has ``__cuda_array_interface__``).
+    """
+
+    __slots__ = ("ptr", "shape", "strides", "dtype", "owner", "params")
+
+    def __init__(self, ptr: int, shape: tuple, strides: tuple, dtype, owner):
+        import numpy as np
+
+        self.ptr, self.shape, self.strides = int(ptr), tuple(shape), tuple(strides)
+        self.dtype, self.owner = np.dtype(dtype), owner
+        size = 1
+        for n in self.shape:
+            size *= n
+        # the launch ABI of a Numba array argument: meminfo, parent, nitems, itemsize, data, shape..., strides...
+        self.params = (0, 0, size, self.dtype.itemsize, self.ptr) + self.shape + self.strides
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return self.params[2]
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.shape, "strides": self.strides, "typestr": self.dtype.str, "data": (self.ptr, False),
+                "version": 3, "stream": None}
+
+    def view(self, dtype) -> "DeviceView":
+        """The same memory read as another dtype of the same item size (float16 <-> uint16 bits)."""
+        import numpy as np
+
+        if np.dtype(dtype).itemsize != self.dtype.itemsize:
+            raise TypeError(f"view: {self.dtype} cannot be viewed as {np.dtype(dtype)} (item sizes differ)")
+        return DeviceView(self.ptr, self.shape, self.strides, dtype, self.owner)
+
+    def with_axes(self, shape: tuple, strides: tuple) -> "DeviceView":
+        return DeviceView(self.ptr, shape, strides, self.dtype, self.owner)
+
+    @classmethod
+    def of(cls, x) -> "DeviceView":
+        """The view of any object with ``__cuda_array_interface__`` (CuPy, Numba, torch float16 / float32 ...)."""
+        if isinstance(x, DeviceView):
+            return x
+        import numpy as np
+
+        cai = x.__cuda_array_interface__
+        dtype = np.dtype(cai["typestr"])
+        shape = tuple(cai["shape"])
+        strides = cai.get("strides")
+        if strides is None:  # C-contiguous
+            strides, step = [], dtype.itemsize
+            for n in reversed(shape):
+                strides.append(step)
+                step *= n
+            strides = tuple(reversed(strides))
+        return cls(cai["data"][0] or 0, shape, tuple(strides), dtype, x)
+
+
+# -- launching -------------------------------------------------------------------------------------------------------
+# Numba's own launch types every argument, wraps each array in a device-array object and converts every parameter
+# through ctypes on every call: about a hundred microseconds for a kernel with a few array arguments, more than the
+# whole kernel takes at small sizes. The launcher below does that work once per (kernel, argument types) and then
+# packs the parameters with one struct.pack_into and calls cuLaunchKernel directly.
+
+#: Launch through the cached fast path (False: always through Numba's dispatcher, for comparison and debugging).
+FAST_LAUNCH = True
+
+_SCALAR_FORMATS = {  # one 8-byte slot per scalar parameter; the kernel reads the leading bytes (little endian)
+    "int8": "b7x", "int16": "h6x", "int32": "i4x", "int64": "q", "uint8": "B7x", "uint16": "H6x",
+    "uint32": "I4x", "uint64": "Q", "bool": "?7x", "float32": "f4x", "float64": "d",
+}
+
+
+class _Launchable:
+    """One compiled kernel ready to launch: its function handle, how its arguments become parameters, and a
+    parameter buffer per thread."""
+
+    def __init__(self, compiled, device_id: int, fixed_signature: bool):
+        import struct
+        import threading
+
+        from numba.cuda import types
+        from numba.cuda.np.numpy_support import as_dtype
+
+        self.cufunc_handle = compiled._codelibrary.get_cufunc().handle
+        self.handle = int(self.cufunc_handle)
+        self.device_id = device_id
+        self.arrays = []  # per argument: (dtype, ndim) for an array, None for a scalar
+        fmt, slots = "<", 0
+        for ty in compiled.argument_types:
+            if isinstance(ty, types.Array):
+                if ty.layout != "A" and fixed_signature:
+                    # only the dtype and rank of an argument are checked per launch; a contiguous layout would
+                    # also need its strides checked
+                    raise NotImplementedError("fixed signatures with contiguous layouts are launched by Numba")
+                self.arrays.append((as_dtype(ty.dtype), ty.ndim))
+                fmt += "QQqqQ" + "q" * (2 * ty.ndim)
+                slots += 5 + 2 * ty.ndim
+            else:
+                name = "bool" if ty == types.boolean else str(ty)
+                if name not in _SCALAR_FORMATS:
+                    raise NotImplementedError(f"argument type {ty}")
+                self.arrays.append(None)
+                fmt += _SCALAR_FORMATS[name]
+                slots += 1
+        self.packer = struct.Struct(fmt)
+        self.slots = slots
+        self.shared_raised = DEFAULT_DYNAMIC_SHARED
+        self._local = threading.local()
+
+    def buffers(self):
+        """This thread's parameter buffer and the array of pointers to its slots (cuLaunchKernel copies the
+        parameters before it returns, so one buffer per thread is enough)."""
+        local = self._local
+        if not hasattr(local, "buffer"):
+            local.buffer = ctypes.create_string_buffer(8 * max(1, self.slots))
+            base = ctypes.addressof(local.buffer)
+            local.pointers = (ctypes.c_void_p * max(1, self.slots))(*(base + 8 * i for i in range(self.slots)))
+        return local.buffer, local.pointers
+
+
+_launchables: dict = {}
+_libcuda = None
+
+
+def _cuda_library():
+    """The driver library, loaded once, with cuLaunchKernel's prototype set."""
+    global _libcuda
+    if _libcuda is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuLaunchKernel
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        _libcuda = lib
+    return _libcuda
+
+
+def _launch_error(code: int) -> str:
+    lib = _cuda_library()
+    text = ctypes.c_char_p()
+    lib.cuGetErrorName(code, ctypes.byref(text))
+    return (text.value or b"unknown error").decode()
+
+
+def _arg_key(a):
+    if isinstance(a, DeviceView):
+        return (a.dtype.str, a.shape, a.strides)
+    if hasattr(a, "__cuda_array_interface__"):
+        view = DeviceView.of(a)
+        return (view.dtype.str, view.shape, view.strides)
+    return type(a)
+
+
+def _launchable(kernel, args) -> "_Launchable | None":
+    """The cached launchable for ``kernel`` and these arguments; None when the fast path does not apply."""
+    specialized = getattr(kernel, "specialized", False) and len(kernel.overloads) == 1
+    # a fixed signature takes every argument of the right dtype and rank (layout "A"); a lazily compiled kernel
+    # has one overload per Numba type, which the dtype, shape and strides of each array determine
+    key = (id(kernel),) if specialized else (id(kernel),) + tuple(_arg_key(a) for a in args)
+    entry = _launchables.get(key)
+    if entry is None:
+        if len(_launchables) > 4096:
+            _launchables.clear()
+        try:
+            if specialized:
+                compiled = next(iter(kernel.overloads.values()))
+            else:
+                compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+            entry = _Launchable(compiled, current_device_id(), specialized)
+        except NotImplementedError:
+            entry = False
+        _launchables[key] = entry
+    return entry or None
+
+
+def _grid3(g) -> tuple:
+    if isinstance(g, tuple):
+        return tuple(g) + (1,) * (3 - len(g))
+    return (g, 1, 1)
 
 
 def launch(kernel, grid, block, stream, shared_bytes: int, *args) -> None:
-    """Launch ``kernel`` with ``shared_bytes`` of dynamic shared memory, raising the kernel's
-    max-dynamic-shared-memory attribute first when it needs more than the default 48 KB (a plain launch with
-    more fails)."""
-    if not SIMULATOR and shared_bytes > DEFAULT_DYNAMIC_SHARED:
-        device_id = cuda.get_current_device().id
-        # A kernel compiled for one explicit signature has one overload: key on the kernel alone, so that a launch
-        # does not type its arguments twice (Numba types them again to pick the overload otherwise).
-        specialized = getattr(kernel, "specialized", False) and len(kernel.overloads) == 1
-        argtypes = None if specialized else tuple(kernel.typeof_pyval(a) for a in args)
-        key = (id(kernel), argtypes, device_id)
-        if _raised_shared.get(key, 0) < shared_bytes:
-            from numba.cuda.cudadrv.driver import binding, driver
+    """Launch ``kernel[grid, block, stream, shared_bytes](*args)``.
 
-            compiled = next(iter(kernel.overloads.values())) if specialized else kernel.compile(argtypes)
-            cufunc = compiled._codelibrary.get_cufunc()
-            limit = cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-            if shared_bytes > limit:
-                raise ValueError(f"kernel needs {shared_bytes} bytes of shared memory, the device allows {limit}")
-            attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            driver.cuKernelSetAttribute(attr, shared_bytes, cufunc.handle, device_id)
-            _raised_shared[key] = shared_bytes
-    kernel[grid, block, stream, shared_bytes](*args)
+    On a GPU it goes through the cached fast path: arguments are packed into the kernel's parameter buffer and
+    handed to ``cuLaunchKernel`` on ``stream``; arrays may be :class:`DeviceView` s, Numba device arrays or anything
+    with ``__cuda_array_interface__``. Kernels needing more than 48 KB of dynamic shared memory get their
+    max-dynamic-shared-memory attribute raised first (a plain launch with more fails). Under the simulator, with
+    ``FAST_LAUNCH = False`` or for argument types the fast path does not pack, Numba launches it.
+    """
+    if SIMULATOR:
+        kernel[grid, block, stream, shared_bytes](*args)
+        return
+    entry = _launchable(kernel, args) if FAST_LAUNCH else None
+    if entry is None:
+        _raise_shared_limit_numba(kernel, shared_bytes, args)
+        kernel[grid, block, stream, shared_bytes](*args)
+        return
+    if len(args) != len(entry.arrays):
+        raise TypeError(f"kernel: expected {len(entry.arrays)} arguments, got {len(args)}")
+    values = []
+    for spec, a in zip(entry.arrays, args):
+        if spec is None:
+            values.append(a)
+            continue
+        view = a if isinstance(a, DeviceView) else DeviceView.of(a)
+        if view.dtype != spec[0] or len(view.shape) != spec[1]:
+            raise TypeError(f"kernel argument: expected a {spec[1]}-d {spec[0]} array, got {view.ndim}-d {view.dtype}")
+        values.extend(view.params)
+    if shared_bytes > entry.shared_raised:
+        _raise_shared_limit(entry.cufunc_handle, shared_bytes, entry.device_id)
+        entry.shared_raised = shared_bytes
+    buffer, pointers = entry.buffers()
+    entry.packer.pack_into(buffer, 0, *values)
+    gx, gy, gz = _grid3(grid)
+    bx, by, bz = _grid3(block)
+    # a Numba stream's handle (its __int__ gives an enum for the default stream)
+    handle = stream if isinstance(stream, int) else int(getattr(stream, "handle", stream))
+    launch_kernel = _cuda_library().cuLaunchKernel
+    code = launch_kernel(entry.handle, gx, gy, gz, bx, by, bz, shared_bytes, handle or None, pointers, None)
+    if code == 201:  # CUDA_ERROR_INVALID_CONTEXT: a thread that has not used Numba yet; make its context current
+        cuda.current_context()
+        code = launch_kernel(entry.handle, gx, gy, gz, bx, by, bz, shared_bytes, handle or None, pointers, None)
+    if code:
+        raise RuntimeError(f"cuLaunchKernel failed: {_launch_error(code)} (grid {grid}, block {block}, "
+                           f"{shared_bytes} bytes of dynamic shared memory)")
+
+
+def _raise_shared_limit(cufunc_handle, shared_bytes: int, device_id: int) -> None:
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    limit = cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    if shared_bytes > limit:
+        raise ValueError(f"kernel needs {shared_bytes} bytes of shared memory, the device allows {limit}")
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attr, shared_bytes, cufunc_handle, device_id)
+
+
+_raised_shared: dict = {}
+_resident: dict = {}
+
+
+def resident_blocks(kernel, threads: int, shared_bytes: int) -> int | None:
+    """How many blocks of ``threads`` threads and ``shared_bytes`` of dynamic shared memory one SM holds at once
+    (the driver's occupancy calculator), for a kernel compiled for one signature; None where unknown (simulator)."""
+    if SIMULATOR or len(kernel.overloads) != 1:
+        return None
+    key = (id(kernel), threads, shared_bytes)
+    if key not in _resident:
+        handle = next(iter(kernel.overloads.values()))._codelibrary.get_cufunc().handle
+        if shared_bytes > DEFAULT_DYNAMIC_SHARED:
+            _raise_shared_limit(handle, shared_bytes, current_device_id())
+        lib = _cuda_library()
+        function, blocks = ctypes.c_void_p(), ctypes.c_int(0)
+        # the handle is a CUkernel (library loading); the calculator wants the context's CUfunction
+        ok = lib.cuKernelGetFunction(ctypes.byref(function), ctypes.c_void_p(int(handle))) == 0 and (
+            lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                ctypes.byref(blocks), function, ctypes.c_int(threads), ctypes.c_size_t(shared_bytes)) == 0)
+        _resident[key] = blocks.value if ok and blocks.value > 0 else None
+    return _resident[key]
+
+
+def _raise_shared_limit_numba(kernel, shared_bytes: int, args) -> None:
+    """The attribute for a launch through Numba's dispatcher."""
+    if shared_bytes <= DEFAULT_DYNAMIC_SHARED:
+        return
+    device_id = current_device_id()
+    specialized = getattr(kernel, "specialized", False) and len(kernel.overloads) == 1
+    argtypes = None if specialized else tuple(kernel.typeof_pyval(a) for a in args)
+    key = (id(kernel), argtypes, device_id)
+    if _raised_shared.get(key, 0) < shared_bytes:
+        compiled = next(iter(kernel.overloads.values())) if specialized else kernel.compile(argtypes)
+        _raise_shared_limit(compiled._codelibrary.get_cufunc().handle, shared_bytes, device_id)
+        _raised_shared[key] = shared_bytes

@@ -48,6 +48,7 @@ import numpy as np
 from numba import float32, int64, uint64
 
 from .._device import SIMULATOR, cuda, kernel_jit
+from .._device import launch as device_launch
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -458,9 +459,8 @@ def launch_split(q, k, v, o_dst, lse_dst, write_lse: bool, sm_scale: float, caus
     kernel = split_kernel(config, lanes, cols, rows, bool(causal))
     grid = (batch * kv_heads, num_splits)
     args = (q, k, v, o_dst, lse_dst)
-    kernel[grid, config.threads, stream](
-        *(_kernel_arg(x) for x in args), bool(write_lse), float32(sm_scale * LOG2E)
-    )
+    device_launch(kernel, grid, config.threads, stream, 0,
+                  *(_kernel_arg(x) for x in args), bool(write_lse), float32(sm_scale * LOG2E))
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, num_splits: int, stream,
@@ -491,9 +491,8 @@ def _launch_combine(o_parts, lse_parts, out, lse, write_lse: bool, stream, confi
     kernel = combine_kernel(config, -(-head_dim // config.combine_threads_x))
     grid = -(-rows // config.combine_rows)
     block = (config.combine_threads_x, config.combine_rows)
-    kernel[grid, block, stream](
-        *(_kernel_arg(x) for x in (o_parts, lse_parts, out, lse)), bool(write_lse)
-    )
+    device_launch(kernel, grid, block, stream, 0, *(_kernel_arg(x) for x in (o_parts, lse_parts, out, lse)),
+                  bool(write_lse))
 
 
 def launch_combine(o_parts, lse_parts, out, lse, stream, config: DecodeConfig | None = None):

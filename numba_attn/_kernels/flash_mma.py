@@ -61,6 +61,7 @@ from numba import float32, types, uint32
 
 from .._arrays import rows_in_pieces
 from .._device import SIMULATOR, cuda
+from .._device import launch as device_launch
 from . import ptx
 
 LOG2E = 1.4426950408889634
@@ -517,7 +518,4 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     kernel = flash_mma_kernel(config, padded_head_dim(head_dim), dtype == "bfloat16", vector_loads_ok(k, v))
     grid = (batch * heads, -(-seqlen_q // config.block_m))
     args = (q, k, v, out, lse, bool(write_lse), bool(causal), np.float32(sm_scale * LOG2E))
-    if SIMULATOR:
-        kernel[grid, config.threads](*args)
-    else:
-        kernel[grid, config.threads, stream](*args)
+    device_launch(kernel, grid, config.threads, stream, 0, *args)

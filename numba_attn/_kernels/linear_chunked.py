@@ -740,10 +740,7 @@ def _run_prefix(state, segments, init, has_init, p: Plan, read_state, exclusive,
     total = (state.shape[0] // segments) * state.shape[1] * state.shape[2]
     blocks = max(1, min(_cdiv(total, threads), 8 * multiprocessor_count()))
     args = (state, segments, init, bool(has_init), p.m_tiles, p.tiles.value_cols, bool(read_state), bool(exclusive))
-    if SIMULATOR:
-        _prefix_kernel(threads)[blocks, threads](*args)
-    else:
-        _prefix_kernel(threads)[blocks, threads, stream](*args)
+    device_launch(_prefix_kernel(threads), blocks, threads, stream, 0, *args)
 
 
 def _launch(kernel, p: Plan, grid_y, stream, *args):

@@ -45,6 +45,7 @@ import numpy as np
 from numba import float32
 
 from .._device import SIMULATOR, cuda, multiprocessor_count
+from .._device import launch as device_launch
 
 #: Kernel modes: the causal walk, and the two passes of the non-causal layer.
 CAUSAL, REDUCE, APPLY = 0, 1, 2
@@ -511,7 +512,8 @@ def launch_causal_dot_product(q, k, v, out, stream, *, m_splits=None, config: Li
     p = plan(e, m, CAUSAL, False, m_splits, config)
     kernel = row_walk_kernel(p.layout, CAUSAL, False, False)
     # `part` is unused in this mode; q stands in for it
-    kernel[(batch * heads, 1, p.m_splits), p.layout.threads, stream](q, k, v, out, q, float32(0.0), 0)
+    device_launch(kernel, (batch * heads, 1, p.m_splits), p.layout.threads, stream, 0,
+                  q, k, v, out, q, float32(0.0), 0)
 
 
 def launch_linear_attention(
@@ -536,7 +538,7 @@ def launch_linear_attention(
         m_splits = _resolve_splits(m_splits, bh, e, m, config, sm_count)
         p = plan(e, m, CAUSAL, True, m_splits, config)
         kernel = row_walk_kernel(p.layout, CAUSAL, True, True)
-        kernel[(bh, 1, p.m_splits), p.layout.threads, stream](q, k, v, out, q, eps32, 0)
+        device_launch(kernel, (bh, 1, p.m_splits), p.layout.threads, stream, 0, q, k, v, out, q, eps32, 0)
         return
 
     if m_splits is None:
@@ -560,14 +562,12 @@ def launch_linear_attention(
     shape = (bh, seq_splits, e, m + 1)
     part = scratch(shape) if scratch else cuda.device_array(shape, dtype=np.float32, stream=stream)
     reduce_kernel = row_walk_kernel(reduce_plan.layout, REDUCE, True, True)
-    reduce_kernel[(bh, seq_splits, reduce_plan.m_splits), reduce_plan.layout.threads, stream](
-        q, k, v, out, part, eps32, reduce_rows
-    )
+    device_launch(reduce_kernel, (bh, seq_splits, reduce_plan.m_splits), reduce_plan.layout.threads, stream, 0,
+                  q, k, v, out, part, eps32, reduce_rows)
     if seq_splits > 1:
         threads = config.combine_threads
         blocks = min(_cdiv(bh * e * (m + 1), threads), config.combine_blocks_per_sm * sm_count)
-        _combine_kernel(threads)[blocks, threads, stream](part)
+        device_launch(_combine_kernel(threads), blocks, threads, stream, 0, part)
     apply_kernel = row_walk_kernel(apply_plan.layout, APPLY, True, True)
-    apply_kernel[(bh, apply_splits, apply_plan.m_splits), apply_plan.layout.threads, stream](
-        q, k, v, out, part, eps32, apply_rows
-    )
+    device_launch(apply_kernel, (bh, apply_splits, apply_plan.m_splits), apply_plan.layout.threads, stream, 0,
+                  q, k, v, out, part, eps32, apply_rows)

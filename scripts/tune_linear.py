@@ -24,11 +24,14 @@ from numba_attn._kernels import linear_chunked  # noqa: E402
 
 VARIANTS = {
     "default": {},
+    "plan by blocks/SM 3": {"wave_plan": False},
     "blocks/SM 2": {"blocks_per_sm": 2},
     "blocks/SM 6": {"blocks_per_sm": 6},
     "one segment": {"blocks_per_sm": 0},
     "launch bound 2": {"min_blocks_per_sm": 2},
     "launch bound 3": {"min_blocks_per_sm": 3},
+    "no presplit, launch bound 3": {"presplit": False, "min_blocks_per_sm": 3},
+    "no presplit": {"presplit": False},
     "2 warps": {"warps": 2},
     "8 warps": {"warps": 8},
     "cols 32": {"block_cols": 32},

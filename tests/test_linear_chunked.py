@@ -185,6 +185,29 @@ def test_plan_fills_the_gpu_and_every_shape_fits():
     assert lc.plan(1, 100, 64, 64, False, 132, config, segments=50).segments == 2  # never more than the chunks
 
 
+def _walk_cost(bh, chunks, segments, slots, states_cost):
+    """Critical path of the chunked walk in chunk steps: waves of blocks times chunks per segment, plus the STATES
+    pass when there is more than one segment."""
+    segment_chunks = -(-chunks // segments)
+    segments = -(-chunks // segment_chunks)
+    steps = -(-bh * segments // slots) * segment_chunks
+    return steps * (1 + states_cost) if segments > 1 else steps
+
+
+@given(bh=st.integers(1, 3000), seqlen=st.integers(1, 300_000), resident=st.integers(1, 4),
+       sm_count=st.integers(1, 140))
+def test_plan_with_occupancy_takes_the_shortest_critical_path(bh, seqlen, resident, sm_count):
+    """Against every segment count: none gives the walk a shorter critical path than the plan's choice."""
+    config = lc.GPU_CONFIG
+    p = lc.plan(bh, seqlen, 64, 64, False, sm_count, config, resident=resident)
+    chunks = -(-seqlen // p.tiles.chunk)
+    slots = resident * sm_count
+    best = min(_walk_cost(bh, chunks, s, slots, config.states_cost)
+               for s in range(1, max(1, chunks // config.min_segment_chunks) + 1))
+    assert _walk_cost(bh, chunks, p.segments, slots, config.states_cost) == pytest.approx(best)
+    assert (p.segments - 1) * p.segment_chunks < chunks <= p.segments * p.segment_chunks
+
+
 # -- realistic sizes on a GPU -----------------------------------------------------------------------------------------
 GPU_B, GPU_H, GPU_N = 2, 3, 3001
 GPU_DIMS = [(64, 64), (32, 128), (100, 40), (256, 256)]

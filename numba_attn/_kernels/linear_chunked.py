@@ -57,7 +57,7 @@ import numpy as np
 from numba import float32, types
 from numba import uint32
 
-from .._device import SIMULATOR, cuda, kernel_jit, multiprocessor_count
+from .._device import SIMULATOR, cuda, kernel_jit, multiprocessor_count, resident_blocks
 from .._arrays import rows_in_pieces, with_unit_axes
 from .._device import launch as device_launch
 from . import ptx
@@ -78,11 +78,14 @@ class ChunkConfig:
     warps: int = 4  # chunk length C = 16 * warps rows; each warp owns 16 rows of S and of the output
     block_cols: int = 64  # value columns per block (the M tile) for E <= 128
     block_cols_wide: int = 32  # ... for E > 128, to keep Q, K and H of a block in shared memory
-    blocks_per_sm: int = 3  # segments are added until the grid has this many blocks per SM
+    blocks_per_sm: int = 3  # without an occupancy figure: segments are added until the grid has this many per SM
+    wave_plan: bool = True  # size segments by the occupancy calculator's resident blocks (see plan)
+    states_cost: float = 0.35  # time of the STATES pass per chunk, in walk steps (measured: 0.20 vs 0.60 ms)
     min_segment_chunks: int = 2  # segments shorter than this cost more in the extra passes than they gain
     prefix_threads: int = 256
     min_blocks_per_sm: int = 1  # launch bound: 2 caps registers at 255 -> 255 (4 warps), 3 at 168
     max_shared_bytes: int = 227 * 1024
+    presplit: bool = True  # keep H's tf32 (hi, lo) parts in shared memory too (more memory, fewer conversions)
 
     @property
     def chunk(self) -> int:
@@ -159,7 +162,7 @@ def tiles_for(config: ChunkConfig, e: int, m: int, normalise: bool) -> Tiles:
     e_pad = _cdiv(e, 16) * 16
     width = config.block_cols if e_pad <= 128 else config.block_cols_wide
     value_cols = min(width, _cdiv(m, 8) * 8)
-    tiles = Tiles(config.warps, e_pad, value_cols, normalise, config.min_blocks_per_sm, presplit=True)
+    tiles = Tiles(config.warps, e_pad, value_cols, normalise, config.min_blocks_per_sm, presplit=config.presplit)
     if tiles.shared_bytes > config.max_shared_bytes:  # no room for the split copies: split H where it is read
         tiles = Tiles(config.warps, e_pad, value_cols, normalise, config.min_blocks_per_sm, presplit=False)
     if tiles.shared_bytes > config.max_shared_bytes:
@@ -176,19 +179,49 @@ class Plan:
 
 
 def plan(batch_heads: int, seqlen: int, e: int, m: int, normalise: bool, sm_count: int,
-         config: ChunkConfig | None = None, segments: int | None = None) -> Plan:
-    """Tiles and the sequence split: more segments until ``blocks_per_sm`` blocks per SM (or ``segments``)."""
+         config: ChunkConfig | None = None, segments: int | None = None, resident: int | None = None) -> Plan:
+    """Tiles and the sequence split into segments (blocks along the sequence per head and M tile).
+
+    ``resident``: blocks of the walk kernel one SM holds at once (the occupancy calculator's answer). Given, the
+    segment count minimises the walk's critical path, ``waves * chunks per segment``, where a wave is one block
+    on every resident slot of the GPU: every block walks the same number of chunks, so a last wave that fills a
+    few slots costs as long as a full one. Segments beyond one cost the STATES pass (``config.states_cost`` of
+    a walk step per chunk) and a prefix launch, so ties go to fewer. Without ``resident``: segments are added until
+    the grid has ``config.blocks_per_sm`` blocks per SM. ``segments`` given: used as is (clamped).
+    """
     config = config or default_config()
     tiles = tiles_for(config, e, m, normalise)
     m_tiles = _cdiv(m, tiles.value_cols)
     chunks = max(1, _cdiv(seqlen, tiles.chunk))
     if segments is None:
-        want = _cdiv(config.blocks_per_sm * sm_count, max(1, batch_heads * m_tiles))
-        segments = min(want, max(1, chunks // config.min_segment_chunks))
+        most = max(1, chunks // config.min_segment_chunks)
+        groups = max(1, batch_heads * m_tiles)
+        if resident:
+            segments = _fewest_steps(groups, chunks, most, max(1, resident * sm_count), config.states_cost)
+        else:
+            segments = min(_cdiv(config.blocks_per_sm * sm_count, groups), most)
     segments = max(1, min(int(segments), chunks, 65535))
     segment_chunks = _cdiv(chunks, segments)
     segments = _cdiv(chunks, segment_chunks)  # no empty segment
     return Plan(tiles, m_tiles, segments, segment_chunks)
+
+
+@lru_cache(maxsize=4096)
+def _fewest_steps(groups: int, chunks: int, most: int, slots: int, states_cost: float) -> int:
+    best, best_cost = 1, float("inf")
+    segments = 1
+    while segments <= most:
+        # only the distinct segment lengths matter, each with the fewest segments that give it: O(sqrt(chunks))
+        length = _cdiv(chunks, segments)
+        fewest = _cdiv(chunks, length)
+        steps = _cdiv(groups * fewest, slots) * length
+        cost = steps * (1.0 + states_cost) if fewest > 1 else float(steps)
+        if cost < best_cost:
+            best, best_cost = fewest, cost
+        if length == 1:
+            break
+        segments = max(segments + 1, _cdiv(chunks, length - 1))
+    return best
 
 
 def _device_function(fn):
@@ -769,7 +802,10 @@ def launch_causal(q, k, v, out, stream, *, initial_state=None, final_state=None,
     out, _ = _kind(out, dtype)
     split = dtype == FLOAT32 and not tf32
     vector = vector_loads_ok(q, k, v, out)
-    p = plan(bh, seqlen, e, m, normalise, multiprocessor_count(), config, segments)
+    tiles = tiles_for(config, e, m, normalise)
+    walk = chunk_kernel(tiles, CAUSAL, dtype, split, normalise, vector)
+    resident = resident_blocks(walk, 32 * tiles.warps, tiles.shared_bytes) if config.wave_plan else None
+    p = plan(bh, seqlen, e, m, normalise, multiprocessor_count(), config, segments, resident)
     has_init = initial_state is not None
     shape = (bh * p.m_tiles * p.segments, p.tiles.e_pad, p.tiles.cols)
     if p.segments > 1 or has_init:
@@ -786,7 +822,6 @@ def launch_causal(q, k, v, out, stream, *, initial_state=None, final_state=None,
         state = _scratch(scratch, (1, 1, 1), stream)
         has_state = False
     # seqlen == 0 still launches one block per (head, M tile): it writes the final state (= the initial one)
-    walk = chunk_kernel(p.tiles, CAUSAL, dtype, split, normalise, vector)
     final = final_state if final_state is not None else _unused4(state)  # a placeholder, not written
     _launch(walk, p, p.segments, stream, q, k, v, out, state, final, has_state, final_state is not None,
             np.float32(eps), p.segment_chunks, p.segments, p.m_tiles)
@@ -809,8 +844,11 @@ def launch_noncausal(q, k, v, out, eps, stream, *, tf32=False, dtype=None, segme
     split = dtype == FLOAT32 and not tf32
     vector = vector_loads_ok(q, k, v, out)
     sm_count = multiprocessor_count()
-    p_keys = plan(bh, seqlen_k, e, m, True, sm_count, config, segments)
-    p_rows = plan(bh, seqlen_q, e, m, True, sm_count, config)
+    tiles = tiles_for(config, e, m, True)
+    apply = chunk_kernel(tiles, APPLY, dtype, split, True, vector)
+    resident = resident_blocks(apply, 32 * tiles.warps, tiles.shared_bytes) if config.wave_plan else None
+    p_keys = plan(bh, seqlen_k, e, m, True, sm_count, config, segments, resident)
+    p_rows = plan(bh, seqlen_q, e, m, True, sm_count, config, None, resident)
     state = _scratch(scratch, (bh * p_keys.m_tiles * p_keys.segments, p_keys.tiles.e_pad, p_keys.tiles.cols), stream)
     zero = np.float32(0.0)
     if seqlen_k > 0:
@@ -820,7 +858,6 @@ def launch_noncausal(q, k, v, out, eps, stream, *, tf32=False, dtype=None, segme
                 p_keys.segment_chunks, p_keys.segments, p_keys.m_tiles)
     _run_prefix(state, p_keys.segments, _unused4(state), False, p_keys, seqlen_k > 0, False, stream,
                 config)
-    apply = chunk_kernel(p_rows.tiles, APPLY, dtype, split, True, vector)
     _launch(apply, p_rows, p_rows.segments, stream, q, k, v, out, state, _unused4(state), True, False,
             np.float32(eps),
             p_rows.segment_chunks, p_keys.segments, p_rows.m_tiles)

@@ -232,10 +232,10 @@ def combine_lse(o_parts, lse_parts):
 #: bfloat16, float32) and "recurrent" (the sequential walk of "Transformers are RNNs": float16, float32, any GPU).
 LINEAR_BACKENDS = ("chunked", "recurrent")
 #: ``backend=None`` takes the chunked kernel from this many rows on (and always for bfloat16 or a state in / out),
-#: per input dtype. Measured on an H100 (2026-11-22, B=4, H=8, E=M=64, scripts/sweep.py and scripts/tune_linear.py):
-#: float16 at 1k rows: sequential 0.69 vs chunked 0.89 ms, at 2k: 1.35 vs 1.08 ms; float32 at 4k: 0.89 vs 1.04 ms in
-#: one run and 1.47 vs 1.36 ms in another, at 8k: 1.78 vs 1.05 ms. Both are bound by host time per call there.
-CHUNKED_MIN_SEQLEN = {"float16": 2048, "bfloat16": 1, "float32": 4096}
+#: per input dtype. Measured on an H100 (2026-11-22, B=4, H=8, E=M=64, scripts/sweep.py and scripts/tune_linear.py,
+#: after the launcher and the wave-sized segments): float16 at 1k rows: sequential 0.41 vs chunked 0.28 ms; float32
+#: at 1k: 0.22 vs 0.33 ms, at 2k: 0.45 vs 0.25 ms. Shorter float16 sequences were not measured and stay sequential.
+CHUNKED_MIN_SEQLEN = {"float16": 1024, "bfloat16": 1, "float32": 2048}
 
 
 def _linear_backend(backend, dtype: str, seqlen: int, stateful: bool) -> str:

@@ -50,5 +50,33 @@ def assert_close_lse(lse, ref_lse, tol=1e-4):
     assert err.size == 0 or err.max() <= tol, f"lse error {err.max():.3g} > {tol}"
 
 
+def device_view_in_layout(x, layout: str):
+    """Host array ``(B, H, L, D)`` -> device (or simulator) view of that shape in the given memory layout:
+    ``contig``; ``blhd`` (memory ``(B, L, H, D)``, a transposed view); ``pad3`` (rows of ``D + 3`` elements, so
+    rows are not 16-byte aligned and the kernels fall back to element loads)."""
+    from numba import cuda
+
+    b, h, length, d = x.shape
+    if layout == "contig":
+        return cuda.to_device(np.ascontiguousarray(x))
+    if layout == "blhd":
+        mem = np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+        strides = (mem.strides[0], mem.strides[2], mem.strides[1], mem.strides[3])
+    elif layout == "pad3":
+        mem = np.zeros((b, h, length, d + 3), x.dtype)
+        mem[..., :d] = x
+        strides = mem.strides
+    else:
+        raise ValueError(layout)
+    dev = cuda.to_device(mem)
+    if numba_attn.SIMULATOR:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return FakeCUDAArray(np.lib.stride_tricks.as_strided(dev.copy_to_host(), (b, h, length, d), strides))
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    return DeviceNDArray(shape=(b, h, length, d), strides=strides, dtype=x.dtype, gpu_data=dev.gpu_data)
+
+
 def gpu_available() -> bool:
     return not numba_attn.SIMULATOR

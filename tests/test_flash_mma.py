@@ -18,7 +18,7 @@ import pytest
 
 import numba_attn
 import reference
-from kernel_checks import TOLERANCE, assert_close_lse, rel_error
+from kernel_checks import TOLERANCE, assert_close_lse, device_view_in_layout, rel_error
 from numba_attn._device import cuda
 from numba_attn._kernels import flash_mma, ptx
 
@@ -43,30 +43,6 @@ def _from_bits(bits, dtype):
     return ptx.bf16_bits_to_float32(bits).astype(np.float64)
 
 
-def _device_view(bits, layout):
-    """uint16 (B, H, L, D) host bits -> device (or simulator) view of that shape in the given memory layout."""
-    b, h, length, d = bits.shape
-    if layout == "contig":
-        return cuda.to_device(np.ascontiguousarray(bits))
-    if layout == "blhd":  # memory (B, L, H, D): a transposed view
-        mem = np.ascontiguousarray(bits.transpose(0, 2, 1, 3))
-        strides = (mem.strides[0], mem.strides[2], mem.strides[1], mem.strides[3])
-    elif layout == "pad3":  # rows of D + 3 elements: not 16-byte aligned, element loads
-        mem = np.zeros((b, h, length, d + 3), np.uint16)
-        mem[..., :d] = bits
-        strides = mem.strides
-    else:
-        raise ValueError(layout)
-    dev = cuda.to_device(mem)
-    if numba_attn.SIMULATOR:
-        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
-        return FakeCUDAArray(np.lib.stride_tricks.as_strided(dev.copy_to_host(), (b, h, length, d), strides))
-    from numba.cuda.cudadrv.devicearray import DeviceNDArray
-
-    return DeviceNDArray(shape=(b, h, length, d), strides=strides, dtype=np.uint16, gpu_data=dev.gpu_data)
-
-
 def _check(dtype, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, layout="contig", config=None,
            seed=0, scale=1.0, sm_scale=None, bits_dtype=np.uint16):
     rng = np.random.default_rng(seed)
@@ -76,7 +52,7 @@ def _check(dtype, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, 
 
     (qb, qf), (kb, kf), (vb, vf) = make(heads, seqlen_q, scale), make(kv_heads, seqlen_k, scale), \
         make(kv_heads, seqlen_k, 1.0)
-    q, k, v = (_device_view(x, layout) for x in (qb, kb, vb))
+    q, k, v = (device_view_in_layout(x, layout) for x in (qb, kb, vb))
     if bits_dtype != np.uint16:
         q, k, v = (x.view(bits_dtype) for x in (q, k, v))
     # a poisoned output buffer wider than headdim: the kernel must write [..., :D] and nothing else

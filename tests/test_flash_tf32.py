@@ -19,7 +19,7 @@ import pytest
 
 import numba_attn
 import reference
-from kernel_checks import TOLERANCE, assert_close_lse, rel_error
+from kernel_checks import TOLERANCE, assert_close_lse, device_view_in_layout, rel_error
 from numba_attn._device import cuda
 from numba_attn._kernels import flash_tf32
 
@@ -27,30 +27,6 @@ from numba_attn._kernels import flash_tf32
 TF32_TOLERANCE = 5e-3
 TINY = flash_tf32.SIMULATOR_CONFIG
 simulator_only = pytest.mark.skipif(not numba_attn.SIMULATOR, reason="the gpu tests cover this on a GPU")
-
-
-def _device_view(x, layout):
-    """float32 (B, H, L, D) host array -> device (or simulator) view of that shape in the given memory layout."""
-    b, h, length, d = x.shape
-    if layout == "contig":
-        return cuda.to_device(np.ascontiguousarray(x))
-    if layout == "blhd":  # memory (B, L, H, D): a transposed view
-        mem = np.ascontiguousarray(x.transpose(0, 2, 1, 3))
-        strides = (mem.strides[0], mem.strides[2], mem.strides[1], mem.strides[3])
-    elif layout == "pad3":  # rows of D + 3 elements
-        mem = np.zeros((b, h, length, d + 3), np.float32)
-        mem[..., :d] = x
-        strides = mem.strides
-    else:
-        raise ValueError(layout)
-    dev = cuda.to_device(mem)
-    if numba_attn.SIMULATOR:
-        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
-        return FakeCUDAArray(np.lib.stride_tricks.as_strided(dev.copy_to_host(), (b, h, length, d), strides))
-    from numba.cuda.cudadrv.devicearray import DeviceNDArray
-
-    return DeviceNDArray(shape=(b, h, length, d), strides=strides, dtype=np.float32, gpu_data=dev.gpu_data)
 
 
 def _run(q, k, v, causal, *, tf32_only=False, layout="contig", config=None, sm_scale=None):
@@ -61,8 +37,8 @@ def _run(q, k, v, causal, *, tf32_only=False, layout="contig", config=None, sm_s
     lse = cuda.to_device(np.full((b, h, lq), np.nan, np.float32))
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     stream = 0 if numba_attn.SIMULATOR else cuda.default_stream()
-    flash_tf32.launch(*(_device_view(x, layout) for x in (q, k, v)), out, lse, True, sm_scale, causal, stream,
-                      config=config, tf32_only=tf32_only)
+    views = (device_view_in_layout(x, layout) for x in (q, k, v))
+    flash_tf32.launch(*views, out, lse, True, sm_scale, causal, stream, config=config, tf32_only=tf32_only)
     got_mem = out_mem.copy_to_host()
     assert np.isnan(got_mem[..., d:]).all(), "wrote past headdim"
     got = got_mem[..., :d]

@@ -176,13 +176,15 @@ class _Launchable:
     """One compiled kernel ready to launch: its function handle, how its arguments become parameters, and a
     parameter buffer per thread."""
 
-    def __init__(self, compiled, device_id: int, fixed_signature: bool):
+    def __init__(self, kernel, compiled, device_id: int, fixed_signature: bool):
         import struct
         import threading
 
         from numba.cuda import types
         from numba.cuda.np.numpy_support import as_dtype
 
+        # the cache is keyed by id(kernel): holding the kernel keeps that id from going to another object
+        self.kernel = kernel
         self.cufunc_handle = compiled._codelibrary.get_cufunc().handle
         self.handle = int(self.cufunc_handle)
         self.device_id = device_id
@@ -259,7 +261,7 @@ def _launchable(kernel, args) -> "_Launchable | None":
     # has one overload per Numba type, which the dtype, shape and strides of each array determine
     key = (id(kernel),) if specialized else (id(kernel),) + tuple(_arg_key(a) for a in args)
     entry = _launchables.get(key)
-    if entry is None:
+    if entry is None or (entry and entry.kernel is not kernel):
         if len(_launchables) > 4096:
             _launchables.clear()
         try:
@@ -267,7 +269,7 @@ def _launchable(kernel, args) -> "_Launchable | None":
                 compiled = next(iter(kernel.overloads.values()))
             else:
                 compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
-            entry = _Launchable(compiled, current_device_id(), specialized)
+            entry = _Launchable(kernel, compiled, current_device_id(), specialized)
         except NotImplementedError:
             entry = False
         _launchables[key] = entry
@@ -347,7 +349,7 @@ def resident_blocks(kernel, threads: int, shared_bytes: int) -> int | None:
     if SIMULATOR or len(kernel.overloads) != 1:
         return None
     key = (id(kernel), threads, shared_bytes)
-    if key not in _resident:
+    if _resident.get(key, (None,))[0] is not kernel:
         handle = next(iter(kernel.overloads.values()))._codelibrary.get_cufunc().handle
         if shared_bytes > DEFAULT_DYNAMIC_SHARED:
             _raise_shared_limit(handle, shared_bytes, current_device_id())
@@ -357,8 +359,8 @@ def resident_blocks(kernel, threads: int, shared_bytes: int) -> int | None:
         ok = lib.cuKernelGetFunction(ctypes.byref(function), ctypes.c_void_p(int(handle))) == 0 and (
             lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
                 ctypes.byref(blocks), function, ctypes.c_int(threads), ctypes.c_size_t(shared_bytes)) == 0)
-        _resident[key] = blocks.value if ok and blocks.value > 0 else None
-    return _resident[key]
+        _resident[key] = (kernel, blocks.value if ok and blocks.value > 0 else None)
+    return _resident[key][1]
 
 
 def _raise_shared_limit_numba(kernel, shared_bytes: int, args) -> None:
@@ -369,7 +371,8 @@ def _raise_shared_limit_numba(kernel, shared_bytes: int, args) -> None:
     specialized = getattr(kernel, "specialized", False) and len(kernel.overloads) == 1
     argtypes = None if specialized else tuple(kernel.typeof_pyval(a) for a in args)
     key = (id(kernel), argtypes, device_id)
-    if _raised_shared.get(key, 0) < shared_bytes:
+    held, raised = _raised_shared.get(key, (None, 0))
+    if held is not kernel or raised < shared_bytes:
         compiled = next(iter(kernel.overloads.values())) if specialized else kernel.compile(argtypes)
         _raise_shared_limit(compiled._codelibrary.get_cufunc().handle, shared_bytes, device_id)
-        _raised_shared[key] = shared_bytes
+        _raised_shared[key] = (kernel, shared_bytes)  # the kernel held: its id stays its own

@@ -40,6 +40,52 @@ def test_unit_axes_on_a_view_have_stride_zero():
     assert view.shape == (1, 1, 3, 5) and view.strides == (0, 0, 20, 4) and view.ptr == 4096
 
 
+class _FakeCompiled:
+    """What the launcher reads of a compiled Numba kernel: its argument types and its function handle."""
+
+    def __init__(self, argument_types):
+        self.argument_types = argument_types
+        cufunc = type("Cufunc", (), {"handle": 0x1234})()
+        self._codelibrary = type("Library", (), {"get_cufunc": lambda self: cufunc})()
+
+
+def test_parameters_pack_in_numba_kernel_abi():
+    """Each array becomes meminfo, parent, nitems, itemsize, data, shape..., strides... and each scalar one
+    8-byte slot whose leading bytes hold the value (what cuLaunchKernel reads for a smaller parameter)."""
+    import ctypes
+    import struct
+
+    from numba.cuda import types
+
+    compiled = _FakeCompiled([types.Array(types.float32, 2, "A"), types.int32, types.float32, types.boolean,
+                              types.int64, types.uint16])
+    entry = _device._Launchable(object(), compiled, 0, fixed_signature=True)
+    assert entry.slots == 9 + 5 and entry.handle == 0x1234
+    view = DeviceView.of(_Foreign(4096, (3, 5), "<f4", strides=(40, 4)))
+    buffer, pointers = entry.buffers()
+    entry.packer.pack_into(buffer, 0, *view.params, -7, 1.5, True, -(2**40), 65535)
+    raw = bytes(buffer)
+    assert struct.unpack("<9q", raw[:72]) == (0, 0, 15, 4, 4096, 3, 5, 40, 4)
+    assert struct.unpack("<i", raw[72:76])[0] == -7
+    assert struct.unpack("<f", raw[80:84])[0] == 1.5
+    assert raw[88] == 1
+    assert struct.unpack("<q", raw[96:104])[0] == -(2**40)
+    assert struct.unpack("<H", raw[104:106])[0] == 65535
+    base = ctypes.addressof(buffer)
+    assert list(pointers) == [base + 8 * i for i in range(entry.slots)]
+
+
+def test_fixed_contiguous_signatures_are_left_to_numba():
+    """Per launch only dtype and rank are checked: a fixed signature with a C-contiguous array type would take a
+    strided view silently, so the launcher refuses it (Numba's launch then checks the layout)."""
+    from numba.cuda import types
+
+    compiled = _FakeCompiled([types.Array(types.float32, 1, "C")])
+    with pytest.raises(NotImplementedError):
+        _device._Launchable(object(), compiled, 0, fixed_signature=True)
+    assert _device._Launchable(object(), compiled, 0, fixed_signature=False).slots == 7
+
+
 # -- on a GPU ------------------------------------------------------------------------------------------------------
 def _scalars_kernel():
     from numba import cuda

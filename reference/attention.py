@@ -81,7 +81,7 @@ def _return(out, lse, unbatched, return_lse, dtype):
     return out
 
 
-def attention(q, k, v, causal=False, sm_scale=None, return_lse=False, dtype=None):
+def attention(q, k, v, causal=False, sm_scale=None, return_lse=False, dtype=None, rows=None):
     """Reference attention with the full score matrix materialised.
 
     Args:
@@ -94,14 +94,30 @@ def attention(q, k, v, causal=False, sm_scale=None, return_lse=False, dtype=None
         return_lse: also return the natural-log log-sum-exp of the scaled,
             masked scores, shape ``(batch, heads_q, seqlen_q)``.
         dtype: dtype of the returned arrays (default float64).
+        rows: optional query row indices: only those rows are computed (and
+            returned, in that order), each masked at its position in the full
+            ``seqlen_q`` sequence. For checking long sequences, where the full
+            score matrix would not fit.
 
     Returns:
-        ``out`` of shape ``(batch, heads_q, seqlen_q, headdim)``, or
-        ``(out, lse)``. Rows that see no key have ``out = 0`` and ``lse = -inf``.
+        ``out`` of shape ``(batch, heads_q, seqlen_q, headdim)`` (``len(rows)``
+        rows when ``rows`` is given), or ``(out, lse)``. Rows that see no key
+        have ``out = 0`` and ``lse = -inf``.
     """
     q, k, v, unbatched = prepare_qkv(q, k, v)
     sm_scale = resolve_sm_scale(sm_scale, q.shape[-1])
-    visible = _full_mask(q.shape[2], k.shape[2], causal)
+    seqlen_q, seqlen_k = q.shape[2], k.shape[2]
+    if rows is None:
+        visible = _full_mask(seqlen_q, seqlen_k, causal)
+    else:
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= seqlen_q):
+            raise ValueError(f"rows: expected query row indices in [0, {seqlen_q}), got {rows.min()}..{rows.max()}")
+        q = q[:, :, rows]
+        if causal:
+            visible = causal_mask(rows, np.arange(seqlen_k), seqlen_q, seqlen_k)
+        else:
+            visible = np.ones((len(rows), seqlen_k), dtype=bool)
     out, lse = _masked_attention(q, k, v, visible, sm_scale)
     return _return(out, lse, unbatched, return_lse, dtype)
 

@@ -125,23 +125,6 @@ def _rel(got, ref):
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
-def _reference_rows(q, k, v, causal, rows, sm_scale):
-    """float64 reference output of query ``rows`` (host arrays (B, H, L, D); GQA by repeating kv heads)."""
-    import numpy as np
-
-    q, k, v = (x.astype(np.float64) for x in (q, k, v))
-    lq, lk = q.shape[2], k.shape[2]
-    group = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    s = np.einsum("bhid,bhjd->bhij", q[:, :, rows], k) * sm_scale
-    if causal:
-        s = np.where(np.arange(lk)[None, :] <= np.asarray(rows)[:, None] + lk - lq, s, -np.inf)
-    m = np.max(s, axis=-1, keepdims=True)
-    p = np.exp(s - np.where(np.isfinite(m), m, 0.0))
-    l = p.sum(-1, keepdims=True)
-    return np.where(l > 0, (p @ v) / np.where(l > 0, l, 1.0), 0.0)
-
-
 def part_correctness(args):
     import numpy as np
 
@@ -231,6 +214,7 @@ def part_timing(args):
     import numpy as np
 
     import numba_attn  # noqa: F401
+    import reference
     from numba_attn._device import cuda
     from numba_attn._kernels import flash_simt, flash_tf32
 
@@ -280,7 +264,7 @@ def part_timing(args):
                     sm_scale = 1.0 / math.sqrt(d)
                     rows = np.r_[0:16, n // 2: n // 2 + 16, n - 16: n]
                     host = [x[:1, :4].cpu().numpy() for x in (q, k, v)]
-                    ref = _reference_rows(*host, causal, rows, sm_scale)
+                    ref = reference.attention(*host, causal=causal, sm_scale=sm_scale, rows=rows)
 
                     def err_of(result):
                         return _rel(result[:1, :4].cpu().numpy()[:, :, rows], ref)

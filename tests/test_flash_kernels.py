@@ -5,7 +5,6 @@ The Hypothesis tests run tiny shapes under the CUDA simulator in CI (and on the 
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from hypothesis import strategies as st
 
 import numba_attn
 import reference
-from kernel_checks import TOLERANCE, assert_close_lse, rel_error, to_host
+from kernel_checks import TOLERANCE, assert_close_lse, rel_error
 
 
 def _inputs(rng, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype, scale=1.0):
@@ -147,23 +146,6 @@ def test_sm_scale_is_used():
 
 
 # ---- realistic sizes on a GPU -----------------------------------------------------------------------------------------
-def _reference_rows(q, k, v, causal, rows):
-    """float64 reference for a subset of query rows (the full N x N reference is too big at realistic sizes)."""
-    q, k, v = (to_host(x).astype(np.float64) for x in (q, k, v))
-    seqlen_q, seqlen_k = q.shape[2], k.shape[2]
-    group = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    s = np.einsum("bhid,bhjd->bhij", q[:, :, rows], k) / math.sqrt(q.shape[-1])
-    if causal:
-        visible = np.arange(seqlen_k)[None, :] <= (np.asarray(rows)[:, None] + seqlen_k - seqlen_q)
-        s = np.where(visible, s, -np.inf)
-    m = np.max(s, axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    p = np.exp(s - m)
-    l = p.sum(-1, keepdims=True)
-    return np.where(l > 0, (p @ v) / np.where(l > 0, l, 1.0), 0.0)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,backend", [("float32", "simt"), ("float16", "simt"), ("float16", "mma")])
 @pytest.mark.parametrize(
@@ -186,7 +168,7 @@ def test_gpu_flash_forward(dtype, backend, batch, heads, kv_heads, seqlen_q, seq
     out = cupy.full(q.shape, cupy.nan, dtype=dtype)  # poison: unwritten elements show as NaN
     numba_attn.flash_forward(dq, dk, dv, causal=causal, out=out, backend=backend)
     rows = np.unique(np.r_[0:8, seqlen_q // 2 : seqlen_q // 2 + 8, seqlen_q - 8 : seqlen_q].clip(0, seqlen_q - 1))
-    ref = _reference_rows(q, k, v, causal, rows)
+    ref = reference.attention(q, k, v, causal=causal, rows=rows)
     host = out.get()
     assert not np.isnan(host).any()
     assert rel_error(host[:, :, rows], ref) < TOLERANCE[dtype]
@@ -203,7 +185,8 @@ def test_gpu_bfloat16_torch_tensors(causal):
     assert out.dtype == torch.bfloat16 and out.shape == tq.shape
     bq, bk, bv = (t.float().cpu().numpy() for t in (tq, tk, tv))  # the bf16-rounded inputs
     rows = np.arange(0, 1000, 37)
-    assert rel_error(out.float().cpu().numpy()[:, :, rows], _reference_rows(bq, bk, bv, causal, rows)) < TOLERANCE["bfloat16"]
+    ref = reference.attention(bq, bk, bv, causal=causal, rows=rows)
+    assert rel_error(out.float().cpu().numpy()[:, :, rows], ref) < TOLERANCE["bfloat16"]
     assert not torch.isnan(lse).any()
 
 
@@ -234,7 +217,7 @@ def test_gpu_runs_on_the_callers_stream():
         host = cupy.asnumpy(out, stream=stream)
         stream.synchronize()
     rows = np.arange(0, 2048, 97)
-    assert rel_error(host[:, :, rows], _reference_rows(q, k, v, False, rows)) < TOLERANCE["float16"]
+    assert rel_error(host[:, :, rows], reference.attention(q, k, v, causal=False, rows=rows)) < TOLERANCE["float16"]
 
 
 @pytest.mark.gpu
@@ -247,5 +230,5 @@ def test_gpu_strided_device_views():
     q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
     out = numba_attn.flash_forward(q, k, v, causal=True)
     rows = np.arange(333)
-    ref = _reference_rows(q.get(), k.get(), v.get(), True, rows)
+    ref = reference.attention(q.get(), k.get(), v.get(), causal=True, rows=rows)
     assert rel_error(out.get(), ref) < TOLERANCE["float16"]

@@ -70,6 +70,22 @@ def test_attention_equals_the_per_row_definition(case):
     assert_same_attention(actual, expected, case)
 
 
+@given(attention_cases(), st.data())
+def test_selected_rows_equal_those_rows_of_the_full_attention(case, data):
+    seqlen_q = case.q.shape[-2]
+    rows = data.draw(st.lists(st.integers(0, max(seqlen_q - 1, 0)), max_size=2 * seqlen_q), label="rows")
+    out, lse = attention(case.q, case.k, case.v, return_lse=True, rows=rows, **case.kwargs)
+    full_out, full_lse = attention(case.q, case.k, case.v, return_lse=True, **case.kwargs)
+    np.testing.assert_array_equal(out, full_out[..., rows, :])
+    np.testing.assert_array_equal(lse, full_lse[..., rows])
+
+
+def test_selected_rows_out_of_range_are_refused():
+    q = np.zeros((1, 1, 4, 2))
+    with pytest.raises(ValueError, match=r"rows: expected query row indices in \[0, 4\)"):
+        attention(q, q, q, rows=[0, 4])
+
+
 @given(attention_cases())
 def test_lse_is_the_logsumexp_of_the_masked_scaled_scores(case):
     q, k, v = case.as_4d()

@@ -158,6 +158,7 @@ class Tiles:
         return 4 * (self.h_offset + self.h_size * (3 if self.presplit else 1))
 
 
+@lru_cache(maxsize=512)  # asked twice per call (the launcher's occupancy query, then plan): made once per shape
 def tiles_for(config: ChunkConfig, e: int, m: int, normalise: bool) -> Tiles:
     e_pad = _cdiv(e, 16) * 16
     width = config.block_cols if e_pad <= 128 else config.block_cols_wide

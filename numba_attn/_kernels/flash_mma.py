@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from numba import float32, types, uint32
+from numba import float32, types, uint16, uint32
 
 from .._arrays import rows_in_pieces
 from .._device import SIMULATOR, cuda
@@ -118,8 +118,12 @@ def default_config(head_dim: int = 64) -> MmaConfig:
 DTYPES = ("float16", "bfloat16")
 
 
-def padded_head_dim(head_dim: int) -> int:
-    return -(-head_dim // 16) * 16
+def padded_head_dim(head_dim: int, config: MmaConfig | None = None) -> int:
+    """The head dim the kernel computes with: a multiple of 16 (one MMA k-step), and of 32 when it takes two passes
+    (each pass's half is then a whole number of ``ldmatrix.x4`` column pairs)."""
+    config = config or DEFAULT_CONFIG
+    pad = -(-head_dim // 16) * 16
+    return pad if pad <= config.max_single_pass_dim else -(-head_dim // 32) * 32
 
 
 @dataclass(frozen=True)
@@ -136,16 +140,23 @@ class _Tiles:
         return self.d_pad // self.d_pass
 
     @property
-    def k_stride(self) -> int:  # words per K row in shared memory: d_pad / 2 + 4 (= 4 mod 8: conflict-free)
-        return self.d_pad // 2 + 4
+    def row(self) -> int:
+        """16-bit elements per K or V row in shared memory: ``d_pad + 8``. The row is then an odd number of 16-byte
+        pieces, so the 8 rows an ``ldmatrix`` matrix reads sit in 8 different 16-byte bank groups."""
+        return self.d_pad + 8
 
     @property
-    def v_stride(self) -> int:  # words per V^T row: block_n / 2 + 4
-        return self.block_n // 2 + 4
+    def tile(self) -> int:  # elements of one K (or V) tile
+        return self.block_n * self.row
 
     @property
     def shared_bytes(self) -> int:
-        return 4 * (self.block_n * self.k_stride + self.d_pass * self.v_stride)
+        """Dynamic shared memory: two stages of (K tile, V tile)."""
+        return 2 * 2 * self.tile * 2
+
+
+#: the H100's (and A100's) opt-in limit of shared memory per block
+MAX_SHARED_BYTES = 227 * 1024
 
 
 def tiles_for(config: MmaConfig, head_dim_pad: int) -> _Tiles:
@@ -153,12 +164,14 @@ def tiles_for(config: MmaConfig, head_dim_pad: int) -> _Tiles:
         raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, 256], got {head_dim_pad}")
     if head_dim_pad <= config.max_single_pass_dim:
         tiles = _Tiles(config.warps, config.block_n, head_dim_pad, head_dim_pad)
+    elif head_dim_pad % 32:
+        raise ValueError(f"head_dim_pad above {config.max_single_pass_dim} must be a multiple of 32, got {head_dim_pad}")
     else:
         tiles = _Tiles(config.warps, config.block_n_wide, head_dim_pad, head_dim_pad // 2)
     if tiles.block_n % 16:
         raise ValueError(f"block_n must be a multiple of 16, got {tiles.block_n}")
-    if tiles.shared_bytes > 48 * 1024:
-        raise ValueError(f"tiles need {tiles.shared_bytes} bytes of shared memory, more than the static 48 KB")
+    if tiles.shared_bytes > MAX_SHARED_BYTES:
+        raise ValueError(f"tiles need {tiles.shared_bytes} bytes of shared memory, more than {MAX_SHARED_BYTES}")
     return tiles
 
 
@@ -181,112 +194,85 @@ def _device_function(fn):
     return cuda.jit(device=True, forceinline=True)(fn)
 
 
-def _tile_loaders(tiles: _Tiles, vector_loads: bool):
-    """``(load_k_tile, load_v_tile)``: the global -> shared copies of one K/V tile, every thread of the block taking
-    part. K lands as ``[key][column pair]`` words, V transposed as ``[column][key pair]`` words; keys >= seqlen_k
-    and columns >= headdim are zeros (so they add exactly 0 to S and O, never NaN).
+def _tile_loader(tiles: _Tiles, vector_loads: bool):
+    """``load_tile(head, smem, base, tid, n0, seqlen_k, head_dim)``: start the copy of keys ``n0 .. n0 + block_n``
+    of one head's K or V (``[key][d]`` in global memory) to ``smem[base:]`` as ``[key][d]`` rows of ``tiles.row``
+    elements, every thread of the block taking part. Keys >= seqlen_k and columns >= headdim become zeros (they add
+    exactly 0 to S and O, never NaN).
 
-    ``vector_loads``: rows are read in 16-byte pieces (needs headdim % 8 == 0, a contiguous last axis and 16-byte
-    aligned rows; ``launch`` checks); otherwise element by element (any strides, any headdim). Chosen here, in
+    ``vector_loads``: asynchronous 16-byte copies (``cp.async``, zero-filling what lies outside), which land by the
+    next ``cp_async_wait_all`` + barrier; needs headdim % 8 == 0, a contiguous last axis and 16-byte aligned rows
+    (``launch`` checks). Otherwise element by element, synchronously (any strides, any headdim). Chosen here, in
     Python, so that each kernel compiles only the loader it uses."""
     NT = 32 * tiles.warps
+    ROW = tiles.row
+    D_PAD = tiles.d_pad
     BLOCK_N = tiles.block_n
-    D_PASS = tiles.d_pass
-    K_WORDS = tiles.d_pad // 2  # 32-bit words per K row (two columns each)
-    K_CHUNKS = tiles.d_pad // 8  # 16-byte pieces per K row
-    V_WORDS = BLOCK_N // 2  # 32-bit words per V^T row (two keys each)
+    PIECES = D_PAD // 8  # 16-byte pieces per row
+    # the pieces of a tile in steps of NT: thread tid takes piece column tid % PIECES of rows tid // PIECES + k ROWS
+    # (when PIECES divides NT, so that the column and the global offset within a row stay fixed per thread)
+    ROWS = NT // PIECES if NT % PIECES == 0 else 0
+    STEPS = -(-BLOCK_N // ROWS) if ROWS else 0
+    ROWS_GUARD = ROWS and BLOCK_N % ROWS != 0
+    cp_async_16 = ptx.cp_async_16
     load2 = ptx.load2
-    store2 = ptx.store2
-    pack_u16x2 = ptx.pack_u16x2
-    load_u16x8 = ptx.load_u16x8
-    store_u32x4 = ptx.store_u32x4
-    interleave_low = ptx.interleave_low
-    interleave_high = ptx.interleave_high
+    store1 = ptx.store1
 
-    def load_k_vector(k_head, k_tile, tid, n0, seqlen_k, head_dim):
-        for chunk in range(tid, BLOCK_N * K_CHUNKS, NT):  # consecutive threads: consecutive 16 bytes of a row
-            c = chunk // K_CHUNKS
-            c8 = chunk - c * K_CHUNKS
-            key = n0 + c
-            w0 = w1 = w2 = w3 = 0
-            if key < seqlen_k and 8 * c8 < head_dim:
-                w0, w1, w2, w3 = load_u16x8(k_head, key, 8 * c8)
-            store_u32x4(k_tile, c, 4 * c8, w0, w1, w2, w3)
+    def load_vector(head, smem, base, tid, n0, seqlen_k, head_dim):
+        key_stride = head.strides[0]
+        r = tid // PIECES
+        col = 8 * (tid - r * PIECES)
+        inside_cols = col < head_dim
+        offset = (n0 + r) * key_stride + col * head.strides[1]
+        for step in range(STEPS):
+            row = r + step * ROWS
+            if not ROWS_GUARD or row < BLOCK_N:
+                inside = inside_cols and n0 + row < seqlen_k
+                # outside: read nothing, fill zeros (from the head's first element: a valid address)
+                cp_async_16(smem, base + row * ROW + col, head, offset + step * ROWS * key_stride if inside else 0,
+                            16 if inside else 0)
 
-    def load_v_vector(v_head, vt_tile, tid, n0, d_off, seqlen_k, head_dim):
-        # thread (j, d): keys 2j and 2j + 1, columns d .. d + 7 -> words [d + i][j]; a warp covers 32 key pairs of
-        # one column group, so the 8 stores of a thread hit 32 different banks across the warp
-        for task in range(tid, V_WORDS * (D_PASS // 8), NT):
-            j = task % V_WORDS
-            d = 8 * (task // V_WORDS)
-            key = n0 + 2 * j
-            col = d_off + d
-            x0 = x1 = x2 = x3 = 0
-            y0 = y1 = y2 = y3 = 0
-            if col < head_dim:
-                if key < seqlen_k:
-                    x0, x1, x2, x3 = load_u16x8(v_head, key, col)
-                if key + 1 < seqlen_k:
-                    y0, y1, y2, y3 = load_u16x8(v_head, key + 1, col)
-            store2(vt_tile, d, j, interleave_low(x0, y0))
-            store2(vt_tile, d + 1, j, interleave_high(x0, y0))
-            store2(vt_tile, d + 2, j, interleave_low(x1, y1))
-            store2(vt_tile, d + 3, j, interleave_high(x1, y1))
-            store2(vt_tile, d + 4, j, interleave_low(x2, y2))
-            store2(vt_tile, d + 5, j, interleave_high(x2, y2))
-            store2(vt_tile, d + 6, j, interleave_low(x3, y3))
-            store2(vt_tile, d + 7, j, interleave_high(x3, y3))
+    def load_vector_any(head, smem, base, tid, n0, seqlen_k, head_dim):  # PIECES does not divide NT
+        for idx in range(tid, BLOCK_N * PIECES, NT):
+            r = idx // PIECES
+            col = 8 * (idx - r * PIECES)
+            inside = n0 + r < seqlen_k and col < head_dim
+            offset = (n0 + r) * head.strides[0] + col * head.strides[1]
+            cp_async_16(smem, base + r * ROW + col, head, offset if inside else 0, 16 if inside else 0)
 
-    def load_k_elements(k_head, k_tile, tid, n0, seqlen_k, head_dim):
-        for idx in range(tid, BLOCK_N * K_WORDS, NT):
-            c = idx // K_WORDS
-            w = idx - c * K_WORDS
-            key = n0 + c
-            col = 2 * w
-            lo = 0
-            hi = 0
-            if key < seqlen_k:
-                if col < head_dim:
-                    lo = load2(k_head, key, col)
-                if col + 1 < head_dim:
-                    hi = load2(k_head, key, col + 1)
-            store2(k_tile, c, w, pack_u16x2(lo, hi))
-
-    def load_v_elements(v_head, vt_tile, tid, n0, d_off, seqlen_k, head_dim):
-        for idx in range(tid, D_PASS * V_WORDS, NT):  # a warp: 4 key pairs x 8 columns (no bank conflicts)
-            rest = idx // 4
-            d = rest % D_PASS
-            j = idx % 4 + 4 * (rest // D_PASS)
-            key = n0 + 2 * j
-            col = d_off + d
-            lo = 0
-            hi = 0
-            if col < head_dim:
-                if key < seqlen_k:
-                    lo = load2(v_head, key, col)
-                if key + 1 < seqlen_k:
-                    hi = load2(v_head, key + 1, col)
-            store2(vt_tile, d, j, pack_u16x2(lo, hi))
+    def load_elements(head, smem, base, tid, n0, seqlen_k, head_dim):
+        for idx in range(tid, BLOCK_N * D_PAD, NT):
+            r = idx // D_PAD
+            col = idx - r * D_PAD
+            key = n0 + r
+            x = 0
+            if key < seqlen_k and col < head_dim:
+                x = load2(head, key, col)
+            store1(smem, base + r * ROW + col, x)
 
     if vector_loads:
-        return _device_function(load_k_vector), _device_function(load_v_vector)
-    return _device_function(load_k_elements), _device_function(load_v_elements)
+        return _device_function(load_vector if ROWS else load_vector_any)
+    return _device_function(load_elements)
 
 
-def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool):
-    """The Python function of one specialisation (not yet jitted); also what ``compile_ptx`` checks offline."""
+def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: bool = False):
+    """The Python function of one specialisation (not yet jitted); also what ``compile_ptx`` checks offline.
+
+    ``scale_first=False`` (for a positive scale) keeps the running max on the unscaled scores, so the scale folds
+    into the exponent's one FFMA (``exp2(s * scale - m * scale)``); a scale <= 0 does not commute with max and
+    multiplies every score first."""
     WARPS = tiles.warps
     BLOCK_M = 16 * WARPS
     BLOCK_N = tiles.block_n
     D_PASS = tiles.d_pass
     PASSES = tiles.passes
+    ROW = tiles.row
+    TILE = tiles.tile  # K tile at stage base, V tile right after it
+    STAGE = 2 * TILE
     QK_STEPS = tiles.d_pad // 16  # k-steps of S = Q K^T
     S_BLOCKS = BLOCK_N // 8  # n8 blocks of S
     PV_STEPS = BLOCK_N // 16  # k-steps of O += P V
     O_BLOCKS = D_PASS // 8  # n8 blocks of O
-    K_SHAPE = (BLOCK_N, tiles.k_stride)
-    V_SHAPE = (D_PASS, tiles.v_stride)
-    SMEM_ALIGN = None if SIMULATOR else 16  # the simulator refuses an alignment (and needs none)
     NEG_INF = np.float32(-np.inf)
     ZERO = np.float32(0.0)
     mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
@@ -298,7 +284,12 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool):
     shfl_xor = ptx.shfl_xor_f32
     load2 = ptx.load2
     store2 = ptx.store2
-    load_k_tile, load_v_tile = _tile_loaders(tiles, vector_loads)
+    ldmatrix = ptx.ldmatrix_x4
+    ldmatrix_trans = ptx.ldmatrix_x4_trans
+    commit = ptx.cp_async_commit
+    wait_all = ptx.cp_async_wait_all
+    load_tile = _tile_loader(tiles, vector_loads)
+    SCALE_FIRST = scale_first
 
     def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
         tid = cuda.threadIdx.x
@@ -325,10 +316,13 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool):
         out_head = out[b, h]
         row0 = m0 + 16 * warp + g
         row1 = row0 + 8
+        # ldmatrix row addresses of this lane (lane 8m + r: row r of matrix m). K, for S = Q K^T: matrices (keys
+        # +0, cols +0), (+0, +8), (+8, +0), (+8, +8) = b0, b1 of two n8 blocks. V (transposed), for O += P V:
+        # (keys +0, cols +0), (+8, +0), (+0, +8), (+8, +8) = b0, b1 of two n8 blocks of output columns.
+        k_lane = (8 * (lane // 16) + lane % 8) * ROW + 8 * ((lane // 8) % 2)
+        v_lane = (8 * ((lane // 8) % 2) + lane % 8) * ROW + 8 * (lane // 16)
 
-        # 16-byte aligned: the vector loader stores 16 bytes at a time (rows are multiples of 16 bytes long)
-        k_tile = cuda.shared.array(K_SHAPE, uint32, alignment=SMEM_ALIGN)  # [key][column pair]
-        vt_tile = cuda.shared.array(V_SHAPE, uint32, alignment=SMEM_ALIGN)  # [column][key pair]
+        smem = cuda.shared.array(0, uint16)  # dynamic: 2 stages x (K tile, V tile), rows of ROW elements
         q_frag = cuda.local.array((QK_STEPS, 4), uint32)
         s = cuda.local.array((S_BLOCKS, 4), float32)
         acc = cuda.local.array((O_BLOCKS, 4), float32)
@@ -350,6 +344,11 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool):
         n_end = seqlen_k
         if causal:
             n_end = min(seqlen_k, max(0, m0 + BLOCK_M + diag_offset))
+        n_tiles = (n_end + BLOCK_N - 1) // BLOCK_N
+        # scores are multiplied by ``post`` inside the exponent (1 when they were scaled first); m is in their units
+        post = scale_log2
+        if SCALE_FIRST:
+            post = float32(1.0)
 
         for p in range(PASSES):
             d_off = p * D_PASS  # first output column of this pass
@@ -361,26 +360,40 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool):
                 for e in range(4):
                     acc[ob, e] = ZERO
 
-            for n0 in range(0, n_end, BLOCK_N):
-                cuda.syncthreads()  # everyone is done with the previous tile
-                load_k_tile(k_head, k_tile, tid, n0, seqlen_k, head_dim)  # [key][column pair]
-                load_v_tile(v_head, vt_tile, tid, n0, d_off, seqlen_k, head_dim)  # [column][key pair]
-                cuda.syncthreads()
+            cuda.syncthreads()  # a previous pass is done reading stage 0
+            if n_tiles > 0:
+                load_tile(k_head, smem, 0, tid, 0, seqlen_k, head_dim)
+                load_tile(v_head, smem, TILE, tid, 0, seqlen_k, head_dim)
+                commit()
+            for j in range(n_tiles):
+                n0 = j * BLOCK_N
+                base = (j % 2) * STAGE
+                wait_all()
+                cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
+                if j + 1 < n_tiles:  # the copy of tile j + 1 runs under this tile's MMAs
+                    load_tile(k_head, smem, STAGE - base, tid, n0 + BLOCK_N, seqlen_k, head_dim)
+                    load_tile(v_head, smem, STAGE - base + TILE, tid, n0 + BLOCK_N, seqlen_k, head_dim)
+                    commit()
 
                 # ---- S = Q K^T ------------------------------------------------------------------------------------
                 for nb in range(S_BLOCKS):
                     for e in range(4):
                         s[nb, e] = ZERO
                 for kk in range(QK_STEPS):
-                    for nb in range(S_BLOCKS):
-                        b0 = load2(k_tile, 8 * nb + g, 8 * kk + t)
-                        b1 = load2(k_tile, 8 * nb + g, 8 * kk + 4 + t)
+                    for nb in range(0, S_BLOCKS, 2):
+                        b0, b1, b2, b3 = ldmatrix(smem, base + k_lane + 8 * nb * ROW + 16 * kk)
                         r0, r1, r2, r3 = mma(q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b0, b1,
                                              s[nb, 0], s[nb, 1], s[nb, 2], s[nb, 3])
                         s[nb, 0] = r0
                         s[nb, 1] = r1
                         s[nb, 2] = r2
                         s[nb, 3] = r3
+                        r0, r1, r2, r3 = mma(q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b2, b3,
+                                             s[nb + 1, 0], s[nb + 1, 1], s[nb + 1, 2], s[nb + 1, 3])
+                        s[nb + 1, 0] = r0
+                        s[nb + 1, 1] = r1
+                        s[nb + 1, 2] = r2
+                        s[nb + 1, 3] = r3
 
                 # ---- online softmax (base 2), masks only on the diagonal / tail tiles ----------------------------
                 needs_mask = n0 + BLOCK_N > seqlen_k
@@ -390,7 +403,9 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool):
                 mx_1 = NEG_INF
                 for nb in range(S_BLOCKS):
                     for e in range(4):
-                        x = s[nb, e] * scale_log2
+                        x = s[nb, e]
+                        if SCALE_FIRST:
+                            x *= scale_log2
                         if needs_mask:
                             key = n0 + 8 * nb + 2 * t + e % 2
                             row = row0 + 8 * (e // 2)
@@ -409,17 +424,19 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool):
                 # a row that has seen no key yet keeps m = -inf: subtract 0 instead, so exp2 gives 0, not NaN
                 use_0 = new_0 if new_0 != NEG_INF else ZERO
                 use_1 = new_1 if new_1 != NEG_INF else ZERO
-                alpha_0 = exp2(m_0 - use_0)
-                alpha_1 = exp2(m_1 - use_1)
+                alpha_0 = exp2((m_0 - use_0) * post)
+                alpha_1 = exp2((m_1 - use_1) * post)
                 m_0 = new_0
                 m_1 = new_1
+                shift_0 = use_0 * post
+                shift_1 = use_1 * post
                 sum_0 = ZERO
                 sum_1 = ZERO
                 for nb in range(S_BLOCKS):
-                    s[nb, 0] = exp2(s[nb, 0] - use_0)
-                    s[nb, 1] = exp2(s[nb, 1] - use_0)
-                    s[nb, 2] = exp2(s[nb, 2] - use_1)
-                    s[nb, 3] = exp2(s[nb, 3] - use_1)
+                    s[nb, 0] = exp2(s[nb, 0] * post - shift_0)
+                    s[nb, 1] = exp2(s[nb, 1] * post - shift_0)
+                    s[nb, 2] = exp2(s[nb, 2] * post - shift_1)
+                    s[nb, 3] = exp2(s[nb, 3] * post - shift_1)
                     sum_0 += s[nb, 0] + s[nb, 1]
                     sum_1 += s[nb, 2] + s[nb, 3]
                 l_0 = l_0 * alpha_0 + sum_0
@@ -436,14 +453,19 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool):
                     a1 = pack(s[2 * kk, 2], s[2 * kk, 3])
                     a2 = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
                     a3 = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
-                    for ob in range(O_BLOCKS):
-                        b0 = load2(vt_tile, 8 * ob + g, 8 * kk + t)
-                        b1 = load2(vt_tile, 8 * ob + g, 8 * kk + 4 + t)
+                    for ob in range(0, O_BLOCKS, 2):
+                        b0, b1, b2, b3 = ldmatrix_trans(smem, base + TILE + v_lane + 16 * kk * ROW + d_off + 8 * ob)
                         r0, r1, r2, r3 = mma(a0, a1, a2, a3, b0, b1, acc[ob, 0], acc[ob, 1], acc[ob, 2], acc[ob, 3])
                         acc[ob, 0] = r0
                         acc[ob, 1] = r1
                         acc[ob, 2] = r2
                         acc[ob, 3] = r3
+                        r0, r1, r2, r3 = mma(a0, a1, a2, a3, b2, b3,
+                                             acc[ob + 1, 0], acc[ob + 1, 1], acc[ob + 1, 2], acc[ob + 1, 3])
+                        acc[ob + 1, 0] = r0
+                        acc[ob + 1, 1] = r1
+                        acc[ob + 1, 2] = r2
+                        acc[ob + 1, 3] = r3
 
             # ---- epilogue: full row sums, one division per row, output in the input dtype -------------------------
             l_0 += shfl_xor(l_0, 1)
@@ -469,19 +491,20 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool):
                         store2(out_head, row1, col + 1, high_u16(w1))
             if write_lse and p == 0 and t == 0:
                 if row0 < seqlen_q:
-                    lse[b, h, row0] = (m_0 + math.log2(l_0)) * LN2 if l_0 > ZERO else NEG_INF
+                    lse[b, h, row0] = (m_0 * post + math.log2(l_0)) * LN2 if l_0 > ZERO else NEG_INF
                 if row1 < seqlen_q:
-                    lse[b, h, row1] = (m_1 + math.log2(l_1)) * LN2 if l_1 > ZERO else NEG_INF
+                    lse[b, h, row1] = (m_1 * post + math.log2(l_1)) * LN2 if l_1 > ZERO else NEG_INF
 
     return kernel
 
 
 @lru_cache(maxsize=None)
-def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_loads: bool):
-    """The compiled kernel of one specialisation: tiles, padded head dim, dtype and load width are constants
-    (causality is a run-time flag: it only changes the loop bound and the masks of diagonal tiles)."""
+def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_loads: bool, scale_first: bool = False):
+    """The compiled kernel of one specialisation: tiles, padded head dim, dtype, load width and the sign of the
+    scale are constants (causality is a run-time flag: it only changes the loop bound and the diagonal tiles' masks)."""
     tiles = tiles_for(config, head_dim_pad)
-    return _jit(config.launch_bounds(head_dim_pad, vector_loads))(_kernel_source(tiles, bf16, vector_loads))
+    return _jit(config.launch_bounds(head_dim_pad, vector_loads))(
+        _kernel_source(tiles, bf16, vector_loads, scale_first))
 
 
 def _bits(x, name: str):
@@ -515,7 +538,8 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     if batch * heads == 0 or seqlen_q == 0:
         return
     q, k, v, out = _bits(q, "q"), _bits(k, "k"), _bits(v, "v"), _bits(out, "out")
-    kernel = flash_mma_kernel(config, padded_head_dim(head_dim), dtype == "bfloat16", vector_loads_ok(k, v))
+    head_dim_pad = padded_head_dim(head_dim, config)
+    kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads_ok(k, v), not sm_scale > 0)
     grid = (batch * heads, -(-seqlen_q // config.block_m))
     args = (q, k, v, out, lse, bool(write_lse), bool(causal), np.float32(sm_scale * LOG2E))
-    device_launch(kernel, grid, config.threads, stream, 0, *args)
+    device_launch(kernel, grid, config.threads, stream, tiles_for(config, head_dim_pad).shared_bytes, *args)

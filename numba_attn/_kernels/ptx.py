@@ -48,6 +48,7 @@ arithmetic be tested without a GPU.
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import numpy as np
@@ -86,6 +87,11 @@ __all__ = [
     "store_pair",
     "half_to_float",
     "bf16_to_float",
+    "ldmatrix_x4",
+    "ldmatrix_x4_trans",
+    "cp_async_16",
+    "cp_async_commit",
+    "cp_async_wait_all",
 ]
 
 
@@ -273,6 +279,41 @@ if SIMULATOR:
 
     def bf16_to_float(bits):
         return np.uint32((int(bits) & 0xFFFF) << 16).view(np.float32)
+
+    def _sim_ldmatrix(arr, i, trans):
+        rows = _sim_warp_gather(int(i))  # lane 8m + r gives the start of row r of matrix m
+        g, t = _sim_lane() // 4, _sim_lane() % 4
+        words = []
+        for m in range(4):
+            if trans:  # this lane gets column g, rows 2t and 2t + 1
+                lo, hi = arr[rows[8 * m + 2 * t] + g], arr[rows[8 * m + 2 * t + 1] + g]
+            else:  # row g, columns 2t and 2t + 1
+                lo, hi = arr[rows[8 * m + g] + 2 * t], arr[rows[8 * m + g] + 2 * t + 1]
+            words.append(np.uint32(int(lo) | (int(hi) << 16)))
+        return tuple(words)
+
+    def ldmatrix_x4(arr, i):
+        """Simulator emulation of ``ldmatrix.x4`` (see the GPU version)."""
+        return _sim_ldmatrix(arr, i, False)
+
+    def ldmatrix_x4_trans(arr, i):
+        """Simulator emulation of ``ldmatrix.x4.trans`` (see the GPU version)."""
+        return _sim_ldmatrix(arr, i, True)
+
+    def cp_async_16(dst, i, src, offset, nbytes):
+        """Simulator emulation of ``cp.async``: a synchronous copy (or zero fill)."""
+        words = np.zeros(8, np.uint16)
+        if nbytes:
+            data = np.asarray(src).__array_interface__["data"][0]
+            words[:] = np.ctypeslib.as_array((ctypes.c_uint16 * 8).from_address(data + int(offset)))
+        for n in range(8):
+            dst[i + n] = words[n]
+
+    def cp_async_commit():
+        pass
+
+    def cp_async_wait_all():
+        pass
 
 else:
     from llvmlite import ir
@@ -738,3 +779,99 @@ else:
             return context.get_dummy_value()
 
         return sig, codegen
+
+    def _shared_address(builder, ptr):
+        """The 32-bit shared-window address of a generic pointer into shared memory (LLVM folds the cast into the
+        shared array's own address space, so the address arithmetic stays 32-bit)."""
+        return builder.ptrtoint(builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, 3)), _I32)
+
+    def _ldmatrix(trans):
+        def typer(arr, i):
+            if not (_is_1d(arr) and arr.dtype == types.uint16 and _is_int(i)):
+                return None
+            sig = types.UniTuple(types.uint32, 4)(arr, i)
+            text = (f"ldmatrix.sync.aligned.m8n8.x4{'.trans' if trans else ''}.shared.b16 "
+                    "{$0, $1, $2, $3}, [$4];")
+
+            def codegen(context, builder, sig, args):
+                addr = _shared_address(builder, _pointer1(context, builder, sig.args[0], args[0], sig.args[1],
+                                                          args[1]))
+                # side effects: never hoisted or merged across the barrier that publishes the tile
+                asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I32]), text,
+                                   "=r,=r,=r,=r,r,~{memory}", side_effect=True)
+                res = builder.call(asm, [addr], attrs=("convergent",))
+                return context.make_tuple(builder, sig.return_type, [builder.extract_value(res, n) for n in range(4)])
+
+            return sig, codegen
+
+        return typer
+
+    @intrinsic
+    def ldmatrix_x4(typingctx, arr, i):
+        """(arr, i) -> (w0, w1, w2, w3): four 8x8 matrices of 16-bit elements from a 1-D uint16 SHARED array, one per
+        register. Lane ``8 m + r`` gives in ``i`` the start of row ``r`` of matrix ``m`` (8 consecutive elements,
+        16-byte aligned); lane ``l`` receives in ``w_m`` row ``l // 4``, elements ``2 (l % 4)`` (low) and ``+ 1``::
+
+            ldmatrix.sync.aligned.m8n8.x4.shared.b16 {w0, w1, w2, w3}, [addr];
+
+        With the 8 rows = 8 keys of a ``[key][d]`` K tile this is the B fragment of ``Q K^T`` (``b0``: columns
+        ``0..7`` of the k-slice, ``b1``: ``8..15``)."""
+        return _ldmatrix(False)(arr, i)
+
+    @intrinsic
+    def ldmatrix_x4_trans(typingctx, arr, i):
+        """(arr, i) -> (w0, w1, w2, w3): as ``ldmatrix_x4`` but each matrix transposed: lane ``l`` receives column
+        ``l // 4``, rows ``2 (l % 4)`` (low) and ``+ 1``. With the rows = keys of a ``[key][d]`` V tile this is the B
+        fragment of ``P V`` without a transposed copy of V."""
+        return _ldmatrix(True)(arr, i)
+
+    @intrinsic
+    def cp_async_16(typingctx, dst, i, src, offset, nbytes):
+        """(dst, i, src, offset, nbytes): start an asynchronous copy of the 16 bytes ``offset`` bytes past the first
+        element of ``src`` (any array in global memory; the caller computes the offset from its strides) to
+        ``dst[i : i + 8]`` (a 1-D uint16 shared array); both 16-byte aligned. ``nbytes`` (0 or 16) bytes are read and
+        the rest of the 16 filled with zeros, so ``0`` zero-fills without reading (the address must still be
+        valid)::
+
+            cp.async.cg.shared.global [dst], [src + offset], 16, nbytes;
+
+        Completes at ``cp_async_wait_all`` (for the groups committed before it)."""
+        if not (_is_1d(dst) and dst.dtype == types.uint16 and isinstance(src, types.Array)
+                and _is_int(i, offset, nbytes)):
+            return None
+        sig = types.void(dst, i, src, offset, nbytes)
+
+        def codegen(context, builder, sig, args):
+            addr = _shared_address(builder, _pointer1(context, builder, sig.args[0], args[0], sig.args[1], args[1]))
+            data = context.make_array(sig.args[2])(context, builder, value=args[2]).data
+            gptr = builder.add(builder.ptrtoint(data, ir.IntType(64)),
+                               context.cast(builder, args[3], sig.args[3], types.int64))
+            size = _i32(context, builder, args[4], sig.args[4])
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I32, ir.IntType(64), _I32]),
+                               "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [addr, gptr, size])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    def _void_asm(text):
+        def typer():
+            def codegen(context, builder, sig, args):
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", side_effect=True)
+                builder.call(asm, [])
+                return context.get_dummy_value()
+
+            return types.void(), codegen
+
+        return typer
+
+    @intrinsic
+    def cp_async_commit(typingctx):
+        """``cp.async.commit_group``: the copies this thread started since the last commit form one group."""
+        return _void_asm("cp.async.commit_group;")()
+
+    @intrinsic
+    def cp_async_wait_all(typingctx):
+        """``cp.async.wait_group 0``: this thread's committed copies have landed (other threads' copies are visible
+        after a barrier that follows)."""
+        return _void_asm("cp.async.wait_group 0;")()

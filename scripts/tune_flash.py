@@ -5,7 +5,7 @@
 
 Prints, for each configuration tried, the median time and TFLOP/s next to torch SDPA on the same inputs (if torch
 is installed; its flash backend for 16-bit inputs), and for ``mma`` the output's relative difference to SDPA's.
-``--mma warps:block_n:min_warps`` is MmaConfig(warps, block_n, min_warps_small=min_warps, min_warps=min_warps). The
+``--mma warps:m_tiles:block_n:min_warps`` is MmaConfig(warps, m_tiles, block_n, min_warps=min_warps). The
 benchmark of record is scripts/sweep.py.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main():
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--kernel", choices=("simt", "mma"), default="simt")
-    parser.add_argument("--mma", nargs="+", default=["4:64:8", "8:64:8"], help="warps:block_n:min_warps")
+    parser.add_argument("--mma", nargs="+", default=["4:2:64:8", "8:1:64:8"], help="warps:m_tiles:block_n:min_warps")
     args = parser.parse_args()
     if numba_attn.SIMULATOR:
         raise SystemExit("tune_flash.py needs a GPU")
@@ -63,9 +63,8 @@ def main():
         if args.kernel == "mma":
             configs = []
             for spec in args.mma:
-                warps, block_n, min_warps = (int(x) for x in spec.split(":"))
-                configs.append(flash_mma.MmaConfig(warps=warps, block_n=block_n, min_warps_small=min_warps,
-                                                   min_warps=min_warps))
+                warps, m_tiles, block_n, min_warps = (int(x) for x in spec.split(":"))
+                configs.append(flash_mma.MmaConfig(warps=warps, m_tiles=m_tiles, block_n=block_n, min_warps=min_warps))
             launch = flash_mma.launch
         else:
             configs, launch = simt_configs, flash_simt.launch

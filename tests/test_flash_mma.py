@@ -96,15 +96,20 @@ def test_bf16_bit_helpers_round_to_nearest_even():
     assert np.isfinite(ptx.bf16_bits_to_float32(bits)[4])
 
 
-def test_tiles_fit_static_shared_memory_and_reject_bad_dims():
-    for d in range(16, 257, 16):
-        tiles = flash_mma.tiles_for(flash_mma.DEFAULT_CONFIG, d)
-        assert tiles.shared_bytes <= 48 * 1024
-        assert tiles.k_stride % 8 == 4 and tiles.v_stride % 8 == 4  # conflict-free fragment loads
+def test_tiles_fit_shared_memory_and_reject_bad_dims():
+    config = flash_mma.DEFAULT_CONFIG
+    for head_dim in range(1, 257):
+        d = flash_mma.padded_head_dim(head_dim, config)
+        tiles = flash_mma.tiles_for(config, d)
+        assert d >= head_dim and tiles.shared_bytes <= flash_mma.MAX_SHARED_BYTES
+        assert (tiles.row // 8) % 2 == 1  # an odd number of 16-byte pieces per row: ldmatrix reads conflict-free
+        assert tiles.d_pass % 16 == 0  # whole ldmatrix.x4 column pairs per pass
     with pytest.raises(ValueError):
-        flash_mma.tiles_for(flash_mma.DEFAULT_CONFIG, 24)
+        flash_mma.tiles_for(config, 24)
     with pytest.raises(ValueError):
-        flash_mma.tiles_for(flash_mma.DEFAULT_CONFIG, 272)
+        flash_mma.tiles_for(config, 272)
+    with pytest.raises(ValueError):
+        flash_mma.tiles_for(config, 144)  # two passes need a multiple of 32
 
 
 # -- simulator: the real kernel code on tiny tiles --------------------------------------------------------------------
@@ -122,6 +127,18 @@ simulator_only = pytest.mark.skipif(not numba_attn.SIMULATOR, reason="the gpu te
 )
 def test_simulated_kernel_equals_reference(dtype, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, layout):
     _check(dtype, 1, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, layout, config=TINY)
+
+
+@simulator_only
+def test_simulated_two_m_tiles_per_warp():
+    # each K / V fragment feeds the MMAs of two 16-row tiles; 40 query rows: the second block's tiles end mid-way
+    config = flash_mma.MmaConfig(warps=1, m_tiles=2, block_n=16, block_n_wide=16, max_single_pass_dim=32)
+    _check("float16", 1, 1, 1, 40, 37, 16, True, config=config)
+
+
+@simulator_only
+def test_simulated_negative_scale():
+    _check("float16", 1, 1, 1, 9, 20, 16, True, config=TINY, sm_scale=-0.3)
 
 
 # -- GPU -----------------------------------------------------------------------------------------------------------
@@ -154,6 +171,20 @@ def test_strided_views(layout, head_dim, dtype):
 def test_int16_bit_view_and_peaky_softmax():
     # torch's bfloat16 arrives as an int16 view; large logits exercise the running max
     _check("bfloat16", 1, 2, 2, 300, 300, 64, True, scale=3.0, sm_scale=0.3, bits_dtype=np.int16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sm_scale", [0.0, -0.4])
+def test_scale_zero_or_negative(sm_scale):
+    # the running max is kept on unscaled scores only for a positive scale; these take the scale-first kernel
+    _check("float16", 1, 2, 1, 200, 230, 64, True, sm_scale=sm_scale, seed=7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_long_rows_many_tiles(head_dim):
+    # many K/V tiles through both pipeline stages, Lq != Lk, a tail tile and a tail query block
+    _check("bfloat16", 1, 2, 1, 1100, 3001, head_dim, True, seed=11)
 
 
 @pytest.mark.gpu

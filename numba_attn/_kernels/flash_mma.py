@@ -72,46 +72,40 @@ LN2 = 0.6931471805599453
 class MmaConfig:
     """Tuning knobs of the tensor-core kernel."""
 
-    warps: int = 4  # warps per block; each owns 16 query rows, so block_m = 16 * warps
+    warps: int = 4  # warps per block
+    m_tiles: int = 2  # 16-row MMA tiles per warp: block_m = 16 * m_tiles * warps; each K/V fragment feeds m_tiles MMAs
     block_n: int = 64  # keys per K/V tile for head dims <= max_single_pass_dim (multiple of 16)
     block_n_wide: int = 32  # keys per tile for larger head dims (two passes over output halves)
     max_single_pass_dim: int = 128  # padded head dims above this take two passes
-    # launch bound, as warps per SM to keep resident (min blocks per SM = these // warps, at least 1; registers are
-    # capped at 64K / (32 * warps * blocks)): 12 warps for padded head dims <= 64 with 16-byte loads (168
-    # registers, no spills with ptxas 13 / sm_90), else 8 (a cap the kernels stay under without spilling)
-    min_warps_small: int = 12
+    # launch bound, as warps per SM to keep resident: min blocks per SM = min_warps // warps (at least 1), which caps
+    # the registers at 64K / (32 * warps * blocks): 8 warps = 2 blocks of 4 warps, 255 registers
     min_warps: int = 8
 
     @property
     def block_m(self) -> int:
-        return 16 * self.warps
+        return 16 * self.m_tiles * self.warps
 
     @property
     def threads(self) -> int:
         return 32 * self.warps
 
-    def launch_bounds(self, head_dim_pad: int, vector_loads: bool = True) -> tuple[int, int]:
+    def launch_bounds(self) -> tuple[int, int]:
         """(max threads per block, min blocks per SM) for ``cuda.jit(launch_bounds=...)``."""
-        warps = self.min_warps_small if head_dim_pad <= 64 and vector_loads else self.min_warps
-        return self.threads, max(1, warps // self.warps)
+        return self.threads, max(1, self.min_warps // self.warps)
 
 
 DEFAULT_CONFIG = MmaConfig()
 #: tiles for the CUDA simulator, where every thread is a Python thread: one warp, 16-key tiles, two passes above 32
-SIMULATOR_CONFIG = MmaConfig(warps=1, block_n=16, block_n_wide=16, max_single_pass_dim=32)
+SIMULATOR_CONFIG = MmaConfig(warps=1, m_tiles=1, block_n=16, block_n_wide=16, max_single_pass_dim=32)
 #: mma.sync.m16n8k16 with f16 / bf16 operands and cvt.rn.bf16x2 need sm_80 or newer
 MIN_COMPUTE_CAPABILITY = (8, 0)
 
 
-#: 8 warps (128 query rows a block) for head dims 65..128: 100 vs 74 TFLOP/s at D = 128 on an H100 (scripts/check_mma.py,
-#: 2026-11-22); at D = 64 four warps were faster (94 vs 91).
-WIDE_CONFIG = MmaConfig(warps=8)
-
-
 def default_config(head_dim: int = 64) -> MmaConfig:
-    if SIMULATOR:
-        return SIMULATOR_CONFIG
-    return WIDE_CONFIG if 64 < padded_head_dim(head_dim) <= DEFAULT_CONFIG.max_single_pass_dim else DEFAULT_CONFIG
+    """4 warps x 2 m-tiles (128 query rows), 64-key tiles, 2 blocks per SM: on an H100 at B4 N4k fp16 255 / 281
+    TFLOP/s at D 64 / 128, against 224 / 249 for 8 warps x 1 m-tile and 231 / 266 for 128 / 32-key tiles
+    (scripts/tune_flash.py --kernel mma, 2026-11-22)."""
+    return SIMULATOR_CONFIG if SIMULATOR else DEFAULT_CONFIG
 
 
 #: dtype names the kernel takes (bfloat16 arrives as a uint16 bit view, float16 may too).
@@ -131,9 +125,14 @@ class _Tiles:
     """Compile-time shape of one specialisation (derived from the config and the padded head dim)."""
 
     warps: int
+    m_tiles: int
     block_n: int
     d_pad: int
     d_pass: int
+
+    @property
+    def block_m(self) -> int:
+        return 16 * self.m_tiles * self.warps
 
     @property
     def passes(self) -> int:
@@ -151,8 +150,8 @@ class _Tiles:
 
     @property
     def shared_bytes(self) -> int:
-        """Dynamic shared memory: two stages of (K tile, V tile)."""
-        return 2 * 2 * self.tile * 2
+        """Dynamic shared memory: the Q tile, then two stages of (K tile, V tile)."""
+        return 2 * (self.block_m * self.row + 2 * 2 * self.tile)
 
 
 #: the H100's (and A100's) opt-in limit of shared memory per block
@@ -163,11 +162,11 @@ def tiles_for(config: MmaConfig, head_dim_pad: int) -> _Tiles:
     if head_dim_pad % 16 or not 16 <= head_dim_pad <= 256:
         raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, 256], got {head_dim_pad}")
     if head_dim_pad <= config.max_single_pass_dim:
-        tiles = _Tiles(config.warps, config.block_n, head_dim_pad, head_dim_pad)
+        tiles = _Tiles(config.warps, config.m_tiles, config.block_n, head_dim_pad, head_dim_pad)
     elif head_dim_pad % 32:
         raise ValueError(f"head_dim_pad above {config.max_single_pass_dim} must be a multiple of 32, got {head_dim_pad}")
     else:
-        tiles = _Tiles(config.warps, config.block_n_wide, head_dim_pad, head_dim_pad // 2)
+        tiles = _Tiles(config.warps, config.m_tiles, config.block_n_wide, head_dim_pad, head_dim_pad // 2)
     if tiles.block_n % 16:
         raise ValueError(f"block_n must be a multiple of 16, got {tiles.block_n}")
     if tiles.shared_bytes > MAX_SHARED_BYTES:
@@ -194,9 +193,9 @@ def _device_function(fn):
     return cuda.jit(device=True, forceinline=True)(fn)
 
 
-def _tile_loader(tiles: _Tiles, vector_loads: bool):
-    """``load_tile(head, smem, base, tid, n0, seqlen_k, head_dim)``: start the copy of keys ``n0 .. n0 + block_n``
-    of one head's K or V (``[key][d]`` in global memory) to ``smem[base:]`` as ``[key][d]`` rows of ``tiles.row``
+def _tile_loader(tiles: _Tiles, vector_loads: bool, rows: int):
+    """``load_tile(head, smem, base, tid, n0, seqlen_k, head_dim)``: start the copy of rows ``n0 .. n0 + rows``
+    of one head's Q, K or V (``[key][d]`` in global memory) to ``smem[base:]`` as ``[key][d]`` rows of ``tiles.row``
     elements, every thread of the block taking part. Keys >= seqlen_k and columns >= headdim become zeros (they add
     exactly 0 to S and O, never NaN).
 
@@ -207,7 +206,7 @@ def _tile_loader(tiles: _Tiles, vector_loads: bool):
     NT = 32 * tiles.warps
     ROW = tiles.row
     D_PAD = tiles.d_pad
-    BLOCK_N = tiles.block_n
+    BLOCK_N = rows
     PIECES = D_PAD // 8  # 16-byte pieces per row
     # the pieces of a tile in steps of NT: thread tid takes piece column tid % PIECES of rows tid // PIECES + k ROWS
     # (when PIECES divides NT, so that the column and the global offset within a row stay fixed per thread)
@@ -262,12 +261,15 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     into the exponent's one FFMA (``exp2(s * scale - m * scale)``); a scale <= 0 does not commute with max and
     multiplies every score first."""
     WARPS = tiles.warps
-    BLOCK_M = 16 * WARPS
+    M_TILES = tiles.m_tiles
+    ROW_STATS = 2 * M_TILES  # rows per thread
+    BLOCK_M = tiles.block_m
     BLOCK_N = tiles.block_n
     D_PASS = tiles.d_pass
     PASSES = tiles.passes
     ROW = tiles.row
-    TILE = tiles.tile  # K tile at stage base, V tile right after it
+    Q_TILE = BLOCK_M * ROW  # shared memory: Q tile, then per stage a K tile and a V tile
+    TILE = tiles.tile
     STAGE = 2 * TILE
     QK_STEPS = tiles.d_pad // 16  # k-steps of S = Q K^T
     S_BLOCKS = BLOCK_N // 8  # n8 blocks of S
@@ -275,21 +277,81 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     O_BLOCKS = D_PASS // 8  # n8 blocks of O
     NEG_INF = np.float32(-np.inf)
     ZERO = np.float32(0.0)
+    # accumulators start at -0.0, not 0.0: LLVM turns a loop of zero stores into a memset, which keeps the array in
+    # local memory (the MMAs add to it exactly as to +0.0)
+    ACC_INIT = np.float32(-0.0)
+    SCALE_FIRST = scale_first
     mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
-    pack_u16x2 = ptx.pack_u16x2
     low_u16 = ptx.low_u16
     high_u16 = ptx.high_u16
     exp2 = ptx.exp2_approx
     shfl_xor = ptx.shfl_xor_f32
-    load2 = ptx.load2
+    all_lanes = ptx.all_lanes
     store2 = ptx.store2
     ldmatrix = ptx.ldmatrix_x4
     ldmatrix_trans = ptx.ldmatrix_x4_trans
     commit = ptx.cp_async_commit
     wait_all = ptx.cp_async_wait_all
-    load_tile = _tile_loader(tiles, vector_loads)
-    SCALE_FIRST = scale_first
+    load_q_tile = _tile_loader(tiles, vector_loads, BLOCK_M)
+    load_tile = _tile_loader(tiles, vector_loads, BLOCK_N)
+
+    def online_softmax(s, acc, m_run, l_run, mt, needs_mask, n0, row0, t, seqlen_k, causal, diag_offset, scale_log2,
+                       post):
+        """One m-tile's online-softmax step on this tile's scores ``s[mt]`` (base 2): masks (diagonal / tail tiles
+        only), new row maxima across the 4 lanes of a row, ``P = exp2(s * post - m * post)`` in place, the row sums
+        and the rescaled accumulators."""
+        mx_0 = NEG_INF
+        mx_1 = NEG_INF
+        for nb in range(S_BLOCKS):
+            for e in range(4):
+                x = s[mt, nb, e]
+                if SCALE_FIRST:
+                    x *= scale_log2
+                if needs_mask:
+                    key = n0 + 8 * nb + 2 * t + e % 2
+                    row = row0 + 16 * mt + 8 * (e // 2)
+                    if key >= seqlen_k or (causal and key > row + diag_offset):
+                        x = NEG_INF
+                s[mt, nb, e] = x
+            mx_0 = max(mx_0, max(s[mt, nb, 0], s[mt, nb, 1]))
+            mx_1 = max(mx_1, max(s[mt, nb, 2], s[mt, nb, 3]))
+        # the 4 lanes of a row differ in the two low lane bits
+        mx_0 = max(mx_0, shfl_xor(mx_0, 1))
+        mx_0 = max(mx_0, shfl_xor(mx_0, 2))
+        mx_1 = max(mx_1, shfl_xor(mx_1, 1))
+        mx_1 = max(mx_1, shfl_xor(mx_1, 2))
+        new_0 = max(m_run[2 * mt], mx_0)
+        new_1 = max(m_run[2 * mt + 1], mx_1)
+        moved = not all_lanes(new_0 == m_run[2 * mt] and new_1 == m_run[2 * mt + 1])
+        # a row that has seen no key yet keeps m = -inf: subtract 0 instead, so exp2 gives 0, not NaN
+        use_0 = new_0 if new_0 != NEG_INF else ZERO
+        use_1 = new_1 if new_1 != NEG_INF else ZERO
+        alpha_0 = exp2((m_run[2 * mt] - use_0) * post)
+        alpha_1 = exp2((m_run[2 * mt + 1] - use_1) * post)
+        m_run[2 * mt] = new_0
+        m_run[2 * mt + 1] = new_1
+        shift_0 = use_0 * post
+        shift_1 = use_1 * post
+        sum_0 = ZERO
+        sum_1 = ZERO
+        for nb in range(S_BLOCKS):
+            s[mt, nb, 0] = exp2(s[mt, nb, 0] * post - shift_0)
+            s[mt, nb, 1] = exp2(s[mt, nb, 1] * post - shift_0)
+            s[mt, nb, 2] = exp2(s[mt, nb, 2] * post - shift_1)
+            s[mt, nb, 3] = exp2(s[mt, nb, 3] * post - shift_1)
+            sum_0 += s[mt, nb, 0] + s[mt, nb, 1]
+            sum_1 += s[mt, nb, 2] + s[mt, nb, 3]
+        l_run[2 * mt] = l_run[2 * mt] * alpha_0 + sum_0
+        l_run[2 * mt + 1] = l_run[2 * mt + 1] * alpha_1 + sum_1
+        if moved:  # warp-uniform; after the first tiles the maxima rarely move, and alpha = 1 needs no rescale
+            for ob in range(O_BLOCKS):
+                acc[mt, ob, 0] *= alpha_0
+                acc[mt, ob, 1] *= alpha_0
+                acc[mt, ob, 2] *= alpha_1
+                acc[mt, ob, 3] *= alpha_1
+
+    online_softmax = _device_function(online_softmax)
 
     def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
         tid = cuda.threadIdx.x
@@ -314,32 +376,21 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
         k_head = k[b, hk]
         v_head = v[b, hk]
         out_head = out[b, h]
-        row0 = m0 + 16 * warp + g
-        row1 = row0 + 8
-        # ldmatrix row addresses of this lane (lane 8m + r: row r of matrix m). K, for S = Q K^T: matrices (keys
-        # +0, cols +0), (+0, +8), (+8, +0), (+8, +8) = b0, b1 of two n8 blocks. V (transposed), for O += P V:
-        # (keys +0, cols +0), (+8, +0), (+0, +8), (+8, +8) = b0, b1 of two n8 blocks of output columns.
+        warp_row = 16 * M_TILES * warp  # this warp's first row in the block; m-tile mt adds 16 mt
+        row0 = m0 + warp_row + g  # rows of this thread: row0 + 16 mt and row0 + 16 mt + 8
+        # ldmatrix row addresses of this lane (lane 8i + r: row r of matrix i). K, for S = Q K^T: matrices (keys
+        # +0, cols +0), (+0, +8), (+8, +0), (+8, +8) = b0, b1 of two n8 blocks. Q (A fragment) and V (transposed,
+        # for O += P V): (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8) = a0..a3 / b0, b1 of two n8 blocks.
         k_lane = (8 * (lane // 16) + lane % 8) * ROW + 8 * ((lane // 8) % 2)
         v_lane = (8 * ((lane // 8) % 2) + lane % 8) * ROW + 8 * (lane // 16)
+        q_lane = warp_row * ROW + v_lane
 
-        smem = cuda.shared.array(0, uint16)  # dynamic: 2 stages x (K tile, V tile), rows of ROW elements
-        q_frag = cuda.local.array((QK_STEPS, 4), uint32)
-        s = cuda.local.array((S_BLOCKS, 4), float32)
-        acc = cuda.local.array((O_BLOCKS, 4), float32)
-
-        # ---- Q A-fragments, straight from global memory, kept in registers ------------------------------------
-        for kk in range(QK_STEPS):
-            for r in range(4):
-                row = row0 + 8 * (r % 2)
-                col = 16 * kk + 2 * t + 8 * (r // 2)
-                lo = 0
-                hi = 0
-                if row < seqlen_q:
-                    if col < head_dim:
-                        lo = load2(q_head, row, col)
-                    if col + 1 < head_dim:
-                        hi = load2(q_head, row, col + 1)
-                q_frag[kk, r] = pack_u16x2(lo, hi)
+        smem = cuda.shared.array(0, uint16)  # dynamic: Q tile, 2 stages x (K tile, V tile), rows of ROW elements
+        q_frag = cuda.local.array((M_TILES, 4), uint32)
+        s = cuda.local.array((M_TILES, S_BLOCKS, 4), float32)
+        acc = cuda.local.array((M_TILES, O_BLOCKS, 4), float32)
+        m_run = cuda.local.array(ROW_STATS, float32)  # running row max (score units) of rows 2mt, 2mt + 1
+        l_run = cuda.local.array(ROW_STATS, float32)  # this thread's part of the row sums
 
         n_end = seqlen_k
         if causal:
@@ -350,150 +401,111 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
         if SCALE_FIRST:
             post = float32(1.0)
 
+        load_q_tile(q_head, smem, 0, tid, m0, seqlen_q, head_dim)
         for p in range(PASSES):
             d_off = p * D_PASS  # first output column of this pass
-            m_0 = NEG_INF  # running row maxima (base 2) of rows row0, row1
-            m_1 = NEG_INF
-            l_0 = ZERO  # this thread's part of the row sums
-            l_1 = ZERO
-            for ob in range(O_BLOCKS):
-                for e in range(4):
-                    acc[ob, e] = ZERO
+            for i in range(2 * M_TILES):
+                m_run[i] = NEG_INF
+                l_run[i] = ZERO
+            for mt in range(M_TILES):
+                for ob in range(O_BLOCKS):
+                    for e in range(4):
+                        acc[mt, ob, e] = ACC_INIT
 
             cuda.syncthreads()  # a previous pass is done reading stage 0
             if n_tiles > 0:
-                load_tile(k_head, smem, 0, tid, 0, seqlen_k, head_dim)
-                load_tile(v_head, smem, TILE, tid, 0, seqlen_k, head_dim)
-                commit()
+                load_tile(k_head, smem, Q_TILE, tid, 0, seqlen_k, head_dim)
+                load_tile(v_head, smem, Q_TILE + TILE, tid, 0, seqlen_k, head_dim)
+            commit()  # (with the Q tile in the first pass)
             for j in range(n_tiles):
                 n0 = j * BLOCK_N
-                base = (j % 2) * STAGE
+                base = Q_TILE + (j % 2) * STAGE
                 wait_all()
                 cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
                 if j + 1 < n_tiles:  # the copy of tile j + 1 runs under this tile's MMAs
-                    load_tile(k_head, smem, STAGE - base, tid, n0 + BLOCK_N, seqlen_k, head_dim)
-                    load_tile(v_head, smem, STAGE - base + TILE, tid, n0 + BLOCK_N, seqlen_k, head_dim)
+                    nxt = Q_TILE + STAGE - (j % 2) * STAGE
+                    load_tile(k_head, smem, nxt, tid, n0 + BLOCK_N, seqlen_k, head_dim)
+                    load_tile(v_head, smem, nxt + TILE, tid, n0 + BLOCK_N, seqlen_k, head_dim)
                     commit()
 
-                # ---- S = Q K^T ------------------------------------------------------------------------------------
-                for nb in range(S_BLOCKS):
-                    for e in range(4):
-                        s[nb, e] = ZERO
+                # ---- S = Q K^T: one K fragment feeds the MMAs of every m-tile ----------------------------------------
+                for mt in range(M_TILES):
+                    for nb in range(S_BLOCKS):
+                        for e in range(4):
+                            s[mt, nb, e] = ACC_INIT
                 for kk in range(QK_STEPS):
+                    for mt in range(M_TILES):
+                        q_frag[mt, 0], q_frag[mt, 1], q_frag[mt, 2], q_frag[mt, 3] = ldmatrix(
+                            smem, q_lane + 16 * mt * ROW + 16 * kk)
                     for nb in range(0, S_BLOCKS, 2):
                         b0, b1, b2, b3 = ldmatrix(smem, base + k_lane + 8 * nb * ROW + 16 * kk)
-                        r0, r1, r2, r3 = mma(q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b0, b1,
-                                             s[nb, 0], s[nb, 1], s[nb, 2], s[nb, 3])
-                        s[nb, 0] = r0
-                        s[nb, 1] = r1
-                        s[nb, 2] = r2
-                        s[nb, 3] = r3
-                        r0, r1, r2, r3 = mma(q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b2, b3,
-                                             s[nb + 1, 0], s[nb + 1, 1], s[nb + 1, 2], s[nb + 1, 3])
-                        s[nb + 1, 0] = r0
-                        s[nb + 1, 1] = r1
-                        s[nb + 1, 2] = r2
-                        s[nb + 1, 3] = r3
+                        for mt in range(M_TILES):
+                            x0, x1, x2, x3 = q_frag[mt, 0], q_frag[mt, 1], q_frag[mt, 2], q_frag[mt, 3]
+                            r0, r1, r2, r3 = mma(x0, x1, x2, x3, b0, b1,
+                                                 s[mt, nb, 0], s[mt, nb, 1], s[mt, nb, 2], s[mt, nb, 3])
+                            s[mt, nb, 0] = r0
+                            s[mt, nb, 1] = r1
+                            s[mt, nb, 2] = r2
+                            s[mt, nb, 3] = r3
+                            r0, r1, r2, r3 = mma(x0, x1, x2, x3, b2, b3,
+                                                 s[mt, nb + 1, 0], s[mt, nb + 1, 1], s[mt, nb + 1, 2], s[mt, nb + 1, 3])
+                            s[mt, nb + 1, 0] = r0
+                            s[mt, nb + 1, 1] = r1
+                            s[mt, nb + 1, 2] = r2
+                            s[mt, nb + 1, 3] = r3
 
                 # ---- online softmax (base 2), masks only on the diagonal / tail tiles ----------------------------
                 needs_mask = n0 + BLOCK_N > seqlen_k
                 if causal:
                     needs_mask = needs_mask or (n0 + BLOCK_N - 1 > m0 + diag_offset)
-                mx_0 = NEG_INF
-                mx_1 = NEG_INF
-                for nb in range(S_BLOCKS):
-                    for e in range(4):
-                        x = s[nb, e]
-                        if SCALE_FIRST:
-                            x *= scale_log2
-                        if needs_mask:
-                            key = n0 + 8 * nb + 2 * t + e % 2
-                            row = row0 + 8 * (e // 2)
-                            if key >= seqlen_k or (causal and key > row + diag_offset):
-                                x = NEG_INF
-                        s[nb, e] = x
-                    mx_0 = max(mx_0, max(s[nb, 0], s[nb, 1]))
-                    mx_1 = max(mx_1, max(s[nb, 2], s[nb, 3]))
-                # the 4 lanes of a row differ in the two low lane bits
-                mx_0 = max(mx_0, shfl_xor(mx_0, 1))
-                mx_0 = max(mx_0, shfl_xor(mx_0, 2))
-                mx_1 = max(mx_1, shfl_xor(mx_1, 1))
-                mx_1 = max(mx_1, shfl_xor(mx_1, 2))
-                new_0 = max(m_0, mx_0)
-                new_1 = max(m_1, mx_1)
-                # a row that has seen no key yet keeps m = -inf: subtract 0 instead, so exp2 gives 0, not NaN
-                use_0 = new_0 if new_0 != NEG_INF else ZERO
-                use_1 = new_1 if new_1 != NEG_INF else ZERO
-                alpha_0 = exp2((m_0 - use_0) * post)
-                alpha_1 = exp2((m_1 - use_1) * post)
-                m_0 = new_0
-                m_1 = new_1
-                shift_0 = use_0 * post
-                shift_1 = use_1 * post
-                sum_0 = ZERO
-                sum_1 = ZERO
-                for nb in range(S_BLOCKS):
-                    s[nb, 0] = exp2(s[nb, 0] * post - shift_0)
-                    s[nb, 1] = exp2(s[nb, 1] * post - shift_0)
-                    s[nb, 2] = exp2(s[nb, 2] * post - shift_1)
-                    s[nb, 3] = exp2(s[nb, 3] * post - shift_1)
-                    sum_0 += s[nb, 0] + s[nb, 1]
-                    sum_1 += s[nb, 2] + s[nb, 3]
-                l_0 = l_0 * alpha_0 + sum_0
-                l_1 = l_1 * alpha_1 + sum_1
-                for ob in range(O_BLOCKS):
-                    acc[ob, 0] *= alpha_0
-                    acc[ob, 1] *= alpha_0
-                    acc[ob, 2] *= alpha_1
-                    acc[ob, 3] *= alpha_1
+                online_softmax(s, acc, m_run, l_run, 0, needs_mask, n0, row0, t, seqlen_k, causal, diag_offset,
+                               scale_log2, post)
+                if M_TILES > 1:  # one call per m-tile, with a constant index: loops over them may stay loops
+                    online_softmax(s, acc, m_run, l_run, 1, needs_mask, n0, row0, t, seqlen_k, causal, diag_offset,
+                                   scale_log2, post)
 
                 # ---- O += P V: P's C fragments of n8 blocks 2kk, 2kk + 1 are the A fragment of k-step kk ----------
                 for kk in range(PV_STEPS):
-                    a0 = pack(s[2 * kk, 0], s[2 * kk, 1])
-                    a1 = pack(s[2 * kk, 2], s[2 * kk, 3])
-                    a2 = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
-                    a3 = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
                     for ob in range(0, O_BLOCKS, 2):
                         b0, b1, b2, b3 = ldmatrix_trans(smem, base + TILE + v_lane + 16 * kk * ROW + d_off + 8 * ob)
-                        r0, r1, r2, r3 = mma(a0, a1, a2, a3, b0, b1, acc[ob, 0], acc[ob, 1], acc[ob, 2], acc[ob, 3])
-                        acc[ob, 0] = r0
-                        acc[ob, 1] = r1
-                        acc[ob, 2] = r2
-                        acc[ob, 3] = r3
-                        r0, r1, r2, r3 = mma(a0, a1, a2, a3, b2, b3,
-                                             acc[ob + 1, 0], acc[ob + 1, 1], acc[ob + 1, 2], acc[ob + 1, 3])
-                        acc[ob + 1, 0] = r0
-                        acc[ob + 1, 1] = r1
-                        acc[ob + 1, 2] = r2
-                        acc[ob + 1, 3] = r3
+                        for mt in range(M_TILES):
+                            a0 = pack(s[mt, 2 * kk, 0], s[mt, 2 * kk, 1])
+                            a1 = pack(s[mt, 2 * kk, 2], s[mt, 2 * kk, 3])
+                            a2 = pack(s[mt, 2 * kk + 1, 0], s[mt, 2 * kk + 1, 1])
+                            a3 = pack(s[mt, 2 * kk + 1, 2], s[mt, 2 * kk + 1, 3])
+                            r0, r1, r2, r3 = mma(a0, a1, a2, a3, b0, b1,
+                                                 acc[mt, ob, 0], acc[mt, ob, 1], acc[mt, ob, 2], acc[mt, ob, 3])
+                            acc[mt, ob, 0] = r0
+                            acc[mt, ob, 1] = r1
+                            acc[mt, ob, 2] = r2
+                            acc[mt, ob, 3] = r3
+                            r0, r1, r2, r3 = mma(a0, a1, a2, a3, b2, b3, acc[mt, ob + 1, 0], acc[mt, ob + 1, 1],
+                                                 acc[mt, ob + 1, 2], acc[mt, ob + 1, 3])
+                            acc[mt, ob + 1, 0] = r0
+                            acc[mt, ob + 1, 1] = r1
+                            acc[mt, ob + 1, 2] = r2
+                            acc[mt, ob + 1, 3] = r3
 
             # ---- epilogue: full row sums, one division per row, output in the input dtype -------------------------
-            l_0 += shfl_xor(l_0, 1)
-            l_0 += shfl_xor(l_0, 2)
-            l_1 += shfl_xor(l_1, 1)
-            l_1 += shfl_xor(l_1, 2)
-            # rows that see no key (causal, Lq > Lk) give 0 and lse = -inf, as in the reference
-            inv_0 = float32(1.0) / l_0 if l_0 > ZERO else ZERO
-            inv_1 = float32(1.0) / l_1 if l_1 > ZERO else ZERO
-            for ob in range(O_BLOCKS):
-                col = d_off + 8 * ob + 2 * t
-                w0 = pack(acc[ob, 0] * inv_0, acc[ob, 1] * inv_0)
-                w1 = pack(acc[ob, 2] * inv_1, acc[ob, 3] * inv_1)
-                if row0 < seqlen_q:
-                    if col < head_dim:
-                        store2(out_head, row0, col, low_u16(w0))
-                    if col + 1 < head_dim:
-                        store2(out_head, row0, col + 1, high_u16(w0))
-                if row1 < seqlen_q:
-                    if col < head_dim:
-                        store2(out_head, row1, col, low_u16(w1))
-                    if col + 1 < head_dim:
-                        store2(out_head, row1, col + 1, high_u16(w1))
-            if write_lse and p == 0 and t == 0:
-                if row0 < seqlen_q:
-                    lse[b, h, row0] = (m_0 * post + math.log2(l_0)) * LN2 if l_0 > ZERO else NEG_INF
-                if row1 < seqlen_q:
-                    lse[b, h, row1] = (m_1 * post + math.log2(l_1)) * LN2 if l_1 > ZERO else NEG_INF
+            for mt in range(M_TILES):
+                for half in range(2):
+                    row = row0 + 16 * mt + 8 * half
+                    l_row = l_run[2 * mt + half]
+                    l_row += shfl_xor(l_row, 1)
+                    l_row += shfl_xor(l_row, 2)
+                    # rows that see no key (causal, Lq > Lk) give 0 and lse = -inf, as in the reference
+                    inv = float32(1.0) / l_row if l_row > ZERO else ZERO
+                    for ob in range(O_BLOCKS):
+                        col = d_off + 8 * ob + 2 * t
+                        w = pack(acc[mt, ob, 2 * half] * inv, acc[mt, ob, 2 * half + 1] * inv)
+                        if row < seqlen_q:
+                            if col < head_dim:
+                                store2(out_head, row, col, low_u16(w))
+                            if col + 1 < head_dim:
+                                store2(out_head, row, col + 1, high_u16(w))
+                    if write_lse and p == 0 and t == 0 and row < seqlen_q:
+                        m_row = m_run[2 * mt + half]
+                        lse[b, h, row] = (m_row * post + math.log2(l_row)) * LN2 if l_row > ZERO else NEG_INF
 
     return kernel
 
@@ -503,7 +515,7 @@ def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_lo
     """The compiled kernel of one specialisation: tiles, padded head dim, dtype, load width and the sign of the
     scale are constants (causality is a run-time flag: it only changes the loop bound and the diagonal tiles' masks)."""
     tiles = tiles_for(config, head_dim_pad)
-    return _jit(config.launch_bounds(head_dim_pad, vector_loads))(
+    return _jit(config.launch_bounds())(
         _kernel_source(tiles, bf16, vector_loads, scale_first))
 
 

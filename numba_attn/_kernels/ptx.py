@@ -92,6 +92,7 @@ __all__ = [
     "cp_async_16",
     "cp_async_commit",
     "cp_async_wait_all",
+    "all_lanes",
 ]
 
 
@@ -311,6 +312,10 @@ if SIMULATOR:
 
     def cp_async_commit():
         pass
+
+    def all_lanes(predicate):
+        """Simulator emulation of ``vote.sync.all`` (see the GPU version)."""
+        return np.uint32(all(_sim_warp_gather(bool(predicate))))
 
     def cp_async_wait_all():
         pass
@@ -875,3 +880,21 @@ else:
         """``cp.async.wait_group 0``: this thread's committed copies have landed (other threads' copies are visible
         after a barrier that follows)."""
         return _void_asm("cp.async.wait_group 0;")()
+
+    @intrinsic
+    def all_lanes(typingctx, predicate):
+        """(predicate) -> 1 when ``predicate`` holds on every lane of the (converged) warp, else 0: a warp-uniform
+        value, so a branch on it does not diverge::
+
+            vote.sync.all.pred q, p, 0xffffffff;"""
+        if not isinstance(predicate, (types.Boolean, types.Integer)):
+            return None
+        sig = types.uint32(predicate)
+
+        def codegen(context, builder, sig, args):
+            value = context.cast(builder, args[0], sig.args[0], types.uint32)
+            return _asm(builder, _I32, [_I32],
+                        "{ .reg .pred p, q; setp.ne.u32 p, $1, 0; vote.sync.all.pred q, p, 0xffffffff; "
+                        "selp.u32 $0, 1, 0, q; }", "=r,r", [value], convergent=True)
+
+        return sig, codegen

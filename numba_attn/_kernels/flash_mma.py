@@ -6,46 +6,45 @@ sees keys ``j <= i + seqlen_k - seqlen_q``), rows that see no key give 0 and ``l
 float32. The inputs travel as their 16-bit patterns (uint16 views); the dtype picks the MMA and the conversions.
 
 Work split
-    One thread block = ``warps`` warps = ``block_m = 16 * warps`` query rows of one (batch, head); warp ``w`` owns
-    rows ``16 w .. 16 w + 15`` of the block, which is exactly the M = 16 of one MMA, so the softmax statistics of a
-    row never leave the 4 lanes that hold it. The block walks the keys in tiles of ``block_n``.
+    One thread block = ``warps`` warps x ``m_tiles`` 16-row MMA tiles = ``block_m`` query rows of one (batch, head)
+    (default 4 x 2 = 128 rows, two blocks per SM). Warp ``w`` owns rows ``16 m_tiles w ..``; a row's softmax
+    statistics never leave the 4 lanes that hold it, and every K or V fragment read from shared memory feeds the MMAs
+    of all ``m_tiles`` tiles. The block walks the keys in tiles of ``block_n``.
 
-Per K/V tile
-    1. All threads copy K ``[key][d]`` and V transposed ``[d][key]`` into shared memory as 32-bit words of two
-       16-bit elements (K: ``d = 2w, 2w + 1``; V^T: ``key = 2j, 2j + 1``), zero for keys >= seqlen_k and columns
-       >= headdim (so padded columns and tail keys contribute exactly 0, never NaN). Row strides are padded to 4
-       mod 8 words: the fragment loads of a warp (8 rows x 4 consecutive words) then hit 32 different banks.
-       When K and V rows are 16-byte aligned with a contiguous last axis and headdim % 8 == 0 (``launch`` checks:
-       ``vector_loads_ok``), rows are read in 16-byte pieces and V is transposed in registers (half-word
-       interleaves of two key rows); otherwise element by element, for any strides and head dims. The copy is
-       synchronous (load, ``syncthreads``, compute): several blocks per SM overlap one's copy with another's MMAs.
-    2. ``S = Q K^T``: Q's A fragments were loaded from global memory once and stay in registers; a B fragment of K
-       is two 32-bit shared loads (``ptx`` module docstring has the layouts).
-    3. Online softmax on the C fragments: a thread holds rows ``g = lane // 4`` and ``g + 8`` of its warp's 16,
-       columns ``2 (lane % 4) + {0, 1}`` of every n8 block; row maxima are finished with two butterfly shuffles
-       (lane masks 1 and 2). Scores are in base 2 (``sm_scale * log2 e`` folded into one multiply), masks are
-       applied only on tiles that cross the causal diagonal or the end of the keys.
+Shared memory (dynamic; ``_Tiles.shared_bytes``)
+    The Q tile, then two stages of (K tile, V tile), all stored ``[row][d]`` with rows of ``d_pad + 8`` 16-bit
+    elements: an odd number of 16-byte pieces, so the 8 row addresses of one ``ldmatrix`` matrix fall in 8 different
+    bank groups. Rows >= the sequence length and columns >= headdim are zeros (they add exactly 0, never NaN).
+
+Pipeline per K/V tile
+    1. ``cp_async_wait_all`` + barrier: tile ``j`` has landed for everyone, and everyone is done with the stage that
+       tile ``j + 1`` goes to. Then the 16-byte ``cp.async`` copies of tile ``j + 1`` start (one commit group), and
+       run under tile ``j``'s MMAs. When rows cannot be read in aligned 16-byte pieces (``vector_loads_ok``: headdim
+       % 8, a strided last axis, unaligned rows) the copy is element by element and synchronous, into the same layout.
+    2. ``S = Q K^T``: A fragments of Q and B fragments of K by ``ldmatrix.x4`` (``ptx`` module docstring).
+    3. Online softmax on the C fragments (``online_softmax``, once per m-tile): row maxima finished with two butterfly
+       shuffles (lane masks 1 and 2); base 2, with the maximum kept on the UNSCALED scores so that
+       ``sm_scale * log2 e`` folds into the exponent's FFMA (a scale <= 0 compiles a variant that scales first);
+       masks only on tiles that cross the causal diagonal or the end of the keys; ``O`` is rescaled by
+       ``exp2(m_old - m_new)`` unless no row maximum of the warp moved (a warp vote).
     4. ``O += P V``: the probabilities are rounded to the input dtype IN REGISTERS and used directly as the A
-       operand (C fragments of n8 blocks ``2j, 2j + 1`` = A fragment of k-step ``j``); V^T gives the B fragments.
-       ``O`` is rescaled by ``exp2(m_old - m_new)`` first. One division by ``l`` at the end.
+       operand (C fragments of n8 blocks ``2j, 2j + 1`` = A fragment of k-step ``j``); ``ldmatrix.x4.trans`` reads
+       V's B fragments from the ``[key][d]`` tile, so V needs no transposed copy. One division by ``l`` at the end.
 
 Head dims
-    The head dim is padded to a multiple of 16 inside the kernel (``head_dim_pad``). Up to ``max_single_pass_dim``
-    (128) the whole output row is accumulated at once: Q fragments ``head_dim_pad / 4`` and O accumulators
-    ``head_dim_pad / 2`` registers per thread (32 + 64 at D = 128). Above that (up to 256) the same kernel makes
-    TWO passes over the keys, each accumulating one half of the output columns (recomputing ``S`` in the second
-    pass, which is exactly the first pass's, so ``m`` and ``l`` agree), with tiles of ``block_n_wide`` keys so that
-    the shared tiles stay under 48 KB: 64 Q registers + 64 O registers instead of 64 + 128. That costs 1.5x the
-    MMA work at D = 256 but keeps the kernel simple, spill-free and static-shared-memory only.
+    Padded to a multiple of 16 inside the kernel (``padded_head_dim``). Up to ``max_single_pass_dim`` (128) the whole
+    output row is accumulated at once. Above, two passes over the keys each accumulate half of the output columns
+    (recomputing ``S``, which is the first pass's exactly, so ``m`` and ``l`` agree), with ``block_n_wide``-key
+    tiles; the head dim is then padded to 32 so each half is whole ``ldmatrix.x4`` column pairs.
 
-Specialisations (compiled once each, cached on disk): padded head dim, dtype and load width. Causality is a run-time
-flag (it only changes the loop bound, the block order and the masks of diagonal tiles).
+Specialisations (compiled once each, cached on disk): tiles, padded head dim, dtype, load width and the sign of the
+scale. Causality is a run-time flag (it only changes the loop bound, the block order and the diagonal tiles' masks).
 
-Register arrays (``cuda.local.array``) are indexed only inside loops over compile-time constants, which NVVM unrolls
-fully, so they live in registers. Shared-memory fragment loads go through ``ptx.load2`` (no negative-index
-wraparound), so the unrolled addresses fold into one base register plus immediate offsets. ``ptxas -v`` (sm_90,
-CUDA 13): no stack frame and no spills for every dtype and head dim; 168 registers at D = 64 (3 blocks of 4 warps
-per SM), 220 at D = 128 (2 blocks per SM), 253 at D = 256.
+Register arrays (``cuda.local.array``) are indexed only inside loops over compile-time constants that NVVM unrolls
+fully, so they live in registers; the softmax is a device function called once per m-tile with a constant index
+because, as a loop over m-tiles, its body was too large to unroll and the accumulators went to local memory.
+``ptxas -v`` (sm_90, CUDA 13; ``scripts/check_mma.py --part correctness --compile-only``): 243-252 registers and no
+spills at padded head dims 64 and 80, 255 registers with 28-92 bytes of spills at 112 (element copies), 128 and 256.
 
 The kernel also runs under the CUDA simulator, with the ``ptx`` emulations (tiny shapes only: every thread is a
 Python thread and every MMA a block-wide barrier).

@@ -26,8 +26,11 @@ Consequences the attention kernel relies on:
   packed pairwise, ARE the A fragment of k-step ``j``: ``a0 = (c0, c1)`` and ``a1 = (c2, c3)`` of block ``2j`` (key
   columns ``16j + 2t, +1`` of rows ``g``, ``g + 8``), ``a2 = (c0, c1)`` and ``a3 = (c2, c3)`` of block ``2j + 1`` (key
   columns ``16j + 8 + 2t, +1``). No shuffles and no shared memory between the two GEMMs.
-* For V as B (``B[k = key][n = d]``) a register needs two consecutive KEYS of one column ``d``: V is stored transposed
-  ``[d][key]`` in shared memory.
+* For V as B (``B[k = key][n = d]``) a register needs two consecutive KEYS of one column ``d``: from a ``[key][d]``
+  tile ``ldmatrix_x4_trans`` delivers exactly that (or V is stored transposed ``[d][key]``).
+* ``ldmatrix_x4`` on a ``[row][d]`` tile: matrices (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8) are the A
+  fragment ``a0..a3`` of a 16x16 block; matrices (rows +0, cols +0), (+0, +8), (+8, +0), (+8, +8) of a K tile are the
+  B fragments ``(b0, b1)`` of two n8 blocks.
 
 Warp-level MMA ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`` (PTX "Matrix Fragments for mma.m16n8k8" with
 ``.tf32``), one 32-bit register per element (float32 bits; the hardware reads the top 19)::

@@ -157,6 +157,7 @@ class _Tiles:
 MAX_SHARED_BYTES = 227 * 1024
 
 
+@lru_cache(maxsize=None)
 def tiles_for(config: MmaConfig, head_dim_pad: int) -> _Tiles:
     if head_dim_pad % 16 or not 16 <= head_dim_pad <= 256:
         raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, 256], got {head_dim_pad}")
@@ -352,6 +353,12 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
 
     online_softmax = _device_function(online_softmax)
 
+    @_device_function
+    def mma_into(c, mt, n, a0, a1, a2, a3, b0, b1):
+        """``c[mt, n, :] += A B``: one MMA accumulating into the C fragment held in a register array."""
+        c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3] = mma(a0, a1, a2, a3, b0, b1,
+                                                                 c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3])
+
     def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
         tid = cuda.threadIdx.x
         warp = tid // 32
@@ -440,18 +447,8 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
                         b0, b1, b2, b3 = ldmatrix(smem, base + k_lane + 8 * nb * ROW + 16 * kk)
                         for mt in range(M_TILES):
                             x0, x1, x2, x3 = q_frag[mt, 0], q_frag[mt, 1], q_frag[mt, 2], q_frag[mt, 3]
-                            r0, r1, r2, r3 = mma(x0, x1, x2, x3, b0, b1,
-                                                 s[mt, nb, 0], s[mt, nb, 1], s[mt, nb, 2], s[mt, nb, 3])
-                            s[mt, nb, 0] = r0
-                            s[mt, nb, 1] = r1
-                            s[mt, nb, 2] = r2
-                            s[mt, nb, 3] = r3
-                            r0, r1, r2, r3 = mma(x0, x1, x2, x3, b2, b3,
-                                                 s[mt, nb + 1, 0], s[mt, nb + 1, 1], s[mt, nb + 1, 2], s[mt, nb + 1, 3])
-                            s[mt, nb + 1, 0] = r0
-                            s[mt, nb + 1, 1] = r1
-                            s[mt, nb + 1, 2] = r2
-                            s[mt, nb + 1, 3] = r3
+                            mma_into(s, mt, nb, x0, x1, x2, x3, b0, b1)
+                            mma_into(s, mt, nb + 1, x0, x1, x2, x3, b2, b3)
 
                 # ---- online softmax (base 2), masks only on the diagonal / tail tiles ----------------------------
                 needs_mask = n0 + BLOCK_N > seqlen_k
@@ -472,18 +469,8 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
                             a1 = pack(s[mt, 2 * kk, 2], s[mt, 2 * kk, 3])
                             a2 = pack(s[mt, 2 * kk + 1, 0], s[mt, 2 * kk + 1, 1])
                             a3 = pack(s[mt, 2 * kk + 1, 2], s[mt, 2 * kk + 1, 3])
-                            r0, r1, r2, r3 = mma(a0, a1, a2, a3, b0, b1,
-                                                 acc[mt, ob, 0], acc[mt, ob, 1], acc[mt, ob, 2], acc[mt, ob, 3])
-                            acc[mt, ob, 0] = r0
-                            acc[mt, ob, 1] = r1
-                            acc[mt, ob, 2] = r2
-                            acc[mt, ob, 3] = r3
-                            r0, r1, r2, r3 = mma(a0, a1, a2, a3, b2, b3, acc[mt, ob + 1, 0], acc[mt, ob + 1, 1],
-                                                 acc[mt, ob + 1, 2], acc[mt, ob + 1, 3])
-                            acc[mt, ob + 1, 0] = r0
-                            acc[mt, ob + 1, 1] = r1
-                            acc[mt, ob + 1, 2] = r2
-                            acc[mt, ob + 1, 3] = r3
+                            mma_into(acc, mt, ob, a0, a1, a2, a3, b0, b1)
+                            mma_into(acc, mt, ob + 1, a0, a1, a2, a3, b2, b3)
 
             # ---- epilogue: full row sums, one division per row, output in the input dtype -------------------------
             for mt in range(M_TILES):

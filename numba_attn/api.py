@@ -61,11 +61,11 @@ def _device_array_float32(shape):
 
 
 #: Kernels behind ``flash_forward``: "mma" (tensor cores on sm_80+: float16 / bfloat16 with m16n8k16, float32 with
-#: tf32 m16n8k8 -- 3xTF32, or one tf32 term with ``allow_tf32=True``) and "simt" (CUDA cores, float16 / float32, any
-#: GPU). ``backend=None`` picks "mma" for float16 / bfloat16 where it applies (and under the simulator, which
-#: emulates it), and "simt" for float32: on an H100 (2026-11-22, final version) the float32 tensor-core kernel ran at
-#: 11.7-13.4 TFLOP/s (3xTF32), the SIMT kernel at 16.3-20.2 (docs/design.md). ``allow_tf32=True`` with float32 opts into the tensor-core
-#: kernel's one-term tf32 mode, so it picks "mma" where that applies.
+#: tf32 m16n8k8 -- 3xTF32, float32 accuracy, or one tf32 term with ``allow_tf32=True``) and "simt" (CUDA cores,
+#: float16 / float32, any GPU). ``backend=None`` picks "mma" wherever it applies: on an H100 (2026-11-22,
+#: docs/benchmarks.md) the pipelined 3xTF32 kernel ran float32 at 43-56 TFLOP/s, 1.0-1.6x torch SDPA's float32 path
+#: and 2.3-2.8x the SIMT kernel, with errors of 3e-7 .. 1.4e-6. Under the simulator float32 takes "simt", which
+#: needs no MMA emulation (much faster there); ``allow_tf32=True`` still picks "mma".
 BACKENDS = ("simt", "mma")
 
 
@@ -83,9 +83,8 @@ def _flash_backend(backend, dtype: str, allow_tf32: bool = False) -> str:
     if backend == "simt" and dtype == _arrays.BFLOAT16:
         raise ValueError("backend: 'simt' does not take bfloat16; use 'mma' or None")
     if backend is None:
-        # float32: the SIMT kernel is faster than 3xTF32 on tensor cores (measured, see BACKENDS); plain tf32 is
-        # the caller's explicit choice of speed over accuracy
-        wants_mma = dtype != "float32" or allow_tf32
+        # float32 under the simulator: the SIMT kernel (no MMA emulation), unless the caller asked for tf32
+        wants_mma = dtype != "float32" or allow_tf32 or not SIMULATOR
         backend = "mma" if mma_ok and wants_mma else "simt"
     if backend == "simt" and dtype == _arrays.BFLOAT16:
         raise TypeError("q: bfloat16 needs the tensor-core kernel, which needs a GPU of compute capability >= 8.0")
@@ -108,11 +107,10 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
         out: optional output array of q's shape, dtype and kind.
         backend: ``"mma"`` (tensor cores, GPUs of compute capability >= 8.0: float16 / bfloat16 products; float32
             as 3xTF32 -- each operand split into two tf32 parts, three products, float32 accuracy), ``"simt"``
-            (CUDA cores: float16 / float32, any GPU) or None: "mma" for float16 / bfloat16 where it applies,
-            "simt" for float32 (measured faster than 3xTF32 on an H100), "mma" for float32 with ``allow_tf32=True``.
+            (CUDA cores: float16 / float32, any GPU) or None: "mma" where it applies (for float32 under the
+            simulator only with ``allow_tf32=True``), else "simt".
         allow_tf32: float32 inputs only: one plain tf32 product on the tensor cores instead of three (about 3x less
-            tensor-core work, relative error about 1e-3 instead of 1e-6); with ``backend=None`` it selects the
-            tensor-core kernel. Ignored for 16-bit inputs and by ``backend="simt"``, which computes in float32
+            tensor-core work, relative error about 1e-3 instead of 1e-6). Ignored for 16-bit inputs and by ``backend="simt"``, which computes in float32
             throughout.
 
     Returns:

@@ -13,7 +13,7 @@ timing       median of --reps runs (CUDA events, after warm-up, fresh random inp
              variant of it, our tf32 mode, our SIMT fp32 kernel, torch SDPA fp32 (default backend choice, and forced
              EFFICIENT_ATTENTION). TFLOP/s count 4 B H N^2 D, halved when causal. Each line also gives the errors of
              ours and torch's against a float64 reference of 48 query rows of batch 0, heads 0..3.
---config     KEY=VALUE[,KEY=VALUE...] overrides of Tf32Config knobs (warps, block_n, max_pv_mmas, max_q_regs_dim,
+--config     KEY=VALUE[,KEY=VALUE...] overrides of Tf32Config knobs (warps, m_tiles, block_n, max_pv_mmas,
              max_single_pass_dim, min_warps) on top of the per-head-dim defaults; repeat for several variants.
 
 Every case prints one line starting with PASS, FAIL, ERROR, SKIP or INFO; exit status 0 when nothing failed.
@@ -77,7 +77,7 @@ def compile_only(args):
     ptxas = shutil.which("ptxas") or "/usr/local/bin/ptxas"
     specs = []
     for variant in [{}] + args.config:
-        dims = (8, 40, 64, 80, 112, 128, 160, 200, 256) if not variant else (64, 128, 256)
+        dims = args.dims or ((8, 40, 64, 80, 112, 128, 160, 200, 256) if not variant else (64, 128, 256))
         for d in dims:
             for tf32_only in (False, True):
                 config = flash_tf32.gpu_config(d, tf32_only).replace(**variant)
@@ -91,7 +91,7 @@ def compile_only(args):
         try:
             tiles = flash_tf32.tiles_for(config, d_pad, tf32_only)
             t0 = time.time()
-            src, _ = cuda.compile_ptx(flash_tf32._kernel_source(tiles, tf32_only), flash_tf32.SIGNATURE.args,
+            src, _ = cuda.compile_ptx(flash_tf32._kernel_source(tiles, tf32_only, True), flash_tf32.SIGNATURE.args,
                                       cc=(9, 0), launch_bounds=config.launch_bounds())
             with tempfile.TemporaryDirectory() as tmp:
                 path = os.path.join(tmp, "k.ptx")
@@ -326,6 +326,8 @@ def main():
                         help="no GPU: compile every specialisation for sm_90 (NUMBA_ENABLE_CUDASIM=0) and run ptxas -v")
     parser.add_argument("--config", type=parse_config, action="append", default=[],
                         help="KEY=VALUE[,KEY=VALUE] Tf32Config overrides: one more variant (repeatable)")
+    parser.add_argument("--dims", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                        help="--compile-only: these head dims (default 8..256 for the default tiles, 64,128,256 else)")
     parser.add_argument("--reps", type=int, default=20, help="timed repetitions per case (median), default 20")
     parser.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 2048, 4096],
                         help="sequence lengths of the timing part, default 1024,2048,4096")

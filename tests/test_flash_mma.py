@@ -44,7 +44,7 @@ def _from_bits(bits, dtype):
 
 
 def _check(dtype, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, layout="contig", config=None,
-           seed=0, scale=1.0, sm_scale=None, bits_dtype=np.uint16):
+           seed=0, scale=1.0, sm_scale=None, bits_dtype=np.uint16, q_layout=None):
     rng = np.random.default_rng(seed)
 
     def make(h, length, s):
@@ -52,7 +52,7 @@ def _check(dtype, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, 
 
     (qb, qf), (kb, kf), (vb, vf) = make(heads, seqlen_q, scale), make(kv_heads, seqlen_k, scale), \
         make(kv_heads, seqlen_k, 1.0)
-    q, k, v = (device_view_in_layout(x, layout) for x in (qb, kb, vb))
+    q, k, v = (device_view_in_layout(x, lay) for x, lay in ((qb, q_layout or layout), (kb, layout), (vb, layout)))
     if bits_dtype != np.uint16:
         q, k, v = (x.view(bits_dtype) for x in (q, k, v))
     # a poisoned output buffer wider than headdim: the kernel must write [..., :D] and nothing else
@@ -165,6 +165,14 @@ def test_lengths(seqlen_q, seqlen_k, causal):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_strided_views(layout, head_dim, dtype):
     _check(dtype, 2, 4, 2, 150, 170, head_dim, True, layout, seed=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_layout", ["pad3", "blhd"])
+def test_q_strided_kv_contiguous(q_layout):
+    # Q, K and V go through one loader: a Q whose rows cannot be read in 16-byte pieces must turn the element copy
+    # on for all three, even when K and V could take cp.async (it used to look at K and V only)
+    _check("float16", 1, 4, 2, 190, 230, 64, True, "contig", seed=5, q_layout=q_layout)
 
 
 @pytest.mark.gpu

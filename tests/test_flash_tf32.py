@@ -29,7 +29,7 @@ TINY = flash_tf32.SIMULATOR_CONFIG
 simulator_only = pytest.mark.skipif(not numba_attn.SIMULATOR, reason="the gpu tests cover this on a GPU")
 
 
-def _run(q, k, v, causal, *, tf32_only=False, layout="contig", config=None, sm_scale=None):
+def _run(q, k, v, causal, *, tf32_only=False, layout="contig", config=None, sm_scale=None, q_layout=None):
     """The kernel's (out, lse) on a NaN-poisoned output wider than headdim; asserts only [..., :D] was written."""
     b, h, lq, d = q.shape
     out_mem = cuda.to_device(np.full((b, h, lq, d + 5), np.nan, np.float32))
@@ -37,7 +37,8 @@ def _run(q, k, v, causal, *, tf32_only=False, layout="contig", config=None, sm_s
     lse = cuda.to_device(np.full((b, h, lq), np.nan, np.float32))
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     stream = 0 if numba_attn.SIMULATOR else cuda.default_stream()
-    views = (device_view_in_layout(x, layout) for x in (q, k, v))
+    views = (device_view_in_layout(q, q_layout or layout), device_view_in_layout(k, layout),
+             device_view_in_layout(v, layout))
     flash_tf32.launch(*views, out, lse, True, sm_scale, causal, stream, config=config, tf32_only=tf32_only)
     got_mem = out_mem.copy_to_host()
     assert np.isnan(got_mem[..., d:]).all(), "wrote past headdim"
@@ -55,9 +56,10 @@ def _inputs(seed, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, scale=1.
 
 
 def _check(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, *, tf32_only=False, layout="contig",
-           config=None, seed=0, scale=1.0, sm_scale=None):
+           config=None, seed=0, scale=1.0, sm_scale=None, q_layout=None):
     q, k, v = _inputs(seed, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, scale)
-    got, lse = _run(q, k, v, causal, tf32_only=tf32_only, layout=layout, config=config, sm_scale=sm_scale)
+    got, lse = _run(q, k, v, causal, tf32_only=tf32_only, layout=layout, config=config, sm_scale=sm_scale,
+                    q_layout=q_layout)
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
     ref, ref_lse = reference.attention(q, k, v, causal=causal, sm_scale=sm_scale, return_lse=True)
     err = rel_error(got, ref)
@@ -69,18 +71,21 @@ def _check(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, *, tf32
 
 
 # -- always --------------------------------------------------------------------------------------------------------
-def test_tiles_are_conflict_free_fit_and_unrollable():
+def test_tiles_are_conflict_free_aligned_fit_and_unrollable():
     for tf32_only in (False, True):
         for d in range(1, 257):
             config = flash_tf32.gpu_config(d, tf32_only)
             tiles = flash_tf32.tiles_for(config, flash_tf32.padded_head_dim(d, config), tf32_only)
             assert tiles.d_pad >= d and tiles.d_pad % 8 == 0 and tiles.d_pass % 8 == 0
-            assert tiles.k_stride % 16 == 8  # 8-byte K / Q fragment loads: two phases of 16 lanes, 32 banks each
+            assert tiles.k_stride % 16 == 8  # 8-byte Q / K fragment loads: two phases of 16 lanes, 32 banks each
             assert tiles.v_stride % 8 == 4  # 4-byte V fragment loads at 2t * stride + g: 32 banks
-            assert tiles.q_offset % 2 == 0  # Q's 8-byte loads stay aligned
+            # cp.async writes 16-byte pieces: every row and every tile starts on 16 bytes
+            for words in (tiles.k_stride, tiles.v_stride, tiles.q_tile, tiles.k_tile, tiles.stage):
+                assert words % 4 == 0
             assert tiles.shared_bytes <= flash_tf32.MAX_SHARED_BYTES
             terms = 1 if tf32_only else 3
-            assert tiles.block_n * tiles.d_pass * terms // 64 <= config.max_pv_mmas or tiles.block_n == 8
+            nest = tiles.m_tiles * tiles.block_n * tiles.d_pad * terms // 64  # MMAs of S = Q K^T per tile
+            assert nest <= config.max_pv_mmas or tiles.block_n == 8
 
 
 def test_bad_tiles_are_rejected():
@@ -124,6 +129,19 @@ def test_simulated_kernel_equals_reference(heads, kv_heads, seqlen_q, seqlen_k, 
 
 
 @simulator_only
+@pytest.mark.parametrize(
+    "heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, layout",
+    [
+        (2, 1, 37, 29, 24, True, "contig"),  # two m-tiles, cp.async (vector) loads, GQA, tails, Lq > Lk
+        (1, 1, 20, 26, 48, False, "contig"),  # two passes over 24-column output halves with vector loads
+    ],
+)
+def test_simulated_two_m_tiles(heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, layout):
+    config = flash_tf32.Tf32Config(warps=1, m_tiles=2, block_n=8, max_single_pass_dim=32)
+    _check(1, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, layout=layout, config=config, seed=head_dim)
+
+
+@simulator_only
 def test_simulated_tf32_mode_is_tf32_accurate_and_3x_is_float32_accurate():
     # the same inputs through both modes: 3xTF32 must beat plain tf32 by orders of magnitude, or the split is not
     # taking effect (an error of ~4e-4 would still pass a loose bound)
@@ -149,13 +167,14 @@ def test_simulated_huge_logits(logit):
 
 
 def test_float32_dispatch():
-    # float32 defaults to the SIMT kernel (measured faster than 3xTF32 on an H100, 2026-11-22); allow_tf32=True is
-    # the caller opting into the tensor-core kernel's one-term mode; backend="mma" forces the tensor-core kernel
+    # float32 defaults to the 3xTF32 tensor-core kernel on a GPU (float32 accuracy, measured faster than the SIMT
+    # kernel and than torch's float32 path on an H100, 2026-11-22) and to the SIMT kernel under the simulator (no
+    # MMA emulation); allow_tf32=True picks the tensor-core kernel's one-term mode; backend= forces a kernel
     from numba_attn import api
 
     if not numba_attn.SIMULATOR and api.compute_capability() < flash_tf32.MIN_COMPUTE_CAPABILITY:
         pytest.skip("no tensor-core kernel below sm_80")
-    assert api._flash_backend(None, "float32") == "simt"
+    assert api._flash_backend(None, "float32") == ("simt" if numba_attn.SIMULATOR else "mma")
     assert api._flash_backend(None, "float32", allow_tf32=True) == "mma"
     assert api._flash_backend("mma", "float32") == "mma"
     assert api._flash_backend("simt", "float32", allow_tf32=True) == "simt"
@@ -223,10 +242,18 @@ def test_long_sequences(head_dim, causal, tf32_only):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("warps, block_n", [(8, 24), (4, 16), (2, 32)])
-def test_other_tiles(warps, block_n):
-    config = flash_tf32.Tf32Config(warps=warps, block_n=block_n)
+@pytest.mark.parametrize("warps, m_tiles, block_n", [(8, 1, 24), (4, 1, 16), (2, 2, 32), (4, 2, 8), (1, 2, 16)])
+def test_other_tiles(warps, m_tiles, block_n):
+    config = flash_tf32.Tf32Config(warps=warps, m_tiles=m_tiles, block_n=block_n)
     _check(1, 4, 2, 333, 257, 96, True, config=config, seed=warps)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_layout", ["pad3", "blhd"])
+def test_q_strided_kv_contiguous(q_layout):
+    # Q, K and V go through one loader: a Q whose rows cannot be read in 16-byte pieces must turn the element copy
+    # on for all three, even when K and V could take cp.async
+    _check(1, 4, 2, 190, 230, 64, True, layout="contig", q_layout=q_layout, seed=5)
 
 
 @pytest.mark.gpu
@@ -245,7 +272,7 @@ def test_many_key_tiles_keep_float32_accuracy():
 
 
 @pytest.mark.gpu
-def test_api_float32_default_is_simt_and_mma_is_3xtf32():
+def test_api_float32_default_is_3xtf32_mma():
     cupy = pytest.importorskip("cupy")
     q, k, v = _inputs(11, 2, 4, 2, 1000, 1000, 128)
     dq, dk, dv = (cupy.asarray(x) for x in (q, k, v))
@@ -255,7 +282,7 @@ def test_api_float32_default_is_simt_and_mma_is_3xtf32():
                          "tf32": {"allow_tf32": True}, "mma_tf32": {"backend": "mma", "allow_tf32": True}}.items():
         outs[name] = numba_attn.flash_forward(dq, dk, dv, causal=True, **kwargs).get()
     errs = {name: rel_error(out, ref) for name, out in outs.items()}
-    assert np.array_equal(outs["default"], outs["simt"])  # float32 defaults to the (faster) SIMT kernel
+    assert np.array_equal(outs["default"], outs["mma"])  # float32 defaults to the 3xTF32 tensor-core kernel
     assert np.array_equal(outs["tf32"], outs["mma_tf32"])  # allow_tf32=True opts into the tensor-core kernel
     assert errs["simt"] < TOLERANCE["float32"] and errs["mma"] < TOLERANCE["float32"]
     # plain tf32 is measurably rougher, which shows backend="mma" really is the 3xTF32 kernel

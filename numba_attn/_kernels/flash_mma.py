@@ -62,6 +62,8 @@ from .._arrays import rows_in_pieces
 from .._device import SIMULATOR, cuda
 from .._device import launch as device_launch
 from . import ptx
+from .staging import device_function as _device_function
+from .staging import tile_loader
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -186,74 +188,6 @@ def _jit(launch_bounds):
     return cuda.jit(SIGNATURE, launch_bounds=launch_bounds, cache=True)
 
 
-def _device_function(fn):
-    """A device function NVVM always inlines (a plain function under the simulator)."""
-    if SIMULATOR:
-        return fn
-    return cuda.jit(device=True, forceinline=True)(fn)
-
-
-def _tile_loader(tiles: _Tiles, vector_loads: bool, rows: int):
-    """``load_tile(head, smem, base, tid, n0, seqlen_k, head_dim)``: start the copy of rows ``n0 .. n0 + rows``
-    of one head's Q, K or V (``[key][d]`` in global memory) to ``smem[base:]`` as ``[key][d]`` rows of ``tiles.row``
-    elements, every thread of the block taking part. Keys >= seqlen_k and columns >= headdim become zeros (they add
-    exactly 0 to S and O, never NaN).
-
-    ``vector_loads``: asynchronous 16-byte copies (``cp.async``, zero-filling what lies outside), which land by the
-    next ``cp_async_wait_all`` + barrier; needs headdim % 8 == 0, a contiguous last axis and 16-byte aligned rows
-    (``launch`` checks). Otherwise element by element, synchronously (any strides, any headdim). Chosen here, in
-    Python, so that each kernel compiles only the loader it uses."""
-    NT = 32 * tiles.warps
-    ROW = tiles.row
-    D_PAD = tiles.d_pad
-    BLOCK_N = rows
-    PIECES = D_PAD // 8  # 16-byte pieces per row
-    # the pieces of a tile in steps of NT: thread tid takes piece column tid % PIECES of rows tid // PIECES + k ROWS
-    # (when PIECES divides NT, so that the column and the global offset within a row stay fixed per thread)
-    ROWS = NT // PIECES if NT % PIECES == 0 else 0
-    STEPS = -(-BLOCK_N // ROWS) if ROWS else 0
-    ROWS_GUARD = ROWS and BLOCK_N % ROWS != 0
-    cp_async_16 = ptx.cp_async_16
-    load2 = ptx.load2
-    store1 = ptx.store1
-
-    def load_vector(head, smem, base, tid, n0, seqlen_k, head_dim):
-        key_stride = head.strides[0]
-        r = tid // PIECES
-        col = 8 * (tid - r * PIECES)
-        inside_cols = col < head_dim
-        offset = (n0 + r) * key_stride + col * head.strides[1]
-        for step in range(STEPS):
-            row = r + step * ROWS
-            if not ROWS_GUARD or row < BLOCK_N:
-                inside = inside_cols and n0 + row < seqlen_k
-                # outside: read nothing, fill zeros (from the head's first element: a valid address)
-                cp_async_16(smem, base + row * ROW + col, head, offset + step * ROWS * key_stride if inside else 0,
-                            16 if inside else 0)
-
-    def load_vector_any(head, smem, base, tid, n0, seqlen_k, head_dim):  # PIECES does not divide NT
-        for idx in range(tid, BLOCK_N * PIECES, NT):
-            r = idx // PIECES
-            col = 8 * (idx - r * PIECES)
-            inside = n0 + r < seqlen_k and col < head_dim
-            offset = (n0 + r) * head.strides[0] + col * head.strides[1]
-            cp_async_16(smem, base + r * ROW + col, head, offset if inside else 0, 16 if inside else 0)
-
-    def load_elements(head, smem, base, tid, n0, seqlen_k, head_dim):
-        for idx in range(tid, BLOCK_N * D_PAD, NT):
-            r = idx // D_PAD
-            col = idx - r * D_PAD
-            key = n0 + r
-            x = 0
-            if key < seqlen_k and col < head_dim:
-                x = load2(head, key, col)
-            store1(smem, base + r * ROW + col, x)
-
-    if vector_loads:
-        return _device_function(load_vector if ROWS else load_vector_any)
-    return _device_function(load_elements)
-
-
 def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: bool = False):
     """The Python function of one specialisation (not yet jitted); also what ``compile_ptx`` checks offline.
 
@@ -293,8 +227,8 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     ldmatrix_trans = ptx.ldmatrix_x4_trans
     commit = ptx.cp_async_commit
     wait_all = ptx.cp_async_wait_all
-    load_q_tile = _tile_loader(tiles, vector_loads, BLOCK_M)
-    load_tile = _tile_loader(tiles, vector_loads, BLOCK_N)
+    load_q_tile = tile_loader(32 * WARPS, ROW, tiles.d_pad, BLOCK_M, np.uint16, vector_loads)
+    load_tile = tile_loader(32 * WARPS, ROW, tiles.d_pad, BLOCK_N, np.uint16, vector_loads)
 
     def online_softmax(s, acc, m_run, l_run, mt, needs_mask, n0, row0, t, seqlen_k, causal, diag_offset, scale_log2,
                        post):
@@ -407,7 +341,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
         if SCALE_FIRST:
             post = float32(1.0)
 
-        load_q_tile(q_head, smem, 0, tid, m0, seqlen_q, head_dim)
+        load_q_tile(q_head, smem, 0, tid, m0, seqlen_q, 0, head_dim)
         for p in range(PASSES):
             d_off = p * D_PASS  # first output column of this pass
             for i in range(2 * M_TILES):
@@ -420,8 +354,8 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
 
             cuda.syncthreads()  # a previous pass is done reading stage 0
             if n_tiles > 0:
-                load_tile(k_head, smem, Q_TILE, tid, 0, seqlen_k, head_dim)
-                load_tile(v_head, smem, Q_TILE + TILE, tid, 0, seqlen_k, head_dim)
+                load_tile(k_head, smem, Q_TILE, tid, 0, seqlen_k, 0, head_dim)
+                load_tile(v_head, smem, Q_TILE + TILE, tid, 0, seqlen_k, 0, head_dim)
             commit()  # (with the Q tile in the first pass)
             for j in range(n_tiles):
                 n0 = j * BLOCK_N
@@ -430,8 +364,8 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
                 cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
                 if j + 1 < n_tiles:  # the copy of tile j + 1 runs under this tile's MMAs
                     nxt = Q_TILE + STAGE - (j % 2) * STAGE
-                    load_tile(k_head, smem, nxt, tid, n0 + BLOCK_N, seqlen_k, head_dim)
-                    load_tile(v_head, smem, nxt + TILE, tid, n0 + BLOCK_N, seqlen_k, head_dim)
+                    load_tile(k_head, smem, nxt, tid, n0 + BLOCK_N, seqlen_k, 0, head_dim)
+                    load_tile(v_head, smem, nxt + TILE, tid, n0 + BLOCK_N, seqlen_k, 0, head_dim)
                     commit()
 
                 # ---- S = Q K^T: one K fragment feeds the MMAs of every m-tile ----------------------------------------
@@ -514,8 +448,9 @@ def _bits(x, name: str):
 
 
 def vector_loads_ok(*arrays) -> bool:
-    """True when K and V rows can be read in aligned 16-byte pieces: headdim % 8 == 0, unit stride along headdim,
-    and every row start 16-byte aligned (base address and the other strides multiples of 16 bytes)."""
+    """True when the rows of every array (Q, K and V: one loader copies them all) can be read in aligned 16-byte
+    pieces: headdim % 8 == 0, unit stride along headdim, and every row start 16-byte aligned (base address and the
+    other strides multiples of 16 bytes)."""
     return all(rows_in_pieces(x, 8) for x in arrays)
 
 
@@ -537,7 +472,7 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
         return
     q, k, v, out = _bits(q, "q"), _bits(k, "k"), _bits(v, "v"), _bits(out, "out")
     head_dim_pad = padded_head_dim(head_dim, config)
-    kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads_ok(k, v), not sm_scale > 0)
+    kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads_ok(q, k, v), not sm_scale > 0)
     grid = (batch * heads, -(-seqlen_q // config.block_m))
     args = (q, k, v, out, lse, bool(write_lse), bool(causal), np.float32(sm_scale * LOG2E))
     device_launch(kernel, grid, config.threads, stream, tiles_for(config, head_dim_pad).shared_bytes, *args)

@@ -306,11 +306,12 @@ if SIMULATOR:
 
     def cp_async_16(dst, i, src, offset, nbytes):
         """Simulator emulation of ``cp.async``: a synchronous copy (or zero fill)."""
-        words = np.zeros(8, np.uint16)
+        raw = np.zeros(16, np.uint8)
         if nbytes:
             data = np.asarray(src).__array_interface__["data"][0]
-            words[:] = np.ctypeslib.as_array((ctypes.c_uint16 * 8).from_address(data + int(offset)))
-        for n in range(8):
+            raw[:] = np.ctypeslib.as_array((ctypes.c_uint8 * 16).from_address(data + int(offset)))
+        words = raw.view(dst.dtype)
+        for n in range(len(words)):
             dst[i + n] = words[n]
 
     def cp_async_commit():
@@ -837,14 +838,14 @@ else:
     def cp_async_16(typingctx, dst, i, src, offset, nbytes):
         """(dst, i, src, offset, nbytes): start an asynchronous copy of the 16 bytes ``offset`` bytes past the first
         element of ``src`` (any array in global memory; the caller computes the offset from its strides) to
-        ``dst[i : i + 8]`` (a 1-D uint16 shared array); both 16-byte aligned. ``nbytes`` (0 or 16) bytes are read and
+        ``dst[i : i + 16 / itemsize]`` (a 1-D uint16 or float32 shared array); both 16-byte aligned. ``nbytes`` (0 or 16) bytes are read and
         the rest of the 16 filled with zeros, so ``0`` zero-fills without reading (the address must still be
         valid)::
 
             cp.async.cg.shared.global [dst], [src + offset], 16, nbytes;
 
         Completes at ``cp_async_wait_all`` (for the groups committed before it)."""
-        if not (_is_1d(dst) and dst.dtype == types.uint16 and isinstance(src, types.Array)
+        if not (_is_1d(dst) and dst.dtype in (types.uint16, types.float32) and isinstance(src, types.Array)
                 and _is_int(i, offset, nbytes)):
             return None
         sig = types.void(dst, i, src, offset, nbytes)

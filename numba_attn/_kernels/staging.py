@@ -1,0 +1,82 @@
+"""Copies of K / V / Q tiles from global to shared memory, shared by the tensor-core flash kernels.
+
+A tile is ``rows`` rows of one head (``[seqlen][headdim]`` in global memory, any strides) starting at row ``n0`` and
+column ``c0``, stored in a 1-D shared array as rows of ``row`` elements. Rows >= the sequence length and columns
+>= headdim become zeros: they add exactly 0 to ``S`` and ``O``, never NaN.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._device import SIMULATOR, cuda
+from . import ptx
+
+
+def device_function(fn):
+    """A device function NVVM always inlines (a plain function under the simulator)."""
+    if SIMULATOR:
+        return fn
+    return cuda.jit(device=True, forceinline=True)(fn)
+
+
+def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loads: bool):
+    """``load_tile(head, smem, base, tid, n0, seqlen, c0, head_dim)``: start the copy of rows ``n0 .. n0 + rows``,
+    columns ``c0 .. c0 + width`` of ``head`` to ``smem[base + r * row + c]``, every one of the block's ``threads``
+    threads taking part.
+
+    ``dtype``: the shared array's element type (uint16 bit patterns or float32); ``width`` must be a whole number of
+    16-byte pieces.
+    ``vector_loads``: asynchronous 16-byte copies (``cp.async``, zero-filling what lies outside), which land by the
+    next ``cp_async_wait_all`` + barrier; needs headdim and ``c0`` whole pieces, a contiguous last axis and
+    16-byte aligned rows (the launcher checks). Otherwise element by element, synchronously (any strides, any
+    headdim). Chosen here, in Python, so that each kernel compiles only the loader it uses."""
+    ZERO = np.dtype(dtype).type(0)
+    PIECE = 16 // ZERO.itemsize  # elements per 16-byte piece
+    if width % PIECE:
+        raise ValueError(f"tile width {width} is not a multiple of {PIECE} elements (16 bytes)")
+    PIECES = width // PIECE  # 16-byte pieces per row
+    # the pieces of a tile in steps of the block: thread tid takes piece column tid % PIECES of rows
+    # tid // PIECES + k ROWS (when PIECES divides the block, so that the column and the global offset within a row
+    # stay fixed per thread)
+    ROWS = threads // PIECES if threads % PIECES == 0 else 0
+    STEPS = -(-rows // ROWS) if ROWS else 0
+    ROWS_GUARD = ROWS and rows % ROWS != 0
+    ROW = row
+    cp_async_16 = ptx.cp_async_16
+    load2 = ptx.load2
+    store1 = ptx.store1
+
+    def load_vector(head, smem, base, tid, n0, seqlen, c0, head_dim):
+        row_stride = head.strides[0]
+        r = tid // PIECES
+        col = PIECE * (tid - r * PIECES)
+        inside_cols = c0 + col < head_dim
+        offset = (n0 + r) * row_stride + (c0 + col) * head.strides[1]
+        for step in range(STEPS):
+            rr = r + step * ROWS
+            if not ROWS_GUARD or rr < rows:
+                inside = inside_cols and n0 + rr < seqlen
+                # outside: read nothing, fill zeros (from the head's first element: a valid address)
+                cp_async_16(smem, base + rr * ROW + col, head, offset + step * ROWS * row_stride if inside else 0,
+                            16 if inside else 0)
+
+    def load_vector_any(head, smem, base, tid, n0, seqlen, c0, head_dim):  # PIECES does not divide the block
+        for idx in range(tid, rows * PIECES, threads):
+            r = idx // PIECES
+            col = PIECE * (idx - r * PIECES)
+            inside = n0 + r < seqlen and c0 + col < head_dim
+            offset = (n0 + r) * head.strides[0] + (c0 + col) * head.strides[1]
+            cp_async_16(smem, base + r * ROW + col, head, offset if inside else 0, 16 if inside else 0)
+
+    def load_elements(head, smem, base, tid, n0, seqlen, c0, head_dim):
+        for idx in range(tid, rows * width, threads):
+            r = idx // width
+            col = idx - r * width
+            x = ZERO
+            if n0 + r < seqlen and c0 + col < head_dim:
+                x = load2(head, n0 + r, c0 + col)
+            store1(smem, base + r * ROW + col, x)
+
+    if vector_loads:
+        return device_function(load_vector if ROWS else load_vector_any)
+    return device_function(load_elements)

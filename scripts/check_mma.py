@@ -474,7 +474,7 @@ def part_correctness(args):
                              dtype=c["dtype"])
             _sync(cuda, simulator)
             elapsed = time.time() - t0
-            key = (flash_mma.padded_head_dim(d), c["dtype"], flash_mma.vector_loads_ok(k, v), c["warps"])
+            key = (flash_mma.padded_head_dim(d), c["dtype"], flash_mma.vector_loads_ok(q, k, v), c["warps"])
             if key not in seen_kernels and not simulator:
                 seen_kernels.add(key)
                 kern = flash_mma.flash_mma_kernel(config, key[0], key[1] == "bfloat16", key[2])

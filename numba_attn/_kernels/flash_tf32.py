@@ -3,28 +3,35 @@
 Same interface and semantics as ``flash_mma.launch`` and ``flash_simt.launch``: float32 views of shape
 ``(batch, heads, seqlen, headdim)`` with any strides, grouped-query heads (q head ``h`` reads kv head
 ``h // (heads // kv_heads)``), bottom-right causal mask (query ``i`` sees keys ``j <= i + seqlen_k - seqlen_q``), rows
-that see no key give 0 and ``lse = -inf``, lse in natural log.
+that see no key give 0 and ``lse = -inf``, lse in natural log. The float32 default of ``flash_forward`` on sm_80+.
 
 Accuracy: 3xTF32
     A tf32 operand keeps 10 of float32's 23 mantissa bits, so one tf32 product is good to about 1e-3 -- far from the
-    1e-5 this package promises for float32. Every operand ``x`` is therefore split into ``hi = tf32(x)`` and
-    ``lo = tf32(x - hi)`` (``x - hi`` is exact in float32), and a product ``a b`` is taken as
-    ``a_lo b_hi + a_hi b_lo + a_hi b_hi`` -- three MMAs into the same float32 accumulator, small terms first so they
-    are not lost against the big one. The dropped ``a_lo b_lo`` is below 2^-22 of ``a b``: the attention output
-    then agrees with a float64 reference to about 2e-7 under the simulator (relative Frobenius norm), 1.3e-6 ..
-    1.7e-6 on an H100.
-    ``allow_tf32=True`` (``tf32_only``) keeps only ``a_hi b_hi``: a third of the MMAs and about 5e-4 error.
+    1e-5 this package promises for float32. Every operand ``x`` is split into ``hi = tf32(x)`` (``cvt.rna``) and
+    ``lo = x - hi`` (exact in float32), and a product ``a b`` is taken as ``a_lo b_hi + a_hi b_lo + a_hi b_hi`` --
+    three MMAs into one float32 accumulator, small terms first. ``lo`` goes to the MMA unrounded: the tensor cores
+    read only its tf32 bits (at worst truncating), an error below 2^-21 |x|, one conversion less per operand. Errors
+    against a float64 reference on an H100: 3e-7 .. 1.4e-6 (relative Frobenius norm).
+    ``allow_tf32=True`` (``tf32_only``) keeps only ``a_hi b_hi``: a third of the MMAs and about 4e-4 error.
     (This is CUTLASS's ``OpMultiplyAddFastF32``, which torch's memory-efficient fp32 attention uses.)
     The tensor cores' float32 accumulation does not round to nearest, so nothing is accumulated across key tiles
     through an MMA's C operand: each tile's ``P V`` starts from zero accumulators and is added to ``O`` with float32
     FMAs (``O = alpha O + P V``). Feeding ``O`` as C instead gave an error that grew with the number of key tiles
-    (H100, 2026-11-22, D = 128 non-causal: 1.5e-5 at 2k keys, 3.0e-5 at 4k, over the 1e-5 bound). ``S = Q K^T``
-    starts from zero on every tile.
+    (H100, 2026-11-22, D = 128 non-causal: 1.5e-5 at 2k keys, 3.0e-5 at 4k, over the 1e-5 bound).
 
 Work split
-    As in ``flash_mma``: one block = ``warps`` warps = ``16 * warps`` query rows of one (batch, head); warp ``w`` owns
-    rows ``16 w .. 16 w + 15``, the M of one MMA, so a row's softmax statistics stay in the 4 lanes that hold it. The
-    block walks the keys in tiles of ``block_n``.
+    As in ``flash_mma``: one block = ``warps`` warps x ``m_tiles`` 16-row MMA tiles = ``block_m`` query rows of one
+    (batch, head) (default 4 x 2 = 128 rows, two blocks per SM). A row's softmax statistics never leave the 4 lanes
+    that hold it, and every split K or V fragment feeds the MMAs of all ``m_tiles`` tiles.
+
+Shared memory (dynamic; ``_Tiles.shared_bytes``) and pipeline
+    The Q tile, then two stages of (K tile, V tile of this pass's columns), float32 words, rows >= the sequence
+    length and columns >= headdim zero (padding adds exactly 0, never NaN). Row strides make every fragment load hit
+    32 banks and every row start on 16 bytes: Q and K ``8 mod 16`` words (8-byte loads, two phases of 16 lanes
+    reading ``g * stride + 2t``), V ``4 mod 8`` (4-byte loads at ``2t * stride + g``). Per K/V tile: wait for the
+    ``cp.async`` copies + barrier, start the copy of the next tile (``staging.tile_loader``: 16-byte ``cp.async``
+    pieces, or a synchronous element copy when Q, K or V rows are not 16-byte pieces), then ``S = Q K^T``, the online
+    softmax, ``O = alpha O + P V``. Operands stay float32 in shared memory and are split in registers where used.
 
 Fragments (``ptx`` module docstring: m16n8k8 tf32 layout and the k permutation)
     Both products use the permutation "A column ``t`` <-> k ``2t``, column ``t + 4`` <-> k ``2t + 1``":
@@ -36,35 +43,23 @@ Fragments (``ptx`` module docstring: m16n8k8 tf32 layout and the k permutation)
       as ``(c0, c2, c1, c3)``, so P never leaves the registers; the B registers are V rows (keys) ``8 j + 2t`` and
       ``8 j + 2t + 1`` of column ``8 ob + g``.
 
-Per K/V tile
-    All threads copy K ``[key][d]`` and V ``[key][d]`` (float32, not pre-split: the split costs three ALU
-    instructions per element where the MMA unit is the bottleneck, and keeping raw floats halves the shared memory)
-    into dynamic shared memory, zero for keys >= seqlen_k and columns >= headdim (padding adds exactly 0, never NaN).
-    Row strides are chosen so the fragment loads hit 32 banks: K (8-byte loads, two phases of 16 lanes reading
-    ``g * stride + 2t``) needs ``stride = 8 mod 16``; V (4-byte loads at ``2t * stride + g``) needs ``stride = 4 mod 8``.
-    Then ``S = Q K^T``, the online softmax on the C fragments (base 2, two butterfly shuffles per row statistic,
-    masks only on tiles that cross the diagonal or the end of the keys), ``P`` split once into hi / lo A fragments,
-    then per output n8 block ``r = P V`` from zero (its k-steps chained through C within the tile) and
-    ``O = alpha O + r``; one division by ``l`` at the end.
+Softmax
+    Base 2, the running max kept on the unscaled scores so that ``sm_scale * log2 e`` folds into the exponent's FFMA
+    (a scale <= 0 compiles a variant that scales first); masks only on tiles that cross the causal diagonal or the
+    end of the keys; a device function called once per m-tile with a constant index (register arrays indexed only by
+    compile-time constants stay in registers).
 
-Q and head dims
-    The head dim is padded to a multiple of 8 inside the kernel. Q sits in shared memory for the whole kernel and a
-    warp reads its A fragments per k-step (two 8-byte loads, split into hi / lo in 12 ALU instructions shared by
-    ``block_n / 8`` MMA triples). Keeping them in registers instead (``max_q_regs_dim``, off by default) costs more
-    than it looks: NVVM hoists the tile-invariant split out of the key loop, so hi and lo both stay live
-    (``head_dim_pad`` registers) and the kernel spills at D = 64. Above ``max_single_pass_dim`` (128) the kernel makes
-    two passes over the keys, each accumulating half of the output columns (S is recomputed, identical, so ``m`` and
-    ``l`` agree): one pass of 256 columns needs 128 accumulator registers and spills even with 16-key tiles.
-    ``P V`` is unrolled completely, and NVVM stops unrolling a nest between 192 and 384 MMAs, so the key tile is
-    cut to ``max_pv_mmas``. ``gpu_config``: 8 warps and 16-key tiles for every head dim (measured faster than the
-    earlier 4-warp tiles; spill-free everywhere).
+Head dims
+    Padded to a multiple of 8 inside the kernel; above ``max_single_pass_dim`` (128) two passes over the keys, each
+    accumulating half of the output columns (S is recomputed, identical, so ``m`` and ``l`` agree). The MMA loop
+    nests are unrolled completely, and NVVM stops unrolling a nest between 192 and 384 MMAs, so tiles are cut to
+    ``max_pv_mmas``. ``gpu_config`` picks the tiles per head dim (measured; ptxas report there).
 
-Specialisations (compiled once each, cached on disk): tiles, padded head dim and ``tf32_only``. Causality is a run-time
-flag. Register arrays are indexed only inside loops over compile-time constants (fully unrolled by NVVM, so they
-stay in registers); shared-memory offsets are unsigned (no negative-index wraparound code).
+Specialisations (compiled once each, cached on disk): tiles, padded head dim, ``tf32_only``, load width and the sign
+of the scale. Causality is a run-time flag.
 
-Under the CUDA simulator the same code runs with the ``ptx`` emulations (``SIMULATOR_CONFIG``: one warp, tiny tiles
-that still take the Q-in-shared-memory and two-pass branches at small head dims).
+Under the CUDA simulator the same code runs with the ``ptx`` emulations (``SIMULATOR_CONFIG``: one warp, one m-tile,
+8-key tiles, two passes above 32 columns).
 """
 from __future__ import annotations
 

@@ -316,6 +316,30 @@ def with_unit_axes(view: Any, at: int, count: int):
     """The device (or simulator NumPy) view with ``count`` axes of length 1 inserted before axis ``at``; no copy."""
     shape = tuple(view.shape[:at]) + (1,) * count + tuple(view.shape[at:])
     strides = tuple(view.strides[:at]) + (0,) * count + tuple(view.strides[at:])
+    return restride(view, shape, strides)
+
+
+def grouped_heads(view: Any, kv_heads: int):
+    """``(batch, heads, seqlen, ...)`` -> ``(batch, kv_heads, group * seqlen, ...)``, ``group = heads // kv_heads``:
+    row ``i * seqlen + l`` of kv head ``g`` is row ``l`` of head ``g * group + i``, so a GQA group's query rows
+    become one longer sequence; no copy. None when the strides do not allow it (seqlen > 1 and a head's rows not
+    directly after the previous head's)."""
+    batch, heads, seqlen = (int(n) for n in view.shape[:3])
+    group = heads // kv_heads
+    stride_b, stride_h, stride_l = view.strides[:3]
+    if seqlen == 1 or group == 1:
+        row_stride = stride_h if seqlen == 1 else stride_l
+    elif stride_h == seqlen * stride_l:
+        row_stride = stride_l
+    else:
+        return None
+    shape = (batch, kv_heads, group * seqlen) + tuple(view.shape[3:])
+    strides = (stride_b, group * stride_h, row_stride) + tuple(view.strides[3:])
+    return restride(view, shape, strides)
+
+
+def restride(view: Any, shape: tuple, strides: tuple):
+    """The device (or simulator NumPy) view of the same memory with this shape and these byte strides; no copy."""
     if isinstance(view, np.ndarray):
         return np.lib.stride_tricks.as_strided(view, shape, strides)
     if isinstance(view, DeviceView):

@@ -164,7 +164,9 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
             sm_scale,
             bool(causal),
         )
-        if decode:
+        if decode and _decode_on_tensor_cores(call.dtype, shape, args, causal):
+            _flash_mma.launch_decode(*args, num_splits, call.stream, call.scratch, multiprocessor_count())
+        elif decode:
             if num_splits is None:
                 num_splits = _decode.choose_num_splits(
                     shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_k, multiprocessor_count()
@@ -179,6 +181,20 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
     if return_lse:
         return call.result(out), call.result(lse)
     return call.result(out)
+
+
+#: ``flash_decode`` takes the tensor-core split kernel (``flash_mma.launch_decode``) for GQA groups of at least this
+#: many query heads per kv head (float16, sm_80+, rows that regroup without a copy); below, the SIMT split kernel
+_DECODE_MMA_MIN_GROUP = 2
+
+
+def _decode_on_tensor_cores(dtype: str, shape, args, causal: bool) -> bool:
+    if dtype != "float16" or shape.heads // shape.kv_heads < _DECODE_MMA_MIN_GROUP:
+        return False
+    if not (SIMULATOR or compute_capability() >= _flash_mma.MIN_COMPUTE_CAPABILITY):
+        return False
+    q, _, _, out, lse, write_lse = args[:6]
+    return _flash_mma.decode_applies(q, out, lse, write_lse, shape.kv_heads, causal)
 
 
 def combine_lse(o_parts, lse_parts):

@@ -318,6 +318,60 @@ def test_combine_lse_rejects_bad_input():
         numba_attn.combine_lse(o_parts[:0], lse_parts[:0])
 
 
+# -- the tensor-core split kernel (flash_mma.launch_decode) for GQA groups -------------------------------------------
+def test_grouped_heads_view():
+    from numba_attn._arrays import grouped_heads
+
+    x = np.arange(2 * 6 * 3 * 4, dtype=np.float32).reshape(2, 6, 3, 4)
+    rows = grouped_heads(x, 2)  # group 3: row i * 3 + l of kv head g = row l of head 3g + i
+    assert rows.shape == (2, 2, 9, 4)
+    assert np.array_equal(rows, x.reshape(2, 2, 9, 4))
+    one = x[:, :, :1]  # one row per head: any head stride works
+    assert np.array_equal(grouped_heads(one, 3), one.reshape(2, 3, 2, 4))
+    lse = np.arange(2 * 6 * 3, dtype=np.float32).reshape(2, 6, 3)
+    assert np.array_equal(grouped_heads(lse, 1), lse.reshape(2, 1, 18))
+    assert grouped_heads(x.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3), 2) is None  # (B, L, H, D) memory
+
+
+def test_decode_takes_tensor_cores_only_where_it_applies():
+    from numba_attn import api
+    from numba_attn._arrays import attention_shape
+
+    if not numba_attn.SIMULATOR and api.compute_capability() < (8, 0):
+        pytest.skip("no tensor-core kernel below sm_80")
+
+    def decides(dtype, heads, kv_heads, seqlen_q, causal, layout="contig"):
+        q, k, v = _qkv(np.random.default_rng(0), 1, heads, kv_heads, seqlen_q, 40, 16, dtype)
+        if layout == "blhd":
+            q = q.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3)
+        out = np.zeros(q.shape, q.dtype)
+        args = (q, k, v, out, np.zeros(q.shape[:3], np.float32), True)
+        return api._decode_on_tensor_cores(dtype, attention_shape(q, k, v), args, causal)
+
+    assert decides("float16", 8, 2, 1, True)  # one row: the mask is a no-op
+    assert decides("float16", 8, 2, 3, False)
+    assert not decides("float16", 8, 2, 3, True)  # the mask depends on the row's position
+    assert not decides("float16", 8, 8, 1, False)  # MHA stays on the SIMT kernel
+    assert not decides("float32", 8, 2, 1, False)
+    assert not decides("float16", 8, 2, 3, False, layout="blhd")  # rows of a group not contiguous: no regrouping
+
+
+@pytest.mark.parametrize(
+    "heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, num_splits",
+    [
+        (4, 1, 1, 70, 16, True, None),  # GQA 4, one token, a tail tile
+        (4, 2, 2, 45, 24, False, 2),  # two rows per head, a split that ends inside a tile
+        (2, 1, 1, 33, 20, False, 5),  # element copies (headdim 20), more splits than key tiles: empty parts
+    ],
+)
+def test_flash_decode_tensor_core_path(heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, num_splits):
+    rng = np.random.default_rng(seqlen_k)
+    q, k, v = _qkv(rng, 1, heads, kv_heads, seqlen_q, seqlen_k, head_dim, "float16")
+    out, lse = numba_attn.flash_decode(_dev(q), _dev(k), _dev(v), causal=causal, num_splits=num_splits,
+                                       return_lse=True)
+    _check_attention(to_host(out), to_host(lse), q, k, v, causal)
+
+
 # -- GPU, realistic sizes ---------------------------------------------------------------------------------------------
 GPU_CASES = [
     # batch, heads, kv_heads, head_dim, seqlen_k, seqlen_q, dtype, causal, num_splits
@@ -330,6 +384,11 @@ GPU_CASES = [
     (1, 32, 8, 128, 16384, 1, "float16", False, None),
     (1, 16, 2, 256, 4097, 2, "float16", True, None),
     (2, 4, 4, 1, 1000, 3, "float32", True, 5),
+    # the tensor-core split kernel: GQA 8 with odd lengths, many / few splits, two passes at 256, element copies at 59
+    (2, 32, 4, 128, 65537, 1, "float16", True, None),
+    (1, 16, 2, 128, 3001, 3, "float16", False, 64),
+    (2, 16, 4, 256, 5000, 1, "float16", False, None),
+    (2, 16, 4, 59, 5000, 1, "float16", True, 3),
 ]
 
 

@@ -182,14 +182,25 @@ _F32_3D = types.Array(types.float32, 3, "A")
 SIGNATURE = types.void(_U16_4D, _U16_4D, _U16_4D, _U16_4D, _F32_3D, types.boolean, types.boolean, types.float32)
 
 
-def _jit(launch_bounds):
+_F32_5D = types.Array(types.float32, 5, "A")
+_F32_4D = types.Array(types.float32, 4, "A")
+#: the split-KV variant: float32 parts (num_splits, batch, heads, seqlen_q, headdim) and their lse
+SPLIT_SIGNATURE = types.void(_U16_4D, _U16_4D, _U16_4D, _F32_5D, _F32_4D, types.boolean, types.boolean, types.float32)
+
+
+def _jit(launch_bounds, signature=SIGNATURE):
     if SIMULATOR:
         return cuda.jit
-    return cuda.jit(SIGNATURE, launch_bounds=launch_bounds, cache=True)
+    return cuda.jit(signature, launch_bounds=launch_bounds, cache=True)
 
 
-def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: bool = False):
+def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: bool = False, split: bool = False):
     """The Python function of one specialisation (not yet jitted); also what ``compile_ptx`` checks offline.
+
+    ``split=True`` is the split-KV variant (``SPLIT_SIGNATURE``): ``out`` and ``lse`` get a leading split axis and
+    are float32; block ``z`` of the grid's third axis takes keys ``[z * per, (z + 1) * per)`` with ``per`` =
+    ``seqlen_k / out.shape[0]`` rounded up to whole key tiles, and writes that range's normalised output and its lse
+    (0 and -inf when it is empty) for ``combine``.
 
     ``scale_first=False`` (for a positive scale) keeps the running max on the unscaled scores, so the scale folds
     into the exponent's one FFMA (``exp2(s * scale - m * scale)``); a scale <= 0 does not commute with max and
@@ -215,6 +226,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     # local memory (the MMAs add to it exactly as to +0.0)
     ACC_INIT = np.float32(-0.0)
     SCALE_FIRST = scale_first
+    SPLIT = split
     mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
     low_u16 = ptx.low_u16
@@ -315,7 +327,16 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
         q_head = q[b, h]
         k_head = k[b, hk]
         v_head = v[b, hk]
-        out_head = out[b, h]
+        key_start = 0  # this block's keys: [key_start, key_end)
+        key_end = seqlen_k
+        if SPLIT:
+            splits = out.shape[0]
+            per = ((seqlen_k + splits - 1) // splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+            key_start = cuda.blockIdx.z * per
+            key_end = min(seqlen_k, key_start + per)
+            out_head = out[cuda.blockIdx.z, b, h]
+        else:
+            out_head = out[b, h]
         warp_row = 16 * M_TILES * warp  # this warp's first row in the block; m-tile mt adds 16 mt
         row0 = m0 + warp_row + g  # rows of this thread: row0 + 16 mt and row0 + 16 mt + 8
         # ldmatrix row addresses of this lane (lane 8i + r: row r of matrix i). K, for S = Q K^T: matrices (keys
@@ -332,10 +353,10 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
         m_run = cuda.local.array(ROW_STATS, float32)  # running row max (score units) of rows 2mt, 2mt + 1
         l_run = cuda.local.array(ROW_STATS, float32)  # this thread's part of the row sums
 
-        n_end = seqlen_k
+        n_end = key_end
         if causal:
-            n_end = min(seqlen_k, max(0, m0 + BLOCK_M + diag_offset))
-        n_tiles = (n_end + BLOCK_N - 1) // BLOCK_N
+            n_end = min(key_end, max(0, m0 + BLOCK_M + diag_offset))
+        n_tiles = (n_end - key_start + BLOCK_N - 1) // BLOCK_N  # <= 0: nothing to read
         # scores are multiplied by ``post`` inside the exponent (1 when they were scaled first); m is in their units
         post = scale_log2
         if SCALE_FIRST:
@@ -354,18 +375,18 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
 
             cuda.syncthreads()  # a previous pass is done reading stage 0
             if n_tiles > 0:
-                load_tile(k_head, smem, Q_TILE, tid, 0, seqlen_k, 0, head_dim)
-                load_tile(v_head, smem, Q_TILE + TILE, tid, 0, seqlen_k, 0, head_dim)
+                load_tile(k_head, smem, Q_TILE, tid, key_start, key_end, 0, head_dim)
+                load_tile(v_head, smem, Q_TILE + TILE, tid, key_start, key_end, 0, head_dim)
             commit()  # (with the Q tile in the first pass)
             for j in range(n_tiles):
-                n0 = j * BLOCK_N
+                n0 = key_start + j * BLOCK_N
                 base = Q_TILE + (j % 2) * STAGE
                 wait_all()
                 cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
                 if j + 1 < n_tiles:  # the copy of tile j + 1 runs under this tile's MMAs
                     nxt = Q_TILE + STAGE - (j % 2) * STAGE
-                    load_tile(k_head, smem, nxt, tid, n0 + BLOCK_N, seqlen_k, 0, head_dim)
-                    load_tile(v_head, smem, nxt + TILE, tid, n0 + BLOCK_N, seqlen_k, 0, head_dim)
+                    load_tile(k_head, smem, nxt, tid, n0 + BLOCK_N, key_end, 0, head_dim)
+                    load_tile(v_head, smem, nxt + TILE, tid, n0 + BLOCK_N, key_end, 0, head_dim)
                     commit()
 
                 # ---- S = Q K^T: one K fragment feeds the MMAs of every m-tile ----------------------------------------
@@ -385,13 +406,13 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
                             mma_into(s, mt, nb + 1, x0, x1, x2, x3, b2, b3)
 
                 # ---- online softmax (base 2), masks only on the diagonal / tail tiles ----------------------------
-                needs_mask = n0 + BLOCK_N > seqlen_k
+                needs_mask = n0 + BLOCK_N > key_end
                 if causal:
                     needs_mask = needs_mask or (n0 + BLOCK_N - 1 > m0 + diag_offset)
-                online_softmax(s, acc, m_run, l_run, 0, needs_mask, n0, row0, t, seqlen_k, causal, diag_offset,
+                online_softmax(s, acc, m_run, l_run, 0, needs_mask, n0, row0, t, key_end, causal, diag_offset,
                                scale_log2, post)
                 if M_TILES > 1:  # one call per m-tile, with a constant index: loops over them may stay loops
-                    online_softmax(s, acc, m_run, l_run, 1, needs_mask, n0, row0, t, seqlen_k, causal, diag_offset,
+                    online_softmax(s, acc, m_run, l_run, 1, needs_mask, n0, row0, t, key_end, causal, diag_offset,
                                    scale_log2, post)
 
                 # ---- O += P V: P's C fragments of n8 blocks 2kk, 2kk + 1 are the A fragment of k-step kk ----------
@@ -417,26 +438,39 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
                     inv = float32(1.0) / l_row if l_row > ZERO else ZERO
                     for ob in range(O_BLOCKS):
                         col = d_off + 8 * ob + 2 * t
-                        w = pack(acc[mt, ob, 2 * half] * inv, acc[mt, ob, 2 * half + 1] * inv)
-                        if row < seqlen_q:
-                            if col < head_dim:
-                                store2(out_head, row, col, low_u16(w))
-                            if col + 1 < head_dim:
-                                store2(out_head, row, col + 1, high_u16(w))
-                    if write_lse and p == 0 and t == 0 and row < seqlen_q:
+                        if SPLIT:  # float32 parts for the combine
+                            if row < seqlen_q:
+                                if col < head_dim:
+                                    store2(out_head, row, col, acc[mt, ob, 2 * half] * inv)
+                                if col + 1 < head_dim:
+                                    store2(out_head, row, col + 1, acc[mt, ob, 2 * half + 1] * inv)
+                        else:
+                            w = pack(acc[mt, ob, 2 * half] * inv, acc[mt, ob, 2 * half + 1] * inv)
+                            if row < seqlen_q:
+                                if col < head_dim:
+                                    store2(out_head, row, col, low_u16(w))
+                                if col + 1 < head_dim:
+                                    store2(out_head, row, col + 1, high_u16(w))
+                    if (write_lse or SPLIT) and p == 0 and t == 0 and row < seqlen_q:
                         m_row = m_run[2 * mt + half]
-                        lse[b, h, row] = (m_row * post + math.log2(l_row)) * LN2 if l_row > ZERO else NEG_INF
+                        lse_row = (m_row * post + math.log2(l_row)) * LN2 if l_row > ZERO else NEG_INF
+                        if SPLIT:
+                            lse[cuda.blockIdx.z, b, h, row] = lse_row
+                        else:
+                            lse[b, h, row] = lse_row
 
     return kernel
 
 
 @lru_cache(maxsize=None)
-def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_loads: bool, scale_first: bool = False):
-    """The compiled kernel of one specialisation: tiles, padded head dim, dtype, load width and the sign of the
-    scale are constants (causality is a run-time flag: it only changes the loop bound and the diagonal tiles' masks)."""
+def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_loads: bool, scale_first: bool = False,
+                     split: bool = False):
+    """The compiled kernel of one specialisation: tiles, padded head dim, dtype, load width, the sign of the scale
+    and the split-KV variant are constants (causality is a run-time flag: it only changes the loop bound and the
+    diagonal tiles' masks)."""
     tiles = tiles_for(config, head_dim_pad)
-    return _jit(config.launch_bounds())(
-        _kernel_source(tiles, bf16, vector_loads, scale_first))
+    return _jit(config.launch_bounds(), SPLIT_SIGNATURE if split else SIGNATURE)(
+        _kernel_source(tiles, bf16, vector_loads, scale_first, split))
 
 
 def _bits(x, name: str):
@@ -476,3 +510,88 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     grid = (batch * heads, -(-seqlen_q // config.block_m))
     args = (q, k, v, out, lse, bool(write_lse), bool(causal), np.float32(sm_scale * LOG2E))
     device_launch(kernel, grid, config.threads, stream, tiles_for(config, head_dim_pad).shared_bytes, *args)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Split-KV decoding on tensor cores
+# ---------------------------------------------------------------------------------------------------------------------
+#: tiles of the split-KV (decode) variant: one warp with one 16-row m-tile per block -- a GQA group's query rows of
+#: a token fill (part of) one m-tile -- and 64-key tiles; every block streams its own key range
+DECODE_CONFIG = MmaConfig(warps=1, m_tiles=1, block_n=64, min_warps=4)
+#: aim for this many split blocks per SM (each holds ~74 KB of shared memory at D = 128: three fit)
+DECODE_BLOCKS_PER_SM = 3
+#: at least this many keys per split (each split writes float32 parts that the combine reads back)
+DECODE_MIN_KEYS_PER_SPLIT = 512
+
+
+def decode_config() -> MmaConfig:
+    return SIMULATOR_CONFIG if SIMULATOR else DECODE_CONFIG
+
+
+def launch_split(q, k, v, o_parts, lse_parts, sm_scale: float, causal: bool, stream, config: MmaConfig | None = None,
+                 dtype: str | None = None):
+    """The split-KV kernel alone: ``o_parts (num_splits, batch, heads, seqlen_q, d)`` and ``lse_parts
+    (num_splits, batch, heads, seqlen_q)``, float32; split ``z`` takes keys ``[z * per, (z + 1) * per)``,
+    ``per = seqlen_k / num_splits`` rounded up to whole key tiles (later splits may be empty: 0 and -inf)."""
+    config = config or decode_config()
+    if dtype is None:
+        dtype = "float16" if np.dtype(q.dtype) == np.float16 else "bfloat16"
+    batch, heads, seqlen_q, head_dim = q.shape
+    num_splits = o_parts.shape[0]
+    if not 1 <= num_splits <= 65535:
+        raise ValueError(f"num_splits: must be between 1 and 65535 for one launch, got {num_splits}")
+    if batch * heads == 0 or seqlen_q == 0:
+        return
+    q, k, v = _bits(q, "q"), _bits(k, "k"), _bits(v, "v")
+    head_dim_pad = padded_head_dim(head_dim, config)
+    kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads_ok(q, k, v), not sm_scale > 0,
+                              True)
+    grid = (batch * heads, -(-seqlen_q // config.block_m), num_splits)
+    device_launch(kernel, grid, config.threads, stream, tiles_for(config, head_dim_pad).shared_bytes,
+                  q, k, v, o_parts, lse_parts, True, bool(causal), np.float32(sm_scale * LOG2E))
+
+
+def choose_decode_splits(batch: int, kv_heads: int, rows: int, seqlen_k: int, sm_count: int,
+                         config: MmaConfig | None = None) -> int:
+    """Splits for ``launch_decode``: about ``DECODE_BLOCKS_PER_SM`` blocks per SM over the (batch, kv head, row
+    tile) blocks, with at least ``DECODE_MIN_KEYS_PER_SPLIT`` keys each; 1 when the cache is short."""
+    config = config or decode_config()
+    base = max(1, batch * kv_heads * -(-rows // config.block_m))
+    wanted = -(-DECODE_BLOCKS_PER_SM * max(1, sm_count) // base)
+    return max(1, min(wanted, seqlen_k // DECODE_MIN_KEYS_PER_SPLIT, 65535))
+
+
+def decode_applies(q, out, lse, write_lse: bool, kv_heads: int, causal: bool) -> bool:
+    """True when ``launch_decode`` can take these views: the query rows of a GQA group regroup into one sequence
+    without a copy, and causality does not depend on the row (one query row, or no mask)."""
+    from .._arrays import grouped_heads
+
+    seqlen_q = q.shape[2]
+    if causal and seqlen_q > 1:
+        return False  # the mask would see the regrouped row index, not the token's position
+    views = [q, out] + ([lse] if write_lse else [])
+    return all(grouped_heads(x, kv_heads) is not None for x in views)
+
+
+def launch_decode(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, num_splits: int | None, stream,
+                  scratch, sm_count: int, config: MmaConfig | None = None, dtype: str | None = None):
+    """Split-KV attention for few query rows on tensor cores (``decode_applies`` must hold): the rows of each GQA
+    group become one 16-row tile, so every K/V element is read once per kv head, and the keys are cut into
+    ``num_splits`` ranges (``choose_decode_splits`` when None) whose float32 parts the LSE combine merges."""
+    from .._arrays import grouped_heads
+    from . import decode as _decode
+
+    kv_heads = k.shape[1]
+    q_rows, out_rows = grouped_heads(q, kv_heads), grouped_heads(out, kv_heads)
+    lse_rows = grouped_heads(lse, kv_heads) if write_lse else lse
+    batch, _, rows, head_dim = q_rows.shape
+    config = config or decode_config()
+    if num_splits is None:
+        num_splits = choose_decode_splits(batch, kv_heads, rows, k.shape[2], sm_count, config)
+    num_splits = max(1, min(int(num_splits), max(1, -(-k.shape[2] // config.block_n))))
+    o_parts = scratch((num_splits, batch, kv_heads, rows, head_dim))
+    lse_parts = scratch((num_splits, batch, kv_heads, rows))
+    # one query row sees every key under the bottom-right mask; several rows with a mask never get here
+    # (decode_applies), and the regrouped rows must not be masked as if they were positions
+    launch_split(q_rows, k, v, o_parts, lse_parts, sm_scale, False, stream, config, dtype)
+    _decode._launch_combine(o_parts, lse_parts, out_rows, lse_rows, write_lse, stream)

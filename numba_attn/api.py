@@ -164,8 +164,11 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
             sm_scale,
             bool(causal),
         )
-        if decode and _decode_on_tensor_cores(call.dtype, shape, args, causal):
-            _flash_mma.launch_decode(*args, num_splits, call.stream, call.scratch, multiprocessor_count())
+        grouped = _decode_on_tensor_cores(call.dtype, shape, args, causal) if decode else None
+        if grouped is not None:
+            q_rows, out_rows, lse_rows = grouped
+            _flash_mma.launch_decode(q_rows, args[1], args[2], out_rows, lse_rows, args[5], sm_scale, num_splits,
+                                     call.stream, call.scratch, multiprocessor_count())
         elif decode:
             if num_splits is None:
                 num_splits = _decode.choose_num_splits(
@@ -188,13 +191,14 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
 _DECODE_MMA_MIN_GROUP = 2
 
 
-def _decode_on_tensor_cores(dtype: str, shape, args, causal: bool) -> bool:
+def _decode_on_tensor_cores(dtype: str, shape, args, causal: bool):
+    """The regrouped ``(q, out, lse)`` views when ``flash_decode`` takes the tensor-core kernel, else None."""
     if dtype != "float16" or shape.heads // shape.kv_heads < _DECODE_MMA_MIN_GROUP:
-        return False
+        return None
     if not (SIMULATOR or compute_capability() >= _flash_mma.MIN_COMPUTE_CAPABILITY):
-        return False
+        return None
     q, _, _, out, lse, write_lse = args[:6]
-    return _flash_mma.decode_applies(q, out, lse, write_lse, shape.kv_heads, causal)
+    return _flash_mma.grouped_decode_views(q, out, lse, write_lse, shape.kv_heads, causal)
 
 
 def combine_lse(o_parts, lse_parts):

@@ -41,12 +41,15 @@ def _cases(library: str):
     qd = make((1, 8, 1, 128), np.float16)
     kd, vd = (make((1, 8, 4096, 128), np.float16) for _ in range(2))
     ql, kl, vl = (make((1, 2, 1024, 64), np.float16) for _ in range(3))
+    qg = make((1, 32, 1, 128), np.float16)
+    kg, vg = (make((1, 4, 4096, 128), np.float16) for _ in range(2))
     o_parts = make((4, 1, 8, 1, 128), np.float32)
     lse_parts = make((4, 1, 8, 1), np.float32)
     return {
         "flash_forward fp16": (numba_attn.flash_forward, (q16, k16, v16), {"causal": True}),
         "flash_forward fp32 simt": (numba_attn.flash_forward, (q32, k32, v32), {}),
         "flash_decode fp16": (numba_attn.flash_decode, (qd, kd, vd), {}),
+        "flash_decode fp16 GQA 8 (tensor cores)": (numba_attn.flash_decode, (qg, kg, vg), {}),
         "combine_lse": (numba_attn.combine_lse, (o_parts, lse_parts), {}),
         "causal_dot_product chunked": (numba_attn.causal_dot_product, (ql, kl, vl), {"backend": "chunked"}),
         "causal_dot_product recurrent": (numba_attn.causal_dot_product, (ql, kl, vl), {"backend": "recurrent"}),

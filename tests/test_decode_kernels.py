@@ -346,7 +346,7 @@ def test_decode_takes_tensor_cores_only_where_it_applies():
             q = q.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3)
         out = np.zeros(q.shape, q.dtype)
         args = (q, k, v, out, np.zeros(q.shape[:3], np.float32), True)
-        return api._decode_on_tensor_cores(dtype, attention_shape(q, k, v), args, causal)
+        return api._decode_on_tensor_cores(dtype, attention_shape(q, k, v), args, causal) is not None
 
     assert decides("float16", 8, 2, 1, True)  # one row: the mask is a no-op
     assert decides("float16", 8, 2, 3, False)

@@ -561,37 +561,36 @@ def choose_decode_splits(batch: int, kv_heads: int, rows: int, seqlen_k: int, sm
     return max(1, min(wanted, seqlen_k // DECODE_MIN_KEYS_PER_SPLIT, 65535))
 
 
-def decode_applies(q, out, lse, write_lse: bool, kv_heads: int, causal: bool) -> bool:
-    """True when ``launch_decode`` can take these views: the query rows of a GQA group regroup into one sequence
-    without a copy, and causality does not depend on the row (one query row, or no mask)."""
+def grouped_decode_views(q, out, lse, write_lse: bool, kv_heads: int, causal: bool):
+    """``(q, out, lse)`` regrouped for ``launch_decode`` (the query rows of a GQA group as one sequence, no copy), or
+    None where that cannot be done: rows that do not regroup without a copy, or a causal mask over several query
+    rows (it would see the regrouped row index, not the token's position)."""
     from .._arrays import grouped_heads
 
-    seqlen_q = q.shape[2]
-    if causal and seqlen_q > 1:
-        return False  # the mask would see the regrouped row index, not the token's position
-    views = [q, out] + ([lse] if write_lse else [])
-    return all(grouped_heads(x, kv_heads) is not None for x in views)
-
-
-def launch_decode(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, num_splits: int | None, stream,
-                  scratch, sm_count: int, config: MmaConfig | None = None, dtype: str | None = None):
-    """Split-KV attention for few query rows on tensor cores (``decode_applies`` must hold): the rows of each GQA
-    group become one 16-row tile, so every K/V element is read once per kv head, and the keys are cut into
-    ``num_splits`` ranges (``choose_decode_splits`` when None) whose float32 parts the LSE combine merges."""
-    from .._arrays import grouped_heads
-    from . import decode as _decode
-
-    kv_heads = k.shape[1]
+    if causal and q.shape[2] > 1:
+        return None
     q_rows, out_rows = grouped_heads(q, kv_heads), grouped_heads(out, kv_heads)
     lse_rows = grouped_heads(lse, kv_heads) if write_lse else lse
-    batch, _, rows, head_dim = q_rows.shape
+    if q_rows is None or out_rows is None or lse_rows is None:
+        return None
+    return q_rows, out_rows, lse_rows
+
+
+def launch_decode(q_rows, k, v, out_rows, lse_rows, write_lse: bool, sm_scale: float, num_splits: int | None, stream,
+                  scratch, sm_count: int, config: MmaConfig | None = None, dtype: str | None = None):
+    """Split-KV attention for few query rows on tensor cores, on the views of ``grouped_decode_views``: the rows of
+    each GQA group form one 16-row tile, so every K/V element is read once per kv head, and the keys are cut into
+    ``num_splits`` ranges (``choose_decode_splits`` when None) whose float32 parts the LSE combine merges. No mask:
+    a single query row sees every key under the bottom-right causal mask, and several rows come here only
+    without one."""
+    from . import decode as _decode
+
+    batch, kv_heads, rows, head_dim = q_rows.shape
     config = config or decode_config()
     if num_splits is None:
         num_splits = choose_decode_splits(batch, kv_heads, rows, k.shape[2], sm_count, config)
     num_splits = max(1, min(int(num_splits), max(1, -(-k.shape[2] // config.block_n))))
     o_parts = scratch((num_splits, batch, kv_heads, rows, head_dim))
     lse_parts = scratch((num_splits, batch, kv_heads, rows))
-    # one query row sees every key under the bottom-right mask; several rows with a mask never get here
-    # (decode_applies), and the regrouped rows must not be masked as if they were positions
     launch_split(q_rows, k, v, o_parts, lse_parts, sm_scale, False, stream, config, dtype)
     _decode._launch_combine(o_parts, lse_parts, out_rows, lse_rows, write_lse, stream)

@@ -518,8 +518,10 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
 #: tiles of the split-KV (decode) variant: one warp with one 16-row m-tile per block -- a GQA group's query rows of
 #: a token fill (part of) one m-tile -- and 64-key tiles; every block streams its own key range
 DECODE_CONFIG = MmaConfig(warps=1, m_tiles=1, block_n=64, min_warps=4)
-#: aim for this many split blocks per SM (each holds ~74 KB of shared memory at D = 128: three fit)
-DECODE_BLOCKS_PER_SM = 3
+#: aim for this many split blocks per SM (two waves of the three 74 KB blocks that fit at D = 128). H100,
+#: 2026-11-22, B8 H32 Hkv4 D128 fp16 (.dev-style timing of launch_decode, CUDA events over 20 calls): at 64k keys
+#: 13 splits (3 per SM) 2199 GB/s, 26 splits 2558, 52 splits 2534; at 16k keys host-bound, 26 best by a little
+DECODE_BLOCKS_PER_SM = 6
 #: at least this many keys per split (each split writes float32 parts that the combine reads back)
 DECODE_MIN_KEYS_PER_SPLIT = 512
 
@@ -571,7 +573,7 @@ def grouped_decode_views(q, out, lse, write_lse: bool, kv_heads: int, causal: bo
         return None
     q_rows, out_rows = grouped_heads(q, kv_heads), grouped_heads(out, kv_heads)
     lse_rows = grouped_heads(lse, kv_heads) if write_lse else lse
-    if q_rows is None or out_rows is None or lse_rows is None:
+    if q_rows is None or out_rows is None or (write_lse and lse_rows is None):
         return None
     return q_rows, out_rows, lse_rows
 

@@ -37,6 +37,12 @@ Head dims
     (recomputing ``S``, which is the first pass's exactly, so ``m`` and ``l`` agree), with ``block_n_wide``-key
     tiles; the head dim is then padded to 32 so each half is whole ``ldmatrix.x4`` column pairs.
 
+Split-KV variant (``split=True``; ``launch_split``, ``launch_decode``)
+    For decoding: grid z cuts the keys into ranges, each block writes its range's normalised output and lse as
+    float32 parts, and ``decode``'s combine kernel merges them. ``launch_decode`` regroups a GQA group's query rows
+    into one sequence (``_arrays.grouped_heads``, no copy) and runs one warp with one 16-row m-tile per block, so
+    each K/V element is read once per kv head by tensor-core MMAs.
+
 Specialisations (compiled once each, cached on disk): tiles, padded head dim, dtype, load width and the sign of the
 scale. Causality is a run-time flag (it only changes the loop bound, the block order and the diagonal tiles' masks).
 

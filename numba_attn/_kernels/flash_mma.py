@@ -64,10 +64,12 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types, uint16, uint32
 
-from .._arrays import rows_in_pieces
+from .._arrays import grouped_heads, rows_in_pieces
 from .._device import SIMULATOR, cuda
 from .._device import launch as device_launch
+from . import decode as _decode
 from . import ptx
+from .online_softmax import softmax_step
 from .staging import device_function as _device_function
 from .staging import tile_loader
 
@@ -237,9 +239,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
     low_u16 = ptx.low_u16
     high_u16 = ptx.high_u16
-    exp2 = ptx.exp2_approx
     shfl_xor = ptx.shfl_xor_f32
-    all_lanes = ptx.all_lanes
     store2 = ptx.store2
     ldmatrix = ptx.ldmatrix_x4
     ldmatrix_trans = ptx.ldmatrix_x4_trans
@@ -248,62 +248,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     load_q_tile = tile_loader(32 * WARPS, ROW, tiles.d_pad, BLOCK_M, np.uint16, vector_loads)
     load_tile = tile_loader(32 * WARPS, ROW, tiles.d_pad, BLOCK_N, np.uint16, vector_loads)
 
-    def online_softmax(s, acc, m_run, l_run, mt, needs_mask, n0, row0, t, seqlen_k, causal, diag_offset, scale_log2,
-                       post):
-        """One m-tile's online-softmax step on this tile's scores ``s[mt]`` (base 2): masks (diagonal / tail tiles
-        only), new row maxima across the 4 lanes of a row, ``P = exp2(s * post - m * post)`` in place, the row sums
-        and the rescaled accumulators."""
-        mx_0 = NEG_INF
-        mx_1 = NEG_INF
-        for nb in range(S_BLOCKS):
-            for e in range(4):
-                x = s[mt, nb, e]
-                if SCALE_FIRST:
-                    x *= scale_log2
-                if needs_mask:
-                    key = n0 + 8 * nb + 2 * t + e % 2
-                    row = row0 + 16 * mt + 8 * (e // 2)
-                    if key >= seqlen_k or (causal and key > row + diag_offset):
-                        x = NEG_INF
-                s[mt, nb, e] = x
-            mx_0 = max(mx_0, max(s[mt, nb, 0], s[mt, nb, 1]))
-            mx_1 = max(mx_1, max(s[mt, nb, 2], s[mt, nb, 3]))
-        # the 4 lanes of a row differ in the two low lane bits
-        mx_0 = max(mx_0, shfl_xor(mx_0, 1))
-        mx_0 = max(mx_0, shfl_xor(mx_0, 2))
-        mx_1 = max(mx_1, shfl_xor(mx_1, 1))
-        mx_1 = max(mx_1, shfl_xor(mx_1, 2))
-        new_0 = max(m_run[2 * mt], mx_0)
-        new_1 = max(m_run[2 * mt + 1], mx_1)
-        moved = not all_lanes(new_0 == m_run[2 * mt] and new_1 == m_run[2 * mt + 1])
-        # a row that has seen no key yet keeps m = -inf: subtract 0 instead, so exp2 gives 0, not NaN
-        use_0 = new_0 if new_0 != NEG_INF else ZERO
-        use_1 = new_1 if new_1 != NEG_INF else ZERO
-        alpha_0 = exp2((m_run[2 * mt] - use_0) * post)
-        alpha_1 = exp2((m_run[2 * mt + 1] - use_1) * post)
-        m_run[2 * mt] = new_0
-        m_run[2 * mt + 1] = new_1
-        shift_0 = use_0 * post
-        shift_1 = use_1 * post
-        sum_0 = ZERO
-        sum_1 = ZERO
-        for nb in range(S_BLOCKS):
-            s[mt, nb, 0] = exp2(s[mt, nb, 0] * post - shift_0)
-            s[mt, nb, 1] = exp2(s[mt, nb, 1] * post - shift_0)
-            s[mt, nb, 2] = exp2(s[mt, nb, 2] * post - shift_1)
-            s[mt, nb, 3] = exp2(s[mt, nb, 3] * post - shift_1)
-            sum_0 += s[mt, nb, 0] + s[mt, nb, 1]
-            sum_1 += s[mt, nb, 2] + s[mt, nb, 3]
-        l_run[2 * mt] = l_run[2 * mt] * alpha_0 + sum_0
-        l_run[2 * mt + 1] = l_run[2 * mt + 1] * alpha_1 + sum_1
-        if moved:  # warp-uniform; after the first tiles the maxima rarely move, and alpha = 1 needs no rescale
-            for ob in range(O_BLOCKS):
-                acc[mt, ob, 0] *= alpha_0
-                acc[mt, ob, 1] *= alpha_0
-                acc[mt, ob, 2] *= alpha_1
-                acc[mt, ob, 3] *= alpha_1
-
-    online_softmax = _device_function(online_softmax)
+    online_softmax = softmax_step(S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True)
 
     @_device_function
     def mma_into(c, mt, n, a0, a1, a2, a3, b0, b1):
@@ -573,8 +518,6 @@ def grouped_decode_views(q, out, lse, write_lse: bool, kv_heads: int, causal: bo
     """``(q, out, lse)`` regrouped for ``launch_decode`` (the query rows of a GQA group as one sequence, no copy), or
     None where that cannot be done: rows that do not regroup without a copy, or a causal mask over several query
     rows (it would see the regrouped row index, not the token's position)."""
-    from .._arrays import grouped_heads
-
     if causal and q.shape[2] > 1:
         return None
     q_rows, out_rows = grouped_heads(q, kv_heads), grouped_heads(out, kv_heads)
@@ -591,8 +534,6 @@ def launch_decode(q_rows, k, v, out_rows, lse_rows, write_lse: bool, sm_scale: f
     ``num_splits`` ranges (``choose_decode_splits`` when None) whose float32 parts the LSE combine merges. No mask:
     a single query row sees every key under the bottom-right causal mask, and several rows come here only
     without one."""
-    from . import decode as _decode
-
     batch, kv_heads, rows, head_dim = q_rows.shape
     config = config or decode_config()
     if num_splits is None:

@@ -70,10 +70,11 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types, uint32
 
+from .._arrays import rows_in_pieces
 from .._device import SIMULATOR, cuda
 from .._device import launch as device_launch
-from .._arrays import rows_in_pieces
 from . import ptx
+from .online_softmax import softmax_step
 from .staging import device_function as _device_function
 from .staging import tile_loader
 
@@ -319,7 +320,6 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
     ACC_INIT = np.float32(-0.0)
     SCALE_FIRST = scale_first
     split, mma_into = _split_and_mma(tf32_only)
-    exp2 = ptx.exp2_approx
     shfl_xor = ptx.shfl_xor_f32
     load1 = ptx.load1
     load_f32x2 = ptx.load_f32x2
@@ -330,55 +330,7 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
     load_k_tile = tile_loader(NT, K_STRIDE, tiles.d_pad, BLOCK_N, np.float32, vector_loads)
     load_v_tile = tile_loader(NT, V_STRIDE, D_PASS, BLOCK_N, np.float32, vector_loads)
 
-    def online_softmax(s, m_run, l_run, alpha, mt, needs_mask, n0, row0, t, seqlen_k, causal, diag_offset,
-                       scale_log2, post):
-        """One m-tile's online-softmax step on this tile's scores ``s[mt]`` (base 2): masks (diagonal / tail tiles
-        only), new row maxima across the 4 lanes of a row, ``P = exp2(s * post - m * post)`` in place, the row sums
-        and the factors ``alpha`` that rescale the rows' accumulators."""
-        mx_0 = NEG_INF
-        mx_1 = NEG_INF
-        for nb in range(S_BLOCKS):
-            for e in range(4):  # C fragment: rows (g, g, g + 8, g + 8), keys (2t, 2t + 1, 2t, 2t + 1)
-                x = s[mt, nb, e]
-                if SCALE_FIRST:
-                    x *= scale_log2
-                if needs_mask:
-                    key = n0 + 8 * nb + 2 * t + e % 2
-                    row = row0 + 16 * mt + 8 * (e // 2)
-                    if key >= seqlen_k or (causal and key > row + diag_offset):
-                        x = NEG_INF
-                s[mt, nb, e] = x
-            mx_0 = max(mx_0, max(s[mt, nb, 0], s[mt, nb, 1]))
-            mx_1 = max(mx_1, max(s[mt, nb, 2], s[mt, nb, 3]))
-        # the 4 lanes of a row differ in the two low lane bits
-        mx_0 = max(mx_0, shfl_xor(mx_0, 1))
-        mx_0 = max(mx_0, shfl_xor(mx_0, 2))
-        mx_1 = max(mx_1, shfl_xor(mx_1, 1))
-        mx_1 = max(mx_1, shfl_xor(mx_1, 2))
-        new_0 = max(m_run[2 * mt], mx_0)
-        new_1 = max(m_run[2 * mt + 1], mx_1)
-        # a row that has seen no key yet keeps m = -inf: subtract 0 instead, so exp2 gives 0, not NaN
-        use_0 = new_0 if new_0 != NEG_INF else ZERO
-        use_1 = new_1 if new_1 != NEG_INF else ZERO
-        alpha[2 * mt] = exp2((m_run[2 * mt] - use_0) * post)
-        alpha[2 * mt + 1] = exp2((m_run[2 * mt + 1] - use_1) * post)
-        m_run[2 * mt] = new_0
-        m_run[2 * mt + 1] = new_1
-        shift_0 = use_0 * post
-        shift_1 = use_1 * post
-        sum_0 = ZERO
-        sum_1 = ZERO
-        for nb in range(S_BLOCKS):
-            s[mt, nb, 0] = exp2(s[mt, nb, 0] * post - shift_0)
-            s[mt, nb, 1] = exp2(s[mt, nb, 1] * post - shift_0)
-            s[mt, nb, 2] = exp2(s[mt, nb, 2] * post - shift_1)
-            s[mt, nb, 3] = exp2(s[mt, nb, 3] * post - shift_1)
-            sum_0 += s[mt, nb, 0] + s[mt, nb, 1]
-            sum_1 += s[mt, nb, 2] + s[mt, nb, 3]
-        l_run[2 * mt] = l_run[2 * mt] * alpha[2 * mt] + sum_0
-        l_run[2 * mt + 1] = l_run[2 * mt + 1] * alpha[2 * mt + 1] + sum_1
-
-    online_softmax = _device_function(online_softmax)
+    online_softmax = softmax_step(S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False)
 
     def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
         tid = cuda.threadIdx.x
@@ -482,10 +434,10 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
                 needs_mask = n0 + BLOCK_N > seqlen_k
                 if causal:
                     needs_mask = needs_mask or (n0 + BLOCK_N - 1 > m0 + diag_offset)
-                online_softmax(s, m_run, l_run, alpha, 0, needs_mask, n0, row0, t, seqlen_k, causal, diag_offset,
+                online_softmax(s, alpha, m_run, l_run, 0, needs_mask, n0, row0, t, seqlen_k, causal, diag_offset,
                                scale_log2, post)
                 if M_TILES > 1:  # one call per m-tile, with a constant index: loops over them may stay loops
-                    online_softmax(s, m_run, l_run, alpha, 1, needs_mask, n0, row0, t, seqlen_k, causal, diag_offset,
+                    online_softmax(s, alpha, m_run, l_run, 1, needs_mask, n0, row0, t, seqlen_k, causal, diag_offset,
                                    scale_log2, post)
                 # S block j's C fragment (c0, c1, c2, c3) is k-step j's A fragment (c0, c2, c1, c3), split once
                 for mt in range(M_TILES):

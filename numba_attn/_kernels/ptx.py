@@ -81,6 +81,9 @@ __all__ = [
     "float_bits",
     "bits_float",
     "load_f32x2",
+    "load_f32x4_1d",
+    "load_u16x2",
+    "store_u32_at",
     "load1",
     "store1",
     "load_f32x4",
@@ -255,6 +258,16 @@ if SIMULATOR:
 
     def load_f32x2(arr, i):
         return arr[i], arr[i + 1]
+
+    def load_f32x4_1d(arr, i):
+        return arr[i], arr[i + 1], arr[i + 2], arr[i + 3]
+
+    def load_u16x2(arr, i):
+        return np.uint32(int(arr[i]) | (int(arr[i + 1]) << 16))
+
+    def store_u32_at(arr, offset, value):
+        data = np.asarray(arr).__array_interface__["data"][0]
+        ctypes.c_uint32.from_address(data + int(offset)).value = int(value) & 0xFFFFFFFF
 
     def load1(arr, i):
         return arr[i]
@@ -673,6 +686,56 @@ else:
 
     def _is_1d(arr):
         return isinstance(arr, types.Array) and arr.ndim == 1
+
+    @intrinsic
+    def load_f32x4_1d(typingctx, arr, i):
+        """(arr, i) -> (arr[i], ..., arr[i + 3]) of a 1-D float32 array (a shared-memory buffer) in ONE 16-byte load
+        (``ld.v4.f32``): ``i`` a multiple of 4 and ``>= 0``, the buffer 16-byte aligned."""
+        if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == types.float32 and _is_int(i)):
+            return None
+        sig = types.UniTuple(types.float32, 4)(arr, i)
+
+        def codegen(context, builder, sig, args):
+            ptr = _pointer1(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            vec_ty = ir.VectorType(_F32, 4)
+            vec = builder.load(builder.bitcast(ptr, vec_ty.as_pointer()), align=16)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_element(vec, ir.Constant(_I32, n)) for n in range(4)])
+
+        return sig, codegen
+
+    @intrinsic
+    def load_u16x2(typingctx, arr, i):
+        """(arr, i) -> one uint32 word holding ``arr[i]`` (low half) and ``arr[i + 1]`` of a 1-D 16-bit array (a
+        shared-memory buffer), in one 4-byte load: ``i`` even and ``>= 0``."""
+        if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype.bitwidth == 16 and _is_int(i)):
+            return None
+        sig = types.uint32(arr, i)
+
+        def codegen(context, builder, sig, args):
+            ptr = _pointer1(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            return builder.load(builder.bitcast(ptr, _I32.as_pointer()), align=4)
+
+        return sig, codegen
+
+    @intrinsic
+    def store_u32_at(typingctx, arr, offset, value):
+        """(arr, offset, value): store the 32-bit ``value`` ``offset`` BYTES past ``arr``'s first element (any array;
+        the caller adds the strides itself, once per row: indexing a multi-axis view of any layout rebuilds the
+        whole 64-bit address at every store). The address must be 4-byte aligned and inside the array."""
+        if not (isinstance(arr, types.Array) and _is_int(offset, value)):
+            return None
+        sig = types.void(arr, offset, value)
+
+        def codegen(context, builder, sig, args):
+            array = context.make_array(sig.args[0])(context, builder, value=args[0])
+            base = builder.bitcast(array.data, ir.IntType(8).as_pointer())
+            ptr = builder.gep(base, [context.cast(builder, args[1], sig.args[1], types.int64)])
+            builder.store(_i32(context, builder, args[2], sig.args[2]), builder.bitcast(ptr, _I32.as_pointer()),
+                          align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
 
     @intrinsic
     def load1(typingctx, arr, i):

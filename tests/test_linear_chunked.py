@@ -40,12 +40,15 @@ def make_array(rng, shape, dtype, strided=False):
 
 
 @contextlib.contextmanager
-def forced_segments(segments):
-    """Make the public functions launch the chunked kernel with this many sequence segments (None: heuristic)."""
+def forced_segments(segments, products=None):
+    """Make the public functions launch the chunked kernel with this many sequence segments (None: heuristic) and,
+    for the causal product, these ``products`` (None: the dispatch's choice)."""
     with pytest.MonkeyPatch.context() as mp:
         if segments is not None:
             for name in ("launch_causal", "launch_noncausal"):
                 mp.setattr(lc, name, functools.partial(getattr(lc, name), segments=segments))
+        if products is not None:
+            mp.setattr(lc, "launch_causal", functools.partial(lc.launch_causal, products=products))
         yield
 
 
@@ -60,6 +63,7 @@ def chunk_case(draw):
         "dtype": draw(st.sampled_from(["float32", "float16"])),
         "tf32": draw(st.booleans()),
         "segments": draw(st.sampled_from([None, 1, 2, 3])),
+        "products": draw(st.sampled_from([None, "tf32"])),  # None: float16 on the f16 MMAs (linear_mma)
         "strided": draw(st.sampled_from([None, "q", "k", "v"])),
         "seed": draw(st.integers(0, 2**32 - 1)),
     }
@@ -88,7 +92,7 @@ def test_causal_dot_product_matches_reference(case, with_state):
     rng = np.random.default_rng(case["seed"] + 1)
     s0 = rng.standard_normal((case["batch"], case["heads"], case["e"], case["m"])).astype(np.float32)
     kwargs = {"initial_state": s0, "return_state": True} if with_state else {}
-    with forced_segments(case["segments"]):
+    with forced_segments(case["segments"], case["products"]):
         result = numba_attn.causal_dot_product(q, k, v, backend="chunked", allow_tf32=case["tf32"], **kwargs)
     ref = reference.causal_dot_product(q, k, v, initial_state=s0 if with_state else None, return_state=True)
     out, state = result if with_state else (result, None)
@@ -170,6 +174,64 @@ def test_bad_state_arguments_raise(kwargs, error, match):
         numba_attn.causal_dot_product(q, q, v, **kwargs)
 
 
+def _launch_f16_products(q, k, v, dtype, segments=None):
+    """``lc.launch_causal`` on the f16 MMAs with uint16 bit views (the way bfloat16 travels), on the host or a GPU."""
+    bits = [np.ascontiguousarray(x.view(np.uint16)) for x in (q, k, v)]
+    out = np.full(v.shape, 0x7E00, np.uint16)  # NaN in float16 and bfloat16: unwritten elements show
+    final = np.full(q.shape[:2] + (q.shape[3], v.shape[3]), np.nan, np.float32)
+    if SIM:
+        lc.launch_causal(*bits, out, None, final_state=final, dtype=dtype, segments=segments, products="f16")
+        return out, final
+    from numba import cuda
+
+    views = [cuda.to_device(x) for x in bits + [out, final]]
+    lc.launch_causal(*views[:4], cuda.default_stream(), final_state=views[4], dtype=dtype, segments=segments,
+                     products="f16")
+    return views[3].copy_to_host(), views[4].copy_to_host()
+
+
+def _as_float(bits, dtype):
+    if dtype == "float16":
+        return bits.view(np.float16).astype(np.float64)
+    from numba_attn._kernels import ptx
+
+    return ptx.bf16_bits_to_float32(bits).astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_f16_products_survive_scores_beyond_float16_range(dtype):
+    """P is rounded to the input dtype before ``P V``; float16 scores past 65504 are scaled by a power of two first
+    (without that, this case gives inf). bfloat16 runs through uint16 bit views as it does from torch."""
+    rng = np.random.default_rng(7)
+    n, e, m = (37, 16, 16) if SIM else (3001, 64, 64)
+    scale = 100.0 if SIM else 60.0
+    q = rng.standard_normal((1, 2, n, e)) * scale
+    k = rng.standard_normal((1, 2, n, e)) * scale
+    v = rng.standard_normal((1, 2, n, m)) * 1e-3
+    if dtype == "float16":
+        q, k, v = (x.astype(np.float16) for x in (q, k, v))
+    else:
+        from numba_attn._kernels import ptx
+
+        q, k, v = (ptx.float32_to_bf16_bits(x.astype(np.float32)).view(np.float16) for x in (q, k, v))
+    fq, fk, fv = (_as_float(x.view(np.uint16), dtype) for x in (q, k, v))
+    assert np.abs(np.einsum("bhie,bhje->bhij", fq, fk)).max() > 2 * 65504  # the case this test is about
+    out, final = _launch_f16_products(q, k, v, dtype, segments=2)
+    ref, ref_state = reference.causal_dot_product(fq, fk, fv, return_state=True)
+    got = _as_float(out, dtype)
+    assert np.isfinite(got).all()
+    assert rel_error(got, ref) <= TOLERANCE[dtype]
+    assert rel_error(final, ref_state) <= 1e-5
+
+
+def test_products_argument_is_checked():
+    q = np.zeros((1, 1, 4, 8), np.float32)
+    with pytest.raises(ValueError, match="products: 'f16' takes"):
+        lc.launch_causal(q, q, q, q.copy(), None, products="f16")
+    with pytest.raises(ValueError, match="products: expected one of"):
+        lc.launch_causal(q, q, q, q.copy(), None, products="fp8")
+
+
 def test_plan_fills_the_gpu_and_every_shape_fits():
     config = lc.GPU_CONFIG
     for e in (1, 16, 64, 100, 128, 129, 256):
@@ -249,8 +311,8 @@ def test_gpu_causal_dot_product(e, m, dtype, segments):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_gpu_poisoned_output_and_strided_inputs(dtype):
+@pytest.mark.parametrize("dtype, products", [("float16", "f16"), ("float16", "tf32"), ("float32", None)])
+def test_gpu_poisoned_output_and_strided_inputs(dtype, products):
     """Call the launcher on NaN-filled outputs with strided CuPy views: every element written, values right."""
     import cupy as cp
     from numba import cuda
@@ -268,7 +330,7 @@ def test_gpu_poisoned_output_and_strided_inputs(dtype):
     ptr = cp.cuda.get_current_stream().ptr
     stream = cuda.external_stream(ptr) if ptr else cuda.default_stream()
     views = [cuda.as_cuda_array(x, sync=False) for x in (qd, kd, vd, out)]
-    lc.launch_causal(*views, stream, final_state=cuda.as_cuda_array(final, sync=False), segments=5)
+    lc.launch_causal(*views, stream, final_state=cuda.as_cuda_array(final, sync=False), segments=5, products=products)
     cp.cuda.get_current_stream().synchronize()
     ref, ref_state = reference.causal_dot_product(q, k, v, return_state=True)
     assert not cp.isnan(out).any() and not cp.isnan(final).any()

@@ -752,7 +752,7 @@ def vector_loads_ok(*arrays) -> bool:
     return all(rows_in_pieces(x, 4) for x in arrays)
 
 
-def _unused4(state):
+def unused4(state):
     """A 4-D float32 stand-in for an argument the kernel does not touch. On a GPU a view of ``state``; under the
     simulator a separate array, because the simulator copies array arguments back after a launch and a stale alias
     would overwrite ``state``."""
@@ -761,7 +761,7 @@ def _unused4(state):
     return with_unit_axes(state, 0, 1)
 
 
-def _scratch(scratch, shape, stream):
+def scratch_state(scratch, shape, stream):
     if scratch:
         return scratch(shape)
     if SIMULATOR:
@@ -769,7 +769,7 @@ def _scratch(scratch, shape, stream):
     return cuda.device_array(shape, dtype=np.float32, stream=stream)
 
 
-def _run_prefix(state, segments, init, has_init, p: Plan, read_state, exclusive, stream, config):
+def run_prefix(state, segments, init, has_init, p: Plan, read_state, exclusive, stream, config):
     threads = config.prefix_threads
     total = (state.shape[0] // segments) * state.shape[1] * state.shape[2]
     blocks = max(1, min(_cdiv(total, threads), 8 * multiprocessor_count()))
@@ -782,16 +782,24 @@ def _launch(kernel, p: Plan, grid_y, stream, *args):
     device_launch(kernel, grid, 32 * p.tiles.warps, stream, p.tiles.shared_bytes, *args)
 
 
+#: products of the causal dot product: "f16" (``linear_mma``: float16 / bfloat16 MMAs, 16-bit inputs, E <= 128) or
+#: "tf32" (this module's kernel: every input dtype, the layer, E up to 256); None takes "f16" where it applies
+PRODUCTS = ("f16", "tf32")
+
+
 def launch_causal(q, k, v, out, stream, *, initial_state=None, final_state=None, normalise=False, eps=0.0,
-                  tf32=False, dtype=None, segments=None, config: ChunkConfig | None = None, scratch=None):
+                  tf32=False, dtype=None, segments=None, config: ChunkConfig | None = None, scratch=None,
+                  products: str | None = None):
     """Causal dot product (``normalise=False``) or the causal layer with ``phi = elu + 1`` (``normalise=True``) on
     device views ``(batch, heads, seqlen, E | M)``, any strides.
 
     ``initial_state`` / ``final_state``: float32 ``(batch, heads, E, M)`` views (plain product only), read before /
     written after the sequence. ``tf32``: float32 inputs in one tf32 term instead of three. ``segments``: sequence
-    blocks per (head, M tile), None for :func:`plan`'s choice.
+    blocks per (head, M tile), None for :func:`plan`'s choice. ``products``: see ``PRODUCTS``; ``config`` tunes this
+    module's kernel only (``linear_mma`` has its own).
     """
-    config = config or default_config()
+    from . import linear_mma
+
     batch, heads, seqlen, e = q.shape
     m = v.shape[3]
     bh = batch * heads
@@ -801,6 +809,17 @@ def launch_causal(q, k, v, out, stream, *, initial_state=None, final_state=None,
     k, _ = _kind(k, dtype)
     v, _ = _kind(v, dtype)
     out, _ = _kind(out, dtype)
+    if products not in (None,) + PRODUCTS:
+        raise ValueError(f"products: expected one of {PRODUCTS} or None, got {products!r}")
+    f16_ok = dtype != FLOAT32 and not normalise and linear_mma.supports(e, m)
+    if products == "f16" and not f16_ok:
+        raise ValueError("products: 'f16' takes the plain causal product of 16-bit inputs with E <= "
+                         f"{linear_mma.MAX_E}")
+    if f16_ok and products != "tf32":
+        linear_mma.launch_causal(q, k, v, out, stream, dtype=dtype, initial_state=initial_state,
+                                 final_state=final_state, segments=segments, scratch=scratch)
+        return
+    config = config or default_config()
     split = dtype == FLOAT32 and not tf32
     vector = vector_loads_ok(q, k, v, out)
     tiles = tiles_for(config, e, m, normalise)
@@ -810,20 +829,20 @@ def launch_causal(q, k, v, out, stream, *, initial_state=None, final_state=None,
     has_init = initial_state is not None
     shape = (bh * p.m_tiles * p.segments, p.tiles.e_pad, p.tiles.cols)
     if p.segments > 1 or has_init:
-        state = _scratch(scratch, shape, stream)
+        state = scratch_state(scratch, shape, stream)
         if p.segments > 1:
             states = chunk_kernel(p.tiles, STATES, dtype, split, normalise, vector)
-            _launch(states, p, p.segments, stream, q, k, v, out, state, _unused4(state), False, False,
+            _launch(states, p, p.segments, stream, q, k, v, out, state, unused4(state), False, False,
                     np.float32(0.0),
                     p.segment_chunks, p.segments, p.m_tiles)
-        init = initial_state if has_init else _unused4(state)
-        _run_prefix(state, p.segments, init, has_init, p, p.segments > 1, True, stream, config)
+        init = initial_state if has_init else unused4(state)
+        run_prefix(state, p.segments, init, has_init, p, p.segments > 1, True, stream, config)
         has_state = True
     else:
-        state = _scratch(scratch, (1, 1, 1), stream)
+        state = scratch_state(scratch, (1, 1, 1), stream)
         has_state = False
     # seqlen == 0 still launches one block per (head, M tile): it writes the final state (= the initial one)
-    final = final_state if final_state is not None else _unused4(state)  # a placeholder, not written
+    final = final_state if final_state is not None else unused4(state)  # a placeholder, not written
     _launch(walk, p, p.segments, stream, q, k, v, out, state, final, has_state, final_state is not None,
             np.float32(eps), p.segment_chunks, p.segments, p.m_tiles)
 
@@ -850,15 +869,15 @@ def launch_noncausal(q, k, v, out, eps, stream, *, tf32=False, dtype=None, segme
     resident = resident_blocks(apply, 32 * tiles.warps, tiles.shared_bytes) if config.wave_plan else None
     p_keys = plan(bh, seqlen_k, e, m, True, sm_count, config, segments, resident)
     p_rows = plan(bh, seqlen_q, e, m, True, sm_count, config, None, resident)
-    state = _scratch(scratch, (bh * p_keys.m_tiles * p_keys.segments, p_keys.tiles.e_pad, p_keys.tiles.cols), stream)
+    state = scratch_state(scratch, (bh * p_keys.m_tiles * p_keys.segments, p_keys.tiles.e_pad, p_keys.tiles.cols), stream)
     zero = np.float32(0.0)
     if seqlen_k > 0:
         states = chunk_kernel(p_keys.tiles, STATES, dtype, split, True, vector)
-        _launch(states, p_keys, p_keys.segments, stream, q, k, v, out, state, _unused4(state), False,
+        _launch(states, p_keys, p_keys.segments, stream, q, k, v, out, state, unused4(state), False,
                 False, zero,
                 p_keys.segment_chunks, p_keys.segments, p_keys.m_tiles)
-    _run_prefix(state, p_keys.segments, _unused4(state), False, p_keys, seqlen_k > 0, False, stream,
+    run_prefix(state, p_keys.segments, unused4(state), False, p_keys, seqlen_k > 0, False, stream,
                 config)
-    _launch(apply, p_rows, p_rows.segments, stream, q, k, v, out, state, _unused4(state), True, False,
+    _launch(apply, p_rows, p_rows.segments, stream, q, k, v, out, state, unused4(state), True, False,
             np.float32(eps),
             p_rows.segment_chunks, p_keys.segments, p_rows.m_tiles)

@@ -1,0 +1,474 @@
+"""Chunked causal dot product for 16-bit inputs on ``mma.sync.m16n8k16`` (float16 / bfloat16 products).
+
+The algorithm of ``linear_chunked`` (its docstring), with the per-chunk work rebuilt around 16-bit tiles::
+
+    out_c = (Q_c K_c^T * tril) V_c  +  Q_c H        H += K_c^T V_c
+
+Two launches. The sequence of each (head, M tile) is cut into segments of whole chunks (``linear_chunked.plan``):
+
+1. ``STATES`` (more than one segment only): block ``(head, M tile, segment)`` writes its segment's ``K_s^T V_s``
+   (float32) for every segment but the last.
+2. ``CAUSAL``: block ``(head, M tile, segment)`` starts from the initial state plus the increments of the segments
+   before it (it sums them itself: no prefix launch), walks its chunks, and the last segment's block writes the final
+   state.
+
+Per chunk:
+
+* Staging: Q, K and V tiles stay 16-bit in shared memory and arrive by ``cp.async`` (``staging.tile_loader``), two
+  stages: chunk ``i + 1`` is in flight while chunk ``i`` is computed. Rows are ``width + 8`` elements (an odd number
+  of 16-byte pieces), so ``ldmatrix`` reads hit 8 different bank groups.
+* ``S = Q K^T``, ``O = P V`` and ``dH = K^T V`` are f16 (bf16) MMAs with float32 accumulation; their operands come
+  from ``ldmatrix`` (``.trans`` for V and for K^T). Warp ``w`` owns chunk rows ``16 w .. 16 w + 15`` and computes
+  only the key blocks ``<= 16 w + 15`` of S. The C fragments of S become P's A fragments in registers.
+* ``P`` is rounded to the input dtype (as fla does). float16 has a small range: where a warp's ``|S|`` passes 32768
+  its P is scaled by a power of two ``2^-k`` and its ``P V`` by ``2^k`` (exact; never taken on ordinary inputs), so
+  large scores do not overflow to inf.
+* ``Q H`` keeps float32 accuracy and range: tf32 ``m16n8k8`` products with Q (exact in tf32) and ``H`` as
+  ``hi + lo`` (two MMAs). ``H`` itself lives in registers of the warp that updates it (warp ``w`` owns the E rows
+  ``16 e .. 16 e + 15`` for ``e = w, w + warps, ...``), in float32, each chunk's ``dH`` added with ordinary float32
+  adds; after each update it is published to shared memory as 16-byte records ``(hi[e], hi[e + 1], lo[e],
+  lo[e + 1])`` of two neighbouring E rows of one column, so that one ``ld.shared.v4`` gives a lane both tf32 B
+  registers of both terms (the k-permutation of the ``ptx`` docstring pairs E rows ``2t`` and ``2t + 1``).
+* Output rows are stored as 32-bit pairs from a per-row byte offset (``ptx.store_u32_at``): indexing the strided 4-D
+  view rebuilt the whole address at every store.
+
+For ``E <= 128`` (``supports``) and the plain product; float32 inputs, the normalised layer, the non-causal form and
+wider heads take ``linear_chunked``'s tf32 kernel. ``docs/design.md`` has the measurements.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numba import float32, types, uint16, uint32
+
+from .._arrays import rows_in_pieces
+from .._device import SIMULATOR, cuda, multiprocessor_count, resident_blocks
+from .._device import launch as device_launch
+from . import linear_chunked as chunked
+from . import ptx
+from .linear_chunked import ChunkConfig
+from .staging import device_function, tile_loader
+
+CAUSAL, STATES = 0, 1
+FLOAT16, BFLOAT16 = "float16", "bfloat16"
+#: widest E (padded to 16) this kernel takes; the records of H grow with E and E + 8 wide Q, K rows with it
+MAX_E = 128
+#: |S| above this is scaled before P is rounded to float16 (a power of two under float16's 65504)
+F16_SAFE = 32768.0
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Compile-time shape of one specialisation."""
+
+    warps: int  # chunk C = 16 * warps rows
+    e_pad: int  # E rounded up to 16
+    cols: int  # value columns per block (multiple of 16)
+    min_blocks: int = 2  # launch bound: blocks per SM the registers must allow
+
+    @property
+    def chunk(self) -> int:
+        return 16 * self.warps
+
+    @property
+    def row_qk(self) -> int:  # 16-bit elements per staged Q / K row
+        return self.e_pad + 8
+
+    @property
+    def row_v(self) -> int:
+        return self.cols + 8
+
+    @property
+    def record_stride(self) -> int:
+        """16-byte records per (E pair, t) row of the published H: ``cols + 2``, i.e. 2 mod 8, so that the 8 lanes of
+        a quarter warp (4 values of t, 2 of g) read 8 different bank groups."""
+        return self.cols + 2
+
+    def stage(self, mode: int) -> int:  # 16-bit elements of one stage: (Q,) K, V
+        return (2 if mode == CAUSAL else 1) * self.chunk * self.row_qk + self.chunk * self.row_v
+
+    def records_offset(self, mode: int) -> int:  # float32 index of the records, after both stages
+        return 2 * self.stage(mode) // 2
+
+    def shared_bytes(self, mode: int) -> int:
+        records = self.e_pad // 8 * 4 * self.record_stride * 4 if mode == CAUSAL else 0
+        return 4 * (self.records_offset(mode) + records)
+
+
+def supports(e: int, m: int) -> bool:
+    return 0 < e <= MAX_E and m > 0
+
+
+def vector_loads_ok(q, k, v, out) -> bool:
+    """cp.async staging needs rows in aligned 16-byte pieces (E, M multiples of 8, unit last stride, 16-byte aligned
+    row starts); the output pairs need 4-byte aligned even pieces. Otherwise the tiles are staged element by element."""
+    if SIMULATOR:
+        return all(x.shape[-1] % 8 == 0 for x in (q, k, v))
+    return all(rows_in_pieces(x, 8) for x in (q, k, v)) and rows_in_pieces(out, 2)
+
+
+def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
+    WARPS = tiles.warps
+    NT = 32 * WARPS
+    C = tiles.chunk
+    E_PAD = tiles.e_pad
+    COLS = tiles.cols
+    ROW_QK = tiles.row_qk
+    ROW_V = tiles.row_v
+    RS = tiles.record_stride
+    HAS_Q = mode == CAUSAL
+    Q_OFF = 0
+    K_OFF = C * ROW_QK if HAS_Q else 0
+    V_OFF = K_OFF + C * ROW_QK
+    STAGE = tiles.stage(mode)
+    R_OFF = tiles.records_offset(mode)
+    E_BLOCKS = E_PAD // 16
+    E_PER_WARP = -(-E_BLOCKS // WARPS)  # m16 blocks of H a warp owns
+    QK_STEPS = E_PAD // 16  # k16 steps of S = Q K^T
+    QH_STEPS = E_PAD // 8  # k8 (tf32) steps of Q H
+    S_BLOCKS = C // 8
+    O_BLOCKS = COLS // 8
+    O_PAIRS = COLS // 16
+    KEY_STEPS = C // 16
+    ZERO = np.float32(0.0)
+    ACC_INIT = np.float32(-0.0)  # see flash_mma: keeps accumulator arrays out of local memory
+    CHECK_RANGE = not bf16  # bfloat16 has float32's range
+    SAFE = np.float32(F16_SAFE)
+    mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
+    mma_tf32 = ptx.mma_m16n8k8_tf32
+    pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
+    to_float = ptx.bf16_to_float if bf16 else ptx.half_to_float
+    ldmatrix = ptx.ldmatrix_x4
+    ldmatrix_trans = ptx.ldmatrix_x4_trans
+    load_word = ptx.load_u16x2
+    load_record = ptx.load_f32x4_1d
+    store_record = ptx.store_f32x4
+    to_tf32 = ptx.to_tf32
+    float_bits = ptx.float_bits
+    bits_float = ptx.bits_float
+    shfl_xor = ptx.shfl_xor_f32
+    all_lanes = ptx.all_lanes
+    low_u16 = ptx.low_u16
+    high_u16 = ptx.high_u16
+    store2 = ptx.store2
+    store_at = ptx.store_u32_at
+    commit = ptx.cp_async_commit
+    wait_all = ptx.cp_async_wait_all
+    load_qk = tile_loader(NT, ROW_QK, E_PAD, C, np.uint16, vector)
+    load_v = tile_loader(NT, ROW_V, COLS, C, np.uint16, vector)
+
+    @device_function
+    def high_word(word):  # the float value of a word's upper 16-bit element
+        return to_float(word >> 16)
+
+    @device_function
+    def publish(smem32, e_pair, t_row, col, x_even, x_odd):
+        """Record (E rows 2i, 2i + 1 of column ``col``) = (hi, hi, lo, lo); ``lo = x - hi`` stays unrounded: the
+        tensor cores read its tf32 bits (error below 2^-21 |x|)."""
+        hi_even = to_tf32(x_even)
+        hi_odd = to_tf32(x_odd)
+        store_record(smem32, R_OFF + ((e_pair * 4 + t_row) * RS + col) * 4, bits_float(hi_even), bits_float(hi_odd),
+                     x_even - bits_float(hi_even), x_odd - bits_float(hi_odd))
+
+    @device_function
+    def load_stage(q_head, k_head, v_head, smem, base, tid, c0, seqlen, e_dim, col0, m_dim):
+        if HAS_Q:
+            load_qk(q_head, smem, base + Q_OFF, tid, c0, seqlen, 0, e_dim)
+        load_qk(k_head, smem, base + K_OFF, tid, c0, seqlen, 0, e_dim)
+        load_v(v_head, smem, base + V_OFF, tid, c0, seqlen, col0, m_dim)
+        commit()
+
+    def kernel(q, k, v, out, increments, init, final, has_init, write_final, segment_chunks, state_segments, m_tiles):
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        bhm = cuda.blockIdx.x
+        seg = cuda.blockIdx.y
+        mt = bhm % m_tiles
+        bh = bhm // m_tiles
+        heads = k.shape[1]
+        b = bh // heads
+        h = bh % heads
+        e_dim = k.shape[3]
+        m_dim = v.shape[3]
+        seqlen = k.shape[2]
+        col0 = mt * COLS
+        row_begin = seg * segment_chunks * C
+        row_end = min(seqlen, row_begin + segment_chunks * C)
+        n_chunks = (row_end - row_begin + C - 1) // C  # <= 0: nothing to walk
+        first_row = bhm * state_segments  # this (head, M tile)'s rows of increments
+        q_head = q[b, h]
+        k_head = k[b, h]
+        v_head = v[b, h]
+        out_head = out[b, h]
+        out_base = b * out.strides[0] + h * out.strides[1] + (col0 + 2 * t) * out.strides[3]
+        smem = cuda.shared.array(0, uint16)  # two stages of (Q,) K, V tiles
+        smem32 = cuda.shared.array(0, float32)  # the same memory as float32: H's records after the stages
+        s = cuda.local.array((S_BLOCKS, 4), float32)
+        o = cuda.local.array((O_BLOCKS, 4), float32)
+        hm = cuda.local.array((E_PER_WARP, O_BLOCKS, 4), float32)  # this warp's rows of H
+        q_frag = cuda.local.array((QK_STEPS, 4), uint32)
+        # ldmatrix row addresses of this lane (lane 8i + r gives row r of matrix i; see ptx / flash_mma): K for S and
+        # K^T for dH: (keys +0, cols +0), (+0, +8), (+8, +0), (+8, +8); Q (A) and V (.trans, B of P V / dH):
+        # (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8)
+        k_lane = (8 * (lane // 16) + lane % 8) * ROW_QK + 8 * ((lane // 8) % 2)
+        q_lane = (16 * warp + 8 * ((lane // 8) % 2) + lane % 8) * ROW_QK + 8 * (lane // 16)
+        v_lane = (8 * ((lane // 8) % 2) + lane % 8) * ROW_V + 8 * (lane // 16)
+
+        if n_chunks > 0:
+            load_stage(q_head, k_head, v_head, smem, 0, tid, row_begin, seqlen, e_dim, col0, m_dim)
+
+        # ---- the state this block starts from: the initial state plus the increments of the segments before it
+        # (STATES: zero, it sums its own segment) ------------------------------------------------------------------
+        for i in range(E_PER_WARP):
+            e0 = 16 * (warp + i * WARPS) + g
+            for ob in range(O_BLOCKS):
+                for x in range(4):
+                    hm[i, ob, x] = ZERO
+                    e = e0 + 8 * (x // 2)
+                    c = col0 + 8 * ob + 2 * t + x % 2
+                    if HAS_Q and has_init and e < e_dim and c < m_dim:
+                        hm[i, ob, x] = init[b, h, e, c]
+        if HAS_Q:
+            for before in range(seg):
+                for i in range(E_PER_WARP):
+                    e0 = 16 * (warp + i * WARPS) + g
+                    if e0 < E_PAD:
+                        for ob in range(O_BLOCKS):
+                            for x in range(4):
+                                hm[i, ob, x] += increments[first_row + before, e0 + 8 * (x // 2), 8 * ob + 2 * t + x % 2]
+
+        for step in range(-1 if HAS_Q else 0, n_chunks):
+            if step >= 0:
+                c0 = row_begin + step * C
+                base = (step % 2) * STAGE
+                wait_all()
+                cuda.syncthreads()  # chunk `step` has landed; everyone is done with chunk step - 1 and the records
+                if step + 1 < n_chunks:
+                    load_stage(q_head, k_head, v_head, smem, STAGE - base, tid, c0 + C, seqlen, e_dim, col0, m_dim)
+
+                if HAS_Q:
+                    # ---- S = Q K^T for key blocks up to this warp's diagonal ---------------------------------------
+                    for kk in range(QK_STEPS):
+                        q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3] = ldmatrix(
+                            smem, base + Q_OFF + q_lane + 16 * kk)
+                    for nb in range(S_BLOCKS):
+                        for x in range(4):
+                            s[nb, x] = ACC_INIT
+                    # k-steps outside, key blocks inside: consecutive MMAs feed different accumulators
+                    for kk in range(QK_STEPS):
+                        for j in range(KEY_STEPS):
+                            if j <= warp:
+                                b0, b1, b2, b3 = ldmatrix(smem, base + K_OFF + k_lane + 16 * j * ROW_QK + 16 * kk)
+                                s[2 * j, 0], s[2 * j, 1], s[2 * j, 2], s[2 * j, 3] = mma(
+                                    q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b0, b1,
+                                    s[2 * j, 0], s[2 * j, 1], s[2 * j, 2], s[2 * j, 3])
+                                s[2 * j + 1, 0], s[2 * j + 1, 1], s[2 * j + 1, 2], s[2 * j + 1, 3] = mma(
+                                    q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b2, b3,
+                                    s[2 * j + 1, 0], s[2 * j + 1, 1], s[2 * j + 1, 2], s[2 * j + 1, 3])
+                    # keys after the row drop out (blocks past the diagonal pair hold zeros already)
+                    for nb in range(S_BLOCKS):
+                        for x in range(4):
+                            if 8 * nb + 2 * t + x % 2 > 16 * warp + g + 8 * (x // 2):
+                                s[nb, x] = ZERO
+                    # ---- float16 range: scale P by 2^-k where |S| is too large for it ------------------------------
+                    up = float32(1.0)
+                    if CHECK_RANGE:
+                        # a tree of maxima (a chain of 32 would wait on each), blocks past the diagonal hold zeros
+                        big_even = ZERO
+                        big_odd = ZERO
+                        for nb in range(S_BLOCKS):
+                            block = max(max(abs(s[nb, 0]), abs(s[nb, 1])), max(abs(s[nb, 2]), abs(s[nb, 3])))
+                            if nb % 2:
+                                big_odd = max(big_odd, block)
+                            else:
+                                big_even = max(big_even, block)
+                        big = max(big_even, big_odd)
+                        if not all_lanes(big <= SAFE):  # NaN also lands here, and stays NaN
+                            for mask in (1, 2, 4, 8, 16):
+                                big = max(big, shfl_xor(big, mask))
+                            shift = int((float_bits(big) >> 23) & 0xFF) - 127 - 14  # big * 2^-shift < 2^15
+                            if shift > 0:
+                                shift = min(shift, 126)
+                                down = bits_float(uint32((127 - shift) << 23))
+                                up = bits_float(uint32((127 + shift) << 23))
+                                for nb in range(S_BLOCKS):
+                                    for x in range(4):
+                                        s[nb, x] = s[nb, x] * down
+                    # ---- O = P V (P from S's C fragments), then O += Q H (tf32, H as hi + lo) -----------------------
+                    for ob in range(O_BLOCKS):
+                        for x in range(4):
+                            o[ob, x] = ACC_INIT
+                    for j in range(KEY_STEPS):
+                        if j <= warp:
+                            a0 = pack(s[2 * j, 0], s[2 * j, 1])
+                            a1 = pack(s[2 * j, 2], s[2 * j, 3])
+                            a2 = pack(s[2 * j + 1, 0], s[2 * j + 1, 1])
+                            a3 = pack(s[2 * j + 1, 2], s[2 * j + 1, 3])
+                            for p in range(O_PAIRS):
+                                b0, b1, b2, b3 = ldmatrix_trans(smem, base + V_OFF + v_lane + 16 * j * ROW_V + 16 * p)
+                                o[2 * p, 0], o[2 * p, 1], o[2 * p, 2], o[2 * p, 3] = mma(
+                                    a0, a1, a2, a3, b0, b1, o[2 * p, 0], o[2 * p, 1], o[2 * p, 2], o[2 * p, 3])
+                                o[2 * p + 1, 0], o[2 * p + 1, 1], o[2 * p + 1, 2], o[2 * p + 1, 3] = mma(
+                                    a0, a1, a2, a3, b2, b3,
+                                    o[2 * p + 1, 0], o[2 * p + 1, 1], o[2 * p + 1, 2], o[2 * p + 1, 3])
+                    if up != float32(1.0):
+                        for ob in range(O_BLOCKS):
+                            for x in range(4):
+                                o[ob, x] = o[ob, x] * up
+                    q_row = base + Q_OFF + (16 * warp + g) * ROW_QK + 2 * t
+                    for kk in range(QH_STEPS):
+                        # A column t <-> E row 8 kk + 2t, t + 4 <-> 8 kk + 2t + 1: one word holds both
+                        word_a = load_word(smem, q_row + 8 * kk)
+                        word_b = load_word(smem, q_row + 8 * ROW_QK + 8 * kk)
+                        a0 = float_bits(to_float(word_a))
+                        a2 = float_bits(high_word(word_a))
+                        a1 = float_bits(to_float(word_b))
+                        a3 = float_bits(high_word(word_b))
+                        for ob in range(O_BLOCKS):
+                            h0, h1, l0, l1 = load_record(smem32, R_OFF + ((kk * 4 + t) * RS + 8 * ob + g) * 4)
+                            o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3] = mma_tf32(
+                                a0, a1, a2, a3, float_bits(l0), float_bits(l1), o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3])
+                            o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3] = mma_tf32(
+                                a0, a1, a2, a3, float_bits(h0), float_bits(h1), o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3])
+                    # ---- output rows --------------------------------------------------------------------------------
+                    row_a = c0 + 16 * warp + g
+                    for half in range(2):
+                        row = row_a + 8 * half
+                        if row < seqlen:
+                            at = out_base + row * out.strides[2]  # bytes; the columns of a row are contiguous
+                            for ob in range(O_BLOCKS):
+                                col = col0 + 8 * ob + 2 * t
+                                if col < m_dim:
+                                    word = pack(o[ob, 2 * half], o[ob, 2 * half + 1])
+                                    if vector:
+                                        store_at(out, at + 16 * ob, word)
+                                    else:
+                                        store2(out_head, row, col, low_u16(word))
+                                        if col + 1 < m_dim:
+                                            store2(out_head, row, col + 1, high_u16(word))
+                    cuda.syncthreads()  # every warp has read the records of H for this chunk
+
+                # ---- H += K_c^T V_c (fresh float32 accumulators, then float32 adds: see linear_chunked) ------------
+                for i in range(E_PER_WARP):
+                    eb = warp + i * WARPS
+                    if eb < E_BLOCKS:
+                        for ob in range(O_BLOCKS):
+                            for x in range(4):
+                                o[ob, x] = ACC_INIT
+                        for j in range(KEY_STEPS):
+                            a0, a1, a2, a3 = ldmatrix_trans(smem, base + K_OFF + k_lane + 16 * j * ROW_QK + 16 * eb)
+                            for p in range(O_PAIRS):
+                                b0, b1, b2, b3 = ldmatrix_trans(smem, base + V_OFF + v_lane + 16 * j * ROW_V + 16 * p)
+                                o[2 * p, 0], o[2 * p, 1], o[2 * p, 2], o[2 * p, 3] = mma(
+                                    a0, a1, a2, a3, b0, b1, o[2 * p, 0], o[2 * p, 1], o[2 * p, 2], o[2 * p, 3])
+                                o[2 * p + 1, 0], o[2 * p + 1, 1], o[2 * p + 1, 2], o[2 * p + 1, 3] = mma(
+                                    a0, a1, a2, a3, b2, b3,
+                                    o[2 * p + 1, 0], o[2 * p + 1, 1], o[2 * p + 1, 2], o[2 * p + 1, 3])
+                        for ob in range(O_BLOCKS):
+                            for x in range(4):
+                                hm[i, ob, x] += o[ob, x]
+
+            if HAS_Q and step + 1 < n_chunks:
+                # ---- publish H for the next chunk: lanes g, g ^ 1 swap one column, so that each holds E rows
+                # (2i, 2i + 1) of one column and writes (hi, hi, lo, lo) in one 16-byte store ---------------------------
+                odd = g % 2
+                for i in range(E_PER_WARP):
+                    eb = warp + i * WARPS
+                    if eb < E_BLOCKS:
+                        for ob in range(O_BLOCKS):
+                            send_a = hm[i, ob, 0] if odd else hm[i, ob, 1]
+                            send_b = hm[i, ob, 2] if odd else hm[i, ob, 3]
+                            got_a = shfl_xor(send_a, 4)
+                            got_b = shfl_xor(send_b, 4)
+                            col = 8 * ob + 2 * t + odd
+                            publish(smem32, 2 * eb, g // 2, col, got_a if odd else hm[i, ob, 0],
+                                    hm[i, ob, 1] if odd else got_a)
+                            publish(smem32, 2 * eb + 1, g // 2, col, got_b if odd else hm[i, ob, 2],
+                                    hm[i, ob, 3] if odd else got_b)
+
+        # ---- the segment's increment (STATES), or the final state (last CAUSAL segment) --------------------------
+        if not HAS_Q or (write_final and seg == cuda.gridDim.y - 1):
+            for i in range(E_PER_WARP):
+                e0 = 16 * (warp + i * WARPS) + g
+                if e0 < E_PAD:
+                    for ob in range(O_BLOCKS):
+                        for x in range(4):
+                            e = e0 + 8 * (x // 2)
+                            c = 8 * ob + 2 * t + x % 2
+                            if not HAS_Q:
+                                increments[first_row + seg, e, c] = hm[i, ob, x]
+                            elif e < e_dim and col0 + c < m_dim:
+                                final[b, h, e, col0 + c] = hm[i, ob, x]
+
+    return kernel
+
+
+_U16_4D = types.Array(types.uint16, 4, "A")
+_F32_4D = types.Array(types.float32, 4, "A")
+_F32_3D = types.Array(types.float32, 3, "A")
+SIGNATURE = types.void(_U16_4D, _U16_4D, _U16_4D, _U16_4D, _F32_3D, _F32_4D, _F32_4D, types.boolean, types.boolean,
+                       types.int64, types.int64, types.int64)
+
+
+@lru_cache(maxsize=None)
+def chunk_kernel(tiles: Tiles, mode: int, bf16: bool, vector: bool):
+    source = _kernel_source(tiles, mode, bf16, vector)
+    if SIMULATOR:
+        return cuda.jit(source)
+    return cuda.jit(SIGNATURE, launch_bounds=(32 * tiles.warps, tiles.min_blocks), cache=True)(source)
+
+
+def launch(kernel, tiles: Tiles, mode: int, grid, stream, *args):
+    device_launch(kernel, grid, 32 * tiles.warps, stream, tiles.shared_bytes(mode), *args)
+
+
+#: ``plan()`` knobs for this kernel (``linear_chunked.ChunkConfig``; its tf32-only fields are unused here)
+GPU_CONFIG = ChunkConfig(warps=4, block_cols=64, block_cols_wide=64)
+#: the simulator: one warp, 16-row chunks, 16-column M tiles
+SIMULATOR_CONFIG = ChunkConfig(warps=1, block_cols=16, block_cols_wide=16, blocks_per_sm=1, min_segment_chunks=1)
+#: launch bound: blocks per SM (2 x 4 warps: 255 registers, and the shared memory of E = 64 fits twice)
+MIN_BLOCKS = 2
+
+
+def default_config() -> ChunkConfig:
+    return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
+
+
+def launch_causal(q, k, v, out, stream, *, dtype: str, initial_state=None, final_state=None, segments=None,
+                  config: ChunkConfig | None = None, scratch=None):
+    """Causal dot product on uint16 bit views ``(batch, heads, seqlen, E | M)`` of float16 / bfloat16 data
+    (``dtype``), any strides; ``initial_state`` / ``final_state`` float32 ``(batch, heads, E, M)`` or None.
+    ``segments``: sequence blocks per (head, M tile), None for ``linear_chunked.plan``'s choice."""
+    config = config or default_config()
+    batch, heads, seqlen, e = q.shape
+    m = v.shape[3]
+    bh = batch * heads
+    if bh == 0:
+        return
+    bf16 = dtype == BFLOAT16
+    vector = vector_loads_ok(q, k, v, out)
+    m16 = -(-m // 16) * 16  # the plan's M tiles are whole n16 pairs
+    head_tiles = chunked.tiles_for(config, e, m16, False)
+    tiles = Tiles(config.warps, head_tiles.e_pad, head_tiles.value_cols, MIN_BLOCKS)
+    walk = chunk_kernel(tiles, CAUSAL, bf16, vector)
+    resident = (resident_blocks(walk, 32 * tiles.warps, tiles.shared_bytes(CAUSAL)) if config.wave_plan else None)
+    p = chunked.plan(bh, seqlen, e, m16, False, multiprocessor_count(), config, segments, resident)
+    grid_x = bh * p.m_tiles
+    has_init = initial_state is not None
+    if p.segments > 1:  # the increments K_s^T V_s of every segment but the last
+        increments = chunked.scratch_state(scratch, (grid_x * (p.segments - 1), tiles.e_pad, tiles.cols), stream)
+        states = chunk_kernel(tiles, STATES, bf16, vector)
+        launch(states, tiles, STATES, (grid_x, p.segments - 1), stream, q, k, v, out, increments,
+               chunked.unused4(increments), chunked.unused4(increments), False, False, p.segment_chunks,
+               p.segments - 1, p.m_tiles)
+    else:
+        increments = chunked.scratch_state(scratch, (1, 1, 1), stream)
+    launch(walk, tiles, CAUSAL, (grid_x, p.segments), stream, q, k, v, out, increments,
+           initial_state if has_init else chunked.unused4(increments),
+           final_state if final_state is not None else chunked.unused4(increments),
+           has_init, final_state is not None, p.segment_chunks, max(1, p.segments - 1), p.m_tiles)

@@ -2,6 +2,9 @@
 
     python scripts/tune_linear.py --seqlen 1024 4096 16384 --dtype float16 float32
 
+For 16-bit inputs it also times both kernels of the chunked path (``products`` f16: ``linear_mma``; tf32:
+``linear_chunked``'s own).
+
 For each ``ChunkConfig`` tried, prints the median time of ``causal_dot_product`` next to the sequential kernel and
 to fla's ``chunk_linear_attn`` / ``fused_recurrent_linear_attn`` on the same inputs (fla when installed), with each
 result's relative error against a float64 reference computed on a slice of the heads. The benchmark of record is
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
 
@@ -120,14 +124,25 @@ def main():
                     rows.append((f"chunked {name}", float("nan"), f"{type(exc).__name__}: {exc}"[:90]))
                 finally:
                     linear_chunked.GPU_CONFIG = original
+            if dtype != "float32":  # the two kernels for 16-bit inputs (default: f16 MMAs where they apply)
+                for products in ("f16", "tf32"):
+                    launch = linear_chunked.launch_causal
+                    linear_chunked.launch_causal = functools.partial(launch, products=products)
+                    try:
+                        out = numba_attn.causal_dot_product(q, k, v, backend="chunked")
+                        rows.append((f"chunked products={products}", _time(lambda: numba_attn.causal_dot_product(
+                            q, k, v, backend="chunked"), args.reps), _error(out, ref, 1)))
+                    finally:
+                        linear_chunked.launch_causal = launch
             rows.append(("chunked launches only", _time(_launcher(q, k, v), args.reps), "no array handling"))
             if dtype == "float32":
                 out = numba_attn.causal_dot_product(q, k, v, backend="chunked", allow_tf32=True)
                 rows.append(("chunked tf32", _time(lambda: numba_attn.causal_dot_product(
                     q, k, v, backend="chunked", allow_tf32=True), args.reps), _error(out, ref, 1)))
-            out = numba_attn.causal_dot_product(q, k, v, backend="recurrent")
-            rows.append(("recurrent", _time(lambda: numba_attn.causal_dot_product(q, k, v, backend="recurrent"),
-                                            max(3, args.reps // 5)), _error(out, ref, 1)))
+            if dtype != "bfloat16":  # the sequential kernel takes float16 and float32
+                out = numba_attn.causal_dot_product(q, k, v, backend="recurrent")
+                rows.append(("recurrent", _time(lambda: numba_attn.causal_dot_product(q, k, v, backend="recurrent"),
+                                                max(3, args.reps // 5)), _error(out, ref, 1)))
             if fla_linear is not None:
                 tq, tk, tv = (fla_linear.to_fla_layout(x) for x in (q, k, v))
                 for name, fn in fla_linear.KERNELS.items():

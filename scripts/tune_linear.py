@@ -2,8 +2,8 @@
 
     python scripts/tune_linear.py --seqlen 1024 4096 16384 --dtype float16 float32
 
-For 16-bit inputs it also times both kernels of the chunked path (``products`` f16: ``linear_mma``; tf32:
-``linear_chunked``'s own).
+It also times both kernels of the chunked causal product (``kernel="registers"``: ``linear_mma``; ``"shared"``:
+``linear_chunked``'s own), float32 also with ``allow_tf32``.
 
 For each ``ChunkConfig`` tried, prints the median time of ``causal_dot_product`` next to the sequential kernel and
 to fla's ``chunk_linear_attn`` / ``fused_recurrent_linear_attn`` on the same inputs (fla when installed), with each
@@ -124,21 +124,18 @@ def main():
                     rows.append((f"chunked {name}", float("nan"), f"{type(exc).__name__}: {exc}"[:90]))
                 finally:
                     linear_chunked.GPU_CONFIG = original
-            if dtype != "float32":  # the two kernels for 16-bit inputs (default: f16 MMAs where they apply)
-                for products in ("f16", "tf32"):
+            for kernel in linear_chunked.KERNELS:  # both kernels of the causal product (default: "registers")
+                for tf32 in ((False, True) if dtype == "float32" else (False,)):
                     launch = linear_chunked.launch_causal
-                    linear_chunked.launch_causal = functools.partial(launch, products=products)
+                    linear_chunked.launch_causal = functools.partial(launch, kernel=kernel)
+                    label = f"chunked kernel={kernel}" + (" tf32" if tf32 else "")
                     try:
-                        out = numba_attn.causal_dot_product(q, k, v, backend="chunked")
-                        rows.append((f"chunked products={products}", _time(lambda: numba_attn.causal_dot_product(
-                            q, k, v, backend="chunked"), args.reps), _error(out, ref, 1)))
+                        out = numba_attn.causal_dot_product(q, k, v, backend="chunked", allow_tf32=tf32)
+                        rows.append((label, _time(lambda: numba_attn.causal_dot_product(
+                            q, k, v, backend="chunked", allow_tf32=tf32), args.reps), _error(out, ref, 1)))
                     finally:
                         linear_chunked.launch_causal = launch
             rows.append(("chunked launches only", _time(_launcher(q, k, v), args.reps), "no array handling"))
-            if dtype == "float32":
-                out = numba_attn.causal_dot_product(q, k, v, backend="chunked", allow_tf32=True)
-                rows.append(("chunked tf32", _time(lambda: numba_attn.causal_dot_product(
-                    q, k, v, backend="chunked", allow_tf32=True), args.reps), _error(out, ref, 1)))
             if dtype != "bfloat16":  # the sequential kernel takes float16 and float32
                 out = numba_attn.causal_dot_product(q, k, v, backend="recurrent")
                 rows.append(("recurrent", _time(lambda: numba_attn.causal_dot_product(q, k, v, backend="recurrent"),

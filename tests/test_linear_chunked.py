@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 
@@ -40,15 +41,15 @@ def make_array(rng, shape, dtype, strided=False):
 
 
 @contextlib.contextmanager
-def forced_segments(segments, products=None):
+def forced_segments(segments, kernel=None):
     """Make the public functions launch the chunked kernel with this many sequence segments (None: heuristic) and,
-    for the causal product, these ``products`` (None: the dispatch's choice)."""
+    for the causal product, this ``kernel`` (``lc.KERNELS``; None: the dispatch's choice)."""
     with pytest.MonkeyPatch.context() as mp:
         if segments is not None:
             for name in ("launch_causal", "launch_noncausal"):
                 mp.setattr(lc, name, functools.partial(getattr(lc, name), segments=segments))
-        if products is not None:
-            mp.setattr(lc, "launch_causal", functools.partial(lc.launch_causal, products=products))
+        if kernel is not None:
+            mp.setattr(lc, "launch_causal", functools.partial(lc.launch_causal, kernel=kernel))
         yield
 
 
@@ -63,7 +64,7 @@ def chunk_case(draw):
         "dtype": draw(st.sampled_from(["float32", "float16"])),
         "tf32": draw(st.booleans()),
         "segments": draw(st.sampled_from([None, 1, 2, 3])),
-        "products": draw(st.sampled_from([None, "tf32"])),  # None: float16 on the f16 MMAs (linear_mma)
+        "kernel": draw(st.sampled_from([None, "shared"])),  # None: linear_mma where it applies
         "strided": draw(st.sampled_from([None, "q", "k", "v"])),
         "seed": draw(st.integers(0, 2**32 - 1)),
     }
@@ -92,7 +93,7 @@ def test_causal_dot_product_matches_reference(case, with_state):
     rng = np.random.default_rng(case["seed"] + 1)
     s0 = rng.standard_normal((case["batch"], case["heads"], case["e"], case["m"])).astype(np.float32)
     kwargs = {"initial_state": s0, "return_state": True} if with_state else {}
-    with forced_segments(case["segments"], case["products"]):
+    with forced_segments(case["segments"], case["kernel"]):
         result = numba_attn.causal_dot_product(q, k, v, backend="chunked", allow_tf32=case["tf32"], **kwargs)
     ref = reference.causal_dot_product(q, k, v, initial_state=s0 if with_state else None, return_state=True)
     out, state = result if with_state else (result, None)
@@ -175,18 +176,19 @@ def test_bad_state_arguments_raise(kwargs, error, match):
 
 
 def _launch_f16_products(q, k, v, dtype, segments=None):
-    """``lc.launch_causal`` on the f16 MMAs with uint16 bit views (the way bfloat16 travels), on the host or a GPU."""
+    """``lc.launch_causal`` on the f16 MMAs (``linear_mma``) with uint16 bit views (the way bfloat16 travels), on the
+    host or a GPU."""
     bits = [np.ascontiguousarray(x.view(np.uint16)) for x in (q, k, v)]
     out = np.full(v.shape, 0x7E00, np.uint16)  # NaN in float16 and bfloat16: unwritten elements show
     final = np.full(q.shape[:2] + (q.shape[3], v.shape[3]), np.nan, np.float32)
     if SIM:
-        lc.launch_causal(*bits, out, None, final_state=final, dtype=dtype, segments=segments, products="f16")
+        lc.launch_causal(*bits, out, None, final_state=final, dtype=dtype, segments=segments, kernel="registers")
         return out, final
     from numba import cuda
 
     views = [cuda.to_device(x) for x in bits + [out, final]]
     lc.launch_causal(*views[:4], cuda.default_stream(), final_state=views[4], dtype=dtype, segments=segments,
-                     products="f16")
+                     kernel="registers")
     return views[3].copy_to_host(), views[4].copy_to_host()
 
 
@@ -224,12 +226,15 @@ def test_f16_products_survive_scores_beyond_float16_range(dtype):
     assert rel_error(final, ref_state) <= 1e-5
 
 
-def test_products_argument_is_checked():
+def test_kernel_argument_is_checked():
     q = np.zeros((1, 1, 4, 8), np.float32)
-    with pytest.raises(ValueError, match="products: 'f16' takes"):
-        lc.launch_causal(q, q, q, q.copy(), None, products="f16")
-    with pytest.raises(ValueError, match="products: expected one of"):
-        lc.launch_causal(q, q, q, q.copy(), None, products="fp8")
+    wide = np.zeros((1, 1, 4, 136), np.float32)
+    with pytest.raises(ValueError, match="kernel: 'registers' takes"):
+        lc.launch_causal(wide, wide, q, q.copy(), None, kernel="registers")
+    with pytest.raises(ValueError, match="kernel: 'registers' takes"):
+        lc.launch_causal(q, q, q, q.copy(), None, normalise=True, kernel="registers")
+    with pytest.raises(ValueError, match="kernel: expected one of"):
+        lc.launch_causal(q, q, q, q.copy(), None, kernel="f16")
 
 
 def test_plan_fills_the_gpu_and_every_shape_fits():
@@ -247,26 +252,26 @@ def test_plan_fills_the_gpu_and_every_shape_fits():
     assert lc.plan(1, 100, 64, 64, False, 132, config, segments=50).segments == 2  # never more than the chunks
 
 
-def _walk_cost(bh, chunks, segments, slots, states_cost):
+def _walk_cost(bh, chunks, segments, slots, config):
     """Critical path of the chunked walk in chunk steps: waves of blocks times chunks per segment, plus the STATES
-    pass when there is more than one segment."""
+    pass and a cost per segment when there is more than one segment."""
     segment_chunks = -(-chunks // segments)
     segments = -(-chunks // segment_chunks)
     steps = -(-bh * segments // slots) * segment_chunks
-    return steps * (1 + states_cost) if segments > 1 else steps
+    return steps * (1 + config.states_cost) + config.segment_cost * segments if segments > 1 else steps
 
 
 @given(bh=st.integers(1, 3000), seqlen=st.integers(1, 300_000), resident=st.integers(1, 4),
-       sm_count=st.integers(1, 140))
-def test_plan_with_occupancy_takes_the_shortest_critical_path(bh, seqlen, resident, sm_count):
+       sm_count=st.integers(1, 140), segment_cost=st.sampled_from([0.0, 0.1, 2.5]))
+def test_plan_with_occupancy_takes_the_shortest_critical_path(bh, seqlen, resident, sm_count, segment_cost):
     """Against every segment count: none gives the walk a shorter critical path than the plan's choice."""
-    config = lc.GPU_CONFIG
+    config = dataclasses.replace(lc.GPU_CONFIG, segment_cost=segment_cost)
     p = lc.plan(bh, seqlen, 64, 64, False, sm_count, config, resident=resident)
     chunks = -(-seqlen // p.tiles.chunk)
     slots = resident * sm_count
-    best = min(_walk_cost(bh, chunks, s, slots, config.states_cost)
+    best = min(_walk_cost(bh, chunks, s, slots, config)
                for s in range(1, max(1, chunks // config.min_segment_chunks) + 1))
-    assert _walk_cost(bh, chunks, p.segments, slots, config.states_cost) == pytest.approx(best)
+    assert _walk_cost(bh, chunks, p.segments, slots, config) == pytest.approx(best)
     assert (p.segments - 1) * p.segment_chunks < chunks <= p.segments * p.segment_chunks
 
 
@@ -311,8 +316,10 @@ def test_gpu_causal_dot_product(e, m, dtype, segments):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype, products", [("float16", "f16"), ("float16", "tf32"), ("float32", None)])
-def test_gpu_poisoned_output_and_strided_inputs(dtype, products):
+@pytest.mark.parametrize("dtype, kernel, tf32", [("float16", "registers", False), ("float16", "shared", False),
+                                                 ("float32", "registers", False), ("float32", "registers", True),
+                                                 ("float32", "shared", False)])
+def test_gpu_poisoned_output_and_strided_inputs(dtype, kernel, tf32):
     """Call the launcher on NaN-filled outputs with strided CuPy views: every element written, values right."""
     import cupy as cp
     from numba import cuda
@@ -330,12 +337,13 @@ def test_gpu_poisoned_output_and_strided_inputs(dtype, products):
     ptr = cp.cuda.get_current_stream().ptr
     stream = cuda.external_stream(ptr) if ptr else cuda.default_stream()
     views = [cuda.as_cuda_array(x, sync=False) for x in (qd, kd, vd, out)]
-    lc.launch_causal(*views, stream, final_state=cuda.as_cuda_array(final, sync=False), segments=5, products=products)
+    lc.launch_causal(*views, stream, final_state=cuda.as_cuda_array(final, sync=False), segments=5, kernel=kernel,
+                     tf32=tf32)
     cp.cuda.get_current_stream().synchronize()
     ref, ref_state = reference.causal_dot_product(q, k, v, return_state=True)
     assert not cp.isnan(out).any() and not cp.isnan(final).any()
-    assert rel_error(out, ref) <= TOLERANCE[dtype]
-    assert rel_error(final, ref_state) <= 1e-5
+    assert rel_error(out, ref) <= (TF32_TOLERANCE if tf32 else TOLERANCE[dtype])
+    assert rel_error(final, ref_state) <= (TF32_TOLERANCE if tf32 else 1e-5)
 
 
 @pytest.mark.gpu

@@ -81,6 +81,7 @@ class ChunkConfig:
     blocks_per_sm: int = 3  # without an occupancy figure: segments are added until the grid has this many per SM
     wave_plan: bool = True  # size segments by the occupancy calculator's resident blocks (see plan)
     states_cost: float = 0.35  # time of the STATES pass per chunk, in walk steps (measured: 0.20 vs 0.60 ms)
+    segment_cost: float = 0.0  # walk steps per segment (a walking block first sums its predecessors' increments)
     min_segment_chunks: int = 2  # segments shorter than this cost more in the extra passes than they gain
     prefix_threads: int = 256
     min_blocks_per_sm: int = 1  # launch bound: 2 caps registers at 255 -> 255 (4 warps), 3 at 168
@@ -187,8 +188,8 @@ def plan(batch_heads: int, seqlen: int, e: int, m: int, normalise: bool, sm_coun
     segment count minimises the walk's critical path, ``waves * chunks per segment``, where a wave is one block
     on every resident slot of the GPU: every block walks the same number of chunks, so a last wave that fills a
     few slots costs as long as a full one. Segments beyond one cost the STATES pass (``config.states_cost`` of
-    a walk step per chunk) and a prefix launch, so ties go to fewer. Without ``resident``: segments are added until
-    the grid has ``config.blocks_per_sm`` blocks per SM. ``segments`` given: used as is (clamped).
+    a walk step per chunk), a prefix launch and ``config.segment_cost`` steps per segment, so ties go to fewer.
+    Without ``resident``: segments are added until the grid has ``config.blocks_per_sm`` blocks per SM. ``segments`` given: used as is (clamped).
     """
     config = config or default_config()
     tiles = tiles_for(config, e, m, normalise)
@@ -198,7 +199,8 @@ def plan(batch_heads: int, seqlen: int, e: int, m: int, normalise: bool, sm_coun
         most = max(1, chunks // config.min_segment_chunks)
         groups = max(1, batch_heads * m_tiles)
         if resident:
-            segments = _fewest_steps(groups, chunks, most, max(1, resident * sm_count), config.states_cost)
+            segments = _fewest_steps(groups, chunks, most, max(1, resident * sm_count), config.states_cost,
+                                     config.segment_cost)
         else:
             segments = min(_cdiv(config.blocks_per_sm * sm_count, groups), most)
     segments = max(1, min(int(segments), chunks, 65535))
@@ -208,7 +210,7 @@ def plan(batch_heads: int, seqlen: int, e: int, m: int, normalise: bool, sm_coun
 
 
 @lru_cache(maxsize=4096)
-def _fewest_steps(groups: int, chunks: int, most: int, slots: int, states_cost: float) -> int:
+def _fewest_steps(groups: int, chunks: int, most: int, slots: int, states_cost: float, segment_cost: float) -> int:
     best, best_cost = 1, float("inf")
     segments = 1
     while segments <= most:
@@ -216,7 +218,7 @@ def _fewest_steps(groups: int, chunks: int, most: int, slots: int, states_cost: 
         length = _cdiv(chunks, segments)
         fewest = _cdiv(chunks, length)
         steps = _cdiv(groups * fewest, slots) * length
-        cost = steps * (1.0 + states_cost) if fewest > 1 else float(steps)
+        cost = steps * (1.0 + states_cost) + segment_cost * fewest if fewest > 1 else float(steps)
         if cost < best_cost:
             best, best_cost = fewest, cost
         if length == 1:
@@ -782,20 +784,21 @@ def _launch(kernel, p: Plan, grid_y, stream, *args):
     device_launch(kernel, grid, 32 * p.tiles.warps, stream, p.tiles.shared_bytes, *args)
 
 
-#: products of the causal dot product: "f16" (``linear_mma``: float16 / bfloat16 MMAs, 16-bit inputs, E <= 128) or
-#: "tf32" (this module's kernel: every input dtype, the layer, E up to 256); None takes "f16" where it applies
-PRODUCTS = ("f16", "tf32")
+#: kernels of the causal dot product: "registers" (``linear_mma``: the state in registers, cp.async staging,
+#: float16 / bfloat16 MMAs for 16-bit inputs and tf32 for float32; the plain product, E <= 128) or "shared" (this
+#: module's kernel: the state in shared memory; the layer, E up to 256); None takes "registers" where it applies
+KERNELS = ("registers", "shared")
 
 
 def launch_causal(q, k, v, out, stream, *, initial_state=None, final_state=None, normalise=False, eps=0.0,
                   tf32=False, dtype=None, segments=None, config: ChunkConfig | None = None, scratch=None,
-                  products: str | None = None):
+                  kernel: str | None = None):
     """Causal dot product (``normalise=False``) or the causal layer with ``phi = elu + 1`` (``normalise=True``) on
     device views ``(batch, heads, seqlen, E | M)``, any strides.
 
     ``initial_state`` / ``final_state``: float32 ``(batch, heads, E, M)`` views (plain product only), read before /
     written after the sequence. ``tf32``: float32 inputs in one tf32 term instead of three. ``segments``: sequence
-    blocks per (head, M tile), None for :func:`plan`'s choice. ``products``: see ``PRODUCTS``; ``config`` tunes this
+    blocks per (head, M tile), None for :func:`plan`'s choice. ``kernel``: see ``KERNELS``; ``config`` tunes this
     module's kernel only (``linear_mma`` has its own).
     """
     from . import linear_mma
@@ -809,15 +812,15 @@ def launch_causal(q, k, v, out, stream, *, initial_state=None, final_state=None,
     k, _ = _kind(k, dtype)
     v, _ = _kind(v, dtype)
     out, _ = _kind(out, dtype)
-    if products not in (None,) + PRODUCTS:
-        raise ValueError(f"products: expected one of {PRODUCTS} or None, got {products!r}")
-    f16_ok = dtype != FLOAT32 and not normalise and linear_mma.supports(e, m)
-    if products == "f16" and not f16_ok:
-        raise ValueError("products: 'f16' takes the plain causal product of 16-bit inputs with E <= "
-                         f"{linear_mma.MAX_E}")
-    if f16_ok and products != "tf32":
-        linear_mma.launch_causal(q, k, v, out, stream, dtype=dtype, initial_state=initial_state,
-                                 final_state=final_state, segments=segments, scratch=scratch)
+    if kernel not in (None,) + KERNELS:
+        raise ValueError(f"kernel: expected one of {KERNELS} or None, got {kernel!r}")
+    registers_ok = not normalise and linear_mma.supports(e, m)
+    if kernel == "registers" and not registers_ok:
+        raise ValueError(f"kernel: 'registers' takes the plain causal product with E <= {linear_mma.MAX_E}")
+    if registers_ok and kernel != "shared":
+        linear_mma.launch_causal(q, k, v, out, stream, dtype=dtype, terms=1 if tf32 else 3,
+                                 initial_state=initial_state, final_state=final_state, segments=segments,
+                                 scratch=scratch)
         return
     config = config or default_config()
     split = dtype == FLOAT32 and not tf32

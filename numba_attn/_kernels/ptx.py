@@ -84,6 +84,8 @@ __all__ = [
     "load_f32x4_1d",
     "load_u16x2",
     "store_u32_at",
+    "store_f32x2_at",
+    "load_f32_at",
     "load1",
     "store1",
     "load_f32x4",
@@ -268,6 +270,14 @@ if SIMULATOR:
     def store_u32_at(arr, offset, value):
         data = np.asarray(arr).__array_interface__["data"][0]
         ctypes.c_uint32.from_address(data + int(offset)).value = int(value) & 0xFFFFFFFF
+
+    def store_f32x2_at(arr, offset, a, b):
+        data = np.asarray(arr).__array_interface__["data"][0]
+        (ctypes.c_float * 2).from_address(data + int(offset))[:] = [float(np.float32(a)), float(np.float32(b))]
+
+    def load_f32_at(arr, offset):
+        data = np.asarray(arr).__array_interface__["data"][0]
+        return np.float32(ctypes.c_float.from_address(data + int(offset)).value)
 
     def load1(arr, i):
         return arr[i]
@@ -734,6 +744,40 @@ else:
             builder.store(_i32(context, builder, args[2], sig.args[2]), builder.bitcast(ptr, _I32.as_pointer()),
                           align=4)
             return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def store_f32x2_at(typingctx, arr, offset, a, b):
+        """(arr, offset, a, b): store float32 ``a, b`` in one 8-byte store ``offset`` BYTES past ``arr``'s first
+        element (as ``store_u32_at``; 8-byte aligned, inside the array)."""
+        if not (isinstance(arr, types.Array) and _is_int(offset) and _is_number(a, b)):
+            return None
+        sig = types.void(arr, offset, a, b)
+
+        def codegen(context, builder, sig, args):
+            array = context.make_array(sig.args[0])(context, builder, value=args[0])
+            base = builder.bitcast(array.data, ir.IntType(8).as_pointer())
+            ptr = builder.gep(base, [context.cast(builder, args[1], sig.args[1], types.int64)])
+            values = [_f32(context, builder, v, ty) for v, ty in zip(args[2:], sig.args[2:])]
+            _vector_store(builder, ptr, _F32, values, 8)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def load_f32_at(typingctx, arr, offset):
+        """(arr, offset) -> the float32 ``offset`` BYTES past a float32 array's first element (as ``store_u32_at``:
+        one 64-bit base per row or block, constant offsets fold into the load)."""
+        if not (isinstance(arr, types.Array) and arr.dtype == types.float32 and _is_int(offset)):
+            return None
+        sig = types.float32(arr, offset)
+
+        def codegen(context, builder, sig, args):
+            array = context.make_array(sig.args[0])(context, builder, value=args[0])
+            base = builder.bitcast(array.data, ir.IntType(8).as_pointer())
+            ptr = builder.gep(base, [context.cast(builder, args[1], sig.args[1], types.int64)])
+            return builder.load(builder.bitcast(ptr, _F32.as_pointer()), align=4)
 
         return sig, codegen
 

@@ -1,0 +1,389 @@
+"""The chunked causal dot product of ``linear_mma`` for float32 inputs: tf32 ``mma.m16n8k8`` products.
+
+Same two launches, same chunk walk, same register-resident state ``H`` as ``linear_mma`` (read its docstring first);
+what changes is the operand type:
+
+* Q, K and V tiles are float32 in shared memory (``cp.async``, two stages). A row is ``width + 4`` floats: an odd
+  number of 16-byte pieces, so ``ldmatrix`` rows and the scalar reads of two rows ``2t`` apart both spread over the
+  banks.
+* ``ldmatrix`` moves 16-bit pairs, i.e. one float32 per lane: ``ldmatrix_x4`` of a ``[row][E]`` tile gives the tf32
+  A fragment of a 16 x 8 block of Q directly (lane ``(g, t)`` gets row ``g``, column ``t`` of each 8 x 4 matrix), and
+  of K the B fragments of two n8 key blocks of ``S = Q K^T``.
+* ``P V`` and ``dH = K^T V`` use the k-permutation of the ``ptx`` docstring (A column ``t`` <-> key ``2t``, ``t + 4``
+  <-> ``2t + 1``): S's C fragment is P's A fragment in registers, and V (and K^T for dH) are read as single floats
+  from rows ``2t`` and ``2t + 1`` (no transposing ``ldmatrix`` exists for 32-bit elements).
+* ``Q H`` takes Q's A fragments of ``S`` unchanged, so the published records pair E rows ``e`` and ``e + 4``:
+  lanes ``g`` and ``g + 4`` (lane mask 16) swap one column before the 16-byte store.
+* ``terms = 3`` (the default: float32 accuracy) splits every operand ``x = hi + lo`` with ``hi = tf32(x)`` and adds
+  ``lo_a hi_b + hi_a lo_b + hi_a hi_b`` (3xTF32, small terms first). ``terms = 1`` (``allow_tf32``): one product of
+  the rounded operands, ~1e-3 relative error, a third of the MMAs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import float32, uint16, uint32
+
+from .._device import cuda
+from . import ptx
+from .staging import device_function, tile_loader
+
+CAUSAL, STATES = 0, 1
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Compile-time shape of one float32 specialisation (sizes in float32 elements)."""
+
+    warps: int  # chunk C = 16 * warps rows
+    e_pad: int  # E rounded up to 16
+    cols: int  # value columns per block (multiple of 8)
+    min_blocks: int = 2
+
+    @property
+    def chunk(self) -> int:
+        return 16 * self.warps
+
+    @property
+    def row_qk(self) -> int:
+        return self.e_pad + 4
+
+    @property
+    def row_v(self) -> int:
+        return self.cols + 4
+
+    @property
+    def record_stride(self) -> int:  # as linear_mma.Tiles: 2 mod 8 records, conflict-free quarter warps
+        return self.cols + 2
+
+    def stage(self, mode: int) -> int:
+        return (2 if mode == CAUSAL else 1) * self.chunk * self.row_qk + self.chunk * self.row_v
+
+    def records_offset(self, mode: int) -> int:
+        return 2 * self.stage(mode)
+
+    def shared_bytes(self, mode: int) -> int:
+        records = self.e_pad // 8 * 4 * self.record_stride * 4 if mode == CAUSAL else 0
+        return 4 * (self.records_offset(mode) + records)
+
+
+def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
+    WARPS = tiles.warps
+    NT = 32 * WARPS
+    C = tiles.chunk
+    E_PAD = tiles.e_pad
+    COLS = tiles.cols
+    ROW_QK = tiles.row_qk
+    ROW_V = tiles.row_v
+    RS = tiles.record_stride
+    HAS_Q = mode == CAUSAL
+    Q_OFF = 0
+    K_OFF = C * ROW_QK if HAS_Q else 0
+    V_OFF = K_OFF + C * ROW_QK
+    STAGE = tiles.stage(mode)
+    R_OFF = tiles.records_offset(mode)
+    E_BLOCKS = E_PAD // 16
+    E_PER_WARP = -(-E_BLOCKS // WARPS)
+    K8_STEPS = E_PAD // 8  # k8 steps of S = Q K^T and of Q H
+    S_BLOCKS = C // 8
+    O_BLOCKS = COLS // 8
+    KEY_PAIRS = C // 16
+    SPLIT = terms == 3
+    SUM_GROUP = 4  # increments summed per round at the start of a segment
+    ROW_BYTES = E_PAD * COLS * 4  # one segment's increment
+    ZERO = np.float32(0.0)
+    ACC_INIT = np.float32(-0.0)  # see flash_mma: keeps accumulator arrays out of local memory
+    mma = ptx.mma_m16n8k8_tf32
+    float_bits = ptx.float_bits
+    bits_float = ptx.bits_float
+    ldmatrix = ptx.ldmatrix_x4
+    load1 = ptx.load1
+    load_at = ptx.load_f32_at
+    load_record = ptx.load_f32x4_1d
+    store_record = ptx.store_f32x4
+    store_pair_at = ptx.store_f32x2_at
+    shfl_xor = ptx.shfl_xor_f32
+    commit = ptx.cp_async_commit
+    wait_all = ptx.cp_async_wait_all
+    load_qk = tile_loader(NT, ROW_QK, E_PAD, C, np.float32, vector)
+    load_v = tile_loader(NT, ROW_V, COLS, C, np.float32, vector)
+
+    @device_function
+    def hi_lo(x):
+        """float32 -> tf32 bit patterns: SPLIT: ``hi`` = x truncated to tf32 and ``lo = x - hi`` (exact; the tensor
+        cores read its top 19 bits); else ``hi`` = x rounded to nearest tf32. Integer ops, not ``cvt.rna.tf32``:
+        ptxas expands that into ~5 instructions with inf / NaN checks, and it ran once per operand element."""
+        bits = float_bits(x)
+        if SPLIT:
+            hi = bits & uint32(0xFFFFE000)
+            return hi, float_bits(x - bits_float(hi))
+        return (bits + uint32(0x1000)) & uint32(0xFFFFE000), bits
+
+    @device_function
+    def word_hi_lo(word):  # the same from float32 bits
+        return hi_lo(bits_float(word))
+
+    @device_function
+    def small_terms(a0, a1, a2, a3, al0, al1, al2, al3, b0, b1, bl0, bl1, c0, c1, c2, c3):
+        """``C += a_lo b_hi + a_hi b_lo``, the small terms of 3xTF32. They go to accumulators of their own: with two
+        warps per scheduler the MMAs are latency bound, and one chain of three MMAs per k-step would triple it."""
+        c0, c1, c2, c3 = mma(al0, al1, al2, al3, b0, b1, c0, c1, c2, c3)
+        return mma(a0, a1, a2, a3, bl0, bl1, c0, c1, c2, c3)
+
+    @device_function
+    def publish(smem32, e8, t_row, col, x_low, x_high):
+        """Record (E rows ``8 e8 + t_row`` and ``+ 4`` of column ``col``) = (hi, hi, lo, lo)."""
+        hi_low, lo_low = hi_lo(x_low)
+        hi_high, lo_high = hi_lo(x_high)
+        store_record(smem32, R_OFF + ((e8 * 4 + t_row) * RS + col) * 4, bits_float(hi_low), bits_float(hi_high),
+                     bits_float(lo_low), bits_float(lo_high))
+
+    @device_function
+    def load_stage(q_head, k_head, v_head, smem32, base, tid, c0, seqlen, e_dim, col0, m_dim):
+        if HAS_Q:
+            load_qk(q_head, smem32, base + Q_OFF, tid, c0, seqlen, 0, e_dim)
+        load_qk(k_head, smem32, base + K_OFF, tid, c0, seqlen, 0, e_dim)
+        load_v(v_head, smem32, base + V_OFF, tid, c0, seqlen, col0, m_dim)
+        commit()
+
+    def kernel(q, k, v, out, increments, init, final, has_init, write_final, segment_chunks, state_segments, m_tiles):
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        bhm = cuda.blockIdx.x
+        seg = cuda.blockIdx.y
+        mt = bhm % m_tiles
+        bh = bhm // m_tiles
+        heads = k.shape[1]
+        b = bh // heads
+        h = bh % heads
+        e_dim = k.shape[3]
+        m_dim = v.shape[3]
+        seqlen = k.shape[2]
+        col0 = mt * COLS
+        row_begin = seg * segment_chunks * C
+        row_end = min(seqlen, row_begin + segment_chunks * C)
+        n_chunks = (row_end - row_begin + C - 1) // C
+        first_row = bhm * state_segments
+        q_head = q[b, h]
+        k_head = k[b, h]
+        v_head = v[b, h]
+        out_head = out[b, h]
+        out_base = b * out.strides[0] + h * out.strides[1] + (col0 + 2 * t) * out.strides[3]
+        smem = cuda.shared.array(0, uint16)  # ldmatrix's view: element 2 i is the low half of float i
+        smem32 = cuda.shared.array(0, float32)
+        s = cuda.local.array((S_BLOCKS, 4), float32)
+        s_small = cuda.local.array((S_BLOCKS, 4), float32)
+        o = cuda.local.array((O_BLOCKS, 4), float32)  # P V, then dH
+        o_small = cuda.local.array((O_BLOCKS, 4), float32)
+        oh = cuda.local.array((O_BLOCKS, 4), float32)  # Q H
+        oh_small = cuda.local.array((O_BLOCKS, 4), float32)
+        hm = cuda.local.array((E_PER_WARP, O_BLOCKS, 4), float32)
+        q_hi = cuda.local.array((K8_STEPS, 4), uint32)
+        q_lo = cuda.local.array((K8_STEPS, 4), uint32)
+        # ldmatrix rows (in floats): Q (A of S and of Q H): matrices (rows +0, cols +0), (+8, +0), (+0, +4), (+8, +4);
+        # K (B of two key blocks): (keys +0, cols +0), (+0, +4), (+8, +0), (+8, +4)
+        q_lane = (16 * warp + 8 * ((lane // 8) % 2) + lane % 8) * ROW_QK + 4 * (lane // 16)
+        k_lane = (8 * (lane // 16) + lane % 8) * ROW_QK + 4 * ((lane // 8) % 2)
+        pair_v = 2 * t * ROW_V + g  # V rows 2t, 2t + 1 of a key block, column g of an n8 block (P V and dH)
+        pair_k = 2 * t * ROW_QK + g  # K^T as A of dH: K rows 2t, 2t + 1, columns g and g + 8 of an E block
+
+        if n_chunks > 0:
+            load_stage(q_head, k_head, v_head, smem32, 0, tid, row_begin, seqlen, e_dim, col0, m_dim)
+
+        # ---- the state this block starts from (see linear_mma) ----------------------------------------------------
+        for i in range(E_PER_WARP):
+            e0 = 16 * (warp + i * WARPS) + g
+            for ob in range(O_BLOCKS):
+                for x in range(4):
+                    hm[i, ob, x] = ZERO
+                    e = e0 + 8 * (x // 2)
+                    c = col0 + 8 * ob + 2 * t + x % 2
+                    if HAS_Q and has_init and e < e_dim and c < m_dim:
+                        hm[i, ob, x] = init[b, h, e, c]
+        if HAS_Q:
+            # increments are a contiguous (rows, E_PAD, COLS) scratch: one byte offset per lane, constant steps
+            # (SUM_GROUP predecessors per round: their loads are independent, so their latencies overlap)
+            at = ((first_row * E_PAD + 16 * warp + g) * COLS + 2 * t) * 4
+            for first in range(0, seg, SUM_GROUP):
+                for i in range(E_PER_WARP):
+                    if 16 * (warp + i * WARPS) < E_PAD:
+                        for ob in range(O_BLOCKS):
+                            for x in range(4):
+                                cell = at + 4 * ((16 * WARPS * i + 8 * (x // 2)) * COLS + 8 * ob + x % 2)
+                                total = ZERO
+                                for r in range(SUM_GROUP):
+                                    if first + r < seg:
+                                        total += load_at(increments, cell + r * ROW_BYTES)
+                                hm[i, ob, x] += total
+                at += SUM_GROUP * ROW_BYTES
+
+        for step in range(-1 if HAS_Q else 0, n_chunks):
+            if step >= 0:
+                c0 = row_begin + step * C
+                base = (step % 2) * STAGE
+                wait_all()
+                cuda.syncthreads()
+                if step + 1 < n_chunks:
+                    load_stage(q_head, k_head, v_head, smem32, STAGE - base, tid, c0 + C, seqlen, e_dim, col0, m_dim)
+
+                if HAS_Q:
+                    # ---- S = Q K^T for key blocks up to this warp's diagonal ---------------------------------------
+                    for kk in range(K8_STEPS):
+                        w0, w1, w2, w3 = ldmatrix(smem, 2 * (base + Q_OFF + q_lane + 8 * kk))
+                        q_hi[kk, 0], q_lo[kk, 0] = word_hi_lo(w0)
+                        q_hi[kk, 1], q_lo[kk, 1] = word_hi_lo(w1)
+                        q_hi[kk, 2], q_lo[kk, 2] = word_hi_lo(w2)
+                        q_hi[kk, 3], q_lo[kk, 3] = word_hi_lo(w3)
+                    for nb in range(S_BLOCKS):
+                        for x in range(4):
+                            s[nb, x] = ACC_INIT
+                            s_small[nb, x] = ACC_INIT
+                    for kk in range(K8_STEPS):
+                        for j in range(KEY_PAIRS):
+                            if j <= warp:
+                                w0, w1, w2, w3 = ldmatrix(smem, 2 * (base + K_OFF + k_lane + 16 * j * ROW_QK + 8 * kk))
+                                b0, bl0 = word_hi_lo(w0)
+                                b1, bl1 = word_hi_lo(w1)
+                                b2, bl2 = word_hi_lo(w2)
+                                b3, bl3 = word_hi_lo(w3)
+                                for n in range(2):
+                                    nb = 2 * j + n
+                                    bh0, bh1, bs0, bs1 = (b0, b1, bl0, bl1) if n == 0 else (b2, b3, bl2, bl3)
+                                    if SPLIT:
+                                        s_small[nb, 0], s_small[nb, 1], s_small[nb, 2], s_small[nb, 3] = small_terms(
+                                            q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3],
+                                            q_lo[kk, 0], q_lo[kk, 1], q_lo[kk, 2], q_lo[kk, 3], bh0, bh1, bs0, bs1,
+                                            s_small[nb, 0], s_small[nb, 1], s_small[nb, 2], s_small[nb, 3])
+                                    s[nb, 0], s[nb, 1], s[nb, 2], s[nb, 3] = mma(
+                                        q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3], bh0, bh1,
+                                        s[nb, 0], s[nb, 1], s[nb, 2], s[nb, 3])
+                    for nb in range(S_BLOCKS):
+                        for x in range(4):
+                            if SPLIT:
+                                s[nb, x] += s_small[nb, x]
+                            if 8 * nb + 2 * t + x % 2 > 16 * warp + g + 8 * (x // 2):
+                                s[nb, x] = ZERO
+                    # ---- O = P V: n8 block nb of S is the A fragment (c0, c2, c1, c3) of key step nb ----------------
+                    for ob in range(O_BLOCKS):
+                        for x in range(4):
+                            o[ob, x] = ACC_INIT
+                            o_small[ob, x] = ACC_INIT
+                            oh[ob, x] = ACC_INIT
+                            oh_small[ob, x] = ACC_INIT
+                    for nb in range(S_BLOCKS):
+                        if nb // 2 <= warp:
+                            a0, al0 = hi_lo(s[nb, 0])
+                            a1, al1 = hi_lo(s[nb, 2])
+                            a2, al2 = hi_lo(s[nb, 1])
+                            a3, al3 = hi_lo(s[nb, 3])
+                            v_row = base + V_OFF + 8 * nb * ROW_V + pair_v
+                            for ob in range(O_BLOCKS):
+                                b0, bl0 = hi_lo(load1(smem32, v_row + 8 * ob))
+                                b1, bl1 = hi_lo(load1(smem32, v_row + ROW_V + 8 * ob))
+                                if SPLIT:
+                                    o_small[ob, 0], o_small[ob, 1], o_small[ob, 2], o_small[ob, 3] = small_terms(
+                                        a0, a1, a2, a3, al0, al1, al2, al3, b0, b1, bl0, bl1,
+                                        o_small[ob, 0], o_small[ob, 1], o_small[ob, 2], o_small[ob, 3])
+                                o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3] = mma(
+                                    a0, a1, a2, a3, b0, b1, o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3])
+                    # ---- O += Q H: records hold E rows (8 kk + t, + 4) of column 8 ob + g --------------------------
+                    for kk in range(K8_STEPS):
+                        for ob in range(O_BLOCKS):
+                            h0, h1, l0, l1 = load_record(smem32, R_OFF + ((kk * 4 + t) * RS + 8 * ob + g) * 4)
+                            if SPLIT:
+                                oh_small[ob, 0], oh_small[ob, 1], oh_small[ob, 2], oh_small[ob, 3] = small_terms(
+                                    q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3],
+                                    q_lo[kk, 0], q_lo[kk, 1], q_lo[kk, 2], q_lo[kk, 3],
+                                    float_bits(h0), float_bits(h1), float_bits(l0), float_bits(l1),
+                                    oh_small[ob, 0], oh_small[ob, 1], oh_small[ob, 2], oh_small[ob, 3])
+                            oh[ob, 0], oh[ob, 1], oh[ob, 2], oh[ob, 3] = mma(
+                                q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3], float_bits(h0), float_bits(h1),
+                                oh[ob, 0], oh[ob, 1], oh[ob, 2], oh[ob, 3])
+                    for ob in range(O_BLOCKS):
+                        for x in range(4):
+                            if SPLIT:
+                                o[ob, x] = (o_small[ob, x] + oh_small[ob, x]) + (o[ob, x] + oh[ob, x])
+                            else:
+                                o[ob, x] = o[ob, x] + oh[ob, x]
+                    # ---- output rows --------------------------------------------------------------------------------
+                    row_a = c0 + 16 * warp + g
+                    for half in range(2):
+                        row = row_a + 8 * half
+                        if row < seqlen:
+                            at = out_base + row * out.strides[2]
+                            for ob in range(O_BLOCKS):
+                                col = col0 + 8 * ob + 2 * t
+                                if col < m_dim:
+                                    if vector:
+                                        store_pair_at(out, at + 32 * ob, o[ob, 2 * half], o[ob, 2 * half + 1])
+                                    else:
+                                        out_head[row, col] = o[ob, 2 * half]
+                                        if col + 1 < m_dim:
+                                            out_head[row, col + 1] = o[ob, 2 * half + 1]
+                    cuda.syncthreads()  # every warp has read the records of H for this chunk
+
+                # ---- H += K_c^T V_c: A = K^T (rows 2t, 2t + 1 of a key step), B = V ----------------------------------
+                for i in range(E_PER_WARP):
+                    eb = warp + i * WARPS
+                    if eb < E_BLOCKS:
+                        for ob in range(O_BLOCKS):
+                            for x in range(4):
+                                o[ob, x] = ACC_INIT
+                                o_small[ob, x] = ACC_INIT
+                        for j in range(S_BLOCKS):
+                            k_row = base + K_OFF + 8 * j * ROW_QK + pair_k + 16 * eb
+                            a0, al0 = hi_lo(load1(smem32, k_row))
+                            a1, al1 = hi_lo(load1(smem32, k_row + 8))
+                            a2, al2 = hi_lo(load1(smem32, k_row + ROW_QK))
+                            a3, al3 = hi_lo(load1(smem32, k_row + ROW_QK + 8))
+                            v_row = base + V_OFF + 8 * j * ROW_V + pair_v
+                            for ob in range(O_BLOCKS):
+                                b0, bl0 = hi_lo(load1(smem32, v_row + 8 * ob))
+                                b1, bl1 = hi_lo(load1(smem32, v_row + ROW_V + 8 * ob))
+                                if SPLIT:
+                                    o_small[ob, 0], o_small[ob, 1], o_small[ob, 2], o_small[ob, 3] = small_terms(
+                                        a0, a1, a2, a3, al0, al1, al2, al3, b0, b1, bl0, bl1,
+                                        o_small[ob, 0], o_small[ob, 1], o_small[ob, 2], o_small[ob, 3])
+                                o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3] = mma(
+                                    a0, a1, a2, a3, b0, b1, o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3])
+                        for ob in range(O_BLOCKS):
+                            for x in range(4):
+                                hm[i, ob, x] += (o_small[ob, x] + o[ob, x]) if SPLIT else o[ob, x]
+
+            if HAS_Q and step + 1 < n_chunks:
+                # ---- publish H: lanes g < 4 and g + 4 swap one column, so that each holds E rows (e, e + 4) of one
+                # column (g < 4: column 2t, rows g, g + 4; g >= 4: column 2t + 1, rows g - 4, g) --------------------
+                upper = g // 4
+                for i in range(E_PER_WARP):
+                    eb = warp + i * WARPS
+                    if eb < E_BLOCKS:
+                        for ob in range(O_BLOCKS):
+                            send_a = hm[i, ob, 0] if upper else hm[i, ob, 1]
+                            send_b = hm[i, ob, 2] if upper else hm[i, ob, 3]
+                            got_a = shfl_xor(send_a, 16)
+                            got_b = shfl_xor(send_b, 16)
+                            col = 8 * ob + 2 * t + upper
+                            publish(smem32, 2 * eb, g % 4, col, got_a if upper else hm[i, ob, 0],
+                                    hm[i, ob, 1] if upper else got_a)
+                            publish(smem32, 2 * eb + 1, g % 4, col, got_b if upper else hm[i, ob, 2],
+                                    hm[i, ob, 3] if upper else got_b)
+
+        # ---- the segment's increment (STATES), or the final state (last CAUSAL segment) --------------------------
+        if not HAS_Q or (write_final and seg == cuda.gridDim.y - 1):
+            for i in range(E_PER_WARP):
+                e0 = 16 * (warp + i * WARPS) + g
+                if e0 < E_PAD:
+                    for ob in range(O_BLOCKS):
+                        for x in range(4):
+                            e = e0 + 8 * (x // 2)
+                            c = 8 * ob + 2 * t + x % 2
+                            if not HAS_Q:
+                                increments[first_row + seg, e, c] = hm[i, ob, x]
+                            elif e < e_dim and col0 + c < m_dim:
+                                final[b, h, e, col0 + c] = hm[i, ob, x]
+
+    return kernel

@@ -128,7 +128,8 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
     ``num_splits=None`` picks the count from the number of (batch, head) blocks and SMs so that the whole GPU
     streams the cache.
 
-    Args and returns as ``flash_forward``; ``q`` is typically ``(batch, heads, 1..16, headdim)``.
+    Args and returns as ``flash_forward`` (float16, float32, or bfloat16 torch tensors); ``q`` is typically
+    ``(batch, heads, 1..16, headdim)``.
     """
     if num_splits is not None and (
         isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits < 1
@@ -151,8 +152,9 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
     lse = call.output(shape.lse_shape(), "float32") if return_lse else None
     if not decode:
         backend = _flash_backend(backend, call.dtype, allow_tf32)
-    elif call.dtype == _arrays.BFLOAT16:
-        raise TypeError("q: flash_decode does not take bfloat16 yet (flash_forward does)")
+    elif call.dtype == _arrays.BFLOAT16 and not SIMULATOR and compute_capability() < (8, 0):
+        raise TypeError("q: bfloat16 decoding needs a GPU of compute capability >= 8.0 (its output is rounded by "
+                        "cvt.rn.bf16x2)")
     if shape.seqlen_q > 0 and shape.batch * shape.heads > 0:
         args = (
             lift(call.inputs["q"], 4),
@@ -168,13 +170,13 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
         if grouped is not None:
             q_rows, out_rows, lse_rows = grouped
             _flash_mma.launch_decode(q_rows, args[1], args[2], out_rows, lse_rows, args[5], sm_scale, num_splits,
-                                     call.stream, call.scratch, multiprocessor_count())
+                                     call.stream, call.scratch, multiprocessor_count(), dtype=call.dtype)
         elif decode:
             if num_splits is None:
                 num_splits = _decode.choose_num_splits(
                     shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_k, multiprocessor_count()
                 )
-            _decode.launch(*args, num_splits, call.stream, scratch=call.scratch)
+            _decode.launch(*args, num_splits, call.stream, scratch=call.scratch, dtype=call.dtype)
         elif backend == "mma" and call.dtype == "float32":
             _flash_tf32.launch(*args, call.stream, tf32_only=allow_tf32)
         elif backend == "mma":
@@ -193,7 +195,7 @@ _DECODE_MMA_MIN_GROUP = 2
 
 def _decode_on_tensor_cores(dtype: str, shape, args, causal: bool):
     """The regrouped ``(q, out, lse)`` views when ``flash_decode`` takes the tensor-core kernel, else None."""
-    if dtype != "float16" or shape.heads // shape.kv_heads < _DECODE_MMA_MIN_GROUP:
+    if dtype not in ("float16", "bfloat16") or shape.heads // shape.kv_heads < _DECODE_MMA_MIN_GROUP:
         return None
     if not (SIMULATOR or compute_capability() >= _flash_mma.MIN_COMPUTE_CAPABILITY):
         return None

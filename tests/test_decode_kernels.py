@@ -353,6 +353,10 @@ def test_decode_takes_tensor_cores_only_where_it_applies():
     assert not decides("float16", 8, 2, 3, True)  # the mask depends on the row's position
     assert not decides("float16", 8, 8, 1, False)  # MHA stays on the SIMT kernel
     assert not decides("float32", 8, 2, 1, False)
+    shape = attention_shape(*_qkv(np.random.default_rng(0), 1, 8, 2, 1, 40, 16, "float16"))
+    q16 = np.zeros((1, 8, 1, 16), np.uint16)
+    assert api._decode_on_tensor_cores("bfloat16", shape, (q16, None, None, q16.copy(),
+                                                           np.zeros((1, 8, 1), np.float32), True), True) is not None
     assert not decides("float16", 8, 2, 3, False, layout="blhd")  # rows of a group not contiguous: no regrouping
 
 
@@ -370,6 +374,67 @@ def test_flash_decode_tensor_core_path(heads, kv_heads, seqlen_q, seqlen_k, head
     out, lse = numba_attn.flash_decode(_dev(q), _dev(k), _dev(v), causal=causal, num_splits=num_splits,
                                        return_lse=True)
     _check_attention(to_host(out), to_host(lse), q, k, v, causal)
+
+
+# -- bfloat16 (uint16 bit views, the way torch's bfloat16 travels) -------------------------------------------------
+def _bf16_inputs(rng, *shape_args):
+    """bfloat16 bit views of q, k, v and their exact values (float64) for the reference."""
+    from numba_attn._kernels import ptx
+
+    arrays = _qkv(rng, *shape_args, "float32")
+    bits = [ptx.float32_to_bf16_bits(x) for x in arrays]
+    return bits, [ptx.bf16_bits_to_float32(x).astype(np.float64) for x in bits]
+
+
+def _bf16_values(bits):
+    from numba_attn._kernels import ptx
+
+    return ptx.bf16_bits_to_float32(to_host(bits)).astype(np.float64)
+
+
+BF16_NAN = 0x7FC0  # poison: unwritten output elements show as NaN
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("causal", [False, True])
+def test_decode_launch_bfloat16_bit_views(num_splits, causal):
+    """The SIMT split kernel (and the combine for several splits) on bfloat16 bits: inputs converted on load, the
+    output rounded to bfloat16 on store, every element written."""
+    rng = np.random.default_rng(20 + num_splits)
+    (q, k, v), values = _bf16_inputs(rng, 1, 4, 2, 2, 19, 6)
+    out = _dev(np.full(q.shape, BF16_NAN, np.uint16))
+    lse = _dev(np.full(q.shape[:3], np.nan, np.float32))
+    decode.launch(_dev(q), _dev(k), _dev(v), out, lse, True, 0.4, causal, num_splits, 0, dtype="bfloat16")
+    ref_out, ref_lse = reference.attention(*values, causal=causal, sm_scale=0.4, return_lse=True)
+    got = _bf16_values(out)
+    assert not np.isnan(got).any()
+    assert rel_error(got, ref_out) <= TOLERANCE["bfloat16"]
+    assert_close_lse(lse, ref_lse)
+
+
+def test_decode_tensor_core_path_bfloat16_bit_views():
+    """The GQA tensor-core split kernel and the combine on bfloat16 bits (several splits: the combine writes)."""
+    from numba_attn import api
+    from numba_attn._arrays import attention_shape
+    from numba_attn._kernels import flash_mma
+
+    if not numba_attn.SIMULATOR and api.compute_capability() < (8, 0):
+        pytest.skip("no tensor-core kernel below sm_80")
+    rng = np.random.default_rng(30)
+    (q, k, v), values = _bf16_inputs(rng, 1, 4, 1, 1, 45, 16)
+    out = _dev(np.full(q.shape, BF16_NAN, np.uint16))
+    lse = _dev(np.full(q.shape[:3], np.nan, np.float32))
+    args = (_dev(q), _dev(k), _dev(v), out, lse, True)
+    grouped = api._decode_on_tensor_cores("bfloat16", attention_shape(q, k, v), args, True)
+    assert grouped is not None
+    q_rows, out_rows, lse_rows = grouped
+    flash_mma.launch_decode(q_rows, args[1], args[2], out_rows, lse_rows, True, 0.25, 2, 0,
+                            lambda shape: decode._scratch(shape, 0), 1, dtype="bfloat16")
+    ref_out, ref_lse = reference.attention(*values, causal=True, sm_scale=0.25, return_lse=True)
+    got = _bf16_values(out)
+    assert not np.isnan(got).any()
+    assert rel_error(got, ref_out) <= TOLERANCE["bfloat16"]
+    assert_close_lse(lse, ref_lse)
 
 
 # -- GPU, realistic sizes ---------------------------------------------------------------------------------------------
@@ -429,6 +494,26 @@ def test_gpu_launch_writes_poisoned_output_strided(dtype, num_splits):
     )
     cuda.default_stream().synchronize()
     _check_attention(out.get(), lse.get(), q.get(), k.get(), v.get(), True, sm_scale=sm_scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,heads,kv_heads,head_dim,seqlen_k,seqlen_q,causal,num_splits", [
+    (2, 8, 8, 128, 16384, 1, False, None),  # MHA: the SIMT split kernel and the combine
+    (1, 4, 4, 64, 3001, 3, True, 1),  # one split: the split kernel writes bfloat16 itself
+    (2, 32, 4, 128, 16385, 1, True, None),  # GQA 8: the tensor-core split kernel
+    (1, 16, 2, 59, 5000, 1, False, 7),  # GQA, element copies (head dim 59)
+])
+def test_gpu_flash_decode_bfloat16_torch(batch, heads, kv_heads, head_dim, seqlen_k, seqlen_q, causal, num_splits):
+    import torch
+
+    rng = np.random.default_rng(13)
+    (q, k, v), values = _bf16_inputs(rng, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim)
+    tq, tk, tv = (torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16) for x in (q, k, v))
+    out, lse = numba_attn.flash_decode(tq, tk, tv, causal=causal, num_splits=num_splits, return_lse=True)
+    assert out.dtype == torch.bfloat16 and out.shape == tq.shape
+    ref_out, ref_lse = reference.attention(*values, causal=causal, return_lse=True)
+    assert rel_error(out.float().cpu().numpy(), ref_out) <= TOLERANCE["bfloat16"]
+    assert_close_lse(lse, ref_lse)
 
 
 @pytest.mark.gpu

@@ -49,6 +49,8 @@ from numba import float32, int64, uint64
 
 from .._device import SIMULATOR, cuda, kernel_jit
 from .._device import launch as device_launch
+from . import ptx
+from .staging import device_function
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -57,6 +59,24 @@ LN2 = 0.6931471805599453
 USE_SHUFFLES = not SIMULATOR
 _FULL_MASK = 0xFFFFFFFF
 _WARP = 32
+
+
+def _plain_value(x):
+    return float32(x)
+
+
+def _bf16_bits(x):  # float32 -> bfloat16 bits (round to nearest even), for uint16 views of bfloat16 outputs
+    return ptx.low_u16(ptx.pack_bf16x2(x, float32(0.0)))
+
+
+@lru_cache(maxsize=None)
+def converters(bf16_in: bool, bf16_out: bool):
+    """``(load, store)`` device functions: element of q / k / v -> float32, float32 -> element of the output.
+    bfloat16 travels as uint16 bit views (CuPy has no bfloat16), so its conversions are explicit; other dtypes
+    convert by assignment."""
+    load = ptx.bf16_to_float if bf16_in else device_function(_plain_value)
+    store = device_function(_bf16_bits) if bf16_out else device_function(_plain_value)
+    return load, store
 
 #: Splits that ``launch`` accepts at most (grid y is limited to 65535; more would only waste scratch memory).
 MAX_SPLITS = 1024
@@ -108,8 +128,11 @@ def min_blocks_per_sm(threads: int, rows: int) -> int:
 
 
 @lru_cache(maxsize=None)
-def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal: bool):
-    """Split kernel specialised on the key-group layout ``(lanes, cols)``, the rows per pass and causality."""
+def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal: bool, bf16: bool = False,
+                 bf16_out: bool = False):
+    """Split kernel specialised on the key-group layout ``(lanes, cols)``, the rows per pass, causality and
+    bfloat16 inputs (``bf16``: q, k, v are uint16 bit views) / output (``bf16_out``: o_dst is one)."""
+    to_float, to_output = converters(bf16, bf16_out)
     NT = config.threads
     G = lanes  # lanes per key group
     DPL = cols  # head-dim columns per lane
@@ -197,7 +220,7 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
                     c = lane_g + G * j
                     val = ZERO
                     if valid and c < head_dim:
-                        val = float32(q[b, hk * group + g, i, c]) * scale_log2
+                        val = to_float(q[b, hk * group + g, i, c]) * scale_log2
                     qreg[r, j] = val
                 i += 1
                 if i == seqlen_q:
@@ -219,8 +242,8 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
                     key = uint64(min(n0 + kk * NG + grp, n_stop - 1))
                     for j in range(DPL):
                         c = uint64(lane_g + G * j) if j < DPL - 1 else c_last
-                        kreg[kk, j] = float32(kb[key, c])
-                        vreg[kk, j] = float32(vb[key, c])
+                        kreg[kk, j] = to_float(kb[key, c])
+                        vreg[kk, j] = to_float(vb[key, c])
                 for r in range(R):
                     for kk in range(KPL):
                         dot = ZERO
@@ -334,7 +357,8 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
                         o += o_red[t, r, c]
                     # rows that see no key in this range give 0 (and lse -inf below), as in the reference; a NaN
                     # input makes l NaN and propagates
-                    o_dst[split, b, hk * group + rr // seqlen_q, rr % seqlen_q, c] = o / l if l != ZERO else ZERO
+                    o_dst[split, b, hk * group + rr // seqlen_q, rr % seqlen_q, c] = to_output(
+                        o / l if l != ZERO else ZERO)
             if write_lse and tid < R:
                 rr = r0 + tid
                 if rr < total_rows:
@@ -353,8 +377,9 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
 
 
 @lru_cache(maxsize=None)
-def combine_kernel(config: DecodeConfig, cols: int):
-    """Combine kernel specialised on the head-dim columns per thread ``cols``."""
+def combine_kernel(config: DecodeConfig, cols: int, bf16_out: bool = False):
+    """Combine kernel specialised on the head-dim columns per thread ``cols`` and a bfloat16 (uint16 view) out."""
+    _, to_output = converters(False, bf16_out)
     CX = config.combine_threads_x
     CY = config.combine_rows
     CJ = cols
@@ -401,7 +426,7 @@ def combine_kernel(config: DecodeConfig, cols: int):
         for j in range(CJ):
             c = tx + CX * j
             if c < head_dim:
-                out[b, h, i, c] = acc[j]
+                out[b, h, i, c] = to_output(acc[j])
         if write_lse and tx == 0:
             lse[b, h, i] = total
 
@@ -437,10 +462,11 @@ def clamp_num_splits(num_splits: int, seqlen_k: int) -> int:
 
 
 def launch_split(q, k, v, o_dst, lse_dst, write_lse: bool, sm_scale: float, causal: bool, stream,
-                 config: DecodeConfig | None = None):
+                 config: DecodeConfig | None = None, bf16: bool = False):
     """The split kernel alone: ``o_dst (num_splits, batch, heads, seqlen_q, d)``, ``lse_dst (num_splits, ...)``.
 
-    ``num_splits`` is ``o_dst.shape[0]`` and is NOT clamped here (empty splits give 0 and ``-inf``)."""
+    ``num_splits`` is ``o_dst.shape[0]`` and is NOT clamped here (empty splits give 0 and ``-inf``). ``bf16``: q, k,
+    v are uint16 views of bfloat16 data; o_dst is then float32 parts or a uint16 view of the bfloat16 output."""
     config = config or default_config()
     if not SIMULATOR and config.threads % _WARP:
         raise ValueError(f"config.threads: must be a multiple of {_WARP} on a GPU, got {config.threads}")
@@ -456,7 +482,8 @@ def launch_split(q, k, v, o_dst, lse_dst, write_lse: bool, sm_scale: float, caus
     while rows < min(config.rows, (heads // kv_heads) * seqlen_q):
         rows *= 2
     rows = min(rows, config.rows)
-    kernel = split_kernel(config, lanes, cols, rows, bool(causal))
+    bf16_out = bool(bf16) and np.dtype(o_dst.dtype) == np.uint16
+    kernel = split_kernel(config, lanes, cols, rows, bool(causal), bool(bf16), bf16_out)
     grid = (batch * kv_heads, num_splits)
     args = (q, k, v, o_dst, lse_dst)
     device_launch(kernel, grid, config.threads, stream, 0,
@@ -464,31 +491,34 @@ def launch_split(q, k, v, o_dst, lse_dst, write_lse: bool, sm_scale: float, caus
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, num_splits: int, stream,
-           config: DecodeConfig | None = None, scratch=None):
+           config: DecodeConfig | None = None, scratch=None, dtype: str | None = None):
     """Split-KV attention on device views: q (batch, heads, seqlen_q, d), k/v (batch, kv_heads, seqlen_k, d).
 
     One split writes ``out`` (and ``lse``) directly; several go through float32 scratch parts and the combine.
-    ``scratch(shape)`` allocates them (default: Numba's allocator on ``stream``).
+    ``scratch(shape)`` allocates them (default: Numba's allocator on ``stream``). ``dtype="bfloat16"``: q, k, v and
+    out are uint16 views of bfloat16 data.
     """
+    bf16 = dtype == "bfloat16"
     scratch = scratch or (lambda shape: _scratch(shape, stream))
     batch, heads, seqlen_q, head_dim = q.shape
     num_splits = clamp_num_splits(num_splits, k.shape[2])
     if num_splits == 1:
-        launch_split(q, k, v, _unit_axis(out), _unit_axis(lse), write_lse, sm_scale, causal, stream, config)
+        launch_split(q, k, v, _unit_axis(out), _unit_axis(lse), write_lse, sm_scale, causal, stream, config, bf16)
         return
     o_parts = scratch((num_splits, batch, heads, seqlen_q, head_dim))
     lse_parts = scratch((num_splits, batch, heads, seqlen_q))
-    launch_split(q, k, v, o_parts, lse_parts, True, sm_scale, causal, stream, config)
-    _launch_combine(o_parts, lse_parts, out, lse, write_lse, stream, config)
+    launch_split(q, k, v, o_parts, lse_parts, True, sm_scale, causal, stream, config, bf16)
+    _launch_combine(o_parts, lse_parts, out, lse, write_lse, stream, config, bf16)
 
 
-def _launch_combine(o_parts, lse_parts, out, lse, write_lse: bool, stream, config: DecodeConfig | None = None):
+def _launch_combine(o_parts, lse_parts, out, lse, write_lse: bool, stream, config: DecodeConfig | None = None,
+                    bf16_out: bool = False):
     config = config or default_config()
     _, batch, heads, seqlen_q, head_dim = o_parts.shape
     rows = batch * heads * seqlen_q
     if rows == 0 or head_dim == 0:
         return
-    kernel = combine_kernel(config, -(-head_dim // config.combine_threads_x))
+    kernel = combine_kernel(config, -(-head_dim // config.combine_threads_x), bool(bf16_out))
     grid = -(-rows // config.combine_rows)
     block = (config.combine_threads_x, config.combine_rows)
     device_launch(kernel, grid, block, stream, 0, *(_kernel_arg(x) for x in (o_parts, lse_parts, out, lse)),

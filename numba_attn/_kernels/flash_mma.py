@@ -542,4 +542,5 @@ def launch_decode(q_rows, k, v, out_rows, lse_rows, write_lse: bool, sm_scale: f
     o_parts = scratch((num_splits, batch, kv_heads, rows, head_dim))
     lse_parts = scratch((num_splits, batch, kv_heads, rows))
     launch_split(q_rows, k, v, o_parts, lse_parts, sm_scale, False, stream, config, dtype)
-    _decode._launch_combine(o_parts, lse_parts, out_rows, lse_rows, write_lse, stream)
+    _decode._launch_combine(o_parts, lse_parts, out_rows, lse_rows, write_lse, stream,
+                            bf16_out=np.dtype(out_rows.dtype) == np.uint16)

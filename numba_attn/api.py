@@ -18,7 +18,7 @@ import numbers
 
 import numpy as np
 
-from . import _arrays
+from . import _arrays, _autotune
 from ._arrays import attention_shape, lift, prepare
 from ._device import SIMULATOR, compute_capability, multiprocessor_count
 from ._kernels import decode as _decode
@@ -180,12 +180,37 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
         elif backend == "mma" and call.dtype == "float32":
             _flash_tf32.launch(*args, call.stream, tf32_only=allow_tf32)
         elif backend == "mma":
-            _flash_mma.launch(*args, call.stream, dtype=call.dtype)
+            config = _tuned_flash_mma_config(args, call, shape, causal)
+            _flash_mma.launch(*args, call.stream, config=config, dtype=call.dtype)
         else:
             _flash_simt.launch(*args, call.stream)
     if return_lse:
         return call.result(out), call.result(lse)
     return call.result(out)
+
+
+#: tile configurations of the float16 / bfloat16 tensor-core kernel, chosen per key by timing (``_autotune``)
+FLASH_MMA_TUNER = _autotune.Autotuner("flash_mma", _flash_mma.TUNING_CANDIDATES, _flash_mma.DEFAULT_CONFIG)
+
+
+def _tuned_flash_mma_config(args, call, shape, causal: bool):
+    """The autotuner's configuration for this call (None: tuning off, the kernel's default). A new key times every
+    candidate on these inputs, writing into a scratch output."""
+    if not _autotune.enabled():
+        return None
+    key = (
+        "sm%d%d" % compute_capability(), multiprocessor_count(), call.dtype, _flash_mma.padded_head_dim(shape.head_dim),
+        bool(causal), _autotune.size_class(shape.batch * shape.heads * shape.seqlen_q),
+        _autotune.size_class(shape.seqlen_k),
+    )
+
+    def bench(config):
+        scratch_out = lift(call.scratch(shape.out_shape(), call.dtype), 4)
+        bench_args = args[:3] + (scratch_out, _lse_placeholder(call), False) + args[6:]
+        return _autotune.time_on_stream(
+            lambda: _flash_mma.launch(*bench_args, call.stream, config=config, dtype=call.dtype), call.stream)
+
+    return FLASH_MMA_TUNER.choose(key, bench)
 
 
 #: ``flash_decode`` takes the tensor-core split kernel (``flash_mma.launch_decode``) for GQA groups of at least this

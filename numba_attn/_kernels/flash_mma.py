@@ -106,6 +106,10 @@ class MmaConfig:
 DEFAULT_CONFIG = MmaConfig()
 #: tiles for the CUDA simulator, where every thread is a Python thread: one warp, 16-key tiles, two passes above 32
 SIMULATOR_CONFIG = MmaConfig(warps=1, m_tiles=1, block_n=16, block_n_wide=16, max_single_pass_dim=32)
+#: what ``flash_forward``'s autotuner (``numba_attn._autotune``) times per (device, dtype, head dim, causal, size
+#: class): the default, 8 warps x 1 m-tile (same 128 rows, half the registers per warp for the accumulators), and
+#: 64-row blocks (twice the blocks: fills the GPU when batch * heads * seqlen_q is small)
+TUNING_CANDIDATES = (DEFAULT_CONFIG, MmaConfig(warps=8, m_tiles=1), MmaConfig(warps=4, m_tiles=1))
 #: mma.sync.m16n8k16 with f16 / bf16 operands and cvt.rn.bf16x2 need sm_80 or newer
 MIN_COMPUTE_CAPABILITY = (8, 0)
 

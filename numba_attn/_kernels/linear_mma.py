@@ -49,6 +49,7 @@ from .._device import SIMULATOR, cuda, multiprocessor_count, resident_blocks
 from .._device import launch as device_launch
 from . import linear_chunked as chunked
 from . import linear_mma_f32 as f32
+from .linear_state import state_functions
 from . import ptx
 from .linear_chunked import ChunkConfig
 from .staging import device_function, tile_loader
@@ -160,6 +161,16 @@ def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
     wait_all = ptx.cp_async_wait_all
     load_qk = tile_loader(NT, ROW_QK, E_PAD, C, np.uint16, vector)
     load_v = tile_loader(NT, ROW_V, COLS, C, np.uint16, vector)
+    position, start_state, end_state = state_functions(WARPS, E_PAD, COLS, C, HAS_Q)
+
+    @device_function
+    def mma_pair(acc, n, a0, a1, a2, a3, b0, b1, b2, b3):
+        """``acc[n] += A (b0, b1)`` and ``acc[n + 1] += A (b2, b3)``: one A fragment against the two n8 blocks that
+        one ``ldmatrix_x4`` delivers."""
+        acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma(a0, a1, a2, a3, b0, b1,
+                                                         acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
+        acc[n + 1, 0], acc[n + 1, 1], acc[n + 1, 2], acc[n + 1, 3] = mma(
+            a0, a1, a2, a3, b2, b3, acc[n + 1, 0], acc[n + 1, 1], acc[n + 1, 2], acc[n + 1, 3])
 
     @device_function
     def high_word(word):  # the float value of a word's upper 16-bit element
@@ -188,21 +199,12 @@ def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        bhm = cuda.blockIdx.x
         seg = cuda.blockIdx.y
-        mt = bhm % m_tiles
-        bh = bhm // m_tiles
-        heads = k.shape[1]
-        b = bh // heads
-        h = bh % heads
+        b, h, col0, row_begin, n_chunks, first_row = position(cuda.blockIdx.x, seg, k, segment_chunks, state_segments,
+                                                              m_tiles)
         e_dim = k.shape[3]
         m_dim = v.shape[3]
         seqlen = k.shape[2]
-        col0 = mt * COLS
-        row_begin = seg * segment_chunks * C
-        row_end = min(seqlen, row_begin + segment_chunks * C)
-        n_chunks = (row_end - row_begin + C - 1) // C  # <= 0: nothing to walk
-        first_row = bhm * state_segments  # this (head, M tile)'s rows of increments
         q_head = q[b, h]
         k_head = k[b, h]
         v_head = v[b, h]
@@ -224,25 +226,7 @@ def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
         if n_chunks > 0:
             load_stage(q_head, k_head, v_head, smem, 0, tid, row_begin, seqlen, e_dim, col0, m_dim)
 
-        # ---- the state this block starts from: the initial state plus the increments of the segments before it
-        # (STATES: zero, it sums its own segment) ------------------------------------------------------------------
-        for i in range(E_PER_WARP):
-            e0 = 16 * (warp + i * WARPS) + g
-            for ob in range(O_BLOCKS):
-                for x in range(4):
-                    hm[i, ob, x] = ZERO
-                    e = e0 + 8 * (x // 2)
-                    c = col0 + 8 * ob + 2 * t + x % 2
-                    if HAS_Q and has_init and e < e_dim and c < m_dim:
-                        hm[i, ob, x] = init[b, h, e, c]
-        if HAS_Q:
-            for before in range(seg):
-                for i in range(E_PER_WARP):
-                    e0 = 16 * (warp + i * WARPS) + g
-                    if e0 < E_PAD:
-                        for ob in range(O_BLOCKS):
-                            for x in range(4):
-                                hm[i, ob, x] += increments[first_row + before, e0 + 8 * (x // 2), 8 * ob + 2 * t + x % 2]
+        start_state(hm, init, increments, has_init, b, h, e_dim, m_dim, col0, first_row, seg, warp, g, t)
 
         for step in range(-1 if HAS_Q else 0, n_chunks):
             if step >= 0:
@@ -266,12 +250,8 @@ def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
                         for j in range(KEY_STEPS):
                             if j <= warp:
                                 b0, b1, b2, b3 = ldmatrix(smem, base + K_OFF + k_lane + 16 * j * ROW_QK + 16 * kk)
-                                s[2 * j, 0], s[2 * j, 1], s[2 * j, 2], s[2 * j, 3] = mma(
-                                    q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b0, b1,
-                                    s[2 * j, 0], s[2 * j, 1], s[2 * j, 2], s[2 * j, 3])
-                                s[2 * j + 1, 0], s[2 * j + 1, 1], s[2 * j + 1, 2], s[2 * j + 1, 3] = mma(
-                                    q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b2, b3,
-                                    s[2 * j + 1, 0], s[2 * j + 1, 1], s[2 * j + 1, 2], s[2 * j + 1, 3])
+                                mma_pair(s, 2 * j, q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3],
+                                         b0, b1, b2, b3)
                     # keys after the row drop out (blocks past the diagonal pair hold zeros already)
                     for nb in range(S_BLOCKS):
                         for x in range(4):
@@ -313,11 +293,7 @@ def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
                             a3 = pack(s[2 * j + 1, 2], s[2 * j + 1, 3])
                             for p in range(O_PAIRS):
                                 b0, b1, b2, b3 = ldmatrix_trans(smem, base + V_OFF + v_lane + 16 * j * ROW_V + 16 * p)
-                                o[2 * p, 0], o[2 * p, 1], o[2 * p, 2], o[2 * p, 3] = mma(
-                                    a0, a1, a2, a3, b0, b1, o[2 * p, 0], o[2 * p, 1], o[2 * p, 2], o[2 * p, 3])
-                                o[2 * p + 1, 0], o[2 * p + 1, 1], o[2 * p + 1, 2], o[2 * p + 1, 3] = mma(
-                                    a0, a1, a2, a3, b2, b3,
-                                    o[2 * p + 1, 0], o[2 * p + 1, 1], o[2 * p + 1, 2], o[2 * p + 1, 3])
+                                mma_pair(o, 2 * p, a0, a1, a2, a3, b0, b1, b2, b3)
                     if up != float32(1.0):
                         for ob in range(O_BLOCKS):
                             for x in range(4):
@@ -366,11 +342,7 @@ def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
                             a0, a1, a2, a3 = ldmatrix_trans(smem, base + K_OFF + k_lane + 16 * j * ROW_QK + 16 * eb)
                             for p in range(O_PAIRS):
                                 b0, b1, b2, b3 = ldmatrix_trans(smem, base + V_OFF + v_lane + 16 * j * ROW_V + 16 * p)
-                                o[2 * p, 0], o[2 * p, 1], o[2 * p, 2], o[2 * p, 3] = mma(
-                                    a0, a1, a2, a3, b0, b1, o[2 * p, 0], o[2 * p, 1], o[2 * p, 2], o[2 * p, 3])
-                                o[2 * p + 1, 0], o[2 * p + 1, 1], o[2 * p + 1, 2], o[2 * p + 1, 3] = mma(
-                                    a0, a1, a2, a3, b2, b3,
-                                    o[2 * p + 1, 0], o[2 * p + 1, 1], o[2 * p + 1, 2], o[2 * p + 1, 3])
+                                mma_pair(o, 2 * p, a0, a1, a2, a3, b0, b1, b2, b3)
                         for ob in range(O_BLOCKS):
                             for x in range(4):
                                 hm[i, ob, x] += o[ob, x]
@@ -393,19 +365,8 @@ def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
                             publish(smem32, 2 * eb + 1, g // 2, col, got_b if odd else hm[i, ob, 2],
                                     hm[i, ob, 3] if odd else got_b)
 
-        # ---- the segment's increment (STATES), or the final state (last CAUSAL segment) --------------------------
-        if not HAS_Q or (write_final and seg == cuda.gridDim.y - 1):
-            for i in range(E_PER_WARP):
-                e0 = 16 * (warp + i * WARPS) + g
-                if e0 < E_PAD:
-                    for ob in range(O_BLOCKS):
-                        for x in range(4):
-                            e = e0 + 8 * (x // 2)
-                            c = 8 * ob + 2 * t + x % 2
-                            if not HAS_Q:
-                                increments[first_row + seg, e, c] = hm[i, ob, x]
-                            elif e < e_dim and col0 + c < m_dim:
-                                final[b, h, e, col0 + c] = hm[i, ob, x]
+        end_state(hm, increments, final, write_final, seg == cuda.gridDim.y - 1, b, h, e_dim, m_dim, col0, first_row,
+                  seg, warp, g, t)
 
     return kernel
 

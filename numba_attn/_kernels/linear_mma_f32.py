@@ -27,6 +27,7 @@ from numba import float32, uint16, uint32
 
 from .._device import cuda
 from . import ptx
+from .linear_state import state_functions
 from .staging import device_function, tile_loader
 
 CAUSAL, STATES = 0, 1
@@ -90,8 +91,6 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
     O_BLOCKS = COLS // 8
     KEY_PAIRS = C // 16
     SPLIT = terms == 3
-    SUM_GROUP = 4  # increments summed per round at the start of a segment
-    ROW_BYTES = E_PAD * COLS * 4  # one segment's increment
     ZERO = np.float32(0.0)
     ACC_INIT = np.float32(-0.0)  # see flash_mma: keeps accumulator arrays out of local memory
     mma = ptx.mma_m16n8k8_tf32
@@ -99,7 +98,6 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
     bits_float = ptx.bits_float
     ldmatrix = ptx.ldmatrix_x4
     load1 = ptx.load1
-    load_at = ptx.load_f32_at
     load_record = ptx.load_f32x4_1d
     store_record = ptx.store_f32x4
     store_pair_at = ptx.store_f32x2_at
@@ -108,6 +106,7 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
     wait_all = ptx.cp_async_wait_all
     load_qk = tile_loader(NT, ROW_QK, E_PAD, C, np.float32, vector)
     load_v = tile_loader(NT, ROW_V, COLS, C, np.float32, vector)
+    position, start_state, end_state = state_functions(WARPS, E_PAD, COLS, C, HAS_Q)
 
     @device_function
     def hi_lo(x):
@@ -132,6 +131,16 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
         return mma(a0, a1, a2, a3, bl0, bl1, c0, c1, c2, c3)
 
     @device_function
+    def accumulate(acc, acc_small, n, a0, a1, a2, a3, al0, al1, al2, al3, b0, b1, bl0, bl1):
+        """n8 block ``n``: ``acc[n] += a_hi b_hi`` and, with SPLIT, ``acc_small[n] += `` the small terms."""
+        if SPLIT:
+            acc_small[n, 0], acc_small[n, 1], acc_small[n, 2], acc_small[n, 3] = small_terms(
+                a0, a1, a2, a3, al0, al1, al2, al3, b0, b1, bl0, bl1,
+                acc_small[n, 0], acc_small[n, 1], acc_small[n, 2], acc_small[n, 3])
+        acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma(a0, a1, a2, a3, b0, b1,
+                                                         acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
+
+    @device_function
     def publish(smem32, e8, t_row, col, x_low, x_high):
         """Record (E rows ``8 e8 + t_row`` and ``+ 4`` of column ``col``) = (hi, hi, lo, lo)."""
         hi_low, lo_low = hi_lo(x_low)
@@ -153,21 +162,12 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        bhm = cuda.blockIdx.x
         seg = cuda.blockIdx.y
-        mt = bhm % m_tiles
-        bh = bhm // m_tiles
-        heads = k.shape[1]
-        b = bh // heads
-        h = bh % heads
+        b, h, col0, row_begin, n_chunks, first_row = position(cuda.blockIdx.x, seg, k, segment_chunks, state_segments,
+                                                              m_tiles)
         e_dim = k.shape[3]
         m_dim = v.shape[3]
         seqlen = k.shape[2]
-        col0 = mt * COLS
-        row_begin = seg * segment_chunks * C
-        row_end = min(seqlen, row_begin + segment_chunks * C)
-        n_chunks = (row_end - row_begin + C - 1) // C
-        first_row = bhm * state_segments
         q_head = q[b, h]
         k_head = k[b, h]
         v_head = v[b, h]
@@ -194,32 +194,7 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
         if n_chunks > 0:
             load_stage(q_head, k_head, v_head, smem32, 0, tid, row_begin, seqlen, e_dim, col0, m_dim)
 
-        # ---- the state this block starts from (see linear_mma) ----------------------------------------------------
-        for i in range(E_PER_WARP):
-            e0 = 16 * (warp + i * WARPS) + g
-            for ob in range(O_BLOCKS):
-                for x in range(4):
-                    hm[i, ob, x] = ZERO
-                    e = e0 + 8 * (x // 2)
-                    c = col0 + 8 * ob + 2 * t + x % 2
-                    if HAS_Q and has_init and e < e_dim and c < m_dim:
-                        hm[i, ob, x] = init[b, h, e, c]
-        if HAS_Q:
-            # increments are a contiguous (rows, E_PAD, COLS) scratch: one byte offset per lane, constant steps
-            # (SUM_GROUP predecessors per round: their loads are independent, so their latencies overlap)
-            at = ((first_row * E_PAD + 16 * warp + g) * COLS + 2 * t) * 4
-            for first in range(0, seg, SUM_GROUP):
-                for i in range(E_PER_WARP):
-                    if 16 * (warp + i * WARPS) < E_PAD:
-                        for ob in range(O_BLOCKS):
-                            for x in range(4):
-                                cell = at + 4 * ((16 * WARPS * i + 8 * (x // 2)) * COLS + 8 * ob + x % 2)
-                                total = ZERO
-                                for r in range(SUM_GROUP):
-                                    if first + r < seg:
-                                        total += load_at(increments, cell + r * ROW_BYTES)
-                                hm[i, ob, x] += total
-                at += SUM_GROUP * ROW_BYTES
+        start_state(hm, init, increments, has_init, b, h, e_dim, m_dim, col0, first_row, seg, warp, g, t)
 
         for step in range(-1 if HAS_Q else 0, n_chunks):
             if step >= 0:
@@ -250,17 +225,10 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
                                 b1, bl1 = word_hi_lo(w1)
                                 b2, bl2 = word_hi_lo(w2)
                                 b3, bl3 = word_hi_lo(w3)
-                                for n in range(2):
-                                    nb = 2 * j + n
-                                    bh0, bh1, bs0, bs1 = (b0, b1, bl0, bl1) if n == 0 else (b2, b3, bl2, bl3)
-                                    if SPLIT:
-                                        s_small[nb, 0], s_small[nb, 1], s_small[nb, 2], s_small[nb, 3] = small_terms(
-                                            q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3],
-                                            q_lo[kk, 0], q_lo[kk, 1], q_lo[kk, 2], q_lo[kk, 3], bh0, bh1, bs0, bs1,
-                                            s_small[nb, 0], s_small[nb, 1], s_small[nb, 2], s_small[nb, 3])
-                                    s[nb, 0], s[nb, 1], s[nb, 2], s[nb, 3] = mma(
-                                        q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3], bh0, bh1,
-                                        s[nb, 0], s[nb, 1], s[nb, 2], s[nb, 3])
+                                accumulate(s, s_small, 2 * j, q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3],
+                                           q_lo[kk, 0], q_lo[kk, 1], q_lo[kk, 2], q_lo[kk, 3], b0, b1, bl0, bl1)
+                                accumulate(s, s_small, 2 * j + 1, q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3],
+                                           q_lo[kk, 0], q_lo[kk, 1], q_lo[kk, 2], q_lo[kk, 3], b2, b3, bl2, bl3)
                     for nb in range(S_BLOCKS):
                         for x in range(4):
                             if SPLIT:
@@ -284,25 +252,14 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
                             for ob in range(O_BLOCKS):
                                 b0, bl0 = hi_lo(load1(smem32, v_row + 8 * ob))
                                 b1, bl1 = hi_lo(load1(smem32, v_row + ROW_V + 8 * ob))
-                                if SPLIT:
-                                    o_small[ob, 0], o_small[ob, 1], o_small[ob, 2], o_small[ob, 3] = small_terms(
-                                        a0, a1, a2, a3, al0, al1, al2, al3, b0, b1, bl0, bl1,
-                                        o_small[ob, 0], o_small[ob, 1], o_small[ob, 2], o_small[ob, 3])
-                                o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3] = mma(
-                                    a0, a1, a2, a3, b0, b1, o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3])
+                                accumulate(o, o_small, ob, a0, a1, a2, a3, al0, al1, al2, al3, b0, b1, bl0, bl1)
                     # ---- O += Q H: records hold E rows (8 kk + t, + 4) of column 8 ob + g --------------------------
                     for kk in range(K8_STEPS):
                         for ob in range(O_BLOCKS):
                             h0, h1, l0, l1 = load_record(smem32, R_OFF + ((kk * 4 + t) * RS + 8 * ob + g) * 4)
-                            if SPLIT:
-                                oh_small[ob, 0], oh_small[ob, 1], oh_small[ob, 2], oh_small[ob, 3] = small_terms(
-                                    q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3],
-                                    q_lo[kk, 0], q_lo[kk, 1], q_lo[kk, 2], q_lo[kk, 3],
-                                    float_bits(h0), float_bits(h1), float_bits(l0), float_bits(l1),
-                                    oh_small[ob, 0], oh_small[ob, 1], oh_small[ob, 2], oh_small[ob, 3])
-                            oh[ob, 0], oh[ob, 1], oh[ob, 2], oh[ob, 3] = mma(
-                                q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3], float_bits(h0), float_bits(h1),
-                                oh[ob, 0], oh[ob, 1], oh[ob, 2], oh[ob, 3])
+                            accumulate(oh, oh_small, ob, q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3],
+                                       q_lo[kk, 0], q_lo[kk, 1], q_lo[kk, 2], q_lo[kk, 3],
+                                       float_bits(h0), float_bits(h1), float_bits(l0), float_bits(l1))
                     for ob in range(O_BLOCKS):
                         for x in range(4):
                             if SPLIT:
@@ -344,12 +301,7 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
                             for ob in range(O_BLOCKS):
                                 b0, bl0 = hi_lo(load1(smem32, v_row + 8 * ob))
                                 b1, bl1 = hi_lo(load1(smem32, v_row + ROW_V + 8 * ob))
-                                if SPLIT:
-                                    o_small[ob, 0], o_small[ob, 1], o_small[ob, 2], o_small[ob, 3] = small_terms(
-                                        a0, a1, a2, a3, al0, al1, al2, al3, b0, b1, bl0, bl1,
-                                        o_small[ob, 0], o_small[ob, 1], o_small[ob, 2], o_small[ob, 3])
-                                o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3] = mma(
-                                    a0, a1, a2, a3, b0, b1, o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3])
+                                accumulate(o, o_small, ob, a0, a1, a2, a3, al0, al1, al2, al3, b0, b1, bl0, bl1)
                         for ob in range(O_BLOCKS):
                             for x in range(4):
                                 hm[i, ob, x] += (o_small[ob, x] + o[ob, x]) if SPLIT else o[ob, x]
@@ -372,18 +324,7 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
                             publish(smem32, 2 * eb + 1, g % 4, col, got_b if upper else hm[i, ob, 2],
                                     hm[i, ob, 3] if upper else got_b)
 
-        # ---- the segment's increment (STATES), or the final state (last CAUSAL segment) --------------------------
-        if not HAS_Q or (write_final and seg == cuda.gridDim.y - 1):
-            for i in range(E_PER_WARP):
-                e0 = 16 * (warp + i * WARPS) + g
-                if e0 < E_PAD:
-                    for ob in range(O_BLOCKS):
-                        for x in range(4):
-                            e = e0 + 8 * (x // 2)
-                            c = 8 * ob + 2 * t + x % 2
-                            if not HAS_Q:
-                                increments[first_row + seg, e, c] = hm[i, ob, x]
-                            elif e < e_dim and col0 + c < m_dim:
-                                final[b, h, e, col0 + c] = hm[i, ob, x]
+        end_state(hm, increments, final, write_final, seg == cuda.gridDim.y - 1, b, h, e_dim, m_dim, col0, first_row,
+                  seg, warp, g, t)
 
     return kernel

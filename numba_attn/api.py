@@ -25,6 +25,7 @@ from ._kernels import decode as _decode
 from ._kernels import flash_mma as _flash_mma
 from ._kernels import flash_simt as _flash_simt
 from ._kernels import flash_tf32 as _flash_tf32
+from ._kernels import flash_wgmma as _flash_wgmma
 from ._kernels import linear_chunked as _chunked
 from ._kernels import linear_recurrent as _linear
 
@@ -60,16 +61,26 @@ def _device_array_float32(shape):
     return cuda.device_array(shape, dtype="float32")
 
 
-#: Kernels behind ``flash_forward``: "mma" (tensor cores on sm_80+: float16 / bfloat16 with m16n8k16, float32 with
-#: tf32 m16n8k8 -- 3xTF32, float32 accuracy, or one tf32 term with ``allow_tf32=True``) and "simt" (CUDA cores,
-#: float16 / float32, any GPU). ``backend=None`` picks "mma" wherever it applies: on an H100 (2026-11-22,
-#: docs/benchmarks.md) the pipelined 3xTF32 kernel ran float32 at 43-56 TFLOP/s, 1.0-1.6x torch SDPA's float32 path
-#: and 2.3-2.8x the SIMT kernel, with errors of 3e-7 .. 1.4e-6. Under the simulator float32 takes "simt", which
-#: needs no MMA emulation (much faster there); ``allow_tf32=True`` still picks "mma".
-BACKENDS = ("simt", "mma")
+#: Kernels behind ``flash_forward``: "wgmma" (Hopper's warpgroup MMAs, sm_90: float16 / bfloat16, padded head dims
+#: up to 128, rows that copy in aligned 16-byte pieces), "mma" (tensor cores on sm_80+: float16 / bfloat16 with
+#: m16n8k16 -- any head dim up to 256, any strides --, float32 with tf32 m16n8k8 -- 3xTF32, float32 accuracy, or one
+#: tf32 term with ``allow_tf32=True``) and "simt" (CUDA cores, float16 / float32, any GPU). ``backend=None`` picks
+#: "wgmma" where it applies (H100, 2026-11-22, docs/benchmarks.md: 1.02-1.17x the speed of torch SDPA's
+#: FlashAttention-2 backend against 0.8-0.9x for "mma"), else "mma", else "simt". For float32 "mma" ran at 43-56
+#: TFLOP/s, 1.0-1.6x torch SDPA's float32 path and 2.3-2.8x the SIMT kernel, with errors of 3e-7 .. 1.4e-6. Under
+#: the simulator float32 takes "simt", which needs no MMA emulation (much faster there), and 16-bit inputs "mma"
+#: (the warpgroup emulation is slower still); ``allow_tf32=True`` still picks "mma".
+BACKENDS = ("simt", "mma", "wgmma")
 
 
-def _flash_backend(backend, dtype: str, allow_tf32: bool = False) -> str:
+def _wgmma_applies(dtype: str, head_dim: int, *arrays) -> bool:
+    return (dtype in _flash_wgmma.DTYPES and not SIMULATOR
+            and compute_capability() >= _flash_wgmma.MIN_COMPUTE_CAPABILITY
+            and _flash_wgmma.supports(head_dim, *arrays))
+
+
+def _flash_backend(backend, dtype: str, allow_tf32: bool = False, wgmma_ok: bool = False) -> str:
+    """The kernel for ``flash_forward``; ``wgmma_ok``: the warpgroup kernel takes these inputs on this GPU."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
     mma_ok = dtype in _flash_mma.DTYPES + _flash_tf32.DTYPES and (
@@ -80,12 +91,16 @@ def _flash_backend(backend, dtype: str, allow_tf32: bool = False) -> str:
             f"backend: 'mma' needs a GPU of compute capability >= 8.0 "
             f"(got {dtype} on {'the simulator' if SIMULATOR else compute_capability()})"
         )
+    if backend == "wgmma" and dtype not in _flash_wgmma.DTYPES:
+        raise ValueError(f"backend: 'wgmma' takes float16 or bfloat16, got {dtype}")
+    if backend == "wgmma" and not (SIMULATOR or compute_capability() >= _flash_wgmma.MIN_COMPUTE_CAPABILITY):
+        raise ValueError(f"backend: 'wgmma' needs a GPU of compute capability 9.0 (Hopper), got {compute_capability()}")
     if backend == "simt" and dtype == _arrays.BFLOAT16:
         raise ValueError("backend: 'simt' does not take bfloat16; use 'mma' or None")
     if backend is None:
         # float32 under the simulator: the SIMT kernel (no MMA emulation), unless the caller asked for tf32
         wants_mma = dtype != "float32" or allow_tf32 or not SIMULATOR
-        backend = "mma" if mma_ok and wants_mma else "simt"
+        backend = "wgmma" if wgmma_ok else "mma" if mma_ok and wants_mma else "simt"
     if backend == "simt" and dtype == _arrays.BFLOAT16:
         raise TypeError("q: bfloat16 needs the tensor-core kernel, which needs a GPU of compute capability >= 8.0")
     return backend
@@ -105,10 +120,12 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
         return_lse: also return ``lse``, the natural-log log-sum-exp of each row's scaled scores,
             ``(batch, heads, seqlen_q)`` float32.
         out: optional output array of q's shape, dtype and kind.
-        backend: ``"mma"`` (tensor cores, GPUs of compute capability >= 8.0: float16 / bfloat16 products; float32
-            as 3xTF32 -- each operand split into two tf32 parts, three products, float32 accuracy), ``"simt"``
-            (CUDA cores: float16 / float32, any GPU) or None: "mma" where it applies (for float32 under the
-            simulator only with ``allow_tf32=True``), else "simt".
+        backend: ``"wgmma"`` (Hopper's warpgroup MMAs, compute capability 9.0: float16 / bfloat16, headdim up to
+            128 with headdim % 8 == 0, a unit-stride last axis and 16-byte aligned rows), ``"mma"`` (tensor
+            cores, GPUs of compute capability >= 8.0: float16 / bfloat16 products, any headdim up to 256 and any
+            strides; float32 as 3xTF32 -- each operand split into two tf32 parts, three products, float32
+            accuracy), ``"simt"`` (CUDA cores: float16 / float32, any GPU) or None: "wgmma" where it applies, else
+            "mma" (for float32 under the simulator only with ``allow_tf32=True``), else "simt".
         allow_tf32: float32 inputs only: one plain tf32 product on the tensor cores instead of three (about 3x less
             tensor-core work, relative error about 1e-3 instead of 1e-6). Ignored for 16-bit inputs and by ``backend="simt"``, which computes in float32
             throughout.
@@ -151,7 +168,8 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
     out = call.output(shape.out_shape(), out=out)
     lse = call.output(shape.lse_shape(), "float32") if return_lse else None
     if not decode:
-        backend = _flash_backend(backend, call.dtype, allow_tf32)
+        wgmma_ok = _wgmma_applies(call.dtype, shape.head_dim, *(call.inputs[name] for name in "qkv"))
+        backend = _flash_backend(backend, call.dtype, allow_tf32, wgmma_ok)
     elif call.dtype == _arrays.BFLOAT16 and not SIMULATOR and compute_capability() < (8, 0):
         raise TypeError("q: bfloat16 decoding needs a GPU of compute capability >= 8.0 (its output is rounded by "
                         "cvt.rn.bf16x2)")
@@ -180,8 +198,11 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
         elif backend == "mma" and call.dtype == "float32":
             _flash_tf32.launch(*args, call.stream, tf32_only=allow_tf32)
         elif backend == "mma":
-            config = _tuned_flash_mma_config(args, call, shape, causal)
+            config = _tuned_config(FLASH_MMA_TUNER, _flash_mma.launch, args, call, shape, causal)
             _flash_mma.launch(*args, call.stream, config=config, dtype=call.dtype)
+        elif backend == "wgmma":
+            config = _tuned_config(FLASH_WGMMA_TUNER, _flash_wgmma.launch, args, call, shape, causal)
+            _flash_wgmma.launch(*args, call.stream, config=config, dtype=call.dtype)
         else:
             _flash_simt.launch(*args, call.stream)
     if return_lse:
@@ -189,13 +210,14 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
     return call.result(out)
 
 
-#: tile configurations of the float16 / bfloat16 tensor-core kernel, chosen per key by timing (``_autotune``)
+#: tile configurations of the float16 / bfloat16 tensor-core kernels, chosen per key by timing (``_autotune``)
 FLASH_MMA_TUNER = _autotune.Autotuner("flash_mma", _flash_mma.TUNING_CANDIDATES, _flash_mma.DEFAULT_CONFIG)
+FLASH_WGMMA_TUNER = _autotune.Autotuner("flash_wgmma", _flash_wgmma.TUNING_CANDIDATES, _flash_wgmma.DEFAULT_CONFIG)
 
 
-def _tuned_flash_mma_config(args, call, shape, causal: bool):
+def _tuned_config(tuner, launch, args, call, shape, causal: bool):
     """The autotuner's configuration for this call (None: tuning off, the kernel's default). A new key times every
-    candidate on these inputs, writing into a scratch output."""
+    candidate on these inputs with ``launch``, writing into a scratch output."""
     if not _autotune.enabled():
         return None
     key = (
@@ -207,10 +229,10 @@ def _tuned_flash_mma_config(args, call, shape, causal: bool):
     def bench(config):
         scratch_out = lift(call.scratch(shape.out_shape(), call.dtype), 4)
         bench_args = args[:3] + (scratch_out, _lse_placeholder(call), False) + args[6:]
-        return _autotune.time_on_stream(
-            lambda: _flash_mma.launch(*bench_args, call.stream, config=config, dtype=call.dtype), call.stream)
+        return _autotune.time_on_stream(lambda: launch(*bench_args, call.stream, config=config, dtype=call.dtype),
+                                        call.stream)
 
-    return FLASH_MMA_TUNER.choose(key, bench)
+    return tuner.choose(key, bench)
 
 
 #: ``flash_decode`` takes the tensor-core split kernel (``flash_mma.launch_decode``) for GQA groups of at least this

@@ -53,7 +53,8 @@ def assert_close_lse(lse, ref_lse, tol=1e-4):
 def device_view_in_layout(x, layout: str):
     """Host array ``(B, H, L, D)`` -> device (or simulator) view of that shape in the given memory layout:
     ``contig``; ``blhd`` (memory ``(B, L, H, D)``, a transposed view); ``pad3`` (rows of ``D + 3`` elements, so
-    rows are not 16-byte aligned and the kernels fall back to element loads)."""
+    rows are not 16-byte aligned and the kernels fall back to element loads); ``pad8`` (rows of ``D + 8``
+    elements: strided, but every row still 16-byte aligned for 16-bit elements)."""
     from numba import cuda
 
     b, h, length, d = x.shape
@@ -62,8 +63,8 @@ def device_view_in_layout(x, layout: str):
     if layout == "blhd":
         mem = np.ascontiguousarray(x.transpose(0, 2, 1, 3))
         strides = (mem.strides[0], mem.strides[2], mem.strides[1], mem.strides[3])
-    elif layout == "pad3":
-        mem = np.zeros((b, h, length, d + 3), x.dtype)
+    elif layout in ("pad3", "pad8"):
+        mem = np.zeros((b, h, length, d + int(layout[3:])), x.dtype)
         mem[..., :d] = x
         strides = mem.strides
     else:

@@ -44,7 +44,7 @@ def _from_bits(bits, dtype):
 
 
 def _check(dtype, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, layout="contig", config=None,
-           seed=0, scale=1.0, sm_scale=None, bits_dtype=np.uint16, q_layout=None):
+           seed=0, scale=1.0, sm_scale=None, bits_dtype=np.uint16, q_layout=None, launch=flash_mma.launch):
     rng = np.random.default_rng(seed)
 
     def make(h, length, s):
@@ -61,7 +61,7 @@ def _check(dtype, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, 
     lse = cuda.to_device(np.full((batch, heads, seqlen_q), np.nan, np.float32))
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
     stream = 0 if numba_attn.SIMULATOR else cuda.default_stream()
-    flash_mma.launch(q, k, v, out, lse, True, sm_scale, causal, stream, config=config, dtype=dtype)
+    launch(q, k, v, out, lse, True, sm_scale, causal, stream, config=config, dtype=dtype)
     got_mem = out_mem.copy_to_host()
     assert np.all(got_mem[..., head_dim:] == POISON[dtype]), "wrote past headdim"
     got = _from_bits(got_mem[..., :head_dim], dtype)

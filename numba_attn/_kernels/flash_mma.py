@@ -239,6 +239,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     ACC_INIT = np.float32(-0.0)
     SCALE_FIRST = scale_first
     SPLIT = split
+    M_FASTEST = not split  # grid (query blocks, heads, batch); the split variant keeps (batch * heads, ..., split)
     mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
     low_u16 = ptx.low_u16
@@ -266,14 +267,20 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
         lane = tid % 32
         g = lane // 4  # MMA groupID: fragment rows g and g + 8
         t = lane % 4  # MMA threadID_in_group: fragment columns 2t, 2t + 1
-        bh = cuda.blockIdx.x
-        m_block = cuda.blockIdx.y
-        if causal:
-            m_block = cuda.gridDim.y - 1 - m_block  # the longest (last) query blocks start first
-        m0 = m_block * BLOCK_M
         heads = q.shape[1]
-        b = bh // heads
-        h = bh % heads
+        if M_FASTEST:  # grid (query blocks, heads, batch): see check_grid
+            m_block = cuda.blockIdx.x
+            if causal:
+                m_block = cuda.gridDim.x - 1 - m_block  # the longest (last) query blocks start first
+            h = cuda.blockIdx.y
+            b = cuda.blockIdx.z
+        else:
+            m_block = cuda.blockIdx.y
+            if causal:
+                m_block = cuda.gridDim.y - 1 - m_block
+            b = cuda.blockIdx.x // heads
+            h = cuda.blockIdx.x % heads
+        m0 = m_block * BLOCK_M
         hk = h // (heads // k.shape[1])
         seqlen_q = q.shape[2]
         seqlen_k = k.shape[2]
@@ -436,6 +443,14 @@ def _bits(x, name: str):
     return x if dtype == np.uint16 else x.view(np.uint16)
 
 
+def check_grid(batch: int, heads: int):
+    """The forward grid is (query blocks, heads, batch): the query blocks of one head are neighbours, so the blocks
+    resident at once share that head's K and V through L2 (H100, B4 fp16, N 16k: 247 -> 281 TFLOP/s at D 64 and
+    283 -> 308 at D 128 for this kernel against (batch * heads, query blocks)). Grid y and z stop at 65535."""
+    if max(batch, heads) > 65535:
+        raise ValueError(f"q: batch ({batch}) and heads ({heads}) must each be at most 65535 for one launch")
+
+
 def vector_loads_ok(*arrays) -> bool:
     """True when the rows of every array (Q, K and V: one loader copies them all) can be read in aligned 16-byte
     pieces: headdim % 8 == 0, unit stride along headdim, and every row start 16-byte aligned (base address and the
@@ -462,7 +477,8 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     q, k, v, out = _bits(q, "q"), _bits(k, "k"), _bits(v, "v"), _bits(out, "out")
     head_dim_pad = padded_head_dim(head_dim, config)
     kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads_ok(q, k, v), not sm_scale > 0)
-    grid = (batch * heads, -(-seqlen_q // config.block_m))
+    check_grid(batch, heads)
+    grid = (-(-seqlen_q // config.block_m), heads, batch)
     args = (q, k, v, out, lse, bool(write_lse), bool(causal), np.float32(sm_scale * LOG2E))
     device_launch(kernel, grid, config.threads, stream, tiles_for(config, head_dim_pad).shared_bytes, *args)
 

@@ -142,6 +142,12 @@ def _halves(word, bf16: bool):
 # ---------------------------------------------------------------------------------------------------------------------
 def _sim_warp_gather(value):
     """All 32 lanes' ``value`` of the calling thread's warp (simulator only; a block-wide barrier inside)."""
+    return _sim_group_gather(value, 32)
+
+
+def _sim_group_gather(value, size: int):
+    """``value`` of every thread of the calling thread's group of ``size`` consecutive threads (a warp, a
+    warpgroup; simulator only; a block-wide barrier inside)."""
     thread = threading.current_thread()
     slots = thread._manager.__dict__.setdefault("_ptx_exchange", ({}, {}))
     calls = getattr(thread, "_ptx_calls", 0)
@@ -152,8 +158,8 @@ def _sim_warp_gather(value):
     tid = thread.thread_id
     slot[tid] = value
     thread.syncthreads()
-    base = tid - tid % 32
-    return [slot[base + i] for i in range(32)]
+    base = tid - tid % size
+    return [slot[base + i] for i in range(size)]
 
 
 def _sim_lane() -> int:

@@ -1,0 +1,360 @@
+"""FlashAttention-2 forward on Hopper's warpgroup MMAs (``wgmma.mma_async``, sm_90a) for float16 and bfloat16.
+
+Same interface and semantics as ``flash_mma.launch`` (shapes ``(batch, heads, seqlen, headdim)``, GQA, bottom-right
+causal mask, rows that see no key give 0 and ``lse = -inf``, natural-log lse); it takes the inputs whose rows copy
+in aligned 16-byte pieces (``flash_mma.vector_loads_ok``) and padded head dims up to ``MAX_HEAD_DIM``, and
+``flash_mma`` keeps the rest.
+
+Work split
+    One thread block = one warpgroup (4 warps, 128 threads) = 64 query rows of one (batch, head): each
+    ``wgmma`` computes a 64-row product for the whole block, and warp ``w``'s accumulators hold rows ``16 w ..
+    16 w + 15`` in the ``mma.sync`` C-fragment layout (``wgmma`` module docstring), so the online softmax of the
+    ``mma.sync`` kernels runs on them unchanged. Several blocks share an SM (``blocks_per_sm``); they are not tied
+    together by barriers, so one block's softmax runs under another's MMAs.
+
+Shared memory (dynamic)
+    The Q tile, then two stages of (K tile, V tile), each in the 128-byte swizzled layout the tensor cores read
+    directly (``wgmma`` module docstring), from a 1024-byte aligned start. Q and K are read as K-major operands of
+    ``S = Q K^T``; V, stored the same way, as the N-major B operand of ``O += P V`` (``imm-trans-b = 1``): no
+    transposed copy. Rows past the sequence and columns past headdim are zero-filled.
+
+Pipeline per K/V tile
+    1. ``cp_async_wait_all`` + ``fence.proxy.async`` + barrier: tile ``j`` has landed and is visible to the tensor
+       cores, and everyone is done with tile ``j - 1``'s stage; the copies of tile ``j + 1`` start and run under
+       tile ``j``'s MMAs and softmax.
+    2. ``S = Q K^T``: ``d_pad / 16`` MMAs ``m64 n(block_n) k16``, A and B from shared memory.
+    3. Online softmax on the accumulators (``online_softmax``), masks only on tiles crossing the diagonal or the end
+       of the keys, base 2 with the scale folded into the exponent.
+    4. ``O += P V``: ``P`` rounded to the input dtype in registers is the A operand (four words per 16 keys,
+       ``block_n / 16`` MMAs ``m64 n(d_pad) k16``), V's B descriptor reads the tile transposed.
+    Each group of MMAs is issued, committed and waited for inside one inline-asm block (``wgmma.wgmma_ss`` /
+    ``wgmma_rs``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numba import float32, types, uint16, uint32
+
+from .._device import SIMULATOR, cuda
+from .._device import launch as device_launch
+from . import ptx, wgmma
+from .flash_mma import LN2, LOG2E, SIGNATURE, _bits, check_grid, vector_loads_ok
+from .online_softmax import softmax_step
+from .staging import device_function
+
+#: wgmma needs sm_90a (numba-cuda compiles Hopper kernels for it)
+MIN_COMPUTE_CAPABILITY = (9, 0)
+#: padded head dims above this stay on ``flash_mma`` (the accumulators would not fit beside S)
+MAX_HEAD_DIM = 128
+BLOCK_M = wgmma.ROWS
+THREADS = wgmma.WARPGROUP_THREADS
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    """Tuning knobs of the warpgroup kernel."""
+
+    block_n: int = 64  # keys per K/V tile (multiple of 16)
+    blocks_per_sm: int = 2  # launch bound: resident blocks per SM ptxas must allow (caps the registers)
+
+    @property
+    def block_m(self) -> int:
+        return BLOCK_M
+
+    @property
+    def threads(self) -> int:
+        return THREADS
+
+
+#: 64-key tiles, two blocks per SM (99 KB of shared memory each at head dim 128). H100, B4 fp16, N 4k / 16k,
+#: 2026-11-22 (TFLOP/s, non-causal): D 64 361 / 345 against 357 / 351 for 128-key tiles and 351 / 344 for 64-key
+#: tiles with three blocks per SM; D 128 400 / 390 against 331 / 343 for 128-key tiles (one block per SM)
+DEFAULT_CONFIG = WgmmaConfig()
+SIMULATOR_CONFIG = WgmmaConfig(block_n=16, blocks_per_sm=1)
+#: what ``flash_forward``'s autotuner times per key: 64-key tiles with two blocks per SM and 128-key tiles with two
+#: (one where they do not fit)
+TUNING_CANDIDATES = (DEFAULT_CONFIG, WgmmaConfig(block_n=128, blocks_per_sm=2))
+DTYPES = ("float16", "bfloat16")
+
+
+def default_config() -> WgmmaConfig:
+    return SIMULATOR_CONFIG if SIMULATOR else DEFAULT_CONFIG
+
+
+def shared_bytes(config: WgmmaConfig, head_dim_pad: int) -> int:
+    """The Q tile, two stages of K and three of V, rows of 128-byte atom columns, plus 1 KB to align the first
+    tile to 1024 bytes (the swizzle pattern's period)."""
+    return 128 * wgmma.atom_columns(head_dim_pad) * (BLOCK_M + 5 * config.block_n) + 1024
+
+
+def padded_head_dim(head_dim: int) -> int:
+    return -(-head_dim // 16) * 16
+
+
+def supports(head_dim: int, *arrays) -> bool:
+    """True when this kernel takes the call: a padded head dim up to ``MAX_HEAD_DIM`` and rows that copy in aligned
+    16-byte pieces (otherwise ``flash_mma`` does, with its element-wise loader)."""
+    return padded_head_dim(head_dim) <= MAX_HEAD_DIM and vector_loads_ok(*arrays)
+
+
+def tile_loader(rows: int, d_pad: int):
+    """``load(head, smem, base, tid, n0, seqlen, head_dim)``: start the ``cp.async`` copy of rows ``n0 .. n0 +
+    rows`` of ``head`` to the swizzled tile at element ``base`` of ``smem`` (``wgmma`` module docstring; zeros
+    outside the sequence and past headdim). Consecutive threads take consecutive 16-byte pieces of a row: a warp
+    reads whole rows and writes each 128-byte row of the tile once (the swizzle only permutes its pieces)."""
+    CHUNKS = d_pad // 8  # 16-byte pieces per row
+    PIECES = rows * CHUNKS
+    STEPS = -(-PIECES // THREADS)
+    GUARD = PIECES % THREADS != 0
+    ATOM = 64 * rows  # elements of one atom column
+    # when the pieces of a row divide the block, each thread keeps one piece column and steps down the rows by a
+    # multiple of 8 (so its swizzled column stays put too): its offsets are loop invariants plus constants
+    STEP_ROWS = THREADS // CHUNKS if THREADS % CHUNKS == 0 and (THREADS // CHUNKS) % 8 == 0 else 0
+    ROWS = rows
+    cp_async_16 = ptx.cp_async_16
+
+    def load_fixed_column(head, smem, base, tid, n0, seqlen, head_dim):
+        row = tid // CHUNKS
+        chunk = tid - row * CHUNKS
+        dst = base + (chunk // 8) * ATOM + 64 * row + 8 * ((chunk % 8) ^ (row % 8))
+        column_inside = 8 * chunk < head_dim
+        row_stride = head.strides[0]
+        offset = (n0 + row) * row_stride + 8 * chunk * head.strides[1]
+        rows_left = seqlen - n0 - row
+        for step in range(STEPS):
+            if not GUARD or row + STEP_ROWS * step < ROWS:
+                inside = column_inside and STEP_ROWS * step < rows_left
+                cp_async_16(smem, dst + 64 * STEP_ROWS * step, head,
+                            offset + STEP_ROWS * step * row_stride if inside else 0, 16 if inside else 0)
+
+    def load(head, smem, base, tid, n0, seqlen, head_dim):
+        for step in range(STEPS):
+            piece = tid + THREADS * step
+            if not GUARD or piece < PIECES:
+                row = piece // CHUNKS
+                chunk = piece - row * CHUNKS
+                inside = n0 + row < seqlen and 8 * chunk < head_dim
+                offset = (n0 + row) * head.strides[0] + 8 * chunk * head.strides[1]
+                dst = base + (chunk // 8) * ATOM + 64 * row + 8 * ((chunk % 8) ^ (row % 8))
+                cp_async_16(smem, dst, head, offset if inside else 0, 16 if inside else 0)
+
+    if STEP_ROWS:
+        return device_function(load_fixed_column)
+    return device_function(load)
+
+
+def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: bool = False):
+    """The Python function of one specialisation (not yet jitted)."""
+    BLOCK_N = config.block_n
+    ATOMS = wgmma.atom_columns(d_pad)
+    Q_TILE = BLOCK_M * 64 * ATOMS  # elements; shared memory: Q tile, then per stage a K tile and a V tile
+    TILE = BLOCK_N * 64 * ATOMS
+    S_BLOCKS = BLOCK_N // 8  # n8 blocks of S
+    PV_STEPS = BLOCK_N // 16  # k-steps of O += P V
+    P_WORDS = 4 * PV_STEPS  # P as the A operand: four 32-bit words per k-step
+    O_BLOCKS = d_pad // 8  # n8 blocks of O
+    NEG_INF = np.float32(-np.inf)
+    ZERO = np.float32(0.0)
+    ACC_INIT = np.float32(-0.0)  # not 0.0: a loop of zero stores becomes a memset that pins the array in memory
+    SCALE_FIRST = scale_first
+    QK_STEPS = d_pad // 16
+    q_times_k = wgmma.wgmma_ss(BLOCK_N, QK_STEPS, bf16, wgmma.k_major(BLOCK_M, QK_STEPS),
+                               wgmma.k_major(BLOCK_N, QK_STEPS), wait=False)
+    p_times_v = wgmma.wgmma_rs(d_pad, PV_STEPS, bf16, wgmma.mn_major(BLOCK_N, PV_STEPS), True, wait=False)
+    wait_s = wgmma.wgmma_wait(BLOCK_N, 0)
+    wait_one = wgmma.wgmma_wait(BLOCK_N, 1)
+    wait_o = wgmma.wgmma_wait(d_pad, 0)
+    all_lanes = ptx.all_lanes
+    ONE = np.float32(1.0)
+    shared_address = wgmma.shared_address
+    fence_proxy_async = wgmma.fence_proxy_async
+    pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
+    low_u16 = ptx.low_u16
+    high_u16 = ptx.high_u16
+    shfl_xor = ptx.shfl_xor_f32
+    store2 = ptx.store2
+    commit = ptx.cp_async_commit
+    wait_all = ptx.cp_async_wait_all
+    load_q_tile = tile_loader(BLOCK_M, d_pad)
+    load_tile = tile_loader(BLOCK_N, d_pad)
+    online_softmax = softmax_step(S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False)
+
+    @device_function
+    def arrive():
+        """This thread's copies have landed; after the barrier everyone's are there, visible to the tensor cores
+        (and everyone is done with K of tile j - 1 and V of tile j - 2)."""
+        wait_all()
+        fence_proxy_async()  # the landed copies are read through the async proxy
+        cuda.syncthreads()
+
+    @device_function
+    def prefetch(k_head, v_head, smem, k_base, v_base, tid, j, n_tiles, seqlen_k, head_dim):
+        """Start copying tile ``j + 1`` over K of tile ``j - 1`` and V of tile ``j - 2``."""
+        if j + 1 < n_tiles:
+            n1 = (j + 1) * BLOCK_N
+            load_tile(k_head, smem, k_base + ((j + 1) % 2) * TILE, tid, n1, seqlen_k, head_dim)
+            load_tile(v_head, smem, v_base + ((j + 1) % 3) * TILE, tid, n1, seqlen_k, head_dim)
+            commit()
+
+    @device_function
+    def needs_mask(n0, m0, seqlen_k, causal, diag_offset):
+        """Only tiles crossing the end of the keys or the causal diagonal need masks."""
+        crosses = n0 + BLOCK_N > seqlen_k
+        if causal:
+            crosses = crosses or (n0 + BLOCK_N - 1 > m0 + diag_offset)
+        return crosses
+
+    @device_function
+    def probabilities(s, p):
+        """P rounded to the input dtype as the A operand: the C fragments of n8 blocks 2kk, 2kk + 1 are the A
+        fragment of k-step kk."""
+        for kk in range(PV_STEPS):
+            p[4 * kk] = pack(s[0, 2 * kk, 0], s[0, 2 * kk, 1])
+            p[4 * kk + 1] = pack(s[0, 2 * kk, 2], s[0, 2 * kk, 3])
+            p[4 * kk + 2] = pack(s[0, 2 * kk + 1, 0], s[0, 2 * kk + 1, 1])
+            p[4 * kk + 3] = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
+
+    def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4  # fragment rows g and g + 8 of the warp's 16
+        t = lane % 4  # fragment columns 2t, 2t + 1 of each n8 block
+        # grid (query blocks, heads, batch): the blocks resident at once share their head's K and V through L2
+        m_block = cuda.blockIdx.x
+        if causal:
+            m_block = cuda.gridDim.x - 1 - m_block  # the longest (last) query blocks start first
+        m0 = m_block * BLOCK_M
+        heads = q.shape[1]
+        h = cuda.blockIdx.y
+        b = cuda.blockIdx.z
+        hk = h // (heads // k.shape[1])
+        seqlen_q = q.shape[2]
+        seqlen_k = k.shape[2]
+        head_dim = q.shape[3]
+        diag_offset = seqlen_k - seqlen_q  # query i sees keys j <= i + diag_offset
+        k_head = k[b, hk]
+        v_head = v[b, hk]
+        out_head = out[b, h]
+        row0 = m0 + 16 * warp + g  # rows of this thread: row0 and row0 + 8
+
+        smem = cuda.shared.array(0, uint16)
+        q_base = ((1024 - shared_address(smem) % 1024) % 1024) // 2  # tiles start 1024-byte aligned
+        s = cuda.local.array((1, S_BLOCKS, 4), float32)
+        acc = cuda.local.array((1, O_BLOCKS, 4), float32)
+        p = cuda.local.array(P_WORDS, uint32)
+        alpha = cuda.local.array(2, float32)  # this tile's rescale of O's two rows
+        m_run = cuda.local.array(2, float32)
+        l_run = cuda.local.array(2, float32)
+        for i in range(2):
+            m_run[i] = NEG_INF
+            l_run[i] = ZERO
+        for ob in range(O_BLOCKS):
+            for e in range(4):
+                acc[0, ob, e] = ACC_INIT
+
+        n_end = seqlen_k
+        if causal:
+            n_end = min(seqlen_k, max(0, m0 + BLOCK_M + diag_offset))
+        n_tiles = (n_end + BLOCK_N - 1) // BLOCK_N
+        post = scale_log2
+        if SCALE_FIRST:
+            post = float32(1.0)
+
+        k_base = q_base + Q_TILE  # K: two stages; V: three (V of tile j - 1 is still read during tile j)
+        v_base = k_base + 2 * TILE
+        load_q_tile(q[b, h], smem, q_base, tid, m0, seqlen_q, head_dim)
+        if n_tiles > 0:
+            load_tile(k_head, smem, k_base, tid, 0, seqlen_k, head_dim)
+            load_tile(v_head, smem, v_base, tid, 0, seqlen_k, head_dim)
+        commit()
+        if n_tiles > 0:  # tile 0: S_0, its softmax and P_0; O += P_0 V_0 overlaps tile 1's softmax
+            arrive()
+            q_times_k(s, smem, q_base, k_base)
+            prefetch(k_head, v_head, smem, k_base, v_base, tid, 0, n_tiles, seqlen_k, head_dim)
+            wait_s(s)
+            online_softmax(s, alpha, m_run, l_run, 0, needs_mask(0, m0, seqlen_k, causal, diag_offset), 0, row0, t,
+                           seqlen_k, causal, diag_offset, scale_log2, post)
+            probabilities(s, p)  # O is still zero: nothing to rescale
+        for j in range(1, n_tiles):
+            n0 = j * BLOCK_N
+            arrive()
+            # S_j = Q K_j^T, and behind it O += P_{j-1} V_{j-1}, whose MMAs run under the softmax of S_j; the
+            # next tile's copies are issued while the MMAs run
+            q_times_k(s, smem, q_base, k_base + (j % 2) * TILE)
+            p_times_v(acc, p, smem, v_base + ((j - 1) % 3) * TILE)
+            prefetch(k_head, v_head, smem, k_base, v_base, tid, j, n_tiles, seqlen_k, head_dim)
+            wait_one(s)  # groups complete in order: S_j is done, P V may still run
+            online_softmax(s, alpha, m_run, l_run, 0, needs_mask(n0, m0, seqlen_k, causal, diag_offset), n0, row0,
+                           t, seqlen_k, causal, diag_offset, scale_log2, post)
+            wait_o(acc)
+            if not all_lanes(alpha[0] == ONE and alpha[1] == ONE):  # warp-uniform; mostly skipped after a while
+                for ob in range(O_BLOCKS):
+                    acc[0, ob, 0] *= alpha[0]
+                    acc[0, ob, 1] *= alpha[0]
+                    acc[0, ob, 2] *= alpha[1]
+                    acc[0, ob, 3] *= alpha[1]
+            probabilities(s, p)
+        if n_tiles > 0:
+            p_times_v(acc, p, smem, v_base + ((n_tiles - 1) % 3) * TILE)
+            wait_o(acc)
+
+        # ---- epilogue: full row sums, one division per row, output in the input dtype ---------------------------
+        for half in range(2):
+            row = row0 + 8 * half
+            l_row = l_run[half]
+            l_row += shfl_xor(l_row, 1)
+            l_row += shfl_xor(l_row, 2)
+            inv = float32(1.0) / l_row if l_row > ZERO else ZERO
+            for ob in range(O_BLOCKS):
+                col = 8 * ob + 2 * t
+                w = pack(acc[0, ob, 2 * half] * inv, acc[0, ob, 2 * half + 1] * inv)
+                if row < seqlen_q:
+                    if col < head_dim:
+                        store2(out_head, row, col, low_u16(w))
+                    if col + 1 < head_dim:
+                        store2(out_head, row, col + 1, high_u16(w))
+            if write_lse and t == 0 and row < seqlen_q:
+                lse[b, h, row] = (m_run[half] * post + math.log2(l_row)) * LN2 if l_row > ZERO else NEG_INF
+
+    return kernel
+
+
+@lru_cache(maxsize=None)
+def flash_wgmma_kernel(config: WgmmaConfig, head_dim_pad: int, bf16: bool, scale_first: bool = False):
+    """The compiled kernel of one specialisation (tiles, padded head dim, dtype, sign of the scale)."""
+    if head_dim_pad % 16 or not 16 <= head_dim_pad <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, {MAX_HEAD_DIM}], got {head_dim_pad}")
+    if config.block_n % 16 or not 16 <= config.block_n <= 256:
+        raise ValueError(f"block_n must be a multiple of 16 in [16, 256], got {config.block_n}")
+    source = _kernel_source(config, head_dim_pad, bf16, scale_first)
+    if SIMULATOR:
+        return cuda.jit(source)
+    return cuda.jit(SIGNATURE, launch_bounds=(THREADS, config.blocks_per_sm), cache=True)(source)
+
+
+def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream,
+           config: WgmmaConfig | None = None, dtype: str | None = None):
+    """Launch on device views of shape (batch, heads, seqlen, headdim) that ``supports`` accepts; lse is (batch,
+    heads, seqlen_q) float32. ``dtype``: ``"float16"`` or ``"bfloat16"`` (None: float16 for float16 arrays,
+    bfloat16 for 16-bit bit views)."""
+    config = config or default_config()
+    if dtype is None:
+        dtype = "float16" if np.dtype(q.dtype) == np.float16 else "bfloat16"
+    batch, heads, seqlen_q, head_dim = q.shape
+    if batch * heads == 0 or seqlen_q == 0:
+        return
+    q, k, v, out = _bits(q, "q"), _bits(k, "k"), _bits(v, "v"), _bits(out, "out")
+    if not supports(head_dim, q, k, v):
+        raise ValueError("q, k, v: the wgmma kernel needs 16-byte aligned rows with a unit-stride last axis, "
+                         f"headdim % 8 == 0 and a padded headdim <= {MAX_HEAD_DIM}; got headdim {head_dim}")
+    d_pad = padded_head_dim(head_dim)
+    kernel = flash_wgmma_kernel(config, d_pad, dtype == "bfloat16", not sm_scale > 0)
+    check_grid(batch, heads)
+    grid = (-(-seqlen_q // BLOCK_M), heads, batch)
+    args = (q, k, v, out, lse, bool(write_lse), bool(causal), np.float32(sm_scale * LOG2E))
+    device_launch(kernel, grid, THREADS, stream, shared_bytes(config, d_pad), *args)

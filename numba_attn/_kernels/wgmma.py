@@ -1,0 +1,372 @@
+"""Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a) as Numba intrinsics, with simulator twins.
+
+A warpgroup is 4 consecutive warps (128 threads, the first warp's index a multiple of 4) that issue one
+``wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16}`` together: ``D (64 x N, float32) = A (64 x 16) B
+(16 x N) (+ D)``. B always comes from shared memory through a 64-bit *matrix descriptor*; A from shared memory too
+(``ss``) or from registers (``rs``). The factories below build one intrinsic per (N, k-steps, dtype, layout): it
+issues ``k_steps`` MMAs over consecutive 16-wide k-slices, commits them as one group and waits for it, so the
+accumulators are complete when the call returns (the asynchrony stays inside one inline-asm block, where neither
+LLVM nor the caller can touch the registers in flight).
+
+Register fragments (PTX ISA "Register Fragments", ``m64nNk16``): warp ``w`` of the warpgroup owns rows
+``16 w .. 16 w + 15`` and, inside them, the layout of ``mma.sync.m16n8k16`` (``ptx`` module docstring): with
+``g = lane // 4`` and ``t = lane % 4`` the float32 accumulator ``d[4 j + e]`` of n8 block ``j`` is row ``16 w + g +
+8 (e // 2)``, column ``8 j + 2 t + e % 2`` -- the ``s[mt, nb, e]`` layout of the ``mma.sync`` kernels with one
+m-tile, so their online softmax runs on it unchanged. A in registers: four 32-bit words per k-step, ``a0 = A[g][2t,
+2t + 1]``, ``a1 = A[g + 8][..]``, ``a2 = A[g][2t + 8, 2t + 9]``, ``a3 = A[g + 8][2t + 8, ..]`` (rows of the warp's
+16): the packed C fragments of two neighbouring n8 blocks, as with ``mma.sync``.
+
+Shared-memory layout: 128-byte swizzle (PTX "Shared Memory Matrix Layout", canonical layouts). This package stores
+a tile of ``R`` rows x ``D`` 16-bit columns as ``D / 64`` *atom columns* of ``R`` rows of 128 bytes (64 columns):
+column ``c`` of row ``r`` sits at byte ``(c // 64) 128 R + 128 r + 2 (c % 64)`` -- then, as the hardware expects,
+the 16-byte piece index inside the 128-byte row (address bits 4..6) is XORed with the row index mod 8 (address bits
+7..9), measured from a 1024-byte aligned tile start (``swizzle``). So the 8 rows of any 16-byte column sit in 8
+different bank groups, for the copies and for the tensor cores alike. The same bytes serve
+
+* as a K-major operand (rows = M or N, columns = K: Q and K for ``S = Q K^T``): 8-row groups every ``SBO = 1024``
+  bytes; the k-slice ``16 kk .. 16 kk + 15`` starts at ``(kk // 4) 128 R + 32 (kk % 4)`` (LBO is unused);
+* as an MN-major B operand (``B[k][n]`` with n contiguous: V for ``O += P V``, k = key, n = head-dim column) with
+  ``imm-trans-b = 1``: 8-key groups every ``SBO = 1024`` bytes, the next 64 columns ``LBO = 128 R`` bytes on; the
+  k-slice of keys ``16 kk ..`` starts at ``2048 kk``.
+
+Shared memory written by ordinary stores or ``cp.async`` must be published to the tensor cores' (async) proxy:
+``fence_proxy_async`` in every writing thread before the barrier that precedes the MMAs.
+
+Under the simulator the same names are pure-Python twins: they decode the descriptors' strides exactly as above from
+the shared array and exchange register fragments through the block's barrier (every thread of the warpgroup must
+call them the same number of times).
+"""
+from __future__ import annotations
+
+import threading
+from functools import lru_cache
+
+import numpy as np
+
+from .._device import SIMULATOR
+from . import ptx
+
+#: the warpgroup: 4 warps, 64 accumulator rows
+WARPGROUP_THREADS = 128
+ROWS = 64
+
+
+#: swizzle mode field (bits 62..63) of a descriptor: 128-byte swizzle
+_SWIZZLE_128B = 1
+
+
+def swizzle(offset):
+    """The 128-byte-swizzled position of byte ``offset`` (from a 1024-byte aligned start): address bits 4..6 XOR
+    bits 7..9. Works on Python ints, NumPy arrays and inside kernels."""
+    return offset ^ (((offset >> 7) & 7) << 4)
+
+
+def atom_columns(d_pad: int) -> int:
+    """128-byte atom columns of a tile whose rows hold ``d_pad`` 16-bit columns."""
+    return -(-d_pad // 64)
+
+
+def k_major(rows: int, k_steps: int):
+    """(LBO, SBO, byte offsets of the k-steps) of a swizzled tile of ``rows`` rows read as a K-major operand."""
+    return 16, 1024, tuple((kk // 4) * 128 * rows + 32 * (kk % 4) for kk in range(k_steps))
+
+
+def mn_major(rows: int, k_steps: int):
+    """(LBO, SBO, byte offsets of the k-steps) of a swizzled tile of ``rows`` rows (the k dimension) read as an
+    MN-major B operand."""
+    return 128 * rows, 1024, tuple(2048 * kk for kk in range(k_steps))
+
+
+def _check(n: int, k_steps: int, *layouts):
+    if n % 8 or not 8 <= n <= 256:
+        raise ValueError(f"wgmma: N must be a multiple of 8 in [8, 256], got {n}")
+    if k_steps < 1:
+        raise ValueError(f"wgmma: k_steps must be >= 1, got {k_steps}")
+    for lbo, sbo, offsets in layouts:
+        if len(offsets) != k_steps or any(x % 16 for x in (lbo, sbo, *offsets)) or max(lbo, sbo) >= 1 << 18:
+            raise ValueError(f"wgmma: a layout needs {k_steps} k-step offsets and 16-byte strides, got "
+                             f"{lbo}, {sbo}, {offsets}")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Simulator twins
+# ---------------------------------------------------------------------------------------------------------------------
+def _sim_values(words: np.ndarray, bf16: bool) -> np.ndarray:
+    words = np.asarray(words, dtype=np.uint16)
+    if bf16:
+        return (words.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return words.view(np.float16).astype(np.float64)
+
+
+def _sim_operand(smem, offset: int, rows: int, layout, k_steps: int, trans: bool, bf16: bool) -> np.ndarray:
+    """The ``rows x 16 k_steps`` (K-major: [row][k]) or ``16 k_steps x rows`` (MN-major: [k][n]) operand a
+    descriptor at element ``offset`` of ``smem`` describes, read by the documented canonical layouts with the
+    128-byte swizzle (element 0 of ``smem`` stands for a 1024-byte aligned address)."""
+    lbo, sbo, offsets = layout
+    r = np.arange(rows)[:, None]  # the M / N index
+    k = np.arange(16)[None, :]
+    if trans:  # 64 n contiguous per 128-byte row, k rows 128 bytes apart
+        within = (r // 64) * lbo + (r % 64) * 2 + (k // 8) * sbo + (k % 8) * 128
+    else:  # 64 k contiguous per 128-byte row, rows 128 bytes apart
+        within = (r // 8) * sbo + (r % 8) * 128 + k * 2
+    words = np.asarray(smem).view(np.uint16)
+    slices = [_sim_values(words[swizzle(2 * int(offset) + offsets[s] + within) // 2], bf16) for s in range(k_steps)]
+    out = np.concatenate(slices, axis=1)  # [row][k]
+    return out.T if trans else out
+
+
+def _sim_fragment_rows(tid: int):
+    warp, lane = (tid % WARPGROUP_THREADS) // 32, tid % 32
+    g, t = lane // 4, lane % 4
+    return 16 * warp + g, t
+
+
+def _sim_store(acc, d: np.ndarray, n: int):
+    row, t = _sim_fragment_rows(threading.current_thread().thread_id)
+    flat = acc.reshape(-1)
+    for j in range(n // 8):
+        for e in range(4):
+            flat[4 * j + e] = np.float32(d[row + 8 * (e // 2), 8 * j + 2 * t + e % 2])
+
+
+def _sim_load(acc, n: int) -> np.ndarray:
+    """This warpgroup's whole accumulator, gathered from every thread's fragment."""
+    frags = ptx._sim_group_gather(np.array(acc.reshape(-1)[: n // 2], dtype=np.float64), WARPGROUP_THREADS)
+    d = np.zeros((ROWS, n))
+    for tid, frag in enumerate(frags):
+        row, t = _sim_fragment_rows(tid)
+        for j in range(n // 8):
+            for e in range(4):
+                d[row + 8 * (e // 2), 8 * j + 2 * t + e % 2] = frag[4 * j + e]
+    return d
+
+
+def _sim_register_a(a_regs, k_steps: int, bf16: bool) -> np.ndarray:
+    words = ptx._sim_group_gather(tuple(int(w) for w in np.asarray(a_regs).reshape(-1)[: 4 * k_steps]),
+                                  WARPGROUP_THREADS)
+    a = np.zeros((ROWS, 16 * k_steps))
+    for tid, regs in enumerate(words):
+        row, t = _sim_fragment_rows(tid)
+        for s in range(k_steps):
+            for i, (dr, dc) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
+                lo, hi = ptx._halves(regs[4 * s + i], bf16)
+                a[row + dr, 16 * s + 2 * t + dc] = lo
+                a[row + dr, 16 * s + 2 * t + dc + 1] = hi
+    return a
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Intrinsics
+# ---------------------------------------------------------------------------------------------------------------------
+if not SIMULATOR:
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.cuda.extending import intrinsic
+
+    _I32 = ir.IntType(32)
+    _I64 = ir.IntType(64)
+    _F32 = ir.FloatType()
+
+    def _descriptor(context, builder, aryty, ary, i_ty, i, lbo: int, sbo: int):
+        """The 64-bit matrix descriptor of ``ary[i]`` (a shared array): start address, LBO and SBO in 16-byte
+        units, 128-byte swizzle."""
+        addr = ptx._shared_address(builder, ptx._pointer1(context, builder, aryty, ary, i_ty, i))
+        start = builder.zext(builder.and_(builder.lshr(addr, _I32(4)), _I32(0x3FFF)), _I64)
+        return builder.or_(start, _I64(((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (_SWIZZLE_128B << 62)))
+
+    def _accumulator_pointers(context, builder, aryty, ary, count: int):
+        array = context.make_array(aryty)(context, builder, value=ary)
+        return [builder.gep(array.data, [_I64(n)]) for n in range(count)]
+
+    def _mma_text(n: int, k_steps: int, ab: str, regs: int, a_first: int | None, desc_a: int | None, desc_b: int,
+                  flag: int, offsets_a, offsets_b, trans_b: int, wait: bool) -> str:
+        """One asm block: fence, ``k_steps`` MMAs (the first overwrites D when A comes from shared memory, i.e.
+        ``a_first`` is None), commit and, with ``wait``, wait. Step ``s`` adds ``offsets[s]`` bytes to the
+        descriptors' start."""
+        d = "{" + ", ".join(f"${x}" for x in range(regs)) + "}"
+        lines = ["{", ".reg .pred p_zero, p_one;", ".reg .b64 da, db;",
+                 f"setp.ne.b32 p_zero, ${flag}, ${flag};", f"setp.eq.b32 p_one, ${flag}, ${flag};",
+                 "wgmma.fence.sync.aligned;"]
+        for s in range(k_steps):
+            lines.append(f"add.s64 db, ${desc_b}, {offsets_b[s] >> 4};")
+            if desc_a is not None:  # A from shared memory: the first step overwrites D
+                lines.append(f"add.s64 da, ${desc_a}, {offsets_a[s] >> 4};")
+                scale = "p_zero" if s == 0 else "p_one"
+                lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {d}, da, db, {scale}, "
+                             f"1, 1, 0, {trans_b};")
+            else:
+                a = "{" + ", ".join(f"${a_first + 4 * s + x}" for x in range(4)) + "}"
+                lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {d}, {a}, db, p_one, "
+                             f"1, 1, {trans_b};")
+        lines.append("wgmma.commit_group.sync.aligned;")
+        if wait:
+            lines.append("wgmma.wait_group.sync.aligned 0;")
+        lines.append("}")
+        return "\n".join(lines)
+
+    @lru_cache(maxsize=None)
+    def wgmma_ss(n: int, k_steps: int, bf16: bool, a_layout, b_layout, trans_b: bool = False, wait: bool = True):
+        """Intrinsic ``(acc, smem, a_offset, b_offset)``: ``acc = A B`` for A ``64 x 16 k_steps`` (K-major,
+        ``a_layout``) at element ``a_offset`` and B ``16 k_steps x n`` (K-major, or MN-major with ``trans_b``;
+        ``b_layout``) at ``b_offset`` of the 1-D uint16 shared array ``smem``; ``acc`` a float32 local array whose
+        first ``n / 2`` elements (C order) are this thread's accumulator fragment.
+
+        ``wait=False`` returns once the MMAs are issued and committed as one group: ``acc`` must then pass through
+        ``wgmma_wait`` before anything reads it (and nothing may write it meanwhile)."""
+        _check(n, k_steps, a_layout, b_layout)
+        regs = n // 2
+        text = _mma_text(n, k_steps, "bf16" if bf16 else "f16", regs, None, regs, regs + 1, regs + 2,
+                         a_layout[2], b_layout[2], int(trans_b), wait)
+        constraints = ",".join(["=f"] * regs + ["l", "l", "r", "~{memory}"])
+
+        def typer(typingctx, acc, smem, a_offset, b_offset):
+            if not (isinstance(acc, types.Array) and acc.dtype == types.float32 and isinstance(smem, types.Array)
+                    and smem.ndim == 1 and smem.dtype == types.uint16 and ptx._is_int(a_offset, b_offset)):
+                return None
+            sig = types.void(acc, smem, a_offset, b_offset)
+
+            def codegen(context, builder, sig, args):
+                acc_ty, smem_ty, a_ty, b_ty = sig.args
+                desc_a = _descriptor(context, builder, smem_ty, args[1], a_ty, args[2], *a_layout[:2])
+                desc_b = _descriptor(context, builder, smem_ty, args[1], b_ty, args[3], *b_layout[:2])
+                asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * regs), [_I64, _I64, _I32]), text,
+                                   constraints, side_effect=True)
+                res = builder.call(asm, [desc_a, desc_b, _I32(0)], attrs=("convergent",))
+                for x, ptr in enumerate(_accumulator_pointers(context, builder, acc_ty, args[0], regs)):
+                    builder.store(builder.extract_value(res, x), ptr)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return intrinsic(typer)
+
+    @lru_cache(maxsize=None)
+    def wgmma_rs(n: int, k_steps: int, bf16: bool, b_layout, trans_b: bool = True, wait: bool = True):
+        """Intrinsic ``(acc, a_regs, smem, b_offset)``: ``acc += A B`` with A ``64 x 16 k_steps`` in registers
+        (``a_regs``: a uint32 local array, four words per k-step in the fragment order of the module docstring)
+        and B ``16 k_steps x n`` in shared memory (MN-major with ``trans_b``, else K-major; ``b_layout``).
+        ``wait=False``: as for ``wgmma_ss``; ``a_regs`` too must keep its values until the wait."""
+        _check(n, k_steps, b_layout)
+        regs = n // 2
+        a_first = 2 * regs
+        desc = a_first + 4 * k_steps
+        text = _mma_text(n, k_steps, "bf16" if bf16 else "f16", regs, a_first, None, desc, desc + 1, None,
+                         b_layout[2], int(trans_b), wait)
+        constraints = ",".join(["=f"] * regs + [str(x) for x in range(regs)] + ["r"] * (4 * k_steps)
+                               + ["l", "r", "~{memory}"])
+
+        def typer(typingctx, acc, a_regs, smem, b_offset):
+            if not (isinstance(acc, types.Array) and acc.dtype == types.float32 and isinstance(a_regs, types.Array)
+                    and a_regs.dtype == types.uint32 and isinstance(smem, types.Array) and smem.ndim == 1
+                    and smem.dtype == types.uint16 and ptx._is_int(b_offset)):
+                return None
+            sig = types.void(acc, a_regs, smem, b_offset)
+
+            def codegen(context, builder, sig, args):
+                acc_ty, a_ty, smem_ty, b_ty = sig.args
+                acc_ptrs = _accumulator_pointers(context, builder, acc_ty, args[0], regs)
+                a_ptrs = _accumulator_pointers(context, builder, a_ty, args[1], 4 * k_steps)
+                ins = [builder.load(p) for p in acc_ptrs] + [builder.load(p) for p in a_ptrs]
+                ins += [_descriptor(context, builder, smem_ty, args[2], b_ty, args[3], *b_layout[:2]), _I32(0)]
+                asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * regs),
+                                                   [_F32] * regs + [_I32] * (4 * k_steps) + [_I64, _I32]),
+                                   text, constraints, side_effect=True)
+                res = builder.call(asm, ins, attrs=("convergent",))
+                for x, ptr in enumerate(acc_ptrs):
+                    builder.store(builder.extract_value(res, x), ptr)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return intrinsic(typer)
+
+    @lru_cache(maxsize=None)
+    def wgmma_wait(n: int, pending: int):
+        """Intrinsic ``(acc)``: wait until at most ``pending`` of this warp's committed MMA groups are still in
+        flight (``wgmma.wait_group.sync.aligned pending``). The ``n / 2`` accumulator registers of ``acc`` pass
+        through the asm block as read-write operands, so no read of them can move above the wait."""
+        regs = n // 2
+        text = f"wgmma.wait_group.sync.aligned {int(pending)};"
+        constraints = ",".join(["=f"] * regs + [str(x) for x in range(regs)] + ["~{memory}"])
+
+        def typer(typingctx, acc):
+            if not (isinstance(acc, types.Array) and acc.dtype == types.float32):
+                return None
+            sig = types.void(acc)
+
+            def codegen(context, builder, sig, args):
+                ptrs = _accumulator_pointers(context, builder, sig.args[0], args[0], regs)
+                asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * regs), [_F32] * regs), text,
+                                   constraints, side_effect=True)
+                res = builder.call(asm, [builder.load(p) for p in ptrs], attrs=("convergent",))
+                for x, ptr in enumerate(ptrs):
+                    builder.store(builder.extract_value(res, x), ptr)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return intrinsic(typer)
+
+    @intrinsic
+    def shared_address(typingctx, smem):
+        """(smem) -> the 32-bit shared-window address of ``smem[0]`` (a 1-D shared array), for aligning tiles."""
+        if not (isinstance(smem, types.Array) and smem.ndim == 1):
+            return None
+        sig = types.uint32(smem)
+
+        def codegen(context, builder, sig, args):
+            return ptx._shared_address(builder, ptx._pointer1(context, builder, sig.args[0], args[0], types.int64,
+                                                              context.get_constant(types.int64, 0)))
+
+        return sig, codegen
+
+    @intrinsic
+    def fence_proxy_async(typingctx):
+        """``fence.proxy.async.shared::cta``: this thread's earlier shared-memory writes (stores, landed
+        ``cp.async`` copies) become visible to the tensor cores' reads after the next barrier."""
+        return ptx._void_asm("fence.proxy.async.shared::cta;")()
+
+else:
+
+    @lru_cache(maxsize=None)
+    def wgmma_ss(n: int, k_steps: int, bf16: bool, a_layout, b_layout, trans_b: bool = False, wait: bool = True):
+        """Simulator twin of ``wgmma_ss`` (see the GPU version; it completes at once, waiting or not)."""
+        _check(n, k_steps, a_layout, b_layout)
+
+        def mma(acc, smem, a_offset, b_offset):
+            a = _sim_operand(smem, a_offset, ROWS, a_layout, k_steps, False, bf16)
+            b = _sim_operand(smem, b_offset, n, b_layout, k_steps, trans_b, bf16)
+            ptx._sim_group_gather(None, WARPGROUP_THREADS)  # the warpgroup moves together, as on the GPU
+            _sim_store(acc, a @ (b if trans_b else b.T), n)
+
+        return mma
+
+    @lru_cache(maxsize=None)
+    def wgmma_rs(n: int, k_steps: int, bf16: bool, b_layout, trans_b: bool = True, wait: bool = True):
+        """Simulator twin of ``wgmma_rs`` (see the GPU version; it completes at once, waiting or not)."""
+        _check(n, k_steps, b_layout)
+
+        def mma(acc, a_regs, smem, b_offset):
+            a = _sim_register_a(a_regs, k_steps, bf16)
+            b = _sim_operand(smem, b_offset, n, b_layout, k_steps, trans_b, bf16)
+            d = _sim_load(acc, n) + a @ (b if trans_b else b.T)
+            _sim_store(acc, d, n)
+
+        return mma
+
+    @lru_cache(maxsize=None)
+    def wgmma_wait(n: int, pending: int):
+        """Simulator twin of ``wgmma_wait``: the twins' MMAs complete when issued."""
+
+        def wait(acc):
+            pass
+
+        return wait
+
+    def fence_proxy_async():
+        pass
+
+    def shared_address(smem):
+        """Simulator twin: element 0 of a shared array stands for an aligned address."""
+        return np.uint32(0)

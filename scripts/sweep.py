@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dtypes", type=_list(_dtype),
         help="dtypes for every sweep: fp16, fp32, bf16 [flash, decode: fp16; linear: fp16,fp32]")
     add("--providers", type=_list(str),
-        help="keep only providers whose name contains one of these substrings (e.g. numba,triton)")
+        help="keep only providers whose name contains one of these substrings (e.g. numba,triton); =name keeps "
+             "exactly that provider (e.g. =numba_attn for the default dispatch alone)")
     add("--batch", type=int, help="batch size for every sweep [flash 4, decode 8, linear 4]")
     add("--flash-configs", type=_list(_flash_config),
         help="flash (headdim:heads) configurations [64:48,128:32]")
@@ -927,7 +928,10 @@ def build_registry(env: Env, opts: Options) -> tuple[dict, dict]:
 def filter_registry(registry: dict, patterns: list | None) -> dict:
     if not patterns:
         return registry
-    return {s: {n: p for n, p in provs.items() if any(pat in n for pat in patterns)} for s, provs in registry.items()}
+    def keep(name: str) -> bool:
+        return any(name == pat[1:] if pat.startswith("=") else pat in name for pat in patterns)
+
+    return {s: {n: p for n, p in provs.items() if keep(n)} for s, provs in registry.items()}
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -185,6 +185,8 @@ def test_provider_filter_and_helpers(sweep):
     assert tol == {"fp16": 3e-3, "tf32": 1e-2}
     registry = {"flash": {"numba_attn": 1, "torch-sdpa-flash": 2, "triton-fa2": 3}}
     assert list(sweep.filter_registry(registry, ["numba", "triton"])["flash"]) == ["numba_attn", "triton-fa2"]
+    registry["flash"]["numba_attn[mma]"] = 4
+    assert list(sweep.filter_registry(registry, ["=numba_attn", "flash"])["flash"]) == ["numba_attn", "torch-sdpa-flash"]
 
 
 def test_backend_keyword_adds_providers(sweep):

@@ -110,17 +110,23 @@ def test_size_class():
 
 
 @pytest.mark.gpu
-def test_gpu_flash_forward_tunes_once_and_every_candidate_is_right(monkeypatch, tmp_path):
+@pytest.mark.parametrize("backend", ["mma", "wgmma"])
+def test_gpu_flash_forward_tunes_once_and_every_candidate_is_right(monkeypatch, tmp_path, backend):
     """On a GPU: the first call of a key times the candidates and writes the cache file; the result is right; the
     next call of the key does not time again. Each candidate alone also matches the reference."""
     import cupy
+    from numba import cuda
 
     from numba_attn import api
-    from numba_attn._kernels import flash_mma
+    from numba_attn._device import compute_capability
+    from numba_attn._kernels import flash_mma, flash_wgmma
 
+    if backend == "wgmma" and compute_capability() < flash_wgmma.MIN_COMPUTE_CAPABILITY:
+        pytest.skip("wgmma needs compute capability 9.0")
+    tuner, module = {"mma": (api.FLASH_MMA_TUNER, flash_mma), "wgmma": (api.FLASH_WGMMA_TUNER, flash_wgmma)}[backend]
     monkeypatch.setenv(_autotune.CACHE_DIR_ENV, str(tmp_path))
     monkeypatch.delenv(_autotune.ENABLE_ENV, raising=False)
-    api.FLASH_MMA_TUNER.forget()
+    tuner.forget()
     timed = []
     real_time = _autotune.time_on_stream
     monkeypatch.setattr(_autotune, "time_on_stream", lambda fn, stream, reps=_autotune.REPS: (
@@ -128,23 +134,21 @@ def test_gpu_flash_forward_tunes_once_and_every_candidate_is_right(monkeypatch, 
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((2, 3, n, 72)).astype(np.float16) for n in (1001, 777, 777))
     ref = reference.attention(q, k, v, causal=True)
-    out = numba_attn.flash_forward(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v), causal=True)
+    out = numba_attn.flash_forward(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v), causal=True, backend=backend)
     assert rel_error(out.get(), ref) <= TOLERANCE["float16"]
-    assert len(timed) == len(flash_mma.TUNING_CANDIDATES)
-    data = json.loads((tmp_path / "autotune-flash_mma.json").read_text())
+    assert len(timed) == len(module.TUNING_CANDIDATES)
+    data = json.loads((tmp_path / f"autotune-flash_{backend}.json").read_text())
     assert len(data) == 1 and list(data.values())[0]["config"] in [
-        dataclasses.asdict(c) for c in flash_mma.TUNING_CANDIDATES]
-    out = numba_attn.flash_forward(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v), causal=True)
-    assert len(timed) == len(flash_mma.TUNING_CANDIDATES)  # remembered
+        dataclasses.asdict(c) for c in module.TUNING_CANDIDATES]
+    out = numba_attn.flash_forward(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v), causal=True, backend=backend)
+    assert len(timed) == len(module.TUNING_CANDIDATES)  # remembered
     monkeypatch.setenv(_autotune.ENABLE_ENV, "0")
-    for config in flash_mma.TUNING_CANDIDATES:
+    for config in module.TUNING_CANDIDATES:
         qd, kd, vd = (cupy.asarray(x) for x in (q, k, v))
         out = cupy.full(q.shape, np.nan, np.float16)
         lse = cupy.full(q.shape[:3], np.nan, np.float32)
-        from numba import cuda
-
-        flash_mma.launch(*(cuda.as_cuda_array(x) for x in (qd, kd, vd, out, lse)), True, 1 / np.sqrt(72), True,
-                         cuda.default_stream(), config=config)
+        module.launch(*(cuda.as_cuda_array(x) for x in (qd, kd, vd, out, lse)), True, 1 / np.sqrt(72), True,
+                      cuda.default_stream(), config=config)
         cuda.default_stream().synchronize()
         assert rel_error(out.get(), ref) <= TOLERANCE["float16"], config
-    api.FLASH_MMA_TUNER.forget()
+    tuner.forget()

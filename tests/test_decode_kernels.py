@@ -351,7 +351,8 @@ def test_decode_takes_tensor_cores_only_where_it_applies():
     assert decides("float16", 8, 2, 1, True)  # one row: the mask is a no-op
     assert decides("float16", 8, 2, 3, False)
     assert not decides("float16", 8, 2, 3, True)  # the mask depends on the row's position
-    assert not decides("float16", 8, 8, 1, False)  # MHA stays on the SIMT kernel
+    assert decides("float16", 8, 8, 1, False)  # multi-head caches too (group 1)
+    assert not decides("float16", 8, 8, 3, True)  # several rows under a mask: the SIMT kernel
     assert not decides("float32", 8, 2, 1, False)
     shape = attention_shape(*_qkv(np.random.default_rng(0), 1, 8, 2, 1, 40, 16, "float16"))
     q16 = np.zeros((1, 8, 1, 16), np.uint16)
@@ -451,6 +452,8 @@ GPU_CASES = [
     (2, 4, 4, 1, 1000, 3, "float32", True, 5),
     # the tensor-core split kernel: GQA 8 with odd lengths, many / few splits, two passes at 256, element copies at 59
     (2, 32, 4, 128, 65537, 1, "float16", True, None),
+    (2, 8, 8, 128, 16385, 1, "float16", True, None),  # multi-head: the tensor-core split kernel as well
+    (1, 8, 8, 64, 3001, 2, "float16", False, 5),
     (1, 16, 2, 128, 3001, 3, "float16", False, 64),
     (2, 16, 4, 256, 5000, 1, "float16", False, None),
     (2, 16, 4, 59, 5000, 1, "float16", True, 3),
@@ -498,7 +501,7 @@ def test_gpu_launch_writes_poisoned_output_strided(dtype, num_splits):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch,heads,kv_heads,head_dim,seqlen_k,seqlen_q,causal,num_splits", [
-    (2, 8, 8, 128, 16384, 1, False, None),  # MHA: the SIMT split kernel and the combine
+    (2, 8, 8, 128, 16384, 1, False, None),  # MHA: the tensor-core split kernel and the combine
     (1, 4, 4, 64, 3001, 3, True, 1),  # one split: the split kernel writes bfloat16 itself
     (2, 32, 4, 128, 16385, 1, True, None),  # GQA 8: the tensor-core split kernel
     (1, 16, 2, 59, 5000, 1, False, 7),  # GQA, element copies (head dim 59)

@@ -489,9 +489,11 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
 #: tiles of the split-KV (decode) variant: one warp with one 16-row m-tile per block -- a GQA group's query rows of
 #: a token fill (part of) one m-tile -- and 64-key tiles; every block streams its own key range
 DECODE_CONFIG = MmaConfig(warps=1, m_tiles=1, block_n=64, min_warps=4)
-#: aim for this many split blocks per SM (two waves of the three 74 KB blocks that fit at D = 128). H100,
-#: 2026-11-22, B8 H32 Hkv4 D128 fp16 (.dev-style timing of launch_decode, CUDA events over 20 calls): at 64k keys
-#: 13 splits (3 per SM) 2199 GB/s, 26 splits 2558, 52 splits 2534; at 16k keys host-bound, 26 best by a little
+#: aim for at most this many split blocks per SM (two waves of the three 74 KB blocks that fit at D = 128), rounded
+#: DOWN to whole splits so that no third, mostly idle wave follows. H100, 2026-11-22, fp16 D128 (CUDA events over
+#: 20-30 calls): GQA (B8 H32 Hkv4) at 64k keys 13 splits 2199 GB/s, 26 splits 2558, 52 splits 2534; multi-head
+#: (B8 H32, 256 base blocks) at 16k / 64k keys 3 splits (1.9 waves) 2837 / 2937 GB/s, 4 splits (2.6 waves)
+#: 2754 / 2825, 5 splits 2603 / 2690, 7 splits 2749 / 2762, against 2459 / 2563 for the SIMT split kernel
 DECODE_BLOCKS_PER_SM = 6
 #: at least this many keys per split (each split writes float32 parts that the combine reads back)
 DECODE_MIN_KEYS_PER_SPLIT = 512
@@ -526,11 +528,11 @@ def launch_split(q, k, v, o_parts, lse_parts, sm_scale: float, causal: bool, str
 
 def choose_decode_splits(batch: int, kv_heads: int, rows: int, seqlen_k: int, sm_count: int,
                          config: MmaConfig | None = None) -> int:
-    """Splits for ``launch_decode``: about ``DECODE_BLOCKS_PER_SM`` blocks per SM over the (batch, kv head, row
+    """Splits for ``launch_decode``: at most ``DECODE_BLOCKS_PER_SM`` blocks per SM over the (batch, kv head, row
     tile) blocks, with at least ``DECODE_MIN_KEYS_PER_SPLIT`` keys each; 1 when the cache is short."""
     config = config or decode_config()
     base = max(1, batch * kv_heads * -(-rows // config.block_m))
-    wanted = -(-DECODE_BLOCKS_PER_SM * max(1, sm_count) // base)
+    wanted = DECODE_BLOCKS_PER_SM * max(1, sm_count) // base
     return max(1, min(wanted, seqlen_k // DECODE_MIN_KEYS_PER_SPLIT, 65535))
 
 

@@ -65,8 +65,8 @@ def _device_array_float32(shape):
 #: up to 128, rows that copy in aligned 16-byte pieces), "mma" (tensor cores on sm_80+: float16 / bfloat16 with
 #: m16n8k16 -- any head dim up to 256, any strides --, float32 with tf32 m16n8k8 -- 3xTF32, float32 accuracy, or one
 #: tf32 term with ``allow_tf32=True``) and "simt" (CUDA cores, float16 / float32, any GPU). ``backend=None`` picks
-#: "wgmma" where it applies (H100, 2026-11-22, docs/benchmarks.md: 1.02-1.17x the speed of torch SDPA's
-#: FlashAttention-2 backend against 0.8-0.9x for "mma"), else "mma", else "simt". For float32 "mma" ran at 43-56
+#: "wgmma" where it applies (H100, 2026-11-22, docs/benchmarks.md, B4 fp16 / bf16 at 2k-16k keys: 1.07-1.29x the
+#: speed of torch SDPA's FlashAttention-2 backend, against 0.78-1.04x for "mma"), else "mma", else "simt". For float32 "mma" ran at 43-56
 #: TFLOP/s, 1.0-1.6x torch SDPA's float32 path and 2.3-2.8x the SIMT kernel, with errors of 3e-7 .. 1.4e-6. Under
 #: the simulator float32 takes "simt", which needs no MMA emulation (much faster there), and 16-bit inputs "mma"
 #: (the warpgroup emulation is slower still); ``allow_tf32=True`` still picks "mma".

@@ -72,6 +72,19 @@ def test_simulated_negative_scale():
     check("float16", 1, 1, 1, 5, 40, 16, True, config=TINY, sm_scale=-0.3)
 
 
+def test_grid_limits():
+    from numba_attn._kernels import flash_mma
+
+    flash_mma.check_grid(65535, 65535)
+    with pytest.raises(ValueError, match="at most 65535"):
+        flash_mma.check_grid(65536, 1)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
+def test_simulated_no_keys():
+    check("float16", 1, 1, 1, 3, 0, 16, False, config=TINY)
+
+
 def test_unsupported_inputs_are_refused():
     stream = 0 if SIMULATOR else cuda.default_stream()
     q = cuda.to_device(np.zeros((1, 1, 4, 60), np.float16))  # headdim % 8 != 0: the element loader of "mma"
@@ -99,7 +112,7 @@ def test_head_dims(dtype, head_dim, causal):
 @hopper
 @pytest.mark.parametrize(
     "seqlen_q, seqlen_k",
-    [(1, 1), (1, 1000), (63, 65), (65, 63), (1000, 1), (1000, 1000), (130, 64), (64, 129)],
+    [(1, 1), (1, 1000), (63, 65), (65, 63), (1000, 1), (1000, 1000), (130, 64), (64, 129), (70, 0)],
 )
 @pytest.mark.parametrize("causal", [False, True])
 def test_lengths(seqlen_q, seqlen_k, causal):

@@ -302,6 +302,8 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
         if n_tiles > 0:
             p_times_v(acc, p, smem, v_base + ((n_tiles - 1) % 3) * TILE)
             wait_o(acc)
+        else:
+            wait_all()  # no key to see: only the Q copies are in flight; let them land before the block ends
 
         # ---- epilogue: full row sums, one division per row, output in the input dtype ---------------------------
         for half in range(2):

@@ -13,22 +13,26 @@ Work split
     together by barriers, so one block's softmax runs under another's MMAs.
 
 Shared memory (dynamic)
-    The Q tile, then two stages of (K tile, V tile), each in the 128-byte swizzled layout the tensor cores read
-    directly (``wgmma`` module docstring), from a 1024-byte aligned start. Q and K are read as K-major operands of
-    ``S = Q K^T``; V, stored the same way, as the N-major B operand of ``O += P V`` (``imm-trans-b = 1``): no
-    transposed copy. Rows past the sequence and columns past headdim are zero-filled.
+    The Q tile, two stages of K and three of V, each in the 128-byte swizzled layout the tensor cores read directly
+    (``wgmma`` module docstring), from a 1024-byte aligned start. Q and K are read as K-major operands of ``S = Q
+    K^T``; V, stored the same way, as the N-major B operand of ``O += P V`` (``imm-trans-b = 1``): no transposed
+    copy. Rows past the sequence and columns past headdim are zero-filled.
 
-Pipeline per K/V tile
+Pipeline per K/V tile ``j`` (tile 0 is peeled off the loop: see below)
     1. ``cp_async_wait_all`` + ``fence.proxy.async`` + barrier: tile ``j`` has landed and is visible to the tensor
-       cores, and everyone is done with tile ``j - 1``'s stage; the copies of tile ``j + 1`` start and run under
-       tile ``j``'s MMAs and softmax.
-    2. ``S = Q K^T``: ``d_pad / 16`` MMAs ``m64 n(block_n) k16``, A and B from shared memory.
-    3. Online softmax on the accumulators (``online_softmax``), masks only on tiles crossing the diagonal or the end
-       of the keys, base 2 with the scale folded into the exponent.
-    4. ``O += P V``: ``P`` rounded to the input dtype in registers is the A operand (four words per 16 keys,
-       ``block_n / 16`` MMAs ``m64 n(d_pad) k16``), V's B descriptor reads the tile transposed.
-    Each group of MMAs is issued, committed and waited for inside one inline-asm block (``wgmma.wgmma_ss`` /
-    ``wgmma_rs``).
+       cores; everyone is done with K of tile ``j - 1`` and V of tile ``j - 2``.
+    2. Issue ``S_j = Q K_j^T`` (``d_pad / 16`` MMAs ``m64 n(block_n) k16``, A and B from shared memory) and behind
+       it ``O += P_(j-1) V_(j-1)`` (``block_n / 16`` MMAs ``m64 n(d_pad) k16``, A = P in registers), then the
+       ``cp.async`` copies of tile ``j + 1``, all without waiting.
+    3. ``wait_group 1``: S_j is done (groups complete in order). The online softmax of S_j (``online_softmax``;
+       masks only on tiles crossing the diagonal or the end of the keys; base 2 with the scale folded into the
+       exponent) runs while the P V MMAs still run.
+    4. ``wait_group 0``; rescale O by this tile's ``alpha`` (skipped when no row max of the warp moved); round P_j
+       to the input dtype into the A registers of the next P V.
+    Each group of MMAs is one inline-asm block (``wgmma.wgmma_ss`` / ``wgmma_rs`` with ``wait=False``); the waits
+    pass the accumulators through as operands (``wgmma_wait``). With the first tile's issue inside an ``if`` in the
+    loop, the copies LLVM placed between issue and wait made ptxas serialise every MMA (warning C7513), hence the
+    peeled tile 0. Measured steps: docs/design.md and docs/benchmarks.md.
 """
 from __future__ import annotations
 

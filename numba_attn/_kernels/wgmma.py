@@ -4,9 +4,11 @@ A warpgroup is 4 consecutive warps (128 threads, the first warp's index a multip
 ``wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16}`` together: ``D (64 x N, float32) = A (64 x 16) B
 (16 x N) (+ D)``. B always comes from shared memory through a 64-bit *matrix descriptor*; A from shared memory too
 (``ss``) or from registers (``rs``). The factories below build one intrinsic per (N, k-steps, dtype, layout): it
-issues ``k_steps`` MMAs over consecutive 16-wide k-slices, commits them as one group and waits for it, so the
-accumulators are complete when the call returns (the asynchrony stays inside one inline-asm block, where neither
-LLVM nor the caller can touch the registers in flight).
+issues ``k_steps`` MMAs over consecutive 16-wide k-slices in one inline-asm block and commits them as one group.
+By default it also waits for the group, so the accumulators are complete when the call returns. With
+``wait=False`` the group stays in flight, and ``wgmma_wait(n, pending)`` later waits with the accumulators as
+read-write asm operands: LLVM cannot move a read of them above the wait, and the caller must not touch them (or the
+A registers) in between. Two groups can then overlap other work, e.g. a softmax under the P V MMAs.
 
 Register fragments (PTX ISA "Register Fragments", ``m64nNk16``): warp ``w`` of the warpgroup owns rows
 ``16 w .. 16 w + 15`` and, inside them, the layout of ``mma.sync.m16n8k16`` (``ptx`` module docstring): with

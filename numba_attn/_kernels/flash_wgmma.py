@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from numba import float32, types, uint16, uint32
+from numba import float32, uint16, uint32
 
 from .._device import SIMULATOR, cuda
 from .._device import launch as device_launch

@@ -49,7 +49,7 @@ from .._device import SIMULATOR, cuda, multiprocessor_count, resident_blocks
 from .._device import launch as device_launch
 from . import linear_chunked as chunked
 from . import linear_mma_f32 as f32
-from .linear_state import state_functions
+from .linear_state import stage_loader, state_functions
 from . import ptx
 from .linear_chunked import ChunkConfig
 from .staging import device_function, tile_loader
@@ -162,6 +162,7 @@ def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
     load_qk = tile_loader(NT, ROW_QK, E_PAD, C, np.uint16, vector)
     load_v = tile_loader(NT, ROW_V, COLS, C, np.uint16, vector)
     position, start_state, end_state = state_functions(WARPS, E_PAD, COLS, C, HAS_Q)
+    load_stage = stage_loader(load_qk, load_v, commit, K_OFF, V_OFF, HAS_Q)  # Q_OFF is 0
 
     @device_function
     def mma_pair(acc, n, a0, a1, a2, a3, b0, b1, b2, b3):
@@ -184,14 +185,6 @@ def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
         hi_odd = to_tf32(x_odd)
         store_record(smem32, R_OFF + ((e_pair * 4 + t_row) * RS + col) * 4, bits_float(hi_even), bits_float(hi_odd),
                      x_even - bits_float(hi_even), x_odd - bits_float(hi_odd))
-
-    @device_function
-    def load_stage(q_head, k_head, v_head, smem, base, tid, c0, seqlen, e_dim, col0, m_dim):
-        if HAS_Q:
-            load_qk(q_head, smem, base + Q_OFF, tid, c0, seqlen, 0, e_dim)
-        load_qk(k_head, smem, base + K_OFF, tid, c0, seqlen, 0, e_dim)
-        load_v(v_head, smem, base + V_OFF, tid, c0, seqlen, col0, m_dim)
-        commit()
 
     def kernel(q, k, v, out, increments, init, final, has_init, write_final, segment_chunks, state_segments, m_tiles):
         tid = cuda.threadIdx.x

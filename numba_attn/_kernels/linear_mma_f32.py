@@ -27,7 +27,7 @@ from numba import float32, uint16, uint32
 
 from .._device import cuda
 from . import ptx
-from .linear_state import state_functions
+from .linear_state import stage_loader, state_functions
 from .staging import device_function, tile_loader
 
 CAUSAL, STATES = 0, 1
@@ -107,6 +107,7 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
     load_qk = tile_loader(NT, ROW_QK, E_PAD, C, np.float32, vector)
     load_v = tile_loader(NT, ROW_V, COLS, C, np.float32, vector)
     position, start_state, end_state = state_functions(WARPS, E_PAD, COLS, C, HAS_Q)
+    load_stage = stage_loader(load_qk, load_v, commit, K_OFF, V_OFF, HAS_Q)  # Q_OFF is 0
 
     @device_function
     def hi_lo(x):
@@ -147,14 +148,6 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
         hi_high, lo_high = hi_lo(x_high)
         store_record(smem32, R_OFF + ((e8 * 4 + t_row) * RS + col) * 4, bits_float(hi_low), bits_float(hi_high),
                      bits_float(lo_low), bits_float(lo_high))
-
-    @device_function
-    def load_stage(q_head, k_head, v_head, smem32, base, tid, c0, seqlen, e_dim, col0, m_dim):
-        if HAS_Q:
-            load_qk(q_head, smem32, base + Q_OFF, tid, c0, seqlen, 0, e_dim)
-        load_qk(k_head, smem32, base + K_OFF, tid, c0, seqlen, 0, e_dim)
-        load_v(v_head, smem32, base + V_OFF, tid, c0, seqlen, col0, m_dim)
-        commit()
 
     def kernel(q, k, v, out, increments, init, final, has_init, write_final, segment_chunks, state_segments, m_tiles):
         tid = cuda.threadIdx.x

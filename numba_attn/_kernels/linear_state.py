@@ -19,6 +19,25 @@ from .staging import device_function
 SUM_GROUP = 4
 
 
+def stage_loader(load_qk, load_v, commit, k_off: int, v_off: int, has_q: bool):
+    """``load_stage(q_head, k_head, v_head, smem, base, tid, c0, seqlen, e_dim, col0, m_dim)``: start the copies of
+    one chunk's stage -- Q (when ``has_q``) at ``base``, K at ``base + k_off``, V's columns ``col0 ..`` at ``base +
+    v_off`` -- with the kernel's own tile loaders, as one commit group."""
+    HAS_Q = has_q
+    K_OFF = k_off
+    V_OFF = v_off
+
+    @device_function
+    def load_stage(q_head, k_head, v_head, smem, base, tid, c0, seqlen, e_dim, col0, m_dim):
+        if HAS_Q:
+            load_qk(q_head, smem, base, tid, c0, seqlen, 0, e_dim)
+        load_qk(k_head, smem, base + K_OFF, tid, c0, seqlen, 0, e_dim)
+        load_v(v_head, smem, base + V_OFF, tid, c0, seqlen, col0, m_dim)
+        commit()
+
+    return load_stage
+
+
 def state_functions(warps: int, e_pad: int, cols: int, chunk: int, has_q: bool):
     """``(position, start_state, end_state)`` device functions for one specialisation (``has_q``: the CAUSAL walk;
     else the STATES pass)."""

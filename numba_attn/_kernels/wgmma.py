@@ -163,7 +163,6 @@ def _sim_register_a(a_regs, k_steps: int, bf16: bool) -> np.ndarray:
 if not SIMULATOR:
     from llvmlite import ir
     from numba import types
-    from numba.core import cgutils
     from numba.cuda.extending import intrinsic
 
     _I32 = ir.IntType(32)

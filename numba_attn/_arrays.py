@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ._device import SIMULATOR, DeviceView, cuda, current_device_id, external_stream
+from ._device import SIMULATOR, DeviceView, cuda, current_device_id, default_stream, external_stream
 
 #: Head dims the kernels accept (the tiles hold at most 256 columns).
 MAX_HEAD_DIM = 256
@@ -33,35 +33,50 @@ _HOST, _CUPY, _TORCH, _NUMBA = "host", "cupy", "torch", "numba"
 BFLOAT16 = "bfloat16"
 
 
+# Every public call looks up its arrays' library and dtype names; decoding calls come once per generated token and
+# take tens of microseconds of GPU time, so these lookups are cached per type / dtype object.
+_LIBRARY_OF_TYPE: dict = {}
+_TORCH_DTYPE_NAMES: dict = {}
+
+
 def _library_of(x: Any) -> str:
+    library = _LIBRARY_OF_TYPE.get(type(x))
+    if library is not None:
+        return library
     module = type(x).__module__
     if isinstance(x, np.ndarray):
-        return "numpy"
-    if module.startswith("torch"):
-        return "torch"
-    if module.startswith("cupy"):
-        return "cupy"
-    if hasattr(x, "__cuda_array_interface__"):
-        return "numba"
-    return "unknown"
+        library = "numpy"
+    elif module.startswith("torch"):
+        library = "torch"
+    elif module.startswith("cupy"):
+        library = "cupy"
+    elif hasattr(x, "__cuda_array_interface__"):
+        return "numba"  # any object with the interface: by object, not by type
+    else:
+        return "unknown"
+    _LIBRARY_OF_TYPE[type(x)] = library
+    return library
 
 
 def _dtype_name(x: Any, library: str) -> str:
     if library == "torch":
-        name = str(x.dtype).replace("torch.", "")
-        return {"half": "float16", "float": "float32", "double": "float64"}.get(name, name)
+        name = _TORCH_DTYPE_NAMES.get(x.dtype)
+        if name is None:
+            name = str(x.dtype).replace("torch.", "")
+            name = {"half": "float16", "float": "float32", "double": "float64"}.get(name, name)
+            _TORCH_DTYPE_NAMES[x.dtype] = name
+        return name
     return np.dtype(x.dtype).name
 
 
-def _torch_device_index(x: Any) -> int:
-    return x.device.index if x.device.index is not None else 0
-
-
-@dataclass
+@dataclass(frozen=True)
 class _Placement:
     kind: str  # host, cupy, torch or numba
     library: str  # numpy, torch, cupy, numba
     device_id: int  # -1 for host arrays
+
+
+_TORCH_CUDA_PLACEMENTS: dict = {}
 
 
 def _placement(name: str, x: Any) -> _Placement:
@@ -69,8 +84,12 @@ def _placement(name: str, x: Any) -> _Placement:
     if library == "numpy":
         return _Placement(_HOST, "numpy", -1)
     if library == "torch":
-        if x.device.type == "cuda":
-            return _Placement(_TORCH, "torch", _torch_device_index(x))
+        if x.is_cuda:
+            index = x.get_device()
+            placement = _TORCH_CUDA_PLACEMENTS.get(index)
+            if placement is None:
+                placement = _TORCH_CUDA_PLACEMENTS[index] = _Placement(_TORCH, "torch", index)
+            return placement
         if x.device.type == "cpu":
             return _Placement(_HOST, "torch", -1)
         raise TypeError(f"{name}: torch tensors must be on a CUDA device or the CPU, got device {x.device}")
@@ -134,9 +153,7 @@ class Call:
                 arr = cupy.empty(shape, dtype=_storage_dtype(dtype))
             return Output(view=_device_view_of_cupy(arr), obj=arr)
         if self.kind == _TORCH:
-            import torch
-
-            arr = torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{self.device_id}")
+            arr = fast_library("torch").empty(shape, dtype, self.device_id)
             return Output(view=_device_view_of_torch(arr), obj=arr)
         view = cuda.device_array(shape, dtype=_storage_dtype(dtype), stream=self.stream)
         return Output(view=view, obj=view)
@@ -239,6 +256,83 @@ def _device_view_of_cupy(x: Any) -> DeviceView:
     return DeviceView(x.data.ptr, x.shape, x.strides, x.dtype, x)
 
 
+def fast_layout(x: Any):
+    """``(dtype, device, shape, byte strides, pointer, storage dtype)`` of a torch CUDA tensor or a CuPy array, read
+    with a few attribute lookups (``_decode_plan``'s keys); None for anything else."""
+    library = _library_of(x)
+    if library == "torch":
+        if not _TORCH_DTYPES:
+            _TORCH_DTYPES.update(_torch_storage_dtypes())
+        storage = _TORCH_DTYPES.get(x.dtype)
+        if storage is None or not x.is_cuda:
+            return None
+        itemsize = storage.itemsize
+        return (x.dtype, x.get_device(), tuple(x.shape), tuple(s * itemsize for s in x.stride()), x.data_ptr(),
+                storage)
+    if library == "cupy":
+        return (x.dtype, x.device.id, x.shape, x.strides, x.data.ptr, x.dtype)
+    return None
+
+
+class _TorchOps:
+    """The few torch operations a planned call needs (``fast_library``)."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+
+    def empty(self, shape: tuple, dtype: str, device_id: int):
+        return self.torch.empty(shape, dtype=getattr(self.torch, dtype), device=device_id)
+
+    @staticmethod
+    def pointer(x) -> int:
+        return x.data_ptr()
+
+    @staticmethod
+    def view(x) -> DeviceView:
+        return _device_view_of_torch(x)
+
+    def stream(self, device_id: int) -> int:
+        return self.torch.cuda.current_stream(device_id).cuda_stream
+
+
+class _CupyOps:
+    """The few CuPy operations a planned call needs (``fast_library``)."""
+
+    def __init__(self):
+        import cupy
+
+        self.cupy = cupy
+
+    def empty(self, shape: tuple, dtype: str, device_id: int):
+        with self.cupy.cuda.Device(device_id):
+            return self.cupy.empty(shape, dtype=_storage_dtype(dtype))
+
+    @staticmethod
+    def pointer(x) -> int:
+        return x.data.ptr
+
+    @staticmethod
+    def view(x) -> DeviceView:
+        return _device_view_of_cupy(x)
+
+    def stream(self, device_id: int) -> int:
+        with self.cupy.cuda.Device(device_id):
+            return self.cupy.cuda.get_current_stream().ptr
+
+
+_FAST_LIBRARIES: dict = {}
+
+
+def fast_library(library: str):
+    """Allocation, pointers, views and the current stream of ``library`` ("torch" or "cupy")."""
+    ops = _FAST_LIBRARIES.get(library)
+    if ops is None:
+        ops = _FAST_LIBRARIES[library] = {"torch": _TorchOps, "cupy": _CupyOps}[library]()
+    return ops
+
+
 def _caller_stream(kind: str, device_id: int):
     if SIMULATOR:
         return 0
@@ -254,7 +348,7 @@ def _caller_stream(kind: str, device_id: int):
     else:
         return cuda.default_stream()
     # ptr 0 is the legacy default stream; Numba's default stream object is that stream
-    return external_stream(ptr) if ptr else cuda.default_stream()
+    return external_stream(ptr) if ptr else default_stream(device_id)
 
 
 def prepare(
@@ -347,6 +441,30 @@ def restride(view: Any, shape: tuple, strides: tuple):
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
     return DeviceNDArray(shape=shape, strides=strides, dtype=view.dtype, stream=view.stream, gpu_data=view.gpu_data)
+
+
+def carve(buffer: Any, shapes: list) -> list:
+    """C-contiguous views of consecutive pieces of the flat ``buffer`` (a device view, a Numba device array or a
+    simulator NumPy array), one per shape: several scratch arrays from one allocation."""
+    views, offset = [], 0
+    for shape in shapes:
+        size = 1
+        for n in shape:
+            size *= n
+        if isinstance(buffer, DeviceView):
+            itemsize = buffer.dtype.itemsize
+            strides, step = [], itemsize
+            for n in reversed(shape):
+                strides.append(step)
+                step *= n
+            views.append(DeviceView(buffer.ptr + offset * itemsize, shape, tuple(reversed(strides)), buffer.dtype,
+                                    buffer.owner))
+        else:
+            views.append(buffer[offset:offset + size].reshape(shape))
+        offset += size
+    if offset > buffer.shape[0]:
+        raise ValueError(f"buffer: {buffer.shape[0]} elements cannot hold pieces of {offset}")
+    return views
 
 
 def rows_in_pieces(x: Any, elements: int) -> bool:

@@ -77,13 +77,23 @@ def external_stream(ptr: int):
     return cuda.external_stream(ptr)
 
 
-def kernel_jit(launch_bounds=None, **options):
+@functools.lru_cache(maxsize=64)
+def default_stream(device_id: int):
+    """Numba's default-stream object, made once per device (``cuda.default_stream()`` checks the context first,
+    some microseconds on every call)."""
+    return cuda.default_stream()
+
+
+def kernel_jit(launch_bounds=None, signature=None, **options):
     """``cuda.jit`` for the package's kernels: cached on disk on a GPU; GPU-only options are dropped under the
-    simulator (which accepts neither caching nor launch bounds)."""
+    simulator (which accepts neither caching nor launch bounds). With a ``signature`` the kernel is compiled for it
+    alone, and ``launch`` then needs no per-call typing of the arguments."""
     if SIMULATOR:
         return cuda.jit
     if launch_bounds is not None:
         options["launch_bounds"] = launch_bounds
+    if signature is not None:
+        return cuda.jit(signature, cache=True, **options)
     return cuda.jit(cache=True, **options)
 
 
@@ -136,6 +146,10 @@ class DeviceView:
 
     def with_axes(self, shape: tuple, strides: tuple) -> "DeviceView":
         return DeviceView(self.ptr, shape, strides, self.dtype, self.owner)
+
+    def moved(self, ptr: int, owner) -> "DeviceView":
+        """The same shape, strides and dtype over other memory (``owner``'s, at ``ptr``)."""
+        return DeviceView(ptr, self.shape, self.strides, self.dtype, owner)
 
     @classmethod
     def of(cls, x) -> "DeviceView":
@@ -307,7 +321,7 @@ def launch(kernel, grid, block, stream, shared_bytes: int, *args) -> None:
             values.append(a)
             continue
         view = a if isinstance(a, DeviceView) else DeviceView.of(a)
-        if view.dtype != spec[0] or len(view.shape) != spec[1]:
+        if (view.dtype is not spec[0] and view.dtype != spec[0]) or len(view.shape) != spec[1]:
             raise TypeError(f"kernel argument: expected a {spec[1]}-d {spec[0]} array, got {view.ndim}-d {view.dtype}")
         values.extend(view.params)
     if shared_bytes > entry.shared_raised:

@@ -18,7 +18,7 @@ import numbers
 
 import numpy as np
 
-from . import _arrays, _autotune
+from . import _arrays, _autotune, _decode_plan
 from ._arrays import attention_shape, lift, prepare
 from ._device import SIMULATOR, compute_capability, multiprocessor_count
 from ._kernels import decode as _decode
@@ -152,13 +152,22 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
         isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits < 1
     ):
         raise ValueError(f"num_splits: expected an integer >= 1 or None, got {num_splits!r}")
-    return _attention(q, k, v, causal, sm_scale, return_lse, None, num_splits=num_splits, decode=True, backend=None)
+    key = None
+    if sm_scale is None or (isinstance(sm_scale, numbers.Real) and not isinstance(sm_scale, bool)):
+        key, plan, layouts = _decode_plan.find(q, k, v, causal, sm_scale, num_splits, return_lse)
+        if plan is not None:
+            result = plan.run(q, k, v, layouts)
+            if result is not None:
+                return result
+    return _attention(q, k, v, causal, sm_scale, return_lse, None, num_splits=num_splits, decode=True, backend=None,
+                      plan_key=key)
 
 
 _MAX_SEQLEN_Q = 65535 * 64
 
 
-def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, backend, allow_tf32=False):
+def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, backend, allow_tf32=False,
+               plan_key=None):
     shape = attention_shape(q, k, v)
     sm_scale = _check_sm_scale(sm_scale, shape.head_dim)
     if not decode and shape.seqlen_q > _MAX_SEQLEN_Q:
@@ -187,8 +196,14 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
         grouped = _decode_on_tensor_cores(call.dtype, shape, args, causal) if decode else None
         if grouped is not None:
             q_rows, out_rows, lse_rows = grouped
-            _flash_mma.launch_decode(q_rows, args[1], args[2], out_rows, lse_rows, args[5], sm_scale, num_splits,
-                                     call.stream, call.scratch, multiprocessor_count(), dtype=call.dtype)
+            decode_launch = _flash_mma.DecodeLaunch(
+                q_rows, out_rows, args[5], sm_scale, num_splits, multiprocessor_count(), dtype=call.dtype,
+                vector_loads=_flash_mma.vector_loads_ok(q_rows, args[1], args[2]))
+            decode_launch(q_rows, args[1], args[2], out_rows, lse_rows, call.stream, call.scratch)
+            if plan_key is not None and shape.seqlen_k > 0:  # later calls like this one skip the checks
+                _decode_plan.register(plan_key, _decode_plan.DecodePlan(
+                    call, shape.out_shape(), shape.lse_shape() if return_lse else None, q_rows, out_rows,
+                    lse_rows, decode_launch))
         elif decode:
             if num_splits is None:
                 num_splits = _decode.choose_num_splits(

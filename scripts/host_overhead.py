@@ -1,5 +1,7 @@
 """Host time per public call: how long the Python side of each numba_attn function takes at sizes where the GPU
-work is negligible, with the cached launcher (`_device.FAST_LAUNCH = True`) and with Numba's own launch.
+work is negligible, with Numba's own launch, with the cached launcher (`_device.FAST_LAUNCH = True`), and with that
+launcher and the decode plans (`_decode_plan.ENABLED = True`: repeated tensor-core `flash_decode` calls skip the
+checks; the other functions do not use them).
 
 Each case makes its inputs once (torch or CuPy), warms up, then times ``--calls`` back-to-back calls with a wall
 clock and one synchronise at the end: with kernels of a few microseconds the GPU keeps up and the time per call is
@@ -18,7 +20,10 @@ import time
 import numpy as np
 
 import numba_attn
-from numba_attn import _device
+from numba_attn import _decode_plan, _device
+
+#: (column title, FAST_LAUNCH, decode plans)
+MODES = (("numba launch", False, False), ("fast launch", True, False), ("fast + plans", True, True))
 
 
 def _cases(library: str):
@@ -90,17 +95,17 @@ def main():
     args = parser.parse_args()
     if numba_attn.SIMULATOR:
         raise SystemExit("host_overhead.py needs a GPU")
-    print(f"{'case':32s} {'library':8s} {'numba launch':>14s} {'fast launch':>13s} {'saved':>8s}")
+    print(f"{'case':40s} {'library':8s}" + "".join(f" {title:>14s}" for title, _, _ in MODES) + f" {'saved':>8s}")
     for library in args.library:
         for name, (fn, fargs, kwargs) in _cases(library).items():
-            times = {}
-            for fast in (False, True):
-                _device.FAST_LAUNCH = fast
-                times[fast] = _per_call_us(fn, fargs, kwargs, args.calls, library)
-            print(f"{name:32s} {library:8s} {times[False]:11.1f} us {times[True]:10.1f} us "
-                  f"{times[False] / times[True]:7.2f}x", flush=True)
+            times = []
+            for _, fast, plans in MODES:
+                _device.FAST_LAUNCH, _decode_plan.ENABLED = fast, plans
+                times.append(_per_call_us(fn, fargs, kwargs, args.calls, library))
+            print(f"{name:40s} {library:8s}" + "".join(f" {t:11.1f} us" for t in times)
+                  + f" {times[0] / times[-1]:7.2f}x", flush=True)
+        _device.FAST_LAUNCH, _decode_plan.ENABLED = True, True
         if args.profile:
-            _device.FAST_LAUNCH = True
             for name, (fn, fargs, kwargs) in _cases(library).items():
                 if name.startswith(args.profile):
                     profiler = cProfile.Profile()
@@ -113,7 +118,7 @@ def main():
                     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(18)
                     print(f"\nprofile of {args.calls} calls: {name} ({library})\n{text.getvalue()}")
                     break
-    _device.FAST_LAUNCH = True
+    _device.FAST_LAUNCH, _decode_plan.ENABLED = True, True
 
 
 if __name__ == "__main__":

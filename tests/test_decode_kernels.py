@@ -577,3 +577,128 @@ def test_gpu_flash_decode_on_non_default_stream():
         out, lse = numba_attn.flash_decode(q_d, k_d, v_d, causal=True, num_splits=16, return_lse=True)
     s.synchronize()
     _check_attention(out.get(), lse.get(), q, k, v, True)
+
+
+# -- repeated calls served by decode plans (numba_attn._decode_plan) ---------------------------------------------
+def _gpu_maker(library):
+    if library == "torch":
+        import torch
+
+        return lambda x: torch.from_numpy(x).cuda(), lambda x: x.float().cpu().numpy()
+    import cupy
+
+    return cupy.asarray, lambda x: x.get().astype(np.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("library", ["torch", "cupy"])
+def test_gpu_planned_calls_skip_the_checks_and_stay_right(library, monkeypatch):
+    """After one checked call, calls of the same kind go through its plan -- the checked path is not entered again --
+    while the cache grows (a slice of a longer buffer, or contiguous with new strides) and on another stream."""
+    from numba_attn import _decode_plan, api
+
+    make, host = _gpu_maker(library)
+    _decode_plan.clear()
+    rng = np.random.default_rng(40)
+    q = rng.standard_normal((2, 32, 1, 128)).astype(np.float16)
+    k_buf, v_buf = (rng.standard_normal((2, 4, 9000, 136)).astype(np.float16) for _ in range(2))
+    qd, kd, vd = make(q), make(k_buf), make(v_buf)
+
+    def check(out, length, k=None, v=None):
+        k = k_buf[:, :, :length, :128] if k is None else k
+        v = v_buf[:, :, :length, :128] if v is None else v
+        ref = reference.attention(q, k, v)
+        assert rel_error(host(out), ref) <= TOLERANCE["float16"]
+
+    check(numba_attn.flash_decode(qd, kd[:, :, :5000, :128], vd[:, :, :5000, :128]), 5000)
+    assert len(_decode_plan._PLANS) == 1
+
+    def checked_path(*args, **kwargs):
+        raise AssertionError("the checked path ran for a planned call")
+
+    monkeypatch.setattr(api, "_attention", checked_path)
+    for length in (5001, 8999, 1, 4097):
+        check(numba_attn.flash_decode(qd, kd[:, :, :length, :128], vd[:, :, :length, :128]), length)
+    k_new, v_new = (rng.standard_normal((2, 4, 777, 128)).astype(np.float16) for _ in range(2))
+    check(numba_attn.flash_decode(qd, make(k_new), make(v_new)), 777, k_new, v_new)
+    if library == "cupy":  # a non-blocking stream busy with the inputs' producer: the plan launches on it
+        import cupy
+
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            busy = cupy.ones((2048, 2048), np.float32)
+            for _ in range(20):
+                busy = busy @ busy * (1.0 / 2048)
+            zero = (busy[0, 0] - 1.0).astype(np.float16)
+            out = numba_attn.flash_decode(qd + zero, kd[:, :, :3000, :128] + zero, vd[:, :, :3000, :128] + zero)
+        stream.synchronize()
+        check(out, 3000)
+    monkeypatch.undo()
+
+    # what the key does not pin down goes back to the checked path: K and V of different lengths ...
+    with pytest.raises(ValueError, match="seqlen"):
+        numba_attn.flash_decode(qd, kd[:, :, :100, :128], vd[:, :, :101, :128])
+    # ... and rows that cannot be read in aligned 16-byte pieces are another kind of call (element copies)
+    check(numba_attn.flash_decode(qd, kd[:, :, :2000, 1:129], vd[:, :, :2000, 1:129]), 2000,
+          k_buf[:, :, :2000, 1:129], v_buf[:, :, :2000, 1:129])
+    assert len(_decode_plan._PLANS) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(32, 1, 64), (8, 3, 64)])
+def test_gpu_planned_calls_bfloat16_lse_and_2d(shape, monkeypatch):
+    """Plans for torch bfloat16 with lse, and for unbatched (seqlen, headdim) inputs."""
+    import torch
+
+    from numba_attn import _decode_plan, api
+
+    _decode_plan.clear()
+    rng = np.random.default_rng(41)
+    heads, seqlen_q, head_dim = shape
+    (q, k, v), values = _bf16_inputs(rng, 1, heads, heads // 8 if heads >= 8 else 1, seqlen_q, 3000, head_dim)
+    tq, tk, tv = (torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16) for x in (q, k, v))
+    for call in range(3):
+        if call == 1:
+            monkeypatch.setattr(api, "_attention", lambda *a, **kw: pytest.fail("checked path"))
+        length = 3000 - 7 * call
+        out, lse = numba_attn.flash_decode(tq, tk[:, :, :length], tv[:, :, :length], return_lse=True)
+        ref_out, ref_lse = reference.attention(values[0], values[1][:, :, :length], values[2][:, :, :length],
+                                               return_lse=True)
+        assert out.dtype == torch.bfloat16
+        assert rel_error(out.float().cpu().numpy(), ref_out) <= TOLERANCE["bfloat16"]
+        assert_close_lse(lse, ref_lse)
+    monkeypatch.undo()
+    # (seqlen, headdim) inputs: k and v's length is their first axis
+    q2, k2, v2 = (x[0, 0].astype(np.float16) for x in _qkv(rng, 1, 1, 1, 1, 2500, 64, "float32"))
+    for length in (2500, 2499):
+        out = numba_attn.flash_decode(torch.from_numpy(q2).cuda(), torch.from_numpy(k2[:length]).cuda(),
+                                      torch.from_numpy(v2[:length]).cuda())
+        ref = reference.attention(q2, k2[:length], v2[:length])
+        assert out.shape == q2.shape
+        assert rel_error(out.float().cpu().numpy(), ref) <= TOLERANCE["float16"]
+
+
+@pytest.mark.gpu
+def test_gpu_flash_decode_in_a_cuda_graph():
+    """A decoding step captured in a torch CUDA graph (after one call outside it) replays right on new data: the
+    way to take the per-call host time out of a decode loop."""
+    import torch
+
+    rng = np.random.default_rng(42)
+    q, k, v = _qkv(rng, 2, 32, 4, 1, 6000, 128, "float16")
+    tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k, v))
+    numba_attn.flash_decode(tq, tk, tv)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        numba_attn.flash_decode(tq, tk, tv)  # warm-up on the capture stream, as torch asks
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = numba_attn.flash_decode(tq, tk, tv)
+    q2, k2, v2 = _qkv(rng, 2, 32, 4, 1, 6000, 128, "float16")
+    for dst, src in ((tq, q2), (tk, k2), (tv, v2)):
+        dst.copy_(torch.from_numpy(src))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_error(out.float().cpu().numpy(), reference.attention(q2, k2, v2)) <= TOLERANCE["float16"]

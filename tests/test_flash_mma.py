@@ -137,6 +137,16 @@ def test_simulated_two_m_tiles_per_warp():
 
 
 @simulator_only
+@pytest.mark.parametrize("stages", [3, 4])
+def test_simulated_deeper_pipeline(stages):
+    # the stage of tile j is j % stages and the prologue fills stages - 1 of them: 5 tiles of 16 keys with a tail,
+    # fewer tiles than stages in the second block's causal range
+    config = flash_mma.MmaConfig(warps=1, m_tiles=1, block_n=16, block_n_wide=16, max_single_pass_dim=32,
+                                 stages=stages)
+    _check("float16", 1, 1, 1, 20, 75, 16, True, config=config)
+
+
+@simulator_only
 def test_simulated_negative_scale():
     _check("float16", 1, 1, 1, 9, 20, 16, True, config=TINY, sm_scale=-0.3)
 
@@ -193,6 +203,15 @@ def test_scale_zero_or_negative(sm_scale):
 def test_long_rows_many_tiles(head_dim):
     # many K/V tiles through both pipeline stages, Lq != Lk, a tail tile and a tail query block
     _check("bfloat16", 1, 2, 1, 1100, 3001, head_dim, True, seed=11)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stages, block_n", [(3, 64), (4, 32)])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_deeper_pipelines(stages, block_n, head_dim):
+    # more tiles in flight (cp.async.wait_group stages - 2): a tail tile, Lq != Lk, and two passes at head dim 256
+    config = flash_mma.MmaConfig(warps=4, m_tiles=1, block_n=block_n, block_n_wide=32, stages=stages)
+    _check("float16", 1, 2, 1, 300, 1001, head_dim, True, config=config, seed=stages)
 
 
 @pytest.mark.gpu

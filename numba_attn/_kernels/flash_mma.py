@@ -12,15 +12,16 @@ Work split
     of all ``m_tiles`` tiles. The block walks the keys in tiles of ``block_n``.
 
 Shared memory (dynamic; ``_Tiles.shared_bytes``)
-    The Q tile, then two stages of (K tile, V tile), all stored ``[row][d]`` with rows of ``d_pad + 8`` 16-bit
+    The Q tile, then ``stages`` (2 by default) stages of (K tile, V tile), all stored ``[row][d]`` with rows of ``d_pad + 8`` 16-bit
     elements: an odd number of 16-byte pieces, so the 8 row addresses of one ``ldmatrix`` matrix fall in 8 different
     bank groups. Rows >= the sequence length and columns >= headdim are zeros (they add exactly 0, never NaN).
 
 Pipeline per K/V tile
-    1. ``cp_async_wait_all`` + barrier: tile ``j`` has landed for everyone, and everyone is done with the stage that
-       tile ``j + 1`` goes to. Then the 16-byte ``cp.async`` copies of tile ``j + 1`` start (one commit group), and
-       run under tile ``j``'s MMAs. When rows cannot be read in aligned 16-byte pieces (``vector_loads_ok``: headdim
-       % 8, a strided last axis, unaligned rows) the copy is element by element and synchronous, into the same layout.
+    1. ``cp_async_wait_group(stages - 2)`` + barrier: tile ``j`` has landed for everyone, and everyone is done with
+       the stage that tile ``j + stages - 1`` goes to. Then the 16-byte ``cp.async`` copies of that tile start (one
+       commit group), and run under the MMAs of tile ``j`` (and of the tiles before it lands). When rows cannot be
+       read in aligned 16-byte pieces (``vector_loads_ok``: headdim % 8, a strided last axis, unaligned rows) the
+       copy is element by element and synchronous, into the same layout.
     2. ``S = Q K^T``: A fragments of Q and B fragments of K by ``ldmatrix.x4`` (``ptx`` module docstring).
     3. Online softmax on the C fragments (``online_softmax``, once per m-tile): row maxima finished with two butterfly
        shuffles (lane masks 1 and 2); base 2, with the maximum kept on the UNSCALED scores so that
@@ -64,7 +65,7 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types, uint16, uint32
 
-from .._arrays import grouped_heads, rows_in_pieces
+from .._arrays import carve, grouped_heads, rows_in_pieces
 from .._device import SIMULATOR, cuda
 from .._device import launch as device_launch
 from . import decode as _decode
@@ -89,6 +90,8 @@ class MmaConfig:
     # launch bound, as warps per SM to keep resident: min blocks per SM = min_warps // warps (at least 1), which caps
     # the registers at 64K / (32 * warps * blocks): 8 warps = 2 blocks of 4 warps, 255 registers
     min_warps: int = 8
+    # cp.async stages of (K tile, V tile): the copies of the next ``stages - 1`` tiles run under each tile's MMAs
+    stages: int = 2
 
     @property
     def block_m(self) -> int:
@@ -142,6 +145,7 @@ class _Tiles:
     block_n: int
     d_pad: int
     d_pass: int
+    stages: int = 2
 
     @property
     def block_m(self) -> int:
@@ -163,8 +167,8 @@ class _Tiles:
 
     @property
     def shared_bytes(self) -> int:
-        """Dynamic shared memory: the Q tile, then two stages of (K tile, V tile)."""
-        return 2 * (self.block_m * self.row + 2 * 2 * self.tile)
+        """Dynamic shared memory: the Q tile, then ``stages`` stages of (K tile, V tile)."""
+        return 2 * (self.block_m * self.row + self.stages * 2 * self.tile)
 
 
 #: the H100's (and A100's) opt-in limit of shared memory per block
@@ -176,11 +180,14 @@ def tiles_for(config: MmaConfig, head_dim_pad: int) -> _Tiles:
     if head_dim_pad % 16 or not 16 <= head_dim_pad <= 256:
         raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, 256], got {head_dim_pad}")
     if head_dim_pad <= config.max_single_pass_dim:
-        tiles = _Tiles(config.warps, config.m_tiles, config.block_n, head_dim_pad, head_dim_pad)
+        tiles = _Tiles(config.warps, config.m_tiles, config.block_n, head_dim_pad, head_dim_pad, config.stages)
     elif head_dim_pad % 32:
         raise ValueError(f"head_dim_pad above {config.max_single_pass_dim} must be a multiple of 32, got {head_dim_pad}")
     else:
-        tiles = _Tiles(config.warps, config.m_tiles, config.block_n_wide, head_dim_pad, head_dim_pad // 2)
+        tiles = _Tiles(config.warps, config.m_tiles, config.block_n_wide, head_dim_pad, head_dim_pad // 2,
+                       config.stages)
+    if tiles.stages < 2:
+        raise ValueError(f"stages must be at least 2, got {tiles.stages}")
     if tiles.block_n % 16:
         raise ValueError(f"block_n must be a multiple of 16, got {tiles.block_n}")
     if tiles.shared_bytes > MAX_SHARED_BYTES:
@@ -228,6 +235,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     Q_TILE = BLOCK_M * ROW  # shared memory: Q tile, then per stage a K tile and a V tile
     TILE = tiles.tile
     STAGE = 2 * TILE
+    STAGES = tiles.stages
     QK_STEPS = tiles.d_pad // 16  # k-steps of S = Q K^T
     S_BLOCKS = BLOCK_N // 8  # n8 blocks of S
     PV_STEPS = BLOCK_N // 16  # k-steps of O += P V
@@ -249,9 +257,10 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     ldmatrix = ptx.ldmatrix_x4
     ldmatrix_trans = ptx.ldmatrix_x4_trans
     commit = ptx.cp_async_commit
-    wait_all = ptx.cp_async_wait_all
+    wait_tile = ptx.cp_async_wait_group(STAGES - 2)  # the oldest group in flight (tile j's) has landed
     load_q_tile = tile_loader(32 * WARPS, ROW, tiles.d_pad, BLOCK_M, np.uint16, vector_loads)
-    load_tile = tile_loader(32 * WARPS, ROW, tiles.d_pad, BLOCK_N, np.uint16, vector_loads)
+    # the split (decode) variant streams long runs of cache rows once: L2 fetches 256-byte groups ahead
+    load_tile = tile_loader(32 * WARPS, ROW, tiles.d_pad, BLOCK_N, np.uint16, vector_loads, l2_prefetch=split)
 
     online_softmax = softmax_step(S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True)
 
@@ -308,7 +317,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
         v_lane = (8 * ((lane // 8) % 2) + lane % 8) * ROW + 8 * (lane // 16)
         q_lane = warp_row * ROW + v_lane
 
-        smem = cuda.shared.array(0, uint16)  # dynamic: Q tile, 2 stages x (K tile, V tile), rows of ROW elements
+        smem = cuda.shared.array(0, uint16)  # dynamic: Q tile, STAGES x (K tile, V tile), rows of ROW elements
         q_frag = cuda.local.array((M_TILES, 4), uint32)
         s = cuda.local.array((M_TILES, S_BLOCKS, 4), float32)
         acc = cuda.local.array((M_TILES, O_BLOCKS, 4), float32)
@@ -335,21 +344,24 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
                     for e in range(4):
                         acc[mt, ob, e] = ACC_INIT
 
-            cuda.syncthreads()  # a previous pass is done reading stage 0
-            if n_tiles > 0:
-                load_tile(k_head, smem, Q_TILE, tid, key_start, key_end, 0, head_dim)
-                load_tile(v_head, smem, Q_TILE + TILE, tid, key_start, key_end, 0, head_dim)
-            commit()  # (with the Q tile in the first pass)
+            cuda.syncthreads()  # a previous pass is done reading its stages
+            for ahead in range(STAGES - 1):  # tiles 0 .. STAGES - 2, one commit group each (the Q tile in the first)
+                if ahead < n_tiles:
+                    n_ahead = key_start + ahead * BLOCK_N
+                    load_tile(k_head, smem, Q_TILE + ahead * STAGE, tid, n_ahead, key_end, 0, head_dim)
+                    load_tile(v_head, smem, Q_TILE + ahead * STAGE + TILE, tid, n_ahead, key_end, 0, head_dim)
+                commit()
             for j in range(n_tiles):
                 n0 = key_start + j * BLOCK_N
-                base = Q_TILE + (j % 2) * STAGE
-                wait_all()
+                base = Q_TILE + (j % STAGES) * STAGE
+                wait_tile()
                 cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
-                if j + 1 < n_tiles:  # the copy of tile j + 1 runs under this tile's MMAs
-                    nxt = Q_TILE + STAGE - (j % 2) * STAGE
-                    load_tile(k_head, smem, nxt, tid, n0 + BLOCK_N, key_end, 0, head_dim)
-                    load_tile(v_head, smem, nxt + TILE, tid, n0 + BLOCK_N, key_end, 0, head_dim)
-                    commit()
+                if j + STAGES - 1 < n_tiles:  # tile j + STAGES - 1 goes to tile j - 1's stage, under these MMAs
+                    nxt = Q_TILE + ((j + STAGES - 1) % STAGES) * STAGE
+                    n_next = n0 + (STAGES - 1) * BLOCK_N
+                    load_tile(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
+                    load_tile(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
+                commit()  # an empty group past the last tile keeps "oldest group = tile j" true
 
                 # ---- S = Q K^T: one K fragment feeds the MMAs of every m-tile ----------------------------------------
                 for mt in range(M_TILES):
@@ -435,8 +447,13 @@ def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_lo
         _kernel_source(tiles, bf16, vector_loads, scale_first, split))
 
 
+_UINT16 = np.dtype(np.uint16)
+
+
 def _bits(x, name: str):
     """The uint16 bit view of a float16 / bfloat16 (uint16 or int16 bits) device or simulator array; no copy."""
+    if x.dtype is _UINT16:
+        return x
     dtype = np.dtype(x.dtype)
     if dtype.itemsize != 2 or dtype.kind not in "fiu":
         raise TypeError(f"{name}: expected 16-bit elements (float16, or bfloat16 as uint16 / int16 bits), got {dtype}")
@@ -489,12 +506,13 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
 #: tiles of the split-KV (decode) variant: one warp with one 16-row m-tile per block -- a GQA group's query rows of
 #: a token fill (part of) one m-tile -- and 64-key tiles; every block streams its own key range
 DECODE_CONFIG = MmaConfig(warps=1, m_tiles=1, block_n=64, min_warps=4)
-#: aim for at most this many split blocks per SM (two waves of the three 74 KB blocks that fit at D = 128), rounded
-#: DOWN to whole splits so that no third, mostly idle wave follows. H100, 2026-11-22, fp16 D128 (CUDA events over
-#: 20-30 calls): GQA (B8 H32 Hkv4) at 64k keys 13 splits 2199 GB/s, 26 splits 2558, 52 splits 2534; multi-head
-#: (B8 H32, 256 base blocks) at 16k / 64k keys 3 splits (1.9 waves) 2837 / 2937 GB/s, 4 splits (2.6 waves)
-#: 2754 / 2825, 5 splits 2603 / 2690, 7 splits 2749 / 2762, against 2459 / 2563 for the SIMT split kernel
-DECODE_BLOCKS_PER_SM = 6
+#: aim for at most this many split blocks per SM, rounded DOWN to whole splits: every block streams its range in
+#: one wave (three 74 KB blocks fit per SM at D = 128). H100, 2026-11-22, fp16 D128, split kernel + combine in CUDA
+#: graphs, GB/s: GQA 8 (B8 H32 Hkv4) at 16k / 32k / 64k keys 2 per SM (8 splits) 2571 / 2723 / 2870, 3 per SM
+#: (12) 2504 / 2703 / 2864, 6 per SM (24, two waves) 2422 / 2643 / 2846; multi-head (B8 H32, 256 base blocks, so
+#: 1 split) 2933 / 2953 / 2990 against 2918 / 2954 / 2980 with 3 splits. Split kernel alone at 16k keys (GQA 8):
+#: 3-stage and 4-stage pipelines (``MmaConfig.stages``) and 32- or 16-key tiles were no faster (100-104 us).
+DECODE_BLOCKS_PER_SM = 2
 #: at least this many keys per split (each split writes float32 parts that the combine reads back)
 DECODE_MIN_KEYS_PER_SPLIT = 512
 
@@ -503,8 +521,15 @@ def decode_config() -> MmaConfig:
     return SIMULATOR_CONFIG if SIMULATOR else DECODE_CONFIG
 
 
+def _split_kernel(config: MmaConfig, head_dim: int, dtype: str, vector_loads: bool, sm_scale: float):
+    """(kernel, dynamic shared bytes) of the split-KV variant for these options."""
+    head_dim_pad = padded_head_dim(head_dim, config)
+    kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads, not sm_scale > 0, True)
+    return kernel, tiles_for(config, head_dim_pad).shared_bytes
+
+
 def launch_split(q, k, v, o_parts, lse_parts, sm_scale: float, causal: bool, stream, config: MmaConfig | None = None,
-                 dtype: str | None = None):
+                 dtype: str | None = None, vector_loads: bool | None = None):
     """The split-KV kernel alone: ``o_parts (num_splits, batch, heads, seqlen_q, d)`` and ``lse_parts
     (num_splits, batch, heads, seqlen_q)``, float32; split ``z`` takes keys ``[z * per, (z + 1) * per)``,
     ``per = seqlen_k / num_splits`` rounded up to whole key tiles (later splits may be empty: 0 and -inf)."""
@@ -518,11 +543,11 @@ def launch_split(q, k, v, o_parts, lse_parts, sm_scale: float, causal: bool, str
     if batch * heads == 0 or seqlen_q == 0:
         return
     q, k, v = _bits(q, "q"), _bits(k, "k"), _bits(v, "v")
-    head_dim_pad = padded_head_dim(head_dim, config)
-    kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads_ok(q, k, v), not sm_scale > 0,
-                              True)
+    if vector_loads is None:
+        vector_loads = vector_loads_ok(q, k, v)
+    kernel, shared_bytes = _split_kernel(config, head_dim, dtype, vector_loads, sm_scale)
     grid = (batch * heads, -(-seqlen_q // config.block_m), num_splits)
-    device_launch(kernel, grid, config.threads, stream, tiles_for(config, head_dim_pad).shared_bytes,
+    device_launch(kernel, grid, config.threads, stream, shared_bytes,
                   q, k, v, o_parts, lse_parts, True, bool(causal), np.float32(sm_scale * LOG2E))
 
 
@@ -549,20 +574,54 @@ def grouped_decode_views(q, out, lse, write_lse: bool, kv_heads: int, causal: bo
     return q_rows, out_rows, lse_rows
 
 
-def launch_decode(q_rows, k, v, out_rows, lse_rows, write_lse: bool, sm_scale: float, num_splits: int | None, stream,
-                  scratch, sm_count: int, config: MmaConfig | None = None, dtype: str | None = None):
+class DecodeLaunch:
     """Split-KV attention for few query rows on tensor cores, on the views of ``grouped_decode_views``: the rows of
     each GQA group form one 16-row tile, so every K/V element is read once per kv head, and the keys are cut into
-    ``num_splits`` ranges (``choose_decode_splits`` when None) whose float32 parts the LSE combine merges. No mask:
-    a single query row sees every key under the bottom-right causal mask, and several rows come here only
-    without one."""
-    batch, kv_heads, rows, head_dim = q_rows.shape
-    config = config or decode_config()
-    if num_splits is None:
-        num_splits = choose_decode_splits(batch, kv_heads, rows, k.shape[2], sm_count, config)
-    num_splits = max(1, min(int(num_splits), max(1, -(-k.shape[2] // config.block_n))))
-    o_parts = scratch((num_splits, batch, kv_heads, rows, head_dim))
-    lse_parts = scratch((num_splits, batch, kv_heads, rows))
-    launch_split(q_rows, k, v, o_parts, lse_parts, sm_scale, False, stream, config, dtype)
-    _decode._launch_combine(o_parts, lse_parts, out_rows, lse_rows, write_lse, stream,
-                            bf16_out=np.dtype(out_rows.dtype) == np.uint16)
+    ``num_splits`` ranges (``choose_decode_splits`` per cache length when None) whose float32 parts the LSE combine
+    merges. No mask: a single query row sees every key under the bottom-right causal mask, and several rows come here
+    only without one.
+
+    Made for one kind of call (the query rows' and output's shapes and dtype, the scale, the options): the kernels,
+    block shapes and constant parameters are worked out here, once; calling it launches on arrays of that kind with
+    any cache length. ``_decode_plan`` keeps one per kind of call, so a decoding step costs little host time."""
+
+    def __init__(self, q_rows, out_rows, write_lse: bool, sm_scale: float, num_splits: int | None, sm_count: int,
+                 config: MmaConfig | None = None, dtype: str | None = None, vector_loads: bool = True):
+        self.config = config = config or decode_config()
+        self.batch, self.kv_heads, self.rows, head_dim = q_rows.shape
+        dtype = dtype or ("float16" if np.dtype(q_rows.dtype) == np.float16 else "bfloat16")
+        self.split_kernel, self.shared_bytes = _split_kernel(config, head_dim, dtype, vector_loads, sm_scale)
+        self.combine_kernel, self.combine_block = _decode.combine_launch(head_dim, "float32",
+                                                                         np.dtype(out_rows.dtype).name)
+        self.scale_log2 = np.float32(sm_scale * LOG2E)
+        self.write_lse, self.num_splits, self.sm_count = bool(write_lse), num_splits, sm_count
+        self.parts_shape = (self.batch, self.kv_heads, self.rows, head_dim)
+
+    def __call__(self, q_rows, k, v, out_rows, lse_rows, stream, scratch) -> None:
+        batch, kv_heads, rows, head_dim = self.parts_shape
+        if batch * kv_heads == 0 or rows == 0:
+            return
+        seqlen_k, config = k.shape[2], self.config
+        num_splits = self.num_splits
+        if num_splits is None:
+            num_splits = choose_decode_splits(batch, kv_heads, rows, seqlen_k, self.sm_count, config)
+        num_splits = max(1, min(int(num_splits), -(-seqlen_k // config.block_n), 65535))
+        parts_shape = (num_splits,) + self.parts_shape
+        # one allocation for both: a decoding step's host time is comparable to its kernels' time
+        o_parts, lse_parts = carve(scratch((num_splits * batch * kv_heads * rows * (head_dim + 1),)),
+                                   [parts_shape, parts_shape[:-1]])
+        grid = (batch * kv_heads, -(-rows // config.block_m), num_splits)
+        device_launch(self.split_kernel, grid, config.threads, stream, self.shared_bytes, _bits(q_rows, "q"),
+                      _bits(k, "k"), _bits(v, "v"), o_parts, lse_parts, True, False, self.scale_log2)
+        device_launch(self.combine_kernel, batch * kv_heads * rows, self.combine_block, stream, 0,
+                      *(_decode.kernel_arg(x) for x in (o_parts, lse_parts, out_rows, lse_rows)), self.write_lse)
+
+
+def launch_decode(q_rows, k, v, out_rows, lse_rows, write_lse: bool, sm_scale: float, num_splits: int | None, stream,
+                  scratch, sm_count: int, config: MmaConfig | None = None, dtype: str | None = None,
+                  vector_loads: bool | None = None):
+    """``DecodeLaunch`` made and called once (``vector_loads`` None: from the arrays' layout)."""
+    if vector_loads is None:
+        vector_loads = vector_loads_ok(q_rows, k, v)
+    DecodeLaunch(q_rows, out_rows, write_lse, sm_scale, num_splits, sm_count, config, dtype, vector_loads)(
+        q_rows, k, v, out_rows, lse_rows, stream, scratch)

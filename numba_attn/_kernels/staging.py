@@ -19,7 +19,7 @@ def device_function(fn):
     return cuda.jit(device=True, forceinline=True)(fn)
 
 
-def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loads: bool):
+def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loads: bool, l2_prefetch: bool = False):
     """``load_tile(head, smem, base, tid, n0, seqlen, c0, head_dim)``: start the copy of rows ``n0 .. n0 + rows``,
     columns ``c0 .. c0 + width`` of ``head`` to ``smem[base + r * row + c]``, every one of the block's ``threads``
     threads taking part.
@@ -29,7 +29,8 @@ def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loa
     ``vector_loads``: asynchronous 16-byte copies (``cp.async``, zero-filling what lies outside), which land by the
     next ``cp_async_wait_all`` + barrier; needs headdim and ``c0`` whole pieces, a contiguous last axis and
     16-byte aligned rows (the launcher checks). Otherwise element by element, synchronously (any strides, any
-    headdim). Chosen here, in Python, so that each kernel compiles only the loader it uses."""
+    headdim). Chosen here, in Python, so that each kernel compiles only the loader it uses.
+    ``l2_prefetch``: the asynchronous copies ask L2 for 256-byte sector groups (``ptx.cp_async_16_prefetch``)."""
     ZERO = np.dtype(dtype).type(0)
     PIECE = 16 // ZERO.itemsize  # elements per 16-byte piece
     if width % PIECE:
@@ -42,7 +43,7 @@ def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loa
     STEPS = -(-rows // ROWS) if ROWS else 0
     ROWS_GUARD = ROWS and rows % ROWS != 0
     ROW = row
-    cp_async_16 = ptx.cp_async_16
+    cp_async_16 = ptx.cp_async_16_prefetch if l2_prefetch else ptx.cp_async_16
     load2 = ptx.load2
     store1 = ptx.store1
 

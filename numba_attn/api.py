@@ -147,6 +147,10 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
 
     Args and returns as ``flash_forward`` (float16, float32, or bfloat16 torch tensors); ``q`` is typically
     ``(batch, heads, 1..16, headdim)``.
+
+    Repeated calls with torch or CuPy arrays of one kind (library, dtype, device, shapes -- the cache length may
+    change --, query strides, alignment, options) skip the argument checks after the first (``_decode_plan``). A
+    decoding step can also be captured in a torch CUDA graph after one call outside the capture.
     """
     if num_splits is not None and (
         isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits < 1

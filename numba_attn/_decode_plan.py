@@ -78,10 +78,11 @@ class DecodePlan:
         self.library = _arrays.fast_library(call.library)
         self.device_id, self.dtype = call.device_id, call.dtype
         self.out_shape, self.lse_shape = out_shape, lse_shape
-        # the kernels read 16-bit inputs as their bits; without return_lse, lse_rows is the shared placeholder the
-        # kernels never write
-        self.q_rows = q_rows.view(np.uint16)
-        self.out_rows, self.lse_rows = out_rows, DeviceView.of(lse_rows)
+        # templates own no memory (the first call's arrays are not kept alive); the kernels read 16-bit inputs as
+        # their bits; without return_lse, lse_rows is the shared placeholder the kernels never write
+        self.q_rows = q_rows.view(np.uint16).moved(0, None)
+        self.out_rows = out_rows.moved(0, None)
+        self.lse_rows = lse_rows.moved(0, None) if lse_shape is not None else DeviceView.of(lse_rows)
         self.launch = launch
 
     def run(self, q: Any, k: Any, v: Any, layouts):

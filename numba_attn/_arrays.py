@@ -147,10 +147,7 @@ class Call:
         if out is not None:
             return Output(view=self._device_view(name, out, _placement(name, out)), obj=out)
         if self.kind == _CUPY:
-            import cupy
-
-            with cupy.cuda.Device(self.device_id):
-                arr = cupy.empty(shape, dtype=_storage_dtype(dtype))
+            arr = fast_library("cupy").empty(shape, dtype, self.device_id)
             return Output(view=_device_view_of_cupy(arr), obj=arr)
         if self.kind == _TORCH:
             arr = fast_library("torch").empty(shape, dtype, self.device_id)
@@ -472,15 +469,19 @@ def rows_in_pieces(x: Any, elements: int) -> bool:
     elements: the last axis contiguous and a multiple of ``elements`` long, every row start aligned to a piece
     (base address and the strides of the other axes multiples of the piece's bytes). The kernels' vector loads
     need this."""
-    itemsize = np.dtype(x.dtype).itemsize
-    piece = elements * itemsize
-    shape, strides = tuple(x.shape), tuple(x.strides)  # plain tuples (the simulator's refuse index -1)
-    if 0 in shape[:-1] and shape[-1] % elements == 0:
-        return True  # no row to read (say an empty KV cache): nothing can be misaligned
     if isinstance(x, DeviceView):
         ptr = x.ptr
     else:
         ptr = int((getattr(x, "__cuda_array_interface__", None) or x.__array_interface__)["data"][0])
+    # plain tuples (the simulator's refuse index -1)
+    return layout_rows_in_pieces(tuple(x.shape), tuple(x.strides), ptr, np.dtype(x.dtype).itemsize, elements)
+
+
+def layout_rows_in_pieces(shape: tuple, strides: tuple, ptr: int, itemsize: int, elements: int) -> bool:
+    """``rows_in_pieces`` of the array with this shape, byte strides, address and item size."""
+    piece = elements * itemsize
+    if 0 in shape[:-1] and shape[-1] % elements == 0:
+        return True  # no row to read (say an empty KV cache): nothing can be misaligned
     if shape[-1] % elements or strides[-1] != itemsize or ptr % piece:
         return False
     return not any(stride % piece for size, stride in zip(shape[:-1], strides[:-1]) if size > 1)

@@ -37,12 +37,7 @@ def clear() -> None:
 def _aligned_rows(layout) -> bool:
     """``_arrays.rows_in_pieces(x, 8)`` on a fast layout: rows readable in aligned 16-byte pieces."""
     _, _, shape, strides, ptr, dtype = layout
-    itemsize = dtype.itemsize
-    if 0 in shape[:-1] and shape[-1] % 8 == 0:
-        return True
-    if shape[-1] % 8 or strides[-1] != itemsize or ptr % 16:
-        return False
-    return not any(stride % 16 for size, stride in zip(shape[:-1], strides[:-1]) if size > 1)
+    return _arrays.layout_rows_in_pieces(shape, strides, ptr, dtype.itemsize, 8)
 
 
 def find(q: Any, k: Any, v: Any, causal, sm_scale, num_splits, return_lse):

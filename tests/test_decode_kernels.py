@@ -702,3 +702,18 @@ def test_gpu_flash_decode_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert rel_error(out.float().cpu().numpy(), reference.attention(q2, k2, v2)) <= TOLERANCE["float16"]
+    # a second graph, captured on the warm-up stream itself; replays of both and plain calls in between, on new data
+    graph2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph2, stream=stream):
+        out2 = numba_attn.flash_decode(tq, tk, tv)
+    for _ in range(2):
+        q3, k3, v3 = _qkv(rng, 2, 32, 4, 1, 6000, 128, "float16")
+        for dst, src in ((tq, q3), (tk, k3), (tv, v3)):
+            dst.copy_(torch.from_numpy(src))
+        graph.replay()
+        graph2.replay()
+        plain = numba_attn.flash_decode(tq, tk, tv)
+        torch.cuda.synchronize()
+        expected = reference.attention(q3, k3, v3)
+        for got in (out, out2, plain):
+            assert rel_error(got.float().cpu().numpy(), expected) <= TOLERANCE["float16"]

@@ -362,8 +362,7 @@ def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow
             the state before the first row; pass a returned state to continue a sequence in pieces.
         return_state: also return the final state ``S_0 + K^T V`` (float32, the shape of ``initial_state``).
         allow_tf32: float32 inputs on the chunked kernel in one tf32 term (faster, ~1e-3 relative error) instead
-            of three (float32 accuracy). Known bug: with E <= 128 a NaN input whose top 10 mantissa bits are all
-            set (0x7FFFFFFF, the NaN of the GPU's own arithmetic) is read as zero, not NaN.
+            of three (float32 accuracy).
         backend: ``"chunked"`` (tensor cores, compute capability >= 8.0), ``"recurrent"`` (sequential walk; no
             state in / out, no bfloat16) or None to pick by shape and device.
 

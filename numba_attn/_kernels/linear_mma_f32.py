@@ -20,6 +20,7 @@ what changes is the operand type:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,14 @@ from .linear_state import stage_loader, state_functions
 from .staging import device_function, tile_loader
 
 CAUSAL, STATES = 0, 1
+#: ``allow_tf32`` rounds an operand by one multiply with ``1 + ln(2) / 2 * 2^-10`` before the tensor cores truncate its
+#: low 13 bits: a mantissa ``m`` (1 <= m < 2) gains ``m ln(2) / 2`` tf32 ulps, half an ulp on average over the
+#: log-uniform mantissas of typical data (mean ``m = 1 / ln 2``), so the rounding is unbiased on average. numpy
+#: emulation, causal product of random normal data: 4.4e-4 relative error (round to nearest: 4.1e-4, truncation
+#: alone: 1.5e-3, every operand shrunk). NaN and inf stay as they are; an integer add of half an ulp carried the
+#: GPU's own NaN, 0x7FFFFFFF, into the sign bit (read as zero), and making the add NaN-safe took two more
+#: instructions per element: 0.45 instead of 0.38 ms at 16k rows.
+ROUND_SCALE = np.float32(1.0 + math.log(2.0) / 2.0 * 2.0 ** -10)
 
 
 @dataclass(frozen=True)
@@ -112,15 +121,14 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
     @device_function
     def hi_lo(x):
         """float32 -> tf32 bit patterns: SPLIT: ``hi`` = x truncated to tf32 and ``lo = x - hi`` (exact; the tensor
-        cores read its top 19 bits); else ``hi`` = x plus half a tf32 ulp, which the tensor cores' truncation of the
-        low 13 bits turns into x rounded to nearest (ties away; a NaN whose top 10 mantissa bits are all set carries
-        into the sign, as it did with the mask). Integer ops, not ``cvt.rna.tf32``: ptxas expands that into ~5
-        instructions with inf / NaN checks, and it ran once per operand element."""
+        cores read its top 19 bits); else ``hi`` = x times ``ROUND_SCALE``, which the tensor cores' truncation of the
+        low 13 bits turns into a rounding of x (see ``ROUND_SCALE``). Not ``cvt.rna.tf32``: ptxas expands that into
+        ~5 instructions with inf / NaN checks, and it runs once per operand element."""
         bits = float_bits(x)
         if SPLIT:
             hi = bits & uint32(0xFFFFE000)
             return hi, float_bits(x - bits_float(hi))
-        return bits + uint32(0x1000), bits
+        return float_bits(x * ROUND_SCALE), bits
 
     @device_function
     def word_hi_lo(word):  # the same from float32 bits

@@ -159,8 +159,8 @@ def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
     store_at = ptx.store_u32_at
     commit = ptx.cp_async_commit
     wait_all = ptx.cp_async_wait_all
-    load_qk = tile_loader(NT, ROW_QK, E_PAD, C, np.uint16, vector)
-    load_v = tile_loader(NT, ROW_V, COLS, C, np.uint16, vector)
+    load_qk = tile_loader(NT, ROW_QK, E_PAD, C, np.uint16, vector, whole_tile_path=True)
+    load_v = tile_loader(NT, ROW_V, COLS, C, np.uint16, vector, whole_tile_path=True)
     position, start_state, end_state = state_functions(WARPS, E_PAD, COLS, C, HAS_Q)
     load_stage = stage_loader(load_qk, load_v, commit, K_OFF, V_OFF, HAS_Q)  # Q_OFF is 0
 

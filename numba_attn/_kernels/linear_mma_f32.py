@@ -113,8 +113,8 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
     shfl_xor = ptx.shfl_xor_f32
     commit = ptx.cp_async_commit
     wait_all = ptx.cp_async_wait_all
-    load_qk = tile_loader(NT, ROW_QK, E_PAD, C, np.float32, vector)
-    load_v = tile_loader(NT, ROW_V, COLS, C, np.float32, vector)
+    load_qk = tile_loader(NT, ROW_QK, E_PAD, C, np.float32, vector, whole_tile_path=True)
+    load_v = tile_loader(NT, ROW_V, COLS, C, np.float32, vector, whole_tile_path=True)
     position, start_state, end_state = state_functions(WARPS, E_PAD, COLS, C, HAS_Q)
     load_stage = stage_loader(load_qk, load_v, commit, K_OFF, V_OFF, HAS_Q)  # Q_OFF is 0
 

@@ -260,7 +260,8 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     wait_tile = ptx.cp_async_wait_group(STAGES - 2)  # the oldest group in flight (tile j's) has landed
     load_q_tile = tile_loader(32 * WARPS, ROW, tiles.d_pad, BLOCK_M, np.uint16, vector_loads)
     # the split (decode) variant streams long runs of cache rows once: L2 fetches 256-byte groups ahead
-    load_tile = tile_loader(32 * WARPS, ROW, tiles.d_pad, BLOCK_N, np.uint16, vector_loads, l2_prefetch=split)
+    load_tile = tile_loader(32 * WARPS, ROW, tiles.d_pad, BLOCK_N, np.uint16, vector_loads, l2_prefetch=split,
+                            whole_tile_path=split)
 
     online_softmax = softmax_step(S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True)
 

@@ -228,6 +228,41 @@ def test_f16_products_survive_scores_beyond_float16_range(dtype):
     assert rel_error(final, ref_state) <= 1e-5
 
 
+def _tensor_core_truncation(x):
+    """The tf32 operand the tensor cores read: float32 with its low 13 bits dropped."""
+    return (np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(width=32, allow_nan=False, allow_infinity=False, allow_subnormal=False,
+                 min_value=-float(np.float32(3e38)), max_value=float(np.float32(3e38))))
+def test_tf32_rounding_by_multiply_stays_within_one_ulp(x):
+    """``allow_tf32`` rounds an operand as ``x * ROUND_SCALE`` and lets the tensor cores truncate: the result is one
+    of the two tf32 neighbours of x (never further), with the same sign. (Normal floats below 3e38: above that the
+    multiply may reach inf a little early, where round to nearest would give the largest tf32.)"""
+    from numba_attn._kernels.linear_mma_f32 import ROUND_SCALE
+
+    x = np.float32(x)
+    got = _tensor_core_truncation(x * ROUND_SCALE)
+    down = _tensor_core_truncation(x)
+    ulp = np.float32(2.0) ** (np.floor(np.log2(np.abs(x))) - 10) if x != 0 else np.float32(0)
+    assert got == down or abs(float(got) - float(down)) == float(ulp)
+    assert np.signbit(got) == np.signbit(x)
+
+
+def test_tf32_rounding_by_multiply_is_unbiased_and_keeps_nan_and_inf():
+    from numba_attn._kernels.linear_mma_f32 import ROUND_SCALE
+
+    x = np.random.default_rng(3).standard_normal(1_000_000).astype(np.float32)
+    ulp = 2.0 ** (np.floor(np.log2(np.abs(x))) - 10)
+    error = (_tensor_core_truncation(x * ROUND_SCALE).astype(np.float64) - x) / ulp * np.sign(x)  # in ulps, outward
+    assert abs(error.mean()) < 0.02  # truncation alone: -0.5
+    assert np.sqrt((error ** 2).mean()) < 0.32  # round to nearest: 1 / sqrt(12) = 0.29
+    specials = np.array([0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000, 0x7F800000, 0xFF800000], np.uint32).view(np.float32)
+    got = _tensor_core_truncation(specials * ROUND_SCALE)
+    assert np.isnan(got[:3]).all() and (got[3:] == specials[3:]).all()
+
+
 def test_kernel_argument_is_checked():
     q = np.zeros((1, 1, 4, 8), np.float32)
     wide = np.zeros((1, 1, 4, 136), np.float32)

@@ -33,7 +33,9 @@ def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loa
     headdim). Chosen here, in Python, so that each kernel compiles only the loader it uses.
     ``l2_prefetch``: the asynchronous copies ask L2 for 256-byte sector groups (``ptx.cp_async_16_prefetch``).
     ``whole_tile_path``: a tile wholly inside the rows and columns skips the per-piece bounds checks (one test per
-    tile): the checks, 64-bit compares and selects, were most of the ~16 instructions per piece of a float32 tile."""
+    tile): the checks, 64-bit compares and selects, were most of the ~16 instructions per piece of a float32 tile.
+    On for the linear walks and the decode split kernel, where it was measured (design.md); the flash forward
+    kernels keep the checked path until they are timed with it."""
     ZERO = np.dtype(dtype).type(0)
     PIECE = 16 // ZERO.itemsize  # elements per 16-byte piece
     if width % PIECE:

@@ -353,16 +353,36 @@ def test_gpu_causal_dot_product(e, m, dtype, segments):
     assert rel_error(state, ref_state) <= 1e-5
 
 
+@pytest.mark.parametrize("strided, tf32, segments", [(None, False, 2), ("q", True, 1), ("k", False, None)])
+def test_swizzled_float32_tiles(strided, tf32, segments):
+    """float32 with E padded to a multiple of 32 takes swizzled Q / K tiles (``staging.tile_loader(swizzle=True)``,
+    the kernel's XOR addressing): whole and partial chunks, cp.async and element-wise staging (a strided input),
+    one and several segments, with a state in and out."""
+    n, e, m = (40, 20, 16) if SIM else (3001, 64, 64)
+    rng = np.random.default_rng(11)
+    q = make_array(rng, (1, 2, n, e), np.float32, strided == "q")
+    k = make_array(rng, (1, 2, n, e), np.float32, strided == "k")
+    v = make_array(rng, (1, 2, n, m), np.float32)
+    s0 = rng.standard_normal((1, 2, e, m)).astype(np.float32)
+    with forced_segments(segments):
+        out, state = numba_attn.causal_dot_product(q, k, v, initial_state=s0, return_state=True, backend="chunked",
+                                                   allow_tf32=tf32)
+    ref, ref_state = reference.causal_dot_product(q, k, v, initial_state=s0, return_state=True)
+    assert rel_error(to_host(out), ref) <= (ROUNDED_TF32_TOLERANCE if tf32 else 1e-5)
+    assert rel_error(to_host(state), ref_state) <= (TF32_TOLERANCE if tf32 else 1e-5)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("e", [72, 64])  # float32: E = 72 padded tiles, E = 64 swizzled ones
 @pytest.mark.parametrize("dtype, kernel, tf32", [("float16", "registers", False), ("float16", "shared", False),
                                                  ("float32", "registers", False), ("float32", "registers", True),
                                                  ("float32", "shared", False)])
-def test_gpu_poisoned_output_and_strided_inputs(dtype, kernel, tf32):
+def test_gpu_poisoned_output_and_strided_inputs(dtype, kernel, tf32, e):
     """Call the launcher on NaN-filled outputs with strided CuPy views: every element written, values right."""
     import cupy as cp
     from numba import cuda
 
-    e, m = 72, 136  # two M tiles, the second partial
+    m = 136  # two M tiles, the second partial
     rng = np.random.default_rng(5)
     q, k = (rng.standard_normal((2, 3, 777, e)).astype(dtype) for _ in range(2))
     v = rng.standard_normal((2, 3, 777, m)).astype(dtype)

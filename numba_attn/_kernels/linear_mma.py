@@ -426,8 +426,10 @@ def launch_causal(q, k, v, out, stream, *, dtype: str, terms: int = 3, initial_s
     vector = vector_loads_ok(q, k, v, out)
     m16 = -(-m // 16) * 16  # the plan's M tiles are whole n16 pairs
     head_tiles = chunked.tiles_for(config, e, m16, False)
-    make_tiles = f32.Tiles if dtype == FLOAT32 else Tiles
-    tiles = make_tiles(config.warps, head_tiles.e_pad, head_tiles.value_cols, MIN_BLOCKS)
+    if dtype == FLOAT32:
+        tiles = f32.Tiles(config.warps, head_tiles.e_pad, head_tiles.value_cols, MIN_BLOCKS, terms)
+    else:
+        tiles = Tiles(config.warps, head_tiles.e_pad, head_tiles.value_cols, MIN_BLOCKS)
     walk = chunk_kernel(tiles, CAUSAL, dtype, terms, vector)
     resident = (resident_blocks(walk, 32 * tiles.warps, tiles.shared_bytes(CAUSAL)) if config.wave_plan else None)
     p = chunked.plan(bh, seqlen, e, m16, False, multiprocessor_count(), config, segments, resident)

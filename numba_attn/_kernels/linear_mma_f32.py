@@ -50,31 +50,45 @@ class Tiles:
     e_pad: int  # E rounded up to 16
     cols: int  # value columns per block (multiple of 8)
     min_blocks: int = 2
+    terms: int = 3  # tf32 products per operand pair (3: 3xTF32, 1: allow_tf32)
 
     @property
     def chunk(self) -> int:
         return 16 * self.warps
 
     @property
+    def swizzle(self) -> bool:  # Q and K rows of whole 8-piece groups are swizzled (staging.tile_loader), else padded
+        return self.e_pad % 32 == 0
+
+    @property
     def row_qk(self) -> int:
-        return self.e_pad + 4
+        return self.e_pad if self.swizzle else self.e_pad + 4
 
     @property
     def row_v(self) -> int:
         return self.cols + 4
 
     @property
-    def record_stride(self) -> int:  # as linear_mma.Tiles: 2 mod 8 records, conflict-free quarter warps
-        return self.cols + 2
+    def record_words(self) -> int:  # a record: (hi, hi, lo, lo) of two E rows, or (hi, hi) with one term
+        return 4 if self.terms == 3 else 2
 
-    def stage(self, mode: int) -> int:
-        return (2 if mode == CAUSAL else 1) * self.chunk * self.row_qk + self.chunk * self.row_v
+    @property
+    def record_stride(self) -> int:
+        """Records per record row, chosen so that a quarter warp's 16-byte record reads (2 mod 8) or a half warp's
+        8-byte reads (4 mod 16) hit every bank once."""
+        return self.cols + (2 if self.terms == 3 else 4)
+
+    def q_size(self, mode: int) -> int:  # one stage of Q: each warp copies its own 16 rows after reading them
+        return self.chunk * self.row_qk if mode == CAUSAL else 0
+
+    def stage(self) -> int:  # K and V of one chunk; two stages
+        return self.chunk * (self.row_qk + self.row_v)
 
     def records_offset(self, mode: int) -> int:
-        return 2 * self.stage(mode)
+        return self.q_size(mode) + 2 * self.stage()
 
     def shared_bytes(self, mode: int) -> int:
-        records = self.e_pad // 8 * 4 * self.record_stride * 4 if mode == CAUSAL else 0
+        records = self.e_pad // 8 * 4 * self.record_stride * self.record_words if mode == CAUSAL else 0
         return 4 * (self.records_offset(mode) + records)
 
 
@@ -87,11 +101,16 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
     ROW_QK = tiles.row_qk
     ROW_V = tiles.row_v
     RS = tiles.record_stride
+    RW = tiles.record_words
+    SWZ = tiles.swizzle
     HAS_Q = mode == CAUSAL
-    Q_OFF = 0
-    K_OFF = C * ROW_QK if HAS_Q else 0
+    if tiles.terms != terms:
+        raise ValueError(f"tiles for {tiles.terms} terms, kernel for {terms}")
+    # shared memory (floats): Q (one stage, CAUSAL), then two stages of K and V (at stage base + K_OFF, + V_OFF),
+    # then the records of H (CAUSAL)
+    K_OFF = tiles.q_size(mode)
     V_OFF = K_OFF + C * ROW_QK
-    STAGE = tiles.stage(mode)
+    STAGE = tiles.stage()
     R_OFF = tiles.records_offset(mode)
     E_BLOCKS = E_PAD // 16
     E_PER_WARP = -(-E_BLOCKS // WARPS)
@@ -109,14 +128,34 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
     load1 = ptx.load1
     load_record = ptx.load_f32x4_1d
     store_record = ptx.store_f32x4
+    load_hi_record = ptx.load_f32x2
+    store_hi_record = ptx.store_f32x2
+    warp_sync = ptx.warp_sync
     store_pair_at = ptx.store_f32x2_at
     shfl_xor = ptx.shfl_xor_f32
     commit = ptx.cp_async_commit
     wait_all = ptx.cp_async_wait_all
-    load_qk = tile_loader(NT, ROW_QK, E_PAD, C, np.float32, vector, whole_tile_path=True)
+    load_k = tile_loader(NT, ROW_QK, E_PAD, C, np.float32, vector, whole_tile_path=True, swizzle=SWZ)
+    load_q = tile_loader(32, ROW_QK, E_PAD, 16, np.float32, vector, whole_tile_path=True, swizzle=SWZ)
     load_v = tile_loader(NT, ROW_V, COLS, C, np.float32, vector, whole_tile_path=True)
     position, start_state, end_state = state_functions(WARPS, E_PAD, COLS, C, HAS_Q)
-    load_stage = stage_loader(load_qk, load_v, commit, K_OFF, V_OFF, HAS_Q)  # Q_OFF is 0
+    load_stage = stage_loader(load_k, load_v, commit, K_OFF, V_OFF, False)
+
+    @device_function
+    def load_warp_q(q_head, smem32, warp, lane, c0, seqlen, e_dim):
+        """This warp's 16 rows of Q for the chunk at ``c0``; a warp reads only its own rows of Q, so one stage
+        suffices: the copy for the next chunk starts once the warp holds this chunk's fragments."""
+        load_q(q_head, smem32, 16 * warp * ROW_QK, lane, c0 + 16 * warp, seqlen, 0, e_dim)
+        commit()
+
+    @device_function
+    def fragment_col(lane_col, kk):
+        """Float offset of the 16-byte piece a lane's ``ldmatrix`` row reads at k8 step ``kk`` (``lane_col``: its
+        offset at ``kk = 0``). Swizzled: piece ``2 kk + x`` of row ``r`` lies at ``(2 kk + x) ^ (r % 8)``, i.e. at
+        ``32 (kk // 4) + (4 (x ^ r % 8) ^ 8 (kk % 4))``: the lane's part is fixed and ``kk`` flips bits."""
+        if SWZ:
+            return (lane_col ^ (8 * (kk % 4))) + 32 * (kk // 4)
+        return lane_col + 8 * kk
 
     @device_function
     def hi_lo(x):
@@ -153,11 +192,15 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
 
     @device_function
     def publish(smem32, e8, t_row, col, x_low, x_high):
-        """Record (E rows ``8 e8 + t_row`` and ``+ 4`` of column ``col``) = (hi, hi, lo, lo)."""
+        """Record (E rows ``8 e8 + t_row`` and ``+ 4`` of column ``col``) = (hi, hi, lo, lo), or (hi, hi) with one
+        term (``Q H`` reads no ``lo``)."""
         hi_low, lo_low = hi_lo(x_low)
         hi_high, lo_high = hi_lo(x_high)
-        store_record(smem32, R_OFF + ((e8 * 4 + t_row) * RS + col) * 4, bits_float(hi_low), bits_float(hi_high),
-                     bits_float(lo_low), bits_float(lo_high))
+        at = R_OFF + ((e8 * 4 + t_row) * RS + col) * RW
+        if SPLIT:
+            store_record(smem32, at, bits_float(hi_low), bits_float(hi_high), bits_float(lo_low), bits_float(lo_high))
+        else:
+            store_hi_record(smem32, at, bits_float(hi_low), bits_float(hi_high))
 
     def kernel(q, k, v, out, increments, init, final, has_init, write_final, segment_chunks, state_segments, m_tiles):
         tid = cuda.threadIdx.x
@@ -180,22 +223,24 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
         smem32 = cuda.shared.array(0, float32)
         s = cuda.local.array((S_BLOCKS, 4), float32)
         s_small = cuda.local.array((S_BLOCKS, 4), float32)
-        o = cuda.local.array((O_BLOCKS, 4), float32)  # P V, then dH
+        o = cuda.local.array((O_BLOCKS, 4), float32)  # Q H + P V, then dH
         o_small = cuda.local.array((O_BLOCKS, 4), float32)
-        oh = cuda.local.array((O_BLOCKS, 4), float32)  # Q H
-        oh_small = cuda.local.array((O_BLOCKS, 4), float32)
         hm = cuda.local.array((E_PER_WARP, O_BLOCKS, 4), float32)
         q_hi = cuda.local.array((K8_STEPS, 4), uint32)
         q_lo = cuda.local.array((K8_STEPS, 4), uint32)
         # ldmatrix rows (in floats): Q (A of S and of Q H): matrices (rows +0, cols +0), (+8, +0), (+0, +4), (+8, +4);
         # K (B of two key blocks): (keys +0, cols +0), (+0, +4), (+8, +0), (+8, +4)
-        q_lane = (16 * warp + 8 * ((lane // 8) % 2) + lane % 8) * ROW_QK + 4 * (lane // 16)
-        k_lane = (8 * (lane // 16) + lane % 8) * ROW_QK + 4 * ((lane // 8) % 2)
+        # (8 * (lane // 16) and 8 * ((lane // 8) % 2) are multiples of 8 rows: a lane's row % 8 is lane % 8)
+        x_q = lane // 16
+        x_k = (lane // 8) % 2
+        q_lane = (16 * warp + 8 * x_k + lane % 8) * ROW_QK + 4 * ((x_q ^ (lane % 8)) if SWZ else x_q)
+        k_lane = (8 * x_q + lane % 8) * ROW_QK + 4 * ((x_k ^ (lane % 8)) if SWZ else x_k)
         pair_v = 2 * t * ROW_V + g  # V rows 2t, 2t + 1 of a key block, column g of an n8 block (P V and dH)
-        pair_k = 2 * t * ROW_QK + g  # K^T as A of dH: K rows 2t, 2t + 1, columns g and g + 8 of an E block
 
         if n_chunks > 0:
             load_stage(q_head, k_head, v_head, smem32, 0, tid, row_begin, seqlen, e_dim, col0, m_dim)
+            if HAS_Q:
+                load_warp_q(q_head, smem32, warp, lane, row_begin, seqlen, e_dim)
 
         start_state(hm, init, increments, has_init, b, h, e_dim, m_dim, col0, first_row, seg, warp, g, t)
 
@@ -209,21 +254,42 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
                     load_stage(q_head, k_head, v_head, smem32, STAGE - base, tid, c0 + C, seqlen, e_dim, col0, m_dim)
 
                 if HAS_Q:
-                    # ---- S = Q K^T for key blocks up to this warp's diagonal ---------------------------------------
                     for kk in range(K8_STEPS):
-                        w0, w1, w2, w3 = ldmatrix(smem, 2 * (base + Q_OFF + q_lane + 8 * kk))
+                        w0, w1, w2, w3 = ldmatrix(smem, 2 * fragment_col(q_lane, kk))
                         q_hi[kk, 0], q_lo[kk, 0] = word_hi_lo(w0)
                         q_hi[kk, 1], q_lo[kk, 1] = word_hi_lo(w1)
                         q_hi[kk, 2], q_lo[kk, 2] = word_hi_lo(w2)
                         q_hi[kk, 3], q_lo[kk, 3] = word_hi_lo(w3)
+                    if step + 1 < n_chunks:
+                        warp_sync()  # every lane's ldmatrix has read the rows the copy overwrites
+                        load_warp_q(q_head, smem32, warp, lane, c0 + C, seqlen, e_dim)
+                    # ---- O = Q H first, so that Q's fragments are dead before P V: records hold E rows (8 kk + t,
+                    # + 4) of column 8 ob + g. P V then goes into the same accumulators. ----------------------------
+                    for ob in range(O_BLOCKS):
+                        for x in range(4):
+                            o[ob, x] = ACC_INIT
+                            o_small[ob, x] = ACC_INIT
+                    for kk in range(K8_STEPS):
+                        for ob in range(O_BLOCKS):
+                            at = R_OFF + ((kk * 4 + t) * RS + 8 * ob + g) * RW
+                            if SPLIT:
+                                h0, h1, l0, l1 = load_record(smem32, at)
+                            else:
+                                h0, h1 = load_hi_record(smem32, at)
+                                l0, l1 = h0, h1  # unused
+                            accumulate(o, o_small, ob, q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3],
+                                       q_lo[kk, 0], q_lo[kk, 1], q_lo[kk, 2], q_lo[kk, 3],
+                                       float_bits(h0), float_bits(h1), float_bits(l0), float_bits(l1))
+                    # ---- S = Q K^T for key blocks up to this warp's diagonal ---------------------------------------
                     for nb in range(S_BLOCKS):
                         for x in range(4):
                             s[nb, x] = ACC_INIT
                             s_small[nb, x] = ACC_INIT
                     for kk in range(K8_STEPS):
+                        k_col = base + K_OFF + fragment_col(k_lane, kk)
                         for j in range(KEY_PAIRS):
                             if j <= warp:
-                                w0, w1, w2, w3 = ldmatrix(smem, 2 * (base + K_OFF + k_lane + 16 * j * ROW_QK + 8 * kk))
+                                w0, w1, w2, w3 = ldmatrix(smem, 2 * (k_col + 16 * j * ROW_QK))
                                 b0, bl0 = word_hi_lo(w0)
                                 b1, bl1 = word_hi_lo(w1)
                                 b2, bl2 = word_hi_lo(w2)
@@ -238,13 +304,7 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
                                 s[nb, x] += s_small[nb, x]
                             if 8 * nb + 2 * t + x % 2 > 16 * warp + g + 8 * (x // 2):
                                 s[nb, x] = ZERO
-                    # ---- O = P V: n8 block nb of S is the A fragment (c0, c2, c1, c3) of key step nb ----------------
-                    for ob in range(O_BLOCKS):
-                        for x in range(4):
-                            o[ob, x] = ACC_INIT
-                            o_small[ob, x] = ACC_INIT
-                            oh[ob, x] = ACC_INIT
-                            oh_small[ob, x] = ACC_INIT
+                    # ---- O += P V: n8 block nb of S is the A fragment (c0, c2, c1, c3) of key step nb ---------------
                     for nb in range(S_BLOCKS):
                         if nb // 2 <= warp:
                             a0, al0 = hi_lo(s[nb, 0])
@@ -256,19 +316,10 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
                                 b0, bl0 = hi_lo(load1(smem32, v_row + 8 * ob))
                                 b1, bl1 = hi_lo(load1(smem32, v_row + ROW_V + 8 * ob))
                                 accumulate(o, o_small, ob, a0, a1, a2, a3, al0, al1, al2, al3, b0, b1, bl0, bl1)
-                    # ---- O += Q H: records hold E rows (8 kk + t, + 4) of column 8 ob + g --------------------------
-                    for kk in range(K8_STEPS):
+                    if SPLIT:
                         for ob in range(O_BLOCKS):
-                            h0, h1, l0, l1 = load_record(smem32, R_OFF + ((kk * 4 + t) * RS + 8 * ob + g) * 4)
-                            accumulate(oh, oh_small, ob, q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3],
-                                       q_lo[kk, 0], q_lo[kk, 1], q_lo[kk, 2], q_lo[kk, 3],
-                                       float_bits(h0), float_bits(h1), float_bits(l0), float_bits(l1))
-                    for ob in range(O_BLOCKS):
-                        for x in range(4):
-                            if SPLIT:
-                                o[ob, x] = (o_small[ob, x] + oh_small[ob, x]) + (o[ob, x] + oh[ob, x])
-                            else:
-                                o[ob, x] = o[ob, x] + oh[ob, x]
+                            for x in range(4):
+                                o[ob, x] = o_small[ob, x] + o[ob, x]
                     # ---- output rows --------------------------------------------------------------------------------
                     row_a = c0 + 16 * warp + g
                     for half in range(2):
@@ -294,12 +345,24 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
                             for x in range(4):
                                 o[ob, x] = ACC_INIT
                                 o_small[ob, x] = ACC_INIT
+                        # K^T as A of dH: K rows 2t, 2t + 1 of a key step, columns g and g + 8 of E block eb;
+                        # swizzled, row 2t's piece 4 eb + g // 4 lies at (4 eb + g // 4) ^ 2t (row 2t + 1: ^ 1 more)
+                        if SWZ:
+                            k0 = 2 * t * ROW_QK + ((16 * eb + 4 * (g // 4)) ^ (8 * t)) + g % 4
+                            k1 = k0 ^ 8
+                            k2 = (k0 ^ 4) + ROW_QK
+                            k3 = (k0 ^ 12) + ROW_QK
+                        else:
+                            k0 = 2 * t * ROW_QK + 16 * eb + g
+                            k1 = k0 + 8
+                            k2 = k0 + ROW_QK
+                            k3 = k0 + ROW_QK + 8
                         for j in range(S_BLOCKS):
-                            k_row = base + K_OFF + 8 * j * ROW_QK + pair_k + 16 * eb
-                            a0, al0 = hi_lo(load1(smem32, k_row))
-                            a1, al1 = hi_lo(load1(smem32, k_row + 8))
-                            a2, al2 = hi_lo(load1(smem32, k_row + ROW_QK))
-                            a3, al3 = hi_lo(load1(smem32, k_row + ROW_QK + 8))
+                            k_row = base + K_OFF + 8 * j * ROW_QK
+                            a0, al0 = hi_lo(load1(smem32, k_row + k0))
+                            a1, al1 = hi_lo(load1(smem32, k_row + k1))
+                            a2, al2 = hi_lo(load1(smem32, k_row + k2))
+                            a3, al3 = hi_lo(load1(smem32, k_row + k3))
                             v_row = base + V_OFF + 8 * j * ROW_V + pair_v
                             for ob in range(O_BLOCKS):
                                 b0, bl0 = hi_lo(load1(smem32, v_row + 8 * ob))

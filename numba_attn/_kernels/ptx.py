@@ -100,6 +100,7 @@ __all__ = [
     "cp_async_16",
     "cp_async_commit",
     "cp_async_wait_all",
+    "warp_sync",
     "all_lanes",
 ]
 
@@ -354,6 +355,10 @@ if SIMULATOR:
 
     def cp_async_wait_all():
         pass
+
+    def warp_sync():
+        """Simulator twin of ``bar.warp.sync``: a block-wide barrier (every thread must reach it)."""
+        threading.current_thread().syncthreads()
 
     def cp_async_wait_group(pending: int):
         """Simulator twin of ``cp_async_wait_group``: the copies are synchronous already."""
@@ -1031,6 +1036,13 @@ else:
             wait_group.__name__ = wait_group.__qualname__ = f"cp_async_wait_group_{pending}"
             _wait_groups[pending] = intrinsic(wait_group)
         return _wait_groups[pending]
+
+    @intrinsic
+    def warp_sync(typingctx):
+        """``bar.warp.sync 0xffffffff``: the warp's lanes meet, and their shared-memory accesses before it are
+        ordered before those after it (e.g. ``ldmatrix`` reads of a buffer that the warp's ``cp.async`` overwrites
+        next)."""
+        return _void_asm("bar.warp.sync 0xffffffff;")()
 
     @intrinsic
     def all_lanes(typingctx, predicate):

@@ -20,7 +20,7 @@ def device_function(fn):
 
 
 def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loads: bool, l2_prefetch: bool = False,
-                whole_tile_path: bool = False):
+                whole_tile_path: bool = False, swizzle: bool = False):
     """``load_tile(head, smem, base, tid, n0, seqlen, c0, head_dim)``: start the copy of rows ``n0 .. n0 + rows``,
     columns ``c0 .. c0 + width`` of ``head`` to ``smem[base + r * row + c]``, every one of the block's ``threads``
     threads taking part.
@@ -35,12 +35,18 @@ def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loa
     ``whole_tile_path``: a tile wholly inside the rows and columns skips the per-piece bounds checks (one test per
     tile): the checks, 64-bit compares and selects, were most of the ~16 instructions per piece of a float32 tile.
     On for the linear walks and the decode split kernel, where it was measured (design.md); the flash forward
-    kernels keep the checked path until they are timed with it."""
+    kernels keep the checked path until they are timed with it.
+    ``swizzle``: rows without padding (``row == width``, a whole number of 8-piece groups), 16-byte piece ``p`` of
+    tile row ``r`` stored at piece ``p ^ (r % 8)``, so that the 8 rows an ``ldmatrix`` matrix reads, or the rows
+    ``2t, 2t + 1`` of a fragment's scalar reads, fall on different banks without the padding's memory."""
     ZERO = np.dtype(dtype).type(0)
     PIECE = 16 // ZERO.itemsize  # elements per 16-byte piece
     if width % PIECE:
         raise ValueError(f"tile width {width} is not a multiple of {PIECE} elements (16 bytes)")
     PIECES = width // PIECE  # 16-byte pieces per row
+    SWIZZLE = swizzle
+    if swizzle and (row != width or PIECES % 8):
+        raise ValueError(f"a swizzled tile needs rows of whole 8-piece groups without padding (row {row}, width {width})")
     # the pieces of a tile in steps of the block: thread tid takes piece column tid % PIECES of rows
     # tid // PIECES + k ROWS (when PIECES divides the block, so that the column and the global offset within a row
     # stay fixed per thread)
@@ -53,6 +59,12 @@ def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loa
     load2 = ptx.load2
     store1 = ptx.store1
 
+    @device_function
+    def placed(r, col):  # where column ``col`` of tile row ``r`` lies in the row
+        if SWIZZLE:
+            return col ^ (PIECE * (r % 8))
+        return col
+
     def load_vector(head, smem, base, tid, n0, seqlen, c0, head_dim):
         row_stride = head.strides[0]
         r = tid // PIECES
@@ -62,7 +74,7 @@ def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loa
         if WHOLE_TILE_PATH and n0 + rows <= seqlen and c0 + width <= head_dim:
             for step in range(STEPS):
                 if not ROWS_GUARD or r + step * ROWS < rows:
-                    cp_async_16(smem, base + (r + step * ROWS) * ROW + col, head, offset, 16)
+                    cp_async_16(smem, base + (r + step * ROWS) * ROW + placed(r + step * ROWS, col), head, offset, 16)
                 offset += ROWS * row_stride
             return
         for step in range(STEPS):
@@ -70,8 +82,8 @@ def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loa
             if not ROWS_GUARD or rr < rows:
                 inside = inside_cols and n0 + rr < seqlen
                 # outside: read nothing, fill zeros (from the head's first element: a valid address)
-                cp_async_16(smem, base + rr * ROW + col, head, offset + step * ROWS * row_stride if inside else 0,
-                            16 if inside else 0)
+                cp_async_16(smem, base + rr * ROW + placed(rr, col), head,
+                            offset + step * ROWS * row_stride if inside else 0, 16 if inside else 0)
 
     def load_vector_any(head, smem, base, tid, n0, seqlen, c0, head_dim):  # PIECES does not divide the block
         for idx in range(tid, rows * PIECES, threads):
@@ -79,7 +91,7 @@ def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loa
             col = PIECE * (idx - r * PIECES)
             inside = n0 + r < seqlen and c0 + col < head_dim
             offset = (n0 + r) * head.strides[0] + (c0 + col) * head.strides[1]
-            cp_async_16(smem, base + r * ROW + col, head, offset if inside else 0, 16 if inside else 0)
+            cp_async_16(smem, base + r * ROW + placed(r, col), head, offset if inside else 0, 16 if inside else 0)
 
     def load_elements(head, smem, base, tid, n0, seqlen, c0, head_dim):
         for idx in range(tid, rows * width, threads):
@@ -88,7 +100,7 @@ def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loa
             x = ZERO
             if n0 + r < seqlen and c0 + col < head_dim:
                 x = load2(head, n0 + r, c0 + col)
-            store1(smem, base + r * ROW + col, x)
+            store1(smem, base + r * ROW + placed(r, col), x)
 
     if vector_loads:
         return device_function(load_vector if ROWS else load_vector_any)

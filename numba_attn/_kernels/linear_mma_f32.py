@@ -3,9 +3,11 @@
 Same two launches, same chunk walk, same register-resident state ``H`` as ``linear_mma`` (read its docstring first);
 what changes is the operand type:
 
-* Q, K and V tiles are float32 in shared memory (``cp.async``, two stages). A row is ``width + 4`` floats: an odd
-  number of 16-byte pieces, so ``ldmatrix`` rows and the scalar reads of two rows ``2t`` apart both spread over the
-  banks.
+* Q, K and V tiles are float32 in shared memory (``cp.async``; K and V in two stages, Q in one: each warp reads only
+  its own 16 rows of Q and copies the next chunk's over them once it holds their fragments). Q and K rows of a whole
+  number of 32 floats are swizzled (piece ``p`` of row ``r`` at ``p ^ (r % 8)``); other rows, and V's, are padded to
+  ``width + 4`` floats, an odd number of 16-byte pieces. Either way ``ldmatrix`` rows and the scalar reads of two
+  rows ``2t`` apart spread over the banks.
 * ``ldmatrix`` moves 16-bit pairs, i.e. one float32 per lane: ``ldmatrix_x4`` of a ``[row][E]`` tile gives the tf32
   A fragment of a 16 x 8 block of Q directly (lane ``(g, t)`` gets row ``g``, column ``t`` of each 8 x 4 matrix), and
   of K the B fragments of two n8 key blocks of ``S = Q K^T``.
@@ -13,7 +15,9 @@ what changes is the operand type:
   <-> ``2t + 1``): S's C fragment is P's A fragment in registers, and V (and K^T for dH) are read as single floats
   from rows ``2t`` and ``2t + 1`` (no transposing ``ldmatrix`` exists for 32-bit elements).
 * ``Q H`` takes Q's A fragments of ``S`` unchanged, so the published records pair E rows ``e`` and ``e + 4``:
-  lanes ``g`` and ``g + 4`` (lane mask 16) swap one column before the 16-byte store.
+  lanes ``g`` and ``g + 4`` (lane mask 16) swap one column before the 16-byte store (8 bytes with one term: no
+  ``lo`` halves). It runs first, into the accumulators ``P V`` adds to, so that Q's fragments are dead before
+  ``P V``: fewer live registers (the walk is latency bound at two blocks per SM).
 * ``terms = 3`` (the default: float32 accuracy) splits every operand ``x = hi + lo`` with ``hi = tf32(x)`` and adds
   ``lo_a hi_b + hi_a lo_b + hi_a hi_b`` (3xTF32, small terms first). ``terms = 1`` (``allow_tf32``): one product of
   the rounded operands, ~4e-4 relative error, a third of the MMAs.

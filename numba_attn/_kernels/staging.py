@@ -46,7 +46,7 @@ def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loa
     PIECES = width // PIECE  # 16-byte pieces per row
     SWIZZLE = swizzle
     if swizzle and (row != width or PIECES % 8):
-        raise ValueError(f"a swizzled tile needs rows of whole 8-piece groups without padding (row {row}, width {width})")
+        raise ValueError(f"a swizzled tile needs unpadded rows of whole 8-piece groups (row {row}, width {width})")
     # the pieces of a tile in steps of the block: thread tid takes piece column tid % PIECES of rows
     # tid // PIECES + k ROWS (when PIECES divides the block, so that the column and the global offset within a row
     # stay fixed per thread)

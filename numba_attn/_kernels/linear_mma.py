@@ -377,11 +377,11 @@ SIGNATURE_F32 = types.void(_F32_4D_IN, _F32_4D_IN, _F32_4D_IN, _F32_4D_IN, _F32_
 
 
 @lru_cache(maxsize=None)
-def chunk_kernel(tiles, mode: int, dtype: str, terms: int, vector: bool):
-    """The compiled kernel: ``tiles`` a ``Tiles`` (float16 / bfloat16) or a ``linear_mma_f32.Tiles`` (float32,
-    ``terms`` tf32 products per operand pair: 3 or 1)."""
+def chunk_kernel(tiles, mode: int, dtype: str, vector: bool):
+    """The compiled kernel: ``tiles`` a ``Tiles`` (float16 / bfloat16) or a ``linear_mma_f32.Tiles`` (float32; its
+    ``terms``: tf32 products per operand pair, 3 or 1)."""
     if dtype == FLOAT32:
-        source, signature = f32.kernel_source(tiles, mode, terms, vector), SIGNATURE_F32
+        source, signature = f32.kernel_source(tiles, mode, vector), SIGNATURE_F32
     else:
         source, signature = _kernel_source(tiles, mode, dtype == BFLOAT16, vector), SIGNATURE
     if SIMULATOR:
@@ -430,14 +430,14 @@ def launch_causal(q, k, v, out, stream, *, dtype: str, terms: int = 3, initial_s
         tiles = f32.Tiles(config.warps, head_tiles.e_pad, head_tiles.value_cols, MIN_BLOCKS, terms)
     else:
         tiles = Tiles(config.warps, head_tiles.e_pad, head_tiles.value_cols, MIN_BLOCKS)
-    walk = chunk_kernel(tiles, CAUSAL, dtype, terms, vector)
+    walk = chunk_kernel(tiles, CAUSAL, dtype, vector)
     resident = (resident_blocks(walk, 32 * tiles.warps, tiles.shared_bytes(CAUSAL)) if config.wave_plan else None)
     p = chunked.plan(bh, seqlen, e, m16, False, multiprocessor_count(), config, segments, resident)
     grid_x = bh * p.m_tiles
     has_init = initial_state is not None
     if p.segments > 1:  # the increments K_s^T V_s of every segment but the last
         increments = chunked.scratch_state(scratch, (grid_x * (p.segments - 1), tiles.e_pad, tiles.cols), stream)
-        states = chunk_kernel(tiles, STATES, dtype, terms, vector)
+        states = chunk_kernel(tiles, STATES, dtype, vector)
         launch(states, tiles, STATES, (grid_x, p.segments - 1), stream, q, k, v, out, increments,
                chunked.unused4(increments), chunked.unused4(increments), False, False, p.segment_chunks,
                p.segments - 1, p.m_tiles)

@@ -96,7 +96,7 @@ class Tiles:
         return 4 * (self.records_offset(mode) + records)
 
 
-def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
+def kernel_source(tiles: Tiles, mode: int, vector: bool):
     WARPS = tiles.warps
     NT = 32 * WARPS
     C = tiles.chunk
@@ -108,8 +108,6 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
     RW = tiles.record_words
     SWZ = tiles.swizzle
     HAS_Q = mode == CAUSAL
-    if tiles.terms != terms:
-        raise ValueError(f"tiles for {tiles.terms} terms, kernel for {terms}")
     # shared memory (floats): Q (one stage, CAUSAL), then two stages of K and V (at stage base + K_OFF, + V_OFF),
     # then the records of H (CAUSAL)
     K_OFF = tiles.q_size(mode)
@@ -122,7 +120,7 @@ def kernel_source(tiles: Tiles, mode: int, terms: int, vector: bool):
     S_BLOCKS = C // 8
     O_BLOCKS = COLS // 8
     KEY_PAIRS = C // 16
-    SPLIT = terms == 3
+    SPLIT = tiles.terms == 3
     ZERO = np.float32(0.0)
     ACC_INIT = np.float32(-0.0)  # see flash_mma: keeps accumulator arrays out of local memory
     mma = ptx.mma_m16n8k8_tf32

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _arrays
 from ._device import DeviceView
-from ._kernels import flash_mma as _flash_mma
+from ._kernels import decode_mma as _decode_mma
 
 #: Serve repeated calls from plans (False: every call takes the checked path, for comparison and debugging).
 ENABLED = True
@@ -30,7 +30,7 @@ MAX_PLANS = 256
 
 def clear() -> None:
     """Forget every plan (after changing a module-level knob that the checked path reads, such as
-    ``api._DECODE_MMA_MIN_GROUP`` or ``flash_mma.DECODE_BLOCKS_PER_SM``)."""
+    ``api._DECODE_MMA_MIN_GROUP`` or ``decode_mma.DEFAULT_CONFIG``)."""
     _PLANS.clear()
 
 
@@ -66,10 +66,10 @@ def register(key, plan: "DecodePlan") -> None:
 
 class DecodePlan:
     """What the checked path worked out for one kind of call: the query-row, output and lse views (templates: only
-    their pointers change), the output kind, and the ``flash_mma.DecodeLaunch`` with the kernels."""
+    their pointers change), the output kind, and the ``decode_mma.DecodeLaunch`` with the kernels."""
 
     def __init__(self, call, out_shape: tuple, lse_shape: tuple | None, q_rows: DeviceView, out_rows: DeviceView,
-                 lse_rows, launch: _flash_mma.DecodeLaunch):
+                 lse_rows, launch: _decode_mma.DecodeLaunch):
         self.library = _arrays.fast_library(call.library)
         self.device_id, self.dtype = call.device_id, call.dtype
         self.out_shape, self.lse_shape = out_shape, lse_shape

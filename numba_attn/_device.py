@@ -223,7 +223,27 @@ class _Launchable:
         self.packer = struct.Struct(fmt)
         self.slots = slots
         self.shared_raised = DEFAULT_DYNAMIC_SHARED
+        self.fixed_signature = fixed_signature
         self._local = threading.local()
+
+    def launch(self, grid: tuple, block: tuple, shared_bytes: int, stream: int, values) -> None:
+        """Launch with the flat parameter ``values`` (an array argument contributes its ``DeviceView.params``, a
+        scalar itself), ``grid`` and ``block`` as 3-tuples, on the stream with this handle (0: the default)."""
+        if shared_bytes > self.shared_raised:
+            _raise_shared_limit(self.cufunc_handle, shared_bytes, self.device_id)
+            self.shared_raised = shared_bytes
+        buffer, pointers = self.buffers()
+        self.packer.pack_into(buffer, 0, *values)
+        gx, gy, gz = grid
+        bx, by, bz = block
+        launch_kernel = _cuda_library().cuLaunchKernel
+        code = launch_kernel(self.handle, gx, gy, gz, bx, by, bz, shared_bytes, stream or None, pointers, None)
+        if code == 201:  # CUDA_ERROR_INVALID_CONTEXT: a thread that has not used Numba yet; make its context current
+            cuda.current_context()
+            code = launch_kernel(self.handle, gx, gy, gz, bx, by, bz, shared_bytes, stream or None, pointers, None)
+        if code:
+            raise RuntimeError(f"cuLaunchKernel failed: {_launch_error(code)} (grid {grid}, block {block}, "
+                               f"{shared_bytes} bytes of dynamic shared memory)")
 
     def buffers(self):
         """This thread's parameter buffer and the array of pointers to its slots (cuLaunchKernel copies the
@@ -324,23 +344,21 @@ def launch(kernel, grid, block, stream, shared_bytes: int, *args) -> None:
         if (view.dtype is not spec[0] and view.dtype != spec[0]) or len(view.shape) != spec[1]:
             raise TypeError(f"kernel argument: expected a {spec[1]}-d {spec[0]} array, got {view.ndim}-d {view.dtype}")
         values.extend(view.params)
-    if shared_bytes > entry.shared_raised:
-        _raise_shared_limit(entry.cufunc_handle, shared_bytes, entry.device_id)
-        entry.shared_raised = shared_bytes
-    buffer, pointers = entry.buffers()
-    entry.packer.pack_into(buffer, 0, *values)
-    gx, gy, gz = _grid3(grid)
-    bx, by, bz = _grid3(block)
     # a Numba stream's handle (its __int__ gives an enum for the default stream)
     handle = stream if isinstance(stream, int) else int(getattr(stream, "handle", stream))
-    launch_kernel = _cuda_library().cuLaunchKernel
-    code = launch_kernel(entry.handle, gx, gy, gz, bx, by, bz, shared_bytes, handle or None, pointers, None)
-    if code == 201:  # CUDA_ERROR_INVALID_CONTEXT: a thread that has not used Numba yet; make its context current
-        cuda.current_context()
-        code = launch_kernel(entry.handle, gx, gy, gz, bx, by, bz, shared_bytes, handle or None, pointers, None)
-    if code:
-        raise RuntimeError(f"cuLaunchKernel failed: {_launch_error(code)} (grid {grid}, block {block}, "
-                           f"{shared_bytes} bytes of dynamic shared memory)")
+    entry.launch(_grid3(grid), _grid3(block), shared_bytes, handle, values)
+
+
+def prepared(kernel) -> "_Launchable":
+    """The launchable of a kernel compiled for one fixed signature, for callers that pack its parameters
+    themselves (``_Launchable.launch``): a decoding step launches two kernels per call, and building views and
+    checking them again on every call cost more host time than the kernels run at short caches."""
+    if SIMULATOR or not FAST_LAUNCH:
+        raise NotImplementedError("prepared launches need the fast launch path on a GPU")
+    entry = _launchable(kernel, ())
+    if entry is None or not entry.fixed_signature:
+        raise NotImplementedError("prepared launches need a kernel compiled for one fixed signature")
+    return entry
 
 
 def _raise_shared_limit(cufunc_handle, shared_bytes: int, device_id: int) -> None:

@@ -22,6 +22,7 @@ from . import _arrays, _autotune, _decode_plan
 from ._arrays import attention_shape, lift, prepare
 from ._device import SIMULATOR, compute_capability, multiprocessor_count
 from ._kernels import decode as _decode
+from ._kernels import decode_mma as _decode_mma
 from ._kernels import flash_mma as _flash_mma
 from ._kernels import flash_simt as _flash_simt
 from ._kernels import flash_tf32 as _flash_tf32
@@ -200,9 +201,9 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
         grouped = _decode_on_tensor_cores(call.dtype, shape, args, causal) if decode else None
         if grouped is not None:
             q_rows, out_rows, lse_rows = grouped
-            decode_launch = _flash_mma.DecodeLaunch(
+            decode_launch = _decode_mma.DecodeLaunch(
                 q_rows, out_rows, args[5], sm_scale, num_splits, multiprocessor_count(), dtype=call.dtype,
-                vector_loads=_flash_mma.vector_loads_ok(q_rows, args[1], args[2]))
+                vector_loads=_decode_mma.vector_loads_ok(q_rows, args[1], args[2]))
             decode_launch(q_rows, args[1], args[2], out_rows, lse_rows, call.stream, call.scratch)
             if plan_key is not None and shape.seqlen_k > 0:  # later calls like this one skip the checks
                 _decode_plan.register(plan_key, _decode_plan.DecodePlan(
@@ -254,7 +255,7 @@ def _tuned_config(tuner, launch, args, call, shape, causal: bool):
     return tuner.choose(key, bench)
 
 
-#: ``flash_decode`` takes the tensor-core split kernel (``flash_mma.launch_decode``) for GQA groups of at least this
+#: ``flash_decode`` takes the tensor-core split kernel (``decode_mma.DecodeLaunch``) for GQA groups of at least this
 #: many query heads per kv head (float16 / bfloat16, sm_80+, rows that regroup without a copy), else the SIMT split
 #: kernel. 1: multi-head caches too -- its cp.async tiles stream faster (H100, B8 H32 D128 fp16, one query row, 16k /
 #: 64k keys: 2837 / 2937 GB/s, 94 / 98 % of the copy bandwidth, against 2459 / 2563 for the SIMT kernel)
@@ -265,10 +266,10 @@ def _decode_on_tensor_cores(dtype: str, shape, args, causal: bool):
     """The regrouped ``(q, out, lse)`` views when ``flash_decode`` takes the tensor-core kernel, else None."""
     if dtype not in ("float16", "bfloat16") or shape.heads // shape.kv_heads < _DECODE_MMA_MIN_GROUP:
         return None
-    if not (SIMULATOR or compute_capability() >= _flash_mma.MIN_COMPUTE_CAPABILITY):
+    if not (SIMULATOR or compute_capability() >= _decode_mma.MIN_COMPUTE_CAPABILITY):
         return None
     q, _, _, out, lse, write_lse = args[:6]
-    return _flash_mma.grouped_decode_views(q, out, lse, write_lse, shape.kv_heads, causal)
+    return _decode_mma.grouped_views(q, out, lse, write_lse, shape.kv_heads, causal)
 
 
 def combine_lse(o_parts, lse_parts):

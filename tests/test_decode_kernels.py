@@ -318,7 +318,7 @@ def test_combine_lse_rejects_bad_input():
         numba_attn.combine_lse(o_parts[:0], lse_parts[:0])
 
 
-# -- the tensor-core split kernel (flash_mma.launch_decode) for GQA groups -------------------------------------------
+# -- the tensor-core split kernel (decode_mma) for GQA groups -------------------------------------------
 def test_grouped_heads_view():
     from numba_attn._arrays import grouped_heads
 
@@ -377,6 +377,59 @@ def test_flash_decode_tensor_core_path(heads, kv_heads, seqlen_q, seqlen_k, head
     _check_attention(to_host(out), to_host(lse), q, k, v, causal)
 
 
+def _range_reference(q_rows, k, v, per, num_splits, sm_scale):
+    """Each split's keys ``[z * per, (z + 1) * per)``: its normalised output and lse (0 and -inf when empty)."""
+    seqlen_k = k.shape[2]
+    o_ref = np.zeros((num_splits,) + q_rows.shape)
+    lse_ref = np.full((num_splits,) + q_rows.shape[:3], -np.inf)
+    for z in range(num_splits):
+        start, end = z * per, min(seqlen_k, (z + 1) * per)
+        if start < end:
+            o_ref[z], lse_ref[z] = reference.attention(q_rows, k[:, :, start:end], v[:, :, start:end],
+                                                       sm_scale=sm_scale, return_lse=True)
+    return o_ref, lse_ref
+
+
+@pytest.mark.parametrize(
+    "kv_heads, rows, seqlen_k, head_dim, num_splits, sm_scale, dtype",
+    [
+        (1, 4, 70, 16, 2, 0.3, "float16"),  # the second split's tile: one warp's keys all past the end
+        (2, 3, 33, 24, 5, 0.3, "float16"),  # ranges of one tile: a split of one key, then empty splits
+        (1, 20, 40, 16, 1, 0.25, "bfloat16"),  # two row tiles (the second with 4 rows), bfloat16
+        (1, 8, 50, 20, 2, -0.2, "float16"),  # element copies (head dim 20); a negative scale (scores scaled first)
+    ],
+)
+def test_decode_mma_split_parts_match_reference_ranges(kv_heads, rows, seqlen_k, head_dim, num_splits, sm_scale,
+                                                       dtype):
+    """The tensor-core split kernel alone: every part and lse of a poisoned buffer written, each equal to attention
+    over its key range (``per`` keys, rounded up to whole tiles), the warps' merge inside the block included."""
+    from numba_attn import api
+    from numba_attn._kernels import decode_mma, ptx
+
+    if not numba_attn.SIMULATOR and api.compute_capability() < decode_mma.MIN_COMPUTE_CAPABILITY:
+        pytest.skip("no tensor-core kernel below sm_80")
+    rng = np.random.default_rng(seqlen_k + rows)
+    q, k, v = _qkv(rng, 1, kv_heads, kv_heads, rows, seqlen_k, head_dim, "float32")
+    if dtype == "bfloat16":
+        q, k, v = (ptx.float32_to_bf16_bits(x) for x in (q, k, v))
+        values = [ptx.bf16_bits_to_float32(x).astype(np.float64) for x in (q, k, v)]
+    else:
+        q, k, v = (x.astype(np.float16) for x in (q, k, v))
+        values = [x.astype(np.float64) for x in (q, k, v)]
+    launch = decode_mma.DecodeLaunch(q, q, True, sm_scale, num_splits, 1, dtype=dtype,
+                                     vector_loads=decode_mma.vector_loads_ok(q, k, v))
+    o_parts = _dev(np.full((num_splits,) + q.shape, np.nan, np.float32))
+    lse_parts = _dev(np.full((num_splits,) + q.shape[:3], np.nan, np.float32))
+    launch.launch_split(_dev(q), _dev(k), _dev(v), o_parts, lse_parts, 0)
+    per = -(-(-(-seqlen_k // num_splits)) // launch.config.block_n) * launch.config.block_n
+    o_ref, lse_ref = _range_reference(*values, per, num_splits, sm_scale)
+    got = to_host(o_parts)
+    assert not np.isnan(got).any()
+    assert rel_error(got, o_ref) <= TOLERANCE[dtype]
+    assert_close_lse(to_host(lse_parts), lse_ref)
+    assert (got[np.isneginf(lse_ref)] == 0).all()
+
+
 # -- bfloat16 (uint16 bit views, the way torch's bfloat16 travels) -------------------------------------------------
 def _bf16_inputs(rng, *shape_args):
     """bfloat16 bit views of q, k, v and their exact values (float64) for the reference."""
@@ -417,7 +470,7 @@ def test_decode_tensor_core_path_bfloat16_bit_views():
     """The GQA tensor-core split kernel and the combine on bfloat16 bits (several splits: the combine writes)."""
     from numba_attn import api
     from numba_attn._arrays import attention_shape
-    from numba_attn._kernels import flash_mma
+    from numba_attn._kernels import decode_mma
 
     if not numba_attn.SIMULATOR and api.compute_capability() < (8, 0):
         pytest.skip("no tensor-core kernel below sm_80")
@@ -429,7 +482,7 @@ def test_decode_tensor_core_path_bfloat16_bit_views():
     grouped = api._decode_on_tensor_cores("bfloat16", attention_shape(q, k, v), args, True)
     assert grouped is not None
     q_rows, out_rows, lse_rows = grouped
-    flash_mma.launch_decode(q_rows, args[1], args[2], out_rows, lse_rows, True, 0.25, 2, 0,
+    decode_mma.launch_decode(q_rows, args[1], args[2], out_rows, lse_rows, True, 0.25, 2, 0,
                             lambda shape: decode._scratch(shape, 0), 1, dtype="bfloat16")
     ref_out, ref_lse = reference.attention(*values, causal=True, sm_scale=0.25, return_lse=True)
     got = _bf16_values(out)
@@ -717,3 +770,39 @@ def test_gpu_flash_decode_in_a_cuda_graph():
         expected = reference.attention(q3, k3, v3)
         for got in (out, out2, plain):
             assert rel_error(got.float().cpu().numpy(), expected) <= TOLERANCE["float16"]
+
+
+@pytest.mark.gpu
+def test_gpu_decode_stays_right_when_launches_overlap():
+    """Decoding steps that run at the same time share nothing (each has its own scratch for the parts): two graphs
+    captured from one stream and replayed at the same time on two streams, beside plain calls on a third, each on
+    its own data, many times."""
+    import torch
+
+    rng = np.random.default_rng(43)
+    cases = [_qkv(rng, 2, 32, 4, 1, 9000 + 500 * n, 128, "float16") for n in range(3)]
+    tensors = [tuple(torch.from_numpy(x).cuda() for x in case) for case in cases]
+    expected = [reference.attention(*case) for case in cases]
+    for args in tensors:
+        numba_attn.flash_decode(*args)
+    capture = torch.cuda.Stream()
+    with torch.cuda.stream(capture):
+        for args in tensors[:2]:
+            numba_attn.flash_decode(*args)  # warm-up on the capture stream
+    torch.cuda.synchronize()
+    graphs, outs = [], []
+    for args in tensors[:2]:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=capture):
+            outs.append(numba_attn.flash_decode(*args))
+        graphs.append(graph)
+    streams = [torch.cuda.Stream() for _ in range(3)]
+    for _ in range(20):
+        for graph, stream in zip(graphs, streams):
+            with torch.cuda.stream(stream):
+                graph.replay()
+        with torch.cuda.stream(streams[2]):
+            plain = numba_attn.flash_decode(*tensors[2])
+        torch.cuda.synchronize()
+        for got, want in zip(outs + [plain], expected):
+            assert rel_error(got.float().cpu().numpy(), want) <= TOLERANCE["float16"]

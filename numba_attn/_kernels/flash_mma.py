@@ -38,12 +38,6 @@ Head dims
     (recomputing ``S``, which is the first pass's exactly, so ``m`` and ``l`` agree), with ``block_n_wide``-key
     tiles; the head dim is then padded to 32 so each half is whole ``ldmatrix.x4`` column pairs.
 
-Split-KV variant (``split=True``; ``launch_split``, ``launch_decode``)
-    For decoding: grid z cuts the keys into ranges, each block writes its range's normalised output and lse as
-    float32 parts, and ``decode``'s combine kernel merges them. ``launch_decode`` regroups a GQA group's query rows
-    into one sequence (``_arrays.grouped_heads``, no copy) and runs one warp with one 16-row m-tile per block, so
-    each K/V element is read once per kv head by tensor-core MMAs.
-
 Specialisations (compiled once each, cached on disk): tiles, padded head dim, dtype, load width and the sign of the
 scale. Causality is a run-time flag (it only changes the loop bound, the block order and the diagonal tiles' masks).
 
@@ -65,10 +59,9 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types, uint16, uint32
 
-from .._arrays import carve, grouped_heads, rows_in_pieces
+from .._arrays import rows_in_pieces
 from .._device import SIMULATOR, cuda
 from .._device import launch as device_launch
-from . import decode as _decode
 from . import ptx
 from .online_softmax import softmax_step
 from .staging import device_function as _device_function
@@ -201,25 +194,14 @@ _F32_3D = types.Array(types.float32, 3, "A")
 SIGNATURE = types.void(_U16_4D, _U16_4D, _U16_4D, _U16_4D, _F32_3D, types.boolean, types.boolean, types.float32)
 
 
-_F32_5D = types.Array(types.float32, 5, "A")
-_F32_4D = types.Array(types.float32, 4, "A")
-#: the split-KV variant: float32 parts (num_splits, batch, heads, seqlen_q, headdim) and their lse
-SPLIT_SIGNATURE = types.void(_U16_4D, _U16_4D, _U16_4D, _F32_5D, _F32_4D, types.boolean, types.boolean, types.float32)
-
-
-def _jit(launch_bounds, signature=SIGNATURE):
+def _jit(launch_bounds):
     if SIMULATOR:
         return cuda.jit
-    return cuda.jit(signature, launch_bounds=launch_bounds, cache=True)
+    return cuda.jit(SIGNATURE, launch_bounds=launch_bounds, cache=True)
 
 
-def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: bool = False, split: bool = False):
+def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: bool = False):
     """The Python function of one specialisation (not yet jitted); also what ``compile_ptx`` checks offline.
-
-    ``split=True`` is the split-KV variant (``SPLIT_SIGNATURE``): ``out`` and ``lse`` get a leading split axis and
-    are float32; block ``z`` of the grid's third axis takes keys ``[z * per, (z + 1) * per)`` with ``per`` =
-    ``seqlen_k / out.shape[0]`` rounded up to whole key tiles, and writes that range's normalised output and its lse
-    (0 and -inf when it is empty) for ``combine``.
 
     ``scale_first=False`` (for a positive scale) keeps the running max on the unscaled scores, so the scale folds
     into the exponent's one FFMA (``exp2(s * scale - m * scale)``); a scale <= 0 does not commute with max and
@@ -246,8 +228,6 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     # local memory (the MMAs add to it exactly as to +0.0)
     ACC_INIT = np.float32(-0.0)
     SCALE_FIRST = scale_first
-    SPLIT = split
-    M_FASTEST = not split  # grid (query blocks, heads, batch); the split variant keeps (batch * heads, ..., split)
     mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
     low_u16 = ptx.low_u16
@@ -259,9 +239,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     commit = ptx.cp_async_commit
     wait_tile = ptx.cp_async_wait_group(STAGES - 2)  # the oldest group in flight (tile j's) has landed
     load_q_tile = tile_loader(32 * WARPS, ROW, tiles.d_pad, BLOCK_M, np.uint16, vector_loads)
-    # the split (decode) variant streams long runs of cache rows once: L2 fetches 256-byte groups ahead
-    load_tile = tile_loader(32 * WARPS, ROW, tiles.d_pad, BLOCK_N, np.uint16, vector_loads, l2_prefetch=split,
-                            whole_tile_path=split)
+    load_tile = tile_loader(32 * WARPS, ROW, tiles.d_pad, BLOCK_N, np.uint16, vector_loads)
 
     online_softmax = softmax_step(S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True)
 
@@ -278,18 +256,11 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
         g = lane // 4  # MMA groupID: fragment rows g and g + 8
         t = lane % 4  # MMA threadID_in_group: fragment columns 2t, 2t + 1
         heads = q.shape[1]
-        if M_FASTEST:  # grid (query blocks, heads, batch): see check_grid
-            m_block = cuda.blockIdx.x
-            if causal:
-                m_block = cuda.gridDim.x - 1 - m_block  # the longest (last) query blocks start first
-            h = cuda.blockIdx.y
-            b = cuda.blockIdx.z
-        else:
-            m_block = cuda.blockIdx.y
-            if causal:
-                m_block = cuda.gridDim.y - 1 - m_block
-            b = cuda.blockIdx.x // heads
-            h = cuda.blockIdx.x % heads
+        m_block = cuda.blockIdx.x  # grid (query blocks, heads, batch): see check_grid
+        if causal:
+            m_block = cuda.gridDim.x - 1 - m_block  # the longest (last) query blocks start first
+        h = cuda.blockIdx.y
+        b = cuda.blockIdx.z
         m0 = m_block * BLOCK_M
         hk = h // (heads // k.shape[1])
         seqlen_q = q.shape[2]
@@ -301,14 +272,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
         v_head = v[b, hk]
         key_start = 0  # this block's keys: [key_start, key_end)
         key_end = seqlen_k
-        if SPLIT:
-            splits = out.shape[0]
-            per = ((seqlen_k + splits - 1) // splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-            key_start = cuda.blockIdx.z * per
-            key_end = min(seqlen_k, key_start + per)
-            out_head = out[cuda.blockIdx.z, b, h]
-        else:
-            out_head = out[b, h]
+        out_head = out[b, h]
         warp_row = 16 * M_TILES * warp  # this warp's first row in the block; m-tile mt adds 16 mt
         row0 = m0 + warp_row + g  # rows of this thread: row0 + 16 mt and row0 + 16 mt + 8
         # ldmatrix row addresses of this lane (lane 8i + r: row r of matrix i). K, for S = Q K^T: matrices (keys
@@ -413,39 +377,25 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
                     inv = float32(1.0) / l_row if l_row > ZERO else ZERO
                     for ob in range(O_BLOCKS):
                         col = d_off + 8 * ob + 2 * t
-                        if SPLIT:  # float32 parts for the combine
-                            if row < seqlen_q:
-                                if col < head_dim:
-                                    store2(out_head, row, col, acc[mt, ob, 2 * half] * inv)
-                                if col + 1 < head_dim:
-                                    store2(out_head, row, col + 1, acc[mt, ob, 2 * half + 1] * inv)
-                        else:
-                            w = pack(acc[mt, ob, 2 * half] * inv, acc[mt, ob, 2 * half + 1] * inv)
-                            if row < seqlen_q:
-                                if col < head_dim:
-                                    store2(out_head, row, col, low_u16(w))
-                                if col + 1 < head_dim:
-                                    store2(out_head, row, col + 1, high_u16(w))
-                    if (write_lse or SPLIT) and p == 0 and t == 0 and row < seqlen_q:
+                        w = pack(acc[mt, ob, 2 * half] * inv, acc[mt, ob, 2 * half + 1] * inv)
+                        if row < seqlen_q:
+                            if col < head_dim:
+                                store2(out_head, row, col, low_u16(w))
+                            if col + 1 < head_dim:
+                                store2(out_head, row, col + 1, high_u16(w))
+                    if write_lse and p == 0 and t == 0 and row < seqlen_q:
                         m_row = m_run[2 * mt + half]
-                        lse_row = (m_row * post + math.log2(l_row)) * LN2 if l_row > ZERO else NEG_INF
-                        if SPLIT:
-                            lse[cuda.blockIdx.z, b, h, row] = lse_row
-                        else:
-                            lse[b, h, row] = lse_row
+                        lse[b, h, row] = (m_row * post + math.log2(l_row)) * LN2 if l_row > ZERO else NEG_INF
 
     return kernel
 
 
 @lru_cache(maxsize=None)
-def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_loads: bool, scale_first: bool = False,
-                     split: bool = False):
-    """The compiled kernel of one specialisation: tiles, padded head dim, dtype, load width, the sign of the scale
-    and the split-KV variant are constants (causality is a run-time flag: it only changes the loop bound and the
-    diagonal tiles' masks)."""
+def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_loads: bool, scale_first: bool = False):
+    """The compiled kernel of one specialisation: tiles, padded head dim, dtype, load width and the sign of the scale
+    are constants (causality is a run-time flag: it only changes the loop bound and the diagonal tiles' masks)."""
     tiles = tiles_for(config, head_dim_pad)
-    return _jit(config.launch_bounds(), SPLIT_SIGNATURE if split else SIGNATURE)(
-        _kernel_source(tiles, bf16, vector_loads, scale_first, split))
+    return _jit(config.launch_bounds())(_kernel_source(tiles, bf16, vector_loads, scale_first))
 
 
 _UINT16 = np.dtype(np.uint16)
@@ -499,130 +449,3 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     grid = (-(-seqlen_q // config.block_m), heads, batch)
     args = (q, k, v, out, lse, bool(write_lse), bool(causal), np.float32(sm_scale * LOG2E))
     device_launch(kernel, grid, config.threads, stream, tiles_for(config, head_dim_pad).shared_bytes, *args)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Split-KV decoding on tensor cores
-# ---------------------------------------------------------------------------------------------------------------------
-#: tiles of the split-KV (decode) variant: one warp with one 16-row m-tile per block -- a GQA group's query rows of
-#: a token fill (part of) one m-tile -- and 64-key tiles; every block streams its own key range
-DECODE_CONFIG = MmaConfig(warps=1, m_tiles=1, block_n=64, min_warps=4)
-#: aim for at most this many split blocks per SM, rounded DOWN to whole splits: every block streams its range in
-#: one wave (three 74 KB blocks fit per SM at D = 128). H100, 2026-11-22, fp16 D128, split kernel + combine in CUDA
-#: graphs, GB/s: GQA 8 (B8 H32 Hkv4) at 16k / 32k / 64k keys 2 per SM (8 splits) 2571 / 2723 / 2870, 3 per SM
-#: (12) 2504 / 2703 / 2864, 6 per SM (24, two waves) 2422 / 2643 / 2846; multi-head (B8 H32, 256 base blocks, so
-#: 1 split) 2933 / 2953 / 2990 against 2918 / 2954 / 2980 with 3 splits. Split kernel alone at 16k keys (GQA 8):
-#: 3-stage and 4-stage pipelines (``MmaConfig.stages``) and 32- or 16-key tiles were no faster (100-104 us).
-DECODE_BLOCKS_PER_SM = 2
-#: at least this many keys per split (each split writes float32 parts that the combine reads back)
-DECODE_MIN_KEYS_PER_SPLIT = 512
-
-
-def decode_config() -> MmaConfig:
-    return SIMULATOR_CONFIG if SIMULATOR else DECODE_CONFIG
-
-
-def _split_kernel(config: MmaConfig, head_dim: int, dtype: str, vector_loads: bool, sm_scale: float):
-    """(kernel, dynamic shared bytes) of the split-KV variant for these options."""
-    head_dim_pad = padded_head_dim(head_dim, config)
-    kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads, not sm_scale > 0, True)
-    return kernel, tiles_for(config, head_dim_pad).shared_bytes
-
-
-def launch_split(q, k, v, o_parts, lse_parts, sm_scale: float, causal: bool, stream, config: MmaConfig | None = None,
-                 dtype: str | None = None, vector_loads: bool | None = None):
-    """The split-KV kernel alone: ``o_parts (num_splits, batch, heads, seqlen_q, d)`` and ``lse_parts
-    (num_splits, batch, heads, seqlen_q)``, float32; split ``z`` takes keys ``[z * per, (z + 1) * per)``,
-    ``per = seqlen_k / num_splits`` rounded up to whole key tiles (later splits may be empty: 0 and -inf)."""
-    config = config or decode_config()
-    if dtype is None:
-        dtype = "float16" if np.dtype(q.dtype) == np.float16 else "bfloat16"
-    batch, heads, seqlen_q, head_dim = q.shape
-    num_splits = o_parts.shape[0]
-    if not 1 <= num_splits <= 65535:
-        raise ValueError(f"num_splits: must be between 1 and 65535 for one launch, got {num_splits}")
-    if batch * heads == 0 or seqlen_q == 0:
-        return
-    q, k, v = _bits(q, "q"), _bits(k, "k"), _bits(v, "v")
-    if vector_loads is None:
-        vector_loads = vector_loads_ok(q, k, v)
-    kernel, shared_bytes = _split_kernel(config, head_dim, dtype, vector_loads, sm_scale)
-    grid = (batch * heads, -(-seqlen_q // config.block_m), num_splits)
-    device_launch(kernel, grid, config.threads, stream, shared_bytes,
-                  q, k, v, o_parts, lse_parts, True, bool(causal), np.float32(sm_scale * LOG2E))
-
-
-def choose_decode_splits(batch: int, kv_heads: int, rows: int, seqlen_k: int, sm_count: int,
-                         config: MmaConfig | None = None) -> int:
-    """Splits for ``launch_decode``: at most ``DECODE_BLOCKS_PER_SM`` blocks per SM over the (batch, kv head, row
-    tile) blocks, with at least ``DECODE_MIN_KEYS_PER_SPLIT`` keys each; 1 when the cache is short."""
-    config = config or decode_config()
-    base = max(1, batch * kv_heads * -(-rows // config.block_m))
-    wanted = DECODE_BLOCKS_PER_SM * max(1, sm_count) // base
-    return max(1, min(wanted, seqlen_k // DECODE_MIN_KEYS_PER_SPLIT, 65535))
-
-
-def grouped_decode_views(q, out, lse, write_lse: bool, kv_heads: int, causal: bool):
-    """``(q, out, lse)`` regrouped for ``launch_decode`` (the query rows of a GQA group as one sequence, no copy), or
-    None where that cannot be done: rows that do not regroup without a copy, or a causal mask over several query
-    rows (it would see the regrouped row index, not the token's position)."""
-    if causal and q.shape[2] > 1:
-        return None
-    q_rows, out_rows = grouped_heads(q, kv_heads), grouped_heads(out, kv_heads)
-    lse_rows = grouped_heads(lse, kv_heads) if write_lse else lse
-    if q_rows is None or out_rows is None or (write_lse and lse_rows is None):
-        return None
-    return q_rows, out_rows, lse_rows
-
-
-class DecodeLaunch:
-    """Split-KV attention for few query rows on tensor cores, on the views of ``grouped_decode_views``: the rows of
-    each GQA group form one 16-row tile, so every K/V element is read once per kv head, and the keys are cut into
-    ``num_splits`` ranges (``choose_decode_splits`` per cache length when None) whose float32 parts the LSE combine
-    merges. No mask: a single query row sees every key under the bottom-right causal mask, and several rows come here
-    only without one.
-
-    Made for one kind of call (the query rows' and output's shapes and dtype, the scale, the options): the kernels,
-    block shapes and constant parameters are worked out here, once; calling it launches on arrays of that kind with
-    any cache length. ``_decode_plan`` keeps one per kind of call, so a decoding step costs little host time."""
-
-    def __init__(self, q_rows, out_rows, write_lse: bool, sm_scale: float, num_splits: int | None, sm_count: int,
-                 config: MmaConfig | None = None, dtype: str | None = None, vector_loads: bool = True):
-        self.config = config = config or decode_config()
-        self.batch, self.kv_heads, self.rows, head_dim = q_rows.shape
-        dtype = dtype or ("float16" if np.dtype(q_rows.dtype) == np.float16 else "bfloat16")
-        self.split_kernel, self.shared_bytes = _split_kernel(config, head_dim, dtype, vector_loads, sm_scale)
-        self.combine_kernel, self.combine_block = _decode.combine_launch(head_dim, "float32",
-                                                                         np.dtype(out_rows.dtype).name)
-        self.scale_log2 = np.float32(sm_scale * LOG2E)
-        self.write_lse, self.num_splits, self.sm_count = bool(write_lse), num_splits, sm_count
-        self.parts_shape = (self.batch, self.kv_heads, self.rows, head_dim)
-
-    def __call__(self, q_rows, k, v, out_rows, lse_rows, stream, scratch) -> None:
-        batch, kv_heads, rows, head_dim = self.parts_shape
-        if batch * kv_heads == 0 or rows == 0:
-            return
-        seqlen_k, config = k.shape[2], self.config
-        num_splits = self.num_splits
-        if num_splits is None:
-            num_splits = choose_decode_splits(batch, kv_heads, rows, seqlen_k, self.sm_count, config)
-        num_splits = max(1, min(int(num_splits), -(-seqlen_k // config.block_n), 65535))
-        parts_shape = (num_splits,) + self.parts_shape
-        # one allocation for both: a decoding step's host time is comparable to its kernels' time
-        o_parts, lse_parts = carve(scratch((num_splits * batch * kv_heads * rows * (head_dim + 1),)),
-                                   [parts_shape, parts_shape[:-1]])
-        grid = (batch * kv_heads, -(-rows // config.block_m), num_splits)
-        device_launch(self.split_kernel, grid, config.threads, stream, self.shared_bytes, _bits(q_rows, "q"),
-                      _bits(k, "k"), _bits(v, "v"), o_parts, lse_parts, True, False, self.scale_log2)
-        device_launch(self.combine_kernel, batch * kv_heads * rows, self.combine_block, stream, 0,
-                      *(_decode.kernel_arg(x) for x in (o_parts, lse_parts, out_rows, lse_rows)), self.write_lse)
-
-
-def launch_decode(q_rows, k, v, out_rows, lse_rows, write_lse: bool, sm_scale: float, num_splits: int | None, stream,
-                  scratch, sm_count: int, config: MmaConfig | None = None, dtype: str | None = None,
-                  vector_loads: bool | None = None):
-    """``DecodeLaunch`` made and called once (``vector_loads`` None: from the arrays' layout)."""
-    if vector_loads is None:
-        vector_loads = vector_loads_ok(q_rows, k, v)
-    DecodeLaunch(q_rows, out_rows, write_lse, sm_scale, num_splits, sm_count, config, dtype, vector_loads)(
-        q_rows, k, v, out_rows, lse_rows, stream, scratch)

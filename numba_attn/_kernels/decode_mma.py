@@ -1,0 +1,479 @@
+"""Split-KV decoding on tensor cores: a block of several warps shares every key tile.
+
+``flash_decode`` regroups the query rows of each GQA group into one sequence (``_arrays.grouped_heads``, no copy):
+``(batch, kv_heads, group * seqlen_q, headdim)``, so that one 16-row MMA tile holds a whole group (8 rows for GQA 8
+and one token) and every K/V element is read once per kv head. The keys are cut into ``num_splits`` ranges; each
+block of the grid ``(batch * kv_heads, row tiles, num_splits)`` streams one range and writes its normalised float32
+part and its lse, and ``decode``'s combine kernel merges the parts.
+
+Work split inside a block
+    All ``warps`` warps hold the same 16 query rows. The block copies K/V tiles of ``block_n`` keys into shared
+    memory (``cp.async``, ``stages`` tiles in flight, all threads issuing); warp ``w`` takes keys
+    ``w * block_n / warps ..`` of every tile (a multiple of 16: whole n8 pairs for ``S`` and whole k-steps for
+    ``P V``) and keeps its own online softmax (``m``, ``l``, un-normalised ``O``) over them. After the range the warps
+    merge through shared memory exactly as splits merge: ``m = max_w m_w``, weights ``2^(m_w - m)``, one division by
+    ``l``. Why several warps: the split variant of the forward kernel that decoding used before had one warp per
+    block, which issued every copy, every MMA and the softmax of a tile in sequence; a block that read one tile still
+    took 8 us (design.md, "Where the fixed cost of a GQA step goes"). H100, B8 H32 Hkv4 D128 fp16, split kernel +
+    combine in CUDA graphs, 4k / 16k / 32k keys: 32.7 / 101.0 / 192.3 us against 35.1 / 103.9 / 198.7 us for the
+    one-warp block (design.md, "Decoding with four warps per split block").
+
+Per tile, warp ``w``: ``S = Q K_w^T`` (Q's A fragments stay in registers for head dims <= 128, read once;
+``ldmatrix.x4`` for K), the online softmax of ``online_softmax.softmax_step`` on its ``block_n / warps`` keys (masks
+only on tiles that cross the end of the range), ``O += P V_w`` with P packed in registers and V through
+``ldmatrix.x4.trans``. Shared memory and fragment layouts are those of ``flash_mma`` (rows of ``d_pad + 8`` 16-bit
+elements: the 8 row addresses of an ``ldmatrix`` fall in 8 different bank groups).
+
+No mask but the end of the keys: one query row sees every key under the bottom-right causal mask, and several rows
+come here only without one (``grouped_views``). Rows that see no key (an empty split) give 0 and ``lse = -inf``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numba import float32, types, uint16, uint32
+
+from .. import _device
+from .._arrays import carve, grouped_heads
+from .._device import SIMULATOR, DeviceView, cuda, prepared
+from .._device import launch as device_launch
+from . import decode as _decode
+from . import ptx
+from .flash_mma import _bits, vector_loads_ok
+from .online_softmax import softmax_step
+from .staging import device_function, tile_loader
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@dataclass(frozen=True)
+class DecodeMmaConfig:
+    """Tuning knobs of the decode split kernel."""
+
+    warps: int = 4  # warps per block; each takes block_n / warps keys (a multiple of 16) of every tile
+    block_n: int = 64  # keys per K/V tile in shared memory
+    stages: int = 2  # K/V tiles in shared memory: the copies of the next stages - 1 run under each tile's MMAs
+    blocks_per_sm: int = 2  # launch bound (registers) and what choose_splits aims for
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+
+#: head dims up to 128 (padded): 4 warps x 16 keys of 64-key tiles, 74 KB of shared memory at 128
+DEFAULT_CONFIG = DecodeMmaConfig()
+#: above 128: 2 warps x 16 keys of 32-key tiles (76 KB at 256), the accumulators of 256 columns need the registers
+WIDE_CONFIG = DecodeMmaConfig(warps=2, block_n=32)
+#: the CUDA simulator runs every thread as a Python thread: 2 warps x 16 keys
+SIMULATOR_CONFIG = DecodeMmaConfig(warps=2, block_n=32)
+#: at least this many keys per split (each split writes float32 parts that the combine reads back)
+MIN_KEYS_PER_SPLIT = 512
+#: mma.sync.m16n8k16 with f16 / bf16 operands and cvt.rn.bf16x2 need sm_80 or newer
+MIN_COMPUTE_CAPABILITY = (8, 0)
+
+
+def config_for(head_dim: int) -> DecodeMmaConfig:
+    if SIMULATOR:
+        return SIMULATOR_CONFIG
+    return DEFAULT_CONFIG if padded_head_dim(head_dim) <= 128 else WIDE_CONFIG
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The head dim the kernel computes with: a multiple of 16 (one MMA k-step)."""
+    return -(-head_dim // 16) * 16
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Shared memory of one specialisation, in 16-bit elements: the 16-row Q tile, then ``stages`` x (K tile,
+    V tile); after the keys, the stages' memory holds the warps' float32 merge."""
+
+    config: DecodeMmaConfig
+    d_pad: int
+
+    @property
+    def row(self) -> int:
+        return self.d_pad + 8
+
+    @property
+    def q_tile(self) -> int:
+        return 16 * self.row
+
+    @property
+    def tile(self) -> int:
+        return self.config.block_n * self.row
+
+    @property
+    def merge_row(self) -> int:
+        """float32s per row of a warp's output in the merge: rows ``g .. g + 3`` then start 8 banks apart, so the
+        8-byte stores of a fragment take the two wavefronts that its 256 bytes need."""
+        return self.d_pad + 8
+
+    @property
+    def shared_bytes(self) -> int:
+        stages = self.config.stages * 2 * self.tile * 2
+        merge = 4 * self.config.warps * 16 * (self.merge_row + 2)
+        return 2 * self.q_tile + max(stages, merge)
+
+
+def layout_for(config: DecodeMmaConfig, d_pad: int) -> _Layout:
+    warp_keys, rest = divmod(config.block_n, config.warps)
+    if rest or warp_keys % 16 or warp_keys == 0:
+        raise ValueError(f"block_n ({config.block_n}) must give every one of {config.warps} warps a multiple of 16 "
+                         "keys")
+    if config.stages < 2:
+        raise ValueError(f"stages must be at least 2, got {config.stages}")
+    if d_pad % 16 or not 16 <= d_pad <= 256:
+        raise ValueError(f"d_pad must be a multiple of 16 in [16, 256], got {d_pad}")
+    return _Layout(config, d_pad)
+
+
+_U16_4D = types.Array(types.uint16, 4, "A")
+_F32_5D = types.Array(types.float32, 5, "A")
+_F32_4D = types.Array(types.float32, 4, "A")
+#: q rows, k, v (16-bit patterns), float32 parts (num_splits, batch, kv_heads, rows, headdim) and their lse, the
+#: scale times log2(e)
+SIGNATURE = types.void(_U16_4D, _U16_4D, _U16_4D, _F32_5D, _F32_4D, types.float32)
+
+
+def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first: bool):
+    """The Python function of one specialisation (not yet jitted). ``scale_first``: for a scale <= 0, which does
+    not commute with max, the scores are scaled before the softmax (``online_softmax.softmax_step``)."""
+    config = layout.config
+    WARPS = config.warps
+    THREADS = config.threads
+    BLOCK_N = config.block_n
+    WARP_KEYS = BLOCK_N // WARPS
+    STAGES = config.stages
+    D_PAD = layout.d_pad
+    ROW = layout.row
+    Q_TILE = layout.q_tile
+    TILE = layout.tile
+    STAGE = 2 * TILE
+    QK_STEPS = D_PAD // 16
+    S_BLOCKS = WARP_KEYS // 8
+    PV_STEPS = WARP_KEYS // 16
+    O_BLOCKS = D_PAD // 8
+    # Q's A fragments stay in registers up to 128 columns (32 registers); wider, they are read per tile
+    Q_IN_REGISTERS = QK_STEPS <= 8
+    Q_REGS = QK_STEPS if Q_IN_REGISTERS else 1
+    # the merge (float32 indices into the same dynamic shared memory, from where the stages begin)
+    MERGE_ROW = layout.merge_row
+    MERGE = Q_TILE // 2  # warp w's 16 rows at MERGE + w * MERGE_WARP
+    MERGE_WARP = 16 * MERGE_ROW
+    STATS = MERGE + WARPS * MERGE_WARP  # m of (warp, row) at STATS + 16 w + r, l at STATS + 16 WARPS + 16 w + r
+    QUADS = D_PAD // 4  # 4-column groups of an output row
+    NEG_INF = np.float32(-np.inf)
+    ZERO = np.float32(0.0)
+    ACC_INIT = np.float32(-0.0)  # not 0.0: LLVM turns zero stores into a memset, which keeps the array in local memory
+    SCALE_FIRST = scale_first
+    mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
+    pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
+    exp2 = ptx.exp2_approx
+    shfl_xor = ptx.shfl_xor_f32
+    ldmatrix = ptx.ldmatrix_x4
+    ldmatrix_trans = ptx.ldmatrix_x4_trans
+    load_f32x4 = ptx.load_f32x4_1d
+    store_f32x2 = ptx.store_f32x2
+    store2 = ptx.store2
+    commit = ptx.cp_async_commit
+    wait_q = ptx.cp_async_wait_group(STAGES - 1)  # the oldest group (Q) has landed
+    wait_tile = ptx.cp_async_wait_group(STAGES - 2)  # the oldest group still in flight (tile j's) has landed
+    load_q_tile = tile_loader(THREADS, ROW, D_PAD, 16, np.uint16, vector_loads)
+    # long runs of cache rows read once: L2 fetches 256-byte groups ahead
+    load_tile = tile_loader(THREADS, ROW, D_PAD, BLOCK_N, np.uint16, vector_loads, l2_prefetch=True,
+                            whole_tile_path=True)
+    online_softmax = softmax_step(S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True)
+
+    @device_function
+    def mma_into(c, n, a0, a1, a2, a3, b0, b1):
+        c[0, n, 0], c[0, n, 1], c[0, n, 2], c[0, n, 3] = mma(a0, a1, a2, a3, b0, b1,
+                                                             c[0, n, 0], c[0, n, 1], c[0, n, 2], c[0, n, 3])
+
+    def kernel(q, k, v, o_parts, lse_parts, scale_log2):
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4  # MMA groupID: fragment rows g and g + 8
+        t = lane % 4  # MMA threadID_in_group: fragment columns 2t, 2t + 1
+        heads = q.shape[1]
+        b = cuda.blockIdx.x // heads
+        h = cuda.blockIdx.x % heads
+        m0 = cuda.blockIdx.y * 16
+        split = cuda.blockIdx.z
+        hk = h // (heads // k.shape[1])
+        rows = q.shape[2]
+        seqlen_k = k.shape[2]
+        head_dim = q.shape[3]
+        splits = o_parts.shape[0]
+        per = ((seqlen_k + splits - 1) // splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        key_start = split * per
+        key_end = min(seqlen_k, key_start + per)
+        n_tiles = (key_end - key_start + BLOCK_N - 1) // BLOCK_N  # <= 0: an empty split
+        k_head = k[b, hk]
+        v_head = v[b, hk]
+        warp_key = WARP_KEYS * warp  # this warp's first key in a tile
+        # ldmatrix row addresses (flash_mma's): K as two n8 B blocks, Q as the A fragment, V transposed
+        k_lane = (warp_key + 8 * (lane // 16) + lane % 8) * ROW + 8 * ((lane // 8) % 2)
+        v_lane = (warp_key + 8 * ((lane // 8) % 2) + lane % 8) * ROW + 8 * (lane // 16)
+        q_lane = (8 * ((lane // 8) % 2) + lane % 8) * ROW + 8 * (lane // 16)
+        post = scale_log2  # multiplies the scores inside the exponent; 1 when they were scaled first
+        if SCALE_FIRST:
+            post = float32(1.0)
+
+        smem = cuda.shared.array(0, uint16)
+        merge = cuda.shared.array(0, float32)  # the same memory, for the merge after the keys
+        q_frag = cuda.local.array((Q_REGS, 4), uint32)
+        s = cuda.local.array((1, S_BLOCKS, 4), float32)
+        acc = cuda.local.array((1, O_BLOCKS, 4), float32)
+        m_run = cuda.local.array(2, float32)  # running max (score units) of rows g, g + 8 over this warp's keys
+        l_run = cuda.local.array(2, float32)
+        for i in range(2):
+            m_run[i] = NEG_INF
+            l_run[i] = ZERO
+        for ob in range(O_BLOCKS):
+            for e in range(4):
+                acc[0, ob, e] = ACC_INIT
+
+        load_q_tile(q[b, h], smem, 0, tid, m0, rows, 0, head_dim)
+        commit()
+        for ahead in range(STAGES - 1):  # tiles 0 .. STAGES - 2, one commit group each
+            if ahead < n_tiles:
+                n_ahead = key_start + ahead * BLOCK_N
+                load_tile(k_head, smem, Q_TILE + ahead * STAGE, tid, n_ahead, key_end, 0, head_dim)
+                load_tile(v_head, smem, Q_TILE + ahead * STAGE + TILE, tid, n_ahead, key_end, 0, head_dim)
+            commit()
+        if Q_IN_REGISTERS:
+            wait_q()
+            cuda.syncthreads()
+            for kk in range(QK_STEPS):
+                q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3] = ldmatrix(smem, q_lane + 16 * kk)
+
+        for j in range(n_tiles):
+            n0 = key_start + j * BLOCK_N
+            base = Q_TILE + (j % STAGES) * STAGE
+            wait_tile()
+            cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
+            if j + STAGES - 1 < n_tiles:
+                nxt = Q_TILE + ((j + STAGES - 1) % STAGES) * STAGE
+                n_next = n0 + (STAGES - 1) * BLOCK_N
+                load_tile(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
+                load_tile(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
+            commit()  # an empty group past the last tile keeps "oldest group in flight = tile j" true
+
+            # ---- S = Q K_w^T on this warp's keys ----------------------------------------------------------------
+            for nb in range(S_BLOCKS):
+                for e in range(4):
+                    s[0, nb, e] = ACC_INIT
+            for kk in range(QK_STEPS):
+                if Q_IN_REGISTERS:
+                    a0, a1, a2, a3 = q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3]
+                else:
+                    a0, a1, a2, a3 = ldmatrix(smem, q_lane + 16 * kk)
+                for nb in range(0, S_BLOCKS, 2):
+                    b0, b1, b2, b3 = ldmatrix(smem, base + k_lane + 8 * nb * ROW + 16 * kk)
+                    mma_into(s, nb, a0, a1, a2, a3, b0, b1)
+                    mma_into(s, nb + 1, a0, a1, a2, a3, b2, b3)
+
+            # ---- online softmax over the warp's keys; the mask only where they cross the end of the range -------
+            warp_n0 = n0 + warp_key
+            online_softmax(s, acc, m_run, l_run, 0, warp_n0 + WARP_KEYS > key_end, warp_n0, m0 + g, t, key_end,
+                           False, 0, scale_log2, post)
+
+            # ---- O += P V_w: P's C fragments of n8 blocks 2kk, 2kk + 1 are the A fragment of k-step kk ----------
+            for kk in range(PV_STEPS):
+                a0 = pack(s[0, 2 * kk, 0], s[0, 2 * kk, 1])
+                a1 = pack(s[0, 2 * kk, 2], s[0, 2 * kk, 3])
+                a2 = pack(s[0, 2 * kk + 1, 0], s[0, 2 * kk + 1, 1])
+                a3 = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
+                for ob in range(0, O_BLOCKS, 2):
+                    b0, b1, b2, b3 = ldmatrix_trans(smem, base + TILE + v_lane + 16 * kk * ROW + 8 * ob)
+                    mma_into(acc, ob, a0, a1, a2, a3, b0, b1)
+                    mma_into(acc, ob + 1, a0, a1, a2, a3, b2, b3)
+
+        # ---- merge the warps as splits merge: m = max m_w, O = sum 2^(m_w - m) O_w / sum 2^(m_w - m) l_w ---------
+        for half in range(2):
+            l_row = l_run[half]
+            l_row += shfl_xor(l_row, 1)
+            l_run[half] = l_row + shfl_xor(l_row, 2)
+        ptx.cp_async_wait_all()  # (the groups after the last tile are empty; this keeps it true for any stages)
+        cuda.syncthreads()  # every warp is done with the stages
+        if t == 0:
+            for half in range(2):
+                merge[STATS + 16 * warp + g + 8 * half] = m_run[half]
+                merge[STATS + 16 * WARPS + 16 * warp + g + 8 * half] = l_run[half]
+        cuda.syncthreads()
+        for half in range(2):
+            r = g + 8 * half
+            if m0 + r < rows:
+                m_all = NEG_INF
+                for w in range(WARPS):
+                    m_all = max(m_all, merge[STATS + 16 * w + r])
+                shift = m_all if m_all != NEG_INF else ZERO  # no key at all: every weight is exp2(-inf) = 0
+                l_all = ZERO
+                for w in range(WARPS):
+                    l_all += merge[STATS + 16 * WARPS + 16 * w + r] * exp2((merge[STATS + 16 * w + r] - shift) * post)
+                weight = exp2((m_run[half] - shift) * post)
+                weight = weight / l_all if l_all > ZERO else ZERO
+                at = MERGE + warp * MERGE_WARP + r * MERGE_ROW + 2 * t
+                for ob in range(O_BLOCKS):
+                    store_f32x2(merge, at + 8 * ob, acc[0, ob, 2 * half] * weight, acc[0, ob, 2 * half + 1] * weight)
+                if warp == 0 and t == 0:
+                    lse_row = (m_all * post + math.log2(l_all)) * LN2 if l_all > ZERO else NEG_INF
+                    lse_parts[split, b, h, m0 + r] = lse_row
+        cuda.syncthreads()
+        for i in range(tid, 16 * QUADS, THREADS):
+            r = i // QUADS
+            c = 4 * (i - r * QUADS)
+            if m0 + r < rows:
+                x0, x1, x2, x3 = load_f32x4(merge, MERGE + r * MERGE_ROW + c)
+                for w in range(1, WARPS):
+                    y0, y1, y2, y3 = load_f32x4(merge, MERGE + w * MERGE_WARP + r * MERGE_ROW + c)
+                    x0 += y0
+                    x1 += y1
+                    x2 += y2
+                    x3 += y3
+                part = o_parts[split, b, h]
+                if c < head_dim:
+                    store2(part, m0 + r, c, x0)
+                if c + 1 < head_dim:
+                    store2(part, m0 + r, c + 1, x1)
+                if c + 2 < head_dim:
+                    store2(part, m0 + r, c + 2, x2)
+                if c + 3 < head_dim:
+                    store2(part, m0 + r, c + 3, x3)
+
+    return kernel
+
+
+@lru_cache(maxsize=None)
+def split_kernel(config: DecodeMmaConfig, d_pad: int, bf16: bool, vector_loads: bool, scale_first: bool):
+    """The compiled split kernel of one specialisation (cached on disk)."""
+    source = _kernel_source(layout_for(config, d_pad), bf16, vector_loads, scale_first)
+    if SIMULATOR:
+        return cuda.jit(source)
+    return cuda.jit(SIGNATURE, launch_bounds=(config.threads, config.blocks_per_sm), cache=True)(source)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Launching
+# ---------------------------------------------------------------------------------------------------------------------
+def _view(x) -> DeviceView:
+    return x if isinstance(x, DeviceView) else DeviceView.of(x)
+
+
+def choose_splits(batch: int, kv_heads: int, rows: int, seqlen_k: int, sm_count: int,
+                  config: DecodeMmaConfig | None = None) -> int:
+    """Splits per (batch, kv head, row tile): about ``config.blocks_per_sm`` blocks per SM in one wave, rounded
+    down to whole splits, with at least ``MIN_KEYS_PER_SPLIT`` keys each; 1 when the cache is short."""
+    config = config or DEFAULT_CONFIG
+    base = max(1, batch * kv_heads * -(-rows // 16))
+    wanted = config.blocks_per_sm * max(1, sm_count) // base
+    return max(1, min(wanted, seqlen_k // MIN_KEYS_PER_SPLIT, 65535))
+
+
+def grouped_views(q, out, lse, write_lse: bool, kv_heads: int, causal: bool):
+    """``(q, out, lse)`` regrouped for ``DecodeLaunch`` (the query rows of a GQA group as one sequence, no copy), or
+    None where that cannot be done: rows that do not regroup without a copy, or a causal mask over several query
+    rows (it would see the regrouped row index, not the token's position)."""
+    if causal and q.shape[2] > 1:
+        return None
+    q_rows, out_rows = grouped_heads(q, kv_heads), grouped_heads(out, kv_heads)
+    lse_rows = grouped_heads(lse, kv_heads) if write_lse else lse
+    if q_rows is None or out_rows is None or (write_lse and lse_rows is None):
+        return None
+    return q_rows, out_rows, lse_rows
+
+
+class DecodeLaunch:
+    """Split-KV attention for few query rows, on the views of ``grouped_views``: the split kernel over
+    ``num_splits`` key ranges (``choose_splits`` per cache length when None), then ``decode``'s LSE combine.
+
+    Made for one kind of call (the query rows' and output's shapes and dtype, the scale, the options): the kernels,
+    block shapes and constant parameters are worked out here, once; calling it launches on arrays of that kind with
+    any cache length. ``_decode_plan`` keeps one per kind of call, so a decoding step costs little host time."""
+
+    def __init__(self, q_rows, out_rows, write_lse: bool, sm_scale: float, num_splits: int | None, sm_count: int,
+                 config: DecodeMmaConfig | None = None, dtype: str | None = None, vector_loads: bool = True):
+        self.batch, self.kv_heads, self.rows, head_dim = q_rows.shape
+        self.config = config = config or config_for(head_dim)
+        dtype = dtype or ("float16" if np.dtype(q_rows.dtype) == np.float16 else "bfloat16")
+        layout = layout_for(config, padded_head_dim(head_dim))
+        self.split_kernel = split_kernel(config, layout.d_pad, dtype == "bfloat16", vector_loads, not sm_scale > 0)
+        self.shared_bytes = layout.shared_bytes
+        self.combine_kernel, self.combine_block = _decode.combine_launch(head_dim, "float32",
+                                                                         np.dtype(out_rows.dtype).name)
+        self.scale_log2 = np.float32(sm_scale * LOG2E)
+        self.write_lse, self.num_splits, self.sm_count = bool(write_lse), num_splits, sm_count
+        self.parts_shape = (self.batch, self.kv_heads, self.rows, head_dim)
+        self.combine_grid = self.batch * self.kv_heads * self.rows  # one block per query row
+        self._parts = {}  # num_splits -> parameter templates of the parts (pointers relative to the scratch)
+        self._prepared = None  # the two kernels' launchables, made at the first call on a GPU
+
+    def splits(self, seqlen_k: int) -> int:
+        batch, kv_heads, rows, _ = self.parts_shape
+        num_splits = self.num_splits
+        if num_splits is None:
+            num_splits = choose_splits(batch, kv_heads, rows, seqlen_k, self.sm_count, self.config)
+        return max(1, min(int(num_splits), -(-seqlen_k // self.config.block_n), 65535))
+
+    def launch_split(self, q_rows, k, v, o_parts, lse_parts, stream) -> None:
+        """The split kernel alone: ``o_parts (num_splits, batch, kv_heads, rows, headdim)`` and ``lse_parts``
+        (the same without headdim), float32."""
+        batch, kv_heads, rows, _ = self.parts_shape
+        grid = (batch * kv_heads, -(-rows // 16), o_parts.shape[0])
+        device_launch(self.split_kernel, grid, self.config.threads, stream, self.shared_bytes, _bits(q_rows, "q"),
+                      _bits(k, "k"), _bits(v, "v"), o_parts, lse_parts, self.scale_log2)
+
+    def __call__(self, q_rows, k, v, out_rows, lse_rows, stream, scratch) -> None:
+        batch, kv_heads, rows, head_dim = self.parts_shape
+        if batch * kv_heads == 0 or rows == 0:
+            return
+        num_splits = self.splits(k.shape[2])
+        parts_shape = (num_splits,) + self.parts_shape
+        # one allocation for both: a decoding step's host time is comparable to its kernels' time
+        buffer = scratch((num_splits * batch * kv_heads * rows * (head_dim + 1),))
+        if not SIMULATOR and _device.FAST_LAUNCH:
+            self._launch_prepared(q_rows, k, v, out_rows, lse_rows, stream, buffer, num_splits)
+            return
+        o_parts, lse_parts = carve(buffer, [parts_shape, parts_shape[:-1]])
+        self.launch_split(q_rows, k, v, o_parts, lse_parts, stream)
+        device_launch(self.combine_kernel, self.combine_grid, self.combine_block, stream, 0,
+                      *(_decode.kernel_arg(x) for x in (o_parts, lse_parts, out_rows, lse_rows)), self.write_lse)
+
+    def _launch_prepared(self, q_rows, k, v, out_rows, lse_rows, stream, buffer, num_splits: int) -> None:
+        """Both launches with parameters packed straight from the views (``_device.prepared``): the shapes and
+        dtypes were settled when this kind of call was planned, so nothing is checked again."""
+        if self._prepared is None:
+            self._prepared = (prepared(self.split_kernel), prepared(self.combine_kernel))
+        split_entry, combine_entry = self._prepared
+        parts = self._parts.get(num_splits)
+        if parts is None:
+            shape = (num_splits,) + self.parts_shape
+            size = int(np.prod(shape))
+            template = DeviceView(0, (size + size // shape[-1],), (4,), np.float32, None)
+            parts = self._parts[num_splits] = tuple(view.params for view in carve(template, [shape, shape[:-1]]))
+        base = _view(buffer).ptr
+        o_params, lse_params = (p[:4] + (base + p[4],) + p[5:] for p in parts)
+        handle = stream if isinstance(stream, int) else int(getattr(stream, "handle", stream))
+        batch, kv_heads, rows, _ = self.parts_shape
+        split_entry.launch((batch * kv_heads, -(-rows // 16), num_splits), (self.config.threads, 1, 1),
+                           self.shared_bytes, handle, _view(q_rows).params + _view(k).params + _view(v).params
+                           + o_params + lse_params + (self.scale_log2,))
+        combine_entry.launch((self.combine_grid, 1, 1), self.combine_block + (1,), 0, handle,
+                             o_params + lse_params + _view(out_rows).params + _view(lse_rows).params
+                             + (self.write_lse,))
+
+
+def launch_decode(q_rows, k, v, out_rows, lse_rows, write_lse: bool, sm_scale: float, num_splits: int | None, stream,
+                  scratch, sm_count: int, config: DecodeMmaConfig | None = None, dtype: str | None = None,
+                  vector_loads: bool | None = None):
+    """``DecodeLaunch`` made and called once (``vector_loads`` None: from the arrays' layout)."""
+    if vector_loads is None:
+        vector_loads = vector_loads_ok(q_rows, k, v)
+    DecodeLaunch(q_rows, out_rows, write_lse, sm_scale, num_splits, sm_count, config, dtype, vector_loads)(
+        q_rows, k, v, out_rows, lse_rows, stream, scratch)

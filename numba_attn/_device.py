@@ -344,9 +344,13 @@ def launch(kernel, grid, block, stream, shared_bytes: int, *args) -> None:
         if (view.dtype is not spec[0] and view.dtype != spec[0]) or len(view.shape) != spec[1]:
             raise TypeError(f"kernel argument: expected a {spec[1]}-d {spec[0]} array, got {view.ndim}-d {view.dtype}")
         values.extend(view.params)
-    # a Numba stream's handle (its __int__ gives an enum for the default stream)
-    handle = stream if isinstance(stream, int) else int(getattr(stream, "handle", stream))
-    entry.launch(_grid3(grid), _grid3(block), shared_bytes, handle, values)
+    entry.launch(_grid3(grid), _grid3(block), shared_bytes, stream_handle(stream), values)
+
+
+def stream_handle(stream) -> int:
+    """The driver handle of a stream given as an int or a Numba stream (whose ``__int__`` gives an enum for the
+    default stream, so its ``handle`` is read)."""
+    return stream if isinstance(stream, int) else int(getattr(stream, "handle", stream))
 
 
 def prepared(kernel) -> "_Launchable":

@@ -362,10 +362,6 @@ def split_kernel(config: DecodeMmaConfig, d_pad: int, bf16: bool, vector_loads: 
 # ---------------------------------------------------------------------------------------------------------------------
 # Launching
 # ---------------------------------------------------------------------------------------------------------------------
-def _view(x) -> DeviceView:
-    return x if isinstance(x, DeviceView) else DeviceView.of(x)
-
-
 def choose_splits(batch: int, kv_heads: int, rows: int, seqlen_k: int, sm_count: int,
                   config: DecodeMmaConfig | None = None) -> int:
     """Splits per (batch, kv head, row tile): about ``config.blocks_per_sm`` blocks per SM in one wave, rounded
@@ -457,15 +453,16 @@ class DecodeLaunch:
             size = int(np.prod(shape))
             template = DeviceView(0, (size + size // shape[-1],), (4,), np.float32, None)
             parts = self._parts[num_splits] = tuple(view.params for view in carve(template, [shape, shape[:-1]]))
-        base = _view(buffer).ptr
+        base = DeviceView.of(buffer).ptr
         o_params, lse_params = (p[:4] + (base + p[4],) + p[5:] for p in parts)
-        handle = stream if isinstance(stream, int) else int(getattr(stream, "handle", stream))
+        handle = _device.stream_handle(stream)
         batch, kv_heads, rows, _ = self.parts_shape
+        view = DeviceView.of  # (returns a DeviceView itself: the plan's views cost nothing here)
         split_entry.launch((batch * kv_heads, -(-rows // 16), num_splits), (self.config.threads, 1, 1),
-                           self.shared_bytes, handle, _view(q_rows).params + _view(k).params + _view(v).params
+                           self.shared_bytes, handle, view(q_rows).params + view(k).params + view(v).params
                            + o_params + lse_params + (self.scale_log2,))
         combine_entry.launch((self.combine_grid, 1, 1), self.combine_block + (1,), 0, handle,
-                             o_params + lse_params + _view(out_rows).params + _view(lse_rows).params
+                             o_params + lse_params + view(out_rows).params + view(lse_rows).params
                              + (self.write_lse,))
 
 

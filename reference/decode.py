@@ -43,7 +43,7 @@ def split_boundaries(seqlen_k: int, num_splits: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
 
-def split_kv_attention(q, k, v, num_splits, causal=False, sm_scale=None, dtype=None):
+def split_kv_attention(q, k, v, num_splits, causal=False, sm_scale=None, dtype=None, boundaries=None):
     """Attention of ``q`` against each of ``num_splits`` contiguous key ranges separately.
 
     Args:
@@ -53,6 +53,8 @@ def split_kv_attention(q, k, v, num_splits, causal=False, sm_scale=None, dtype=N
             exactly the keys of the full problem that fall in its range).
         num_splits: number of key ranges (>= 1), partitioned as :func:`split_boundaries`.
         dtype: dtype of the returned arrays (default float64).
+        boundaries: optional key offsets ``[0, ..., seqlen_k]`` (``num_splits + 1`` of them, non-decreasing) of
+            another partition, e.g. a kernel's (a split ``s`` owns ``[boundaries[s], boundaries[s + 1])``).
 
     Returns:
         ``(o_parts, lse_parts)`` with shapes
@@ -67,7 +69,14 @@ def split_kv_attention(q, k, v, num_splits, causal=False, sm_scale=None, dtype=N
     sm_scale = resolve_sm_scale(sm_scale, q.shape[-1])
     seqlen_q, seqlen_k = q.shape[2], k.shape[2]
     visible = _full_mask(seqlen_q, seqlen_k, causal)
-    boundaries = split_boundaries(seqlen_k, num_splits)
+    if boundaries is None:
+        boundaries = split_boundaries(seqlen_k, num_splits)
+    else:
+        boundaries = np.asarray(boundaries)
+        if (boundaries.shape != (num_splits + 1,) or not np.issubdtype(boundaries.dtype, np.integer)
+                or boundaries[0] != 0 or boundaries[-1] != seqlen_k or (np.diff(boundaries) < 0).any()):
+            raise ValueError(f"boundaries must be {num_splits + 1} non-decreasing integers from 0 to seqlen_k "
+                             f"({seqlen_k}); got {boundaries.tolist()}")
 
     o_parts = np.zeros((num_splits,) + q.shape)
     lse_parts = np.zeros((num_splits,) + q.shape[:-1])

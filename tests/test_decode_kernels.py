@@ -377,32 +377,24 @@ def test_flash_decode_tensor_core_path(heads, kv_heads, seqlen_q, seqlen_k, head
     _check_attention(to_host(out), to_host(lse), q, k, v, causal)
 
 
-def _range_reference(q_rows, k, v, per, num_splits, sm_scale):
-    """Each split's keys ``[z * per, (z + 1) * per)``: its normalised output and lse (0 and -inf when empty)."""
-    seqlen_k = k.shape[2]
-    o_ref = np.zeros((num_splits,) + q_rows.shape)
-    lse_ref = np.full((num_splits,) + q_rows.shape[:3], -np.inf)
-    for z in range(num_splits):
-        start, end = z * per, min(seqlen_k, (z + 1) * per)
-        if start < end:
-            o_ref[z], lse_ref[z] = reference.attention(q_rows, k[:, :, start:end], v[:, :, start:end],
-                                                       sm_scale=sm_scale, return_lse=True)
-    return o_ref, lse_ref
-
-
 @pytest.mark.parametrize(
-    "kv_heads, rows, seqlen_k, head_dim, num_splits, sm_scale, dtype",
+    "kv_heads, rows, seqlen_k, head_dim, num_splits, sm_scale, dtype, tail",
     [
-        (1, 4, 70, 16, 2, 0.3, "float16"),  # the second split's tile: one warp's keys all past the end
-        (2, 3, 33, 24, 5, 0.3, "float16"),  # ranges of one tile: a split of one key, then empty splits
-        (1, 20, 40, 16, 1, 0.25, "bfloat16"),  # two row tiles (the second with 4 rows), bfloat16
-        (1, 8, 50, 20, 2, -0.2, "float16"),  # element copies (head dim 20); a negative scale (scores scaled first)
+        (1, 4, 70, 16, 2, 0.3, "float16", None),  # the second split's tile: one warp's keys all past the end
+        (2, 3, 33, 24, 5, 0.3, "float16", None),  # ranges of one tile: a split of one key, then empty splits
+        (1, 20, 40, 16, 1, 0.25, "bfloat16", None),  # two row tiles (the second with 4 rows), bfloat16
+        (1, 8, 50, 20, 2, -0.2, "float16", None),  # element copies (head dim 20); a negative scale (scores first)
+        # lead and tail ranges (SplitPlan): 2 lead ranges of 2 tiles, then tail ranges of 1 tile, the last one
+        # partial and one past the end
+        (2, 5, 5 * 32 + 9, 24, 7, 0.3, "float16", (2, 2, 1)),
+        (1, 8, 3 * 64 + 1, 16, 4, 0.2, "bfloat16", (1, 1, 2)),  # tail ranges longer than the lead range
     ],
 )
 def test_decode_mma_split_parts_match_reference_ranges(kv_heads, rows, seqlen_k, head_dim, num_splits, sm_scale,
-                                                       dtype):
+                                                       dtype, tail):
     """The tensor-core split kernel alone: every part and lse of a poisoned buffer written, each equal to attention
-    over its key range (``per`` keys, rounded up to whole tiles), the warps' merge inside the block included."""
+    over its key range (the plan's ranges: equal whole tiles, or lead and tail ranges), the warps' merge inside the
+    block included."""
     from numba_attn import api
     from numba_attn._kernels import decode_mma, ptx
 
@@ -418,16 +410,67 @@ def test_decode_mma_split_parts_match_reference_ranges(kv_heads, rows, seqlen_k,
         values = [x.astype(np.float64) for x in (q, k, v)]
     launch = decode_mma.DecodeLaunch(q, q, True, sm_scale, num_splits, 1, dtype=dtype,
                                      vector_loads=decode_mma.vector_loads_ok(q, k, v))
+    block_n = launch.config.block_n
+    if tail is None:
+        plan = decode_mma.uniform_plan(seqlen_k, num_splits, block_n)
+    else:
+        lead_splits, lead_tiles, tail_tiles = tail
+        plan = decode_mma.SplitPlan(lead_splits, lead_tiles * block_n, tail_tiles * block_n, num_splits)
+    starts, ends = plan.ranges(seqlen_k)
+    assert ends.max() == seqlen_k, "the case's ranges must reach the end of the keys"
     o_parts = _dev(np.full((num_splits,) + q.shape, np.nan, np.float32))
     lse_parts = _dev(np.full((num_splits,) + q.shape[:3], np.nan, np.float32))
-    launch.launch_split(_dev(q), _dev(k), _dev(v), o_parts, lse_parts, 0)
-    per = -(-(-(-seqlen_k // num_splits)) // launch.config.block_n) * launch.config.block_n
-    o_ref, lse_ref = _range_reference(*values, per, num_splits, sm_scale)
+    launch.launch_split(_dev(q), _dev(k), _dev(v), o_parts, lse_parts, 0, plan if tail else None)
+    o_ref, lse_ref = reference.split_kv_attention(*values, num_splits, sm_scale=sm_scale,
+                                                  boundaries=plan.boundaries(seqlen_k))
     got = to_host(o_parts)
     assert not np.isnan(got).any()
     assert rel_error(got, o_ref) <= TOLERANCE[dtype]
     assert_close_lse(to_host(lse_parts), lse_ref)
     assert (got[np.isneginf(lse_ref)] == 0).all()
+
+
+@settings(max_examples=300)
+@given(batch=st.integers(1, 64), kv_heads=st.integers(1, 64), rows=st.integers(1, 64),
+       seqlen_k=st.integers(1, 1 << 22), sm_count=st.integers(1, 200), wide=st.booleans())
+def test_plan_splits_cuts_every_key_once(batch, kv_heads, rows, seqlen_k, sm_count, wide):
+    """The ranges of ``plan_splits`` as the kernel takes them: abutting from key 0 to the end (every key in exactly
+    one range), whole tiles but for the last, lead ranges filling at most one wave of blocks and no shorter than the
+    tail ranges, a grid the launch accepts."""
+    from numba_attn._kernels import decode_mma
+
+    config = decode_mma.WIDE_CONFIG if wide else decode_mma.DEFAULT_CONFIG
+    plan = decode_mma.plan_splits(batch, kv_heads, rows, seqlen_k, sm_count, config)
+    starts, ends = plan.ranges(seqlen_k)
+    assert 1 <= plan.lead_splits <= plan.num_splits <= 65535
+    assert starts[0] == 0 and (starts[1:] == starts[:-1] + np.where(
+        np.arange(plan.num_splits - 1) < plan.lead_splits, plan.lead_keys, plan.tail_keys)).all()
+    assert ends[-1] == seqlen_k and (ends[:-1] <= starts[1:]).all()
+    nonempty = starts < ends
+    assert nonempty.any() and (ends[nonempty][:-1] == starts[nonempty][1:]).all()
+    assert plan.lead_keys % config.block_n == 0 and plan.tail_keys % config.block_n == 0
+    assert 0 < plan.tail_keys <= plan.lead_keys
+    blocks = batch * kv_heads * -(-rows // 16)
+    if plan.lead_splits > 1:
+        assert blocks * plan.lead_splits <= config.blocks_per_sm * sm_count
+        assert plan.lead_keys >= decode_mma.MIN_KEYS_PER_SPLIT
+    if plan.num_splits > plan.lead_splits:  # tail ranges: a share of the keys, behind long lead ranges
+        assert plan.lead_keys >= decode_mma.MIN_LEAD_TILES * config.block_n
+        tail_share = (seqlen_k - plan.lead_splits * plan.lead_keys) / seqlen_k
+        event(f"tail share {round(tail_share, 1)}")
+        assert 0 < tail_share <= decode_mma.TAIL_FRACTION + (plan.lead_splits + 1) * config.block_n / seqlen_k
+
+
+def test_plan_splits_examples():
+    from numba_attn._kernels import decode_mma as dm
+
+    # GQA 8 (B8 Hkv4, 8 rows) on 132 SMs at 16k keys: 8 lead ranges of 25 tiles per row tile, then 28 of 2 tiles
+    assert dm.plan_splits(8, 4, 8, 16384, 132) == dm.SplitPlan(8, 25 * 64, 2 * 64, 8 + 28)
+    # short cache: equal ranges of at least MIN_KEYS_PER_SPLIT keys, no tail
+    assert dm.plan_splits(8, 4, 8, 4096, 132) == dm.uniform_plan(4096, 8, 64)
+    # one lead range per row tile (multi-head): the tail ranges still balance the end
+    plan = dm.plan_splits(8, 32, 1, 16384, 132)
+    assert plan.lead_splits == 1 and plan.num_splits > 1
 
 
 # -- bfloat16 (uint16 bit views, the way torch's bfloat16 travels) -------------------------------------------------

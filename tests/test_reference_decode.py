@@ -25,6 +25,27 @@ def test_split_then_combine_equals_attention_for_any_number_of_splits(case, num_
 
 
 @given(attention_cases(), split_counts(), st.data())
+def test_split_then_combine_equals_attention_for_any_partition(case, num_splits, data):
+    """Uneven ranges (a kernel's lead and tail ranges, empty ones included) merge to the same attention."""
+    seqlen_k = case.k.shape[-2]
+    cuts = sorted(data.draw(st.lists(st.integers(0, seqlen_k), min_size=num_splits - 1, max_size=num_splits - 1)))
+    boundaries = np.array([0] + cuts + [seqlen_k])
+    o_parts, lse_parts = split_kv_attention(case.q, case.k, case.v, num_splits, boundaries=boundaries,
+                                            **case.kwargs)
+    empty = boundaries[1:] == boundaries[:-1]
+    assert (o_parts[empty] == 0).all() and np.isneginf(lse_parts[empty]).all()
+    expected = attention(case.q, case.k, case.v, return_lse=True, **case.kwargs)
+    assert_same_attention(combine_lse(o_parts, lse_parts), expected, case)
+
+
+@pytest.mark.parametrize("boundaries", [[0, 3], [0, 2, 1, 5], [1, 2, 5], [0, 2, 6], [0.0, 2.0, 5.0]])
+def test_bad_boundaries_raise_value_error_naming_them(boundaries):
+    q = np.zeros((5, 4))
+    with pytest.raises(ValueError, match="boundaries"):
+        split_kv_attention(q, q, q, 2, boundaries=boundaries)
+
+
+@given(attention_cases(), split_counts(), st.data())
 def test_combine_does_not_depend_on_the_order_of_the_parts(case, num_splits, data):
     o_parts, lse_parts = split_kv_attention(case.q, case.k, case.v, num_splits, **case.kwargs)
     order = data.draw(st.permutations(range(num_splits)))

@@ -57,7 +57,12 @@ class DecodeMmaConfig:
     warps: int = 4  # warps per block; each takes block_n / warps keys (a multiple of 16) of every tile
     block_n: int = 64  # keys per K/V tile in shared memory
     stages: int = 2  # K/V tiles in shared memory: the copies of the next stages - 1 run under each tile's MMAs
-    blocks_per_sm: int = 2  # launch bound (registers) and what choose_splits aims for
+    blocks_per_sm: int = 2  # launch bound (registers) and what plan_splits aims for
+    splits_inner: bool = False  # grid (splits, row tiles, tasks) instead of (tasks, row tiles, splits)
+    # one K and one V buffer instead of stages: V's copy runs under S = Q K^T, the next K's under O += P V, so a
+    # block reads one region of the cache at a time (FlashAttention-2's split-KV schedule)
+    kv_alternate: bool = False
+    l2_prefetch: bool = True  # the K/V copies ask L2 for 256-byte groups (ptx.cp_async_16_prefetch)
 
     @property
     def threads(self) -> int:
@@ -70,8 +75,16 @@ DEFAULT_CONFIG = DecodeMmaConfig()
 WIDE_CONFIG = DecodeMmaConfig(warps=2, block_n=32)
 #: the CUDA simulator runs every thread as a Python thread: 2 warps x 16 keys
 SIMULATOR_CONFIG = DecodeMmaConfig(warps=2, block_n=32)
-#: at least this many keys per split (each split writes float32 parts that the combine reads back)
+#: at least this many keys per lead range (each range writes float32 parts that the combine reads back)
 MIN_KEYS_PER_SPLIT = 512
+#: Balancing the end of a step (``plan_splits``; design.md, "Tail ranges"): the SMs stream at rates that differ
+#: by up to 20 % (set by where they sit on the chip), so equal ranges end over a fifth of the step. This share of
+#: the keys goes to short ranges that the block scheduler hands to the SMs that finish first ...
+TAIL_FRACTION = 0.2
+#: ... about this many per resident block (more: finer balance, more parts for the combine) ...
+TAIL_RANGES_PER_SLOT = 4
+#: ... where the lead ranges have at least this many tiles (shorter steps end within a few microseconds anyway)
+MIN_LEAD_TILES = 16
 #: mma.sync.m16n8k16 with f16 / bf16 operands and cvt.rn.bf16x2 need sm_80 or newer
 MIN_COMPUTE_CAPABILITY = (8, 0)
 
@@ -115,7 +128,7 @@ class _Layout:
 
     @property
     def shared_bytes(self) -> int:
-        stages = self.config.stages * 2 * self.tile * 2
+        stages = (1 if self.config.kv_alternate else self.config.stages) * 2 * self.tile * 2
         merge = 4 * self.config.warps * 16 * (self.merge_row + 2)
         return 2 * self.q_tile + max(stages, merge)
 
@@ -125,7 +138,7 @@ def layout_for(config: DecodeMmaConfig, d_pad: int) -> _Layout:
     if rest or warp_keys % 16 or warp_keys == 0:
         raise ValueError(f"block_n ({config.block_n}) must give every one of {config.warps} warps a multiple of 16 "
                          "keys")
-    if config.stages < 2:
+    if config.stages < 2 and not config.kv_alternate:
         raise ValueError(f"stages must be at least 2, got {config.stages}")
     if d_pad % 16 or not 16 <= d_pad <= 256:
         raise ValueError(f"d_pad must be a multiple of 16 in [16, 256], got {d_pad}")
@@ -136,8 +149,9 @@ _U16_4D = types.Array(types.uint16, 4, "A")
 _F32_5D = types.Array(types.float32, 5, "A")
 _F32_4D = types.Array(types.float32, 4, "A")
 #: q rows, k, v (16-bit patterns), float32 parts (num_splits, batch, kv_heads, rows, headdim) and their lse, the
-#: scale times log2(e)
-SIGNATURE = types.void(_U16_4D, _U16_4D, _U16_4D, _F32_5D, _F32_4D, types.float32)
+#: scale times log2(e), then the key ranges (``SplitPlan.params``: lead ranges, keys per lead range, per tail range)
+SIGNATURE = types.void(_U16_4D, _U16_4D, _U16_4D, _F32_5D, _F32_4D, types.float32, types.int64, types.int64,
+                       types.int64)
 
 
 def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first: bool):
@@ -171,6 +185,8 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
     ZERO = np.float32(0.0)
     ACC_INIT = np.float32(-0.0)  # not 0.0: LLVM turns zero stores into a memset, which keeps the array in local memory
     SCALE_FIRST = scale_first
+    SPLITS_INNER = config.splits_inner
+    ALTERNATE = config.kv_alternate
     mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
     exp2 = ptx.exp2_approx
@@ -181,11 +197,12 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
     store_f32x2 = ptx.store_f32x2
     store2 = ptx.store2
     commit = ptx.cp_async_commit
-    wait_q = ptx.cp_async_wait_group(STAGES - 1)  # the oldest group (Q) has landed
+    wait_q = ptx.cp_async_wait_group(1 if ALTERNATE else STAGES - 1)  # the oldest group (Q) has landed
+    wait_all = ptx.cp_async_wait_all
     wait_tile = ptx.cp_async_wait_group(STAGES - 2)  # the oldest group still in flight (tile j's) has landed
     load_q_tile = tile_loader(THREADS, ROW, D_PAD, 16, np.uint16, vector_loads)
     # long runs of cache rows read once: L2 fetches 256-byte groups ahead
-    load_tile = tile_loader(THREADS, ROW, D_PAD, BLOCK_N, np.uint16, vector_loads, l2_prefetch=True,
+    load_tile = tile_loader(THREADS, ROW, D_PAD, BLOCK_N, np.uint16, vector_loads, l2_prefetch=config.l2_prefetch,
                             whole_tile_path=True)
     online_softmax = softmax_step(S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True)
 
@@ -194,25 +211,29 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
         c[0, n, 0], c[0, n, 1], c[0, n, 2], c[0, n, 3] = mma(a0, a1, a2, a3, b0, b1,
                                                              c[0, n, 0], c[0, n, 1], c[0, n, 2], c[0, n, 3])
 
-    def kernel(q, k, v, o_parts, lse_parts, scale_log2):
+    def kernel(q, k, v, o_parts, lse_parts, scale_log2, lead_splits, lead_keys, tail_keys):
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
         g = lane // 4  # MMA groupID: fragment rows g and g + 8
         t = lane % 4  # MMA threadID_in_group: fragment columns 2t, 2t + 1
         heads = q.shape[1]
-        b = cuda.blockIdx.x // heads
-        h = cuda.blockIdx.x % heads
+        task, split = cuda.blockIdx.x, cuda.blockIdx.z
+        if SPLITS_INNER:
+            task, split = split, task
+        b = task // heads
+        h = task % heads
         m0 = cuda.blockIdx.y * 16
-        split = cuda.blockIdx.z
         hk = h // (heads // k.shape[1])
         rows = q.shape[2]
         seqlen_k = k.shape[2]
         head_dim = q.shape[3]
-        splits = o_parts.shape[0]
-        per = ((seqlen_k + splits - 1) // splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-        key_start = split * per
-        key_end = min(seqlen_k, key_start + per)
+        if split < lead_splits:  # SplitPlan: the lead ranges, then the tail ranges the scheduler hands out last
+            key_start = split * lead_keys
+            key_end = min(seqlen_k, key_start + lead_keys)
+        else:
+            key_start = lead_splits * lead_keys + (split - lead_splits) * tail_keys
+            key_end = min(seqlen_k, key_start + tail_keys)
         n_tiles = (key_end - key_start + BLOCK_N - 1) // BLOCK_N  # <= 0: an empty split
         k_head = k[b, hk]
         v_head = v[b, hk]
@@ -241,7 +262,11 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
 
         load_q_tile(q[b, h], smem, 0, tid, m0, rows, 0, head_dim)
         commit()
-        for ahead in range(STAGES - 1):  # tiles 0 .. STAGES - 2, one commit group each
+        if ALTERNATE:
+            if n_tiles > 0:
+                load_tile(k_head, smem, Q_TILE, tid, key_start, key_end, 0, head_dim)
+            commit()
+        for ahead in range(0 if ALTERNATE else STAGES - 1):  # tiles 0 .. STAGES - 2, one commit group each
             if ahead < n_tiles:
                 n_ahead = key_start + ahead * BLOCK_N
                 load_tile(k_head, smem, Q_TILE + ahead * STAGE, tid, n_ahead, key_end, 0, head_dim)
@@ -255,15 +280,22 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
 
         for j in range(n_tiles):
             n0 = key_start + j * BLOCK_N
-            base = Q_TILE + (j % STAGES) * STAGE
-            wait_tile()
-            cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
-            if j + STAGES - 1 < n_tiles:
-                nxt = Q_TILE + ((j + STAGES - 1) % STAGES) * STAGE
-                n_next = n0 + (STAGES - 1) * BLOCK_N
-                load_tile(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
-                load_tile(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
-            commit()  # an empty group past the last tile keeps "oldest group in flight = tile j" true
+            if ALTERNATE:
+                base = Q_TILE
+                wait_all()
+                cuda.syncthreads()  # K of tile j has landed; everyone is done with tile j - 1's V
+                load_tile(v_head, smem, base + TILE, tid, n0, key_end, 0, head_dim)
+                commit()
+            else:
+                base = Q_TILE + (j % STAGES) * STAGE
+                wait_tile()
+                cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
+                if j + STAGES - 1 < n_tiles:
+                    nxt = Q_TILE + ((j + STAGES - 1) % STAGES) * STAGE
+                    n_next = n0 + (STAGES - 1) * BLOCK_N
+                    load_tile(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
+                    load_tile(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
+                commit()  # an empty group past the last tile keeps "oldest group in flight = tile j" true
 
             # ---- S = Q K_w^T on this warp's keys ----------------------------------------------------------------
             for nb in range(S_BLOCKS):
@@ -283,6 +315,13 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
             warp_n0 = n0 + warp_key
             online_softmax(s, acc, m_run, l_run, 0, warp_n0 + WARP_KEYS > key_end, warp_n0, m0 + g, t, key_end,
                            False, 0, scale_log2, post)
+
+            if ALTERNATE:
+                wait_all()
+                cuda.syncthreads()  # V of tile j has landed; everyone is done with K of tile j
+                if j + 1 < n_tiles:
+                    load_tile(k_head, smem, base, tid, n0 + BLOCK_N, key_end, 0, head_dim)
+                    commit()
 
             # ---- O += P V_w: P's C fragments of n8 blocks 2kk, 2kk + 1 are the A fragment of k-step kk ----------
             for kk in range(PV_STEPS):
@@ -362,14 +401,68 @@ def split_kernel(config: DecodeMmaConfig, d_pad: int, bf16: bool, vector_loads: 
 # ---------------------------------------------------------------------------------------------------------------------
 # Launching
 # ---------------------------------------------------------------------------------------------------------------------
-def choose_splits(batch: int, kv_heads: int, rows: int, seqlen_k: int, sm_count: int,
-                  config: DecodeMmaConfig | None = None) -> int:
-    """Splits per (batch, kv head, row tile): about ``config.blocks_per_sm`` blocks per SM in one wave, rounded
-    down to whole splits, with at least ``MIN_KEYS_PER_SPLIT`` keys each; 1 when the cache is short."""
+@dataclass(frozen=True)
+class SplitPlan:
+    """How the keys of every row tile are cut: ``lead_splits`` ranges of ``lead_keys`` keys from key 0, then
+    ranges of ``tail_keys`` keys up to the end (the last ranges may be short or empty). Range ``z`` is grid slice
+    ``z``; all lengths are whole ``block_n`` tiles."""
+
+    lead_splits: int
+    lead_keys: int
+    tail_keys: int
+    num_splits: int
+
+    @property
+    def params(self) -> tuple:
+        """The kernel's last three parameters."""
+        return (self.lead_splits, self.lead_keys, self.tail_keys)
+
+    def ranges(self, seqlen_k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, ends)`` of the key ranges exactly as the kernel takes them (an empty range has start >= end)."""
+        z = np.arange(self.num_splits, dtype=np.int64)
+        lead = np.minimum(z, self.lead_splits)
+        starts = lead * self.lead_keys + (z - lead) * self.tail_keys
+        lengths = np.where(z < self.lead_splits, self.lead_keys, self.tail_keys)
+        return starts, np.minimum(starts + lengths, seqlen_k)
+
+    def boundaries(self, seqlen_k: int) -> np.ndarray:
+        """The ranges as key offsets ``[0, ..., seqlen_k]`` (``reference.split_kv_attention``'s ``boundaries``)."""
+        starts, ends = self.ranges(seqlen_k)
+        return np.append(np.minimum(starts, seqlen_k), seqlen_k)
+
+
+def uniform_plan(seqlen_k: int, num_splits: int, block_n: int) -> SplitPlan:
+    """``num_splits`` ranges of equal whole tiles (the caller's ``num_splits``)."""
+    tiles = -(-seqlen_k // block_n)
+    per = max(1, -(-tiles // num_splits)) * block_n
+    return SplitPlan(num_splits, per, per, num_splits)
+
+
+def plan_splits(batch: int, kv_heads: int, rows: int, seqlen_k: int, sm_count: int,
+                config: DecodeMmaConfig | None = None) -> SplitPlan:
+    """The key ranges of a decoding step when the caller does not choose them.
+
+    Lead ranges: about ``config.blocks_per_sm`` blocks per SM in one wave (rounded down to whole ranges per row
+    tile), each with at least ``MIN_KEYS_PER_SPLIT`` keys. Where the lead ranges are long (at least
+    ``MIN_LEAD_TILES`` tiles), ``TAIL_FRACTION`` of every row tile's keys go to short tail ranges that lie behind
+    the lead ranges on the grid: the block scheduler starts them on the SMs that finish their lead range first,
+    so SMs that stream faster than others take more of the keys (the tail ranges' length: about
+    ``TAIL_RANGES_PER_SLOT`` of them per resident block)."""
     config = config or DEFAULT_CONFIG
+    block_n = config.block_n
+    tiles = -(-seqlen_k // block_n)
     base = max(1, batch * kv_heads * -(-rows // 16))
-    wanted = config.blocks_per_sm * max(1, sm_count) // base
-    return max(1, min(wanted, seqlen_k // MIN_KEYS_PER_SPLIT, 65535))
+    slots = config.blocks_per_sm * max(1, sm_count)
+    lead = max(1, min(slots // base, seqlen_k // MIN_KEYS_PER_SPLIT, 65535))
+    lead_tiles = int(tiles * (1.0 - TAIL_FRACTION)) // lead
+    if TAIL_FRACTION <= 0 or lead_tiles < MIN_LEAD_TILES:
+        return uniform_plan(seqlen_k, lead, block_n)
+    pool = tiles - lead * lead_tiles  # tiles per row tile left to the tail ranges
+    tail_tiles = min(lead_tiles, max(1, -(-(base * pool) // (slots * TAIL_RANGES_PER_SLOT))))
+    tail = -(-pool // tail_tiles)
+    if lead + tail > 65535:
+        return uniform_plan(seqlen_k, lead, block_n)
+    return SplitPlan(lead, lead_tiles * block_n, tail_tiles * block_n, lead + tail)
 
 
 def grouped_views(q, out, lse, write_lse: bool, kv_heads: int, causal: bool):
@@ -387,7 +480,7 @@ def grouped_views(q, out, lse, write_lse: bool, kv_heads: int, causal: bool):
 
 class DecodeLaunch:
     """Split-KV attention for few query rows, on the views of ``grouped_views``: the split kernel over
-    ``num_splits`` key ranges (``choose_splits`` per cache length when None), then ``decode``'s LSE combine.
+    key ranges (``plan_splits`` per cache length when ``num_splits`` is None), then ``decode``'s LSE combine.
 
     Made for one kind of call (the query rows' and output's shapes and dtype, the scale, the options): the kernels,
     block shapes and constant parameters are worked out here, once; calling it launches on arrays of that kind with
@@ -410,43 +503,56 @@ class DecodeLaunch:
         self._parts = {}  # num_splits -> parameter templates of the parts (pointers relative to the scratch)
         self._prepared = None  # the two kernels' launchables, made at the first call on a GPU
 
-    def splits(self, seqlen_k: int) -> int:
+    def plan(self, seqlen_k: int) -> SplitPlan:
+        """The key ranges for a cache of ``seqlen_k`` keys: ``plan_splits``, or the caller's ``num_splits`` equal
+        ranges (at most one per tile)."""
         batch, kv_heads, rows, _ = self.parts_shape
-        num_splits = self.num_splits
-        if num_splits is None:
-            num_splits = choose_splits(batch, kv_heads, rows, seqlen_k, self.sm_count, self.config)
-        return max(1, min(int(num_splits), -(-seqlen_k // self.config.block_n), 65535))
+        if self.num_splits is None:
+            return plan_splits(batch, kv_heads, rows, seqlen_k, self.sm_count, self.config)
+        block_n = self.config.block_n
+        return uniform_plan(seqlen_k, max(1, min(int(self.num_splits), -(-seqlen_k // block_n), 65535)), block_n)
 
-    def launch_split(self, q_rows, k, v, o_parts, lse_parts, stream) -> None:
-        """The split kernel alone: ``o_parts (num_splits, batch, kv_heads, rows, headdim)`` and ``lse_parts``
-        (the same without headdim), float32."""
+    def split_grid(self, plan: SplitPlan) -> tuple:
         batch, kv_heads, rows, _ = self.parts_shape
-        grid = (batch * kv_heads, -(-rows // 16), o_parts.shape[0])
-        device_launch(self.split_kernel, grid, self.config.threads, stream, self.shared_bytes, _bits(q_rows, "q"),
-                      _bits(k, "k"), _bits(v, "v"), o_parts, lse_parts, self.scale_log2)
+        if self.config.splits_inner:
+            return (plan.num_splits, -(-rows // 16), batch * kv_heads)
+        return (batch * kv_heads, -(-rows // 16), plan.num_splits)
+
+    def launch_split(self, q_rows, k, v, o_parts, lse_parts, stream, plan: SplitPlan | None = None) -> None:
+        """The split kernel alone: ``o_parts (num_splits, batch, kv_heads, rows, headdim)`` and ``lse_parts``
+        (the same without headdim), float32; ``plan`` None: ``num_splits`` equal ranges."""
+        if plan is None:
+            plan = uniform_plan(k.shape[2], o_parts.shape[0], self.config.block_n)
+        if plan.num_splits != o_parts.shape[0]:
+            raise ValueError(f"o_parts: {o_parts.shape[0]} parts for a plan of {plan.num_splits} ranges")
+        device_launch(self.split_kernel, self.split_grid(plan), self.config.threads, stream, self.shared_bytes,
+                      _bits(q_rows, "q"), _bits(k, "k"), _bits(v, "v"), o_parts, lse_parts, self.scale_log2,
+                      *plan.params)
 
     def __call__(self, q_rows, k, v, out_rows, lse_rows, stream, scratch) -> None:
         batch, kv_heads, rows, head_dim = self.parts_shape
         if batch * kv_heads == 0 or rows == 0:
             return
-        num_splits = self.splits(k.shape[2])
+        plan = self.plan(k.shape[2])
+        num_splits = plan.num_splits
         parts_shape = (num_splits,) + self.parts_shape
         # one allocation for both: a decoding step's host time is comparable to its kernels' time
         buffer = scratch((num_splits * batch * kv_heads * rows * (head_dim + 1),))
         if not SIMULATOR and _device.FAST_LAUNCH:
-            self._launch_prepared(q_rows, k, v, out_rows, lse_rows, stream, buffer, num_splits)
+            self._launch_prepared(q_rows, k, v, out_rows, lse_rows, stream, buffer, plan)
             return
         o_parts, lse_parts = carve(buffer, [parts_shape, parts_shape[:-1]])
-        self.launch_split(q_rows, k, v, o_parts, lse_parts, stream)
+        self.launch_split(q_rows, k, v, o_parts, lse_parts, stream, plan)
         device_launch(self.combine_kernel, self.combine_grid, self.combine_block, stream, 0,
                       *(_decode.kernel_arg(x) for x in (o_parts, lse_parts, out_rows, lse_rows)), self.write_lse)
 
-    def _launch_prepared(self, q_rows, k, v, out_rows, lse_rows, stream, buffer, num_splits: int) -> None:
+    def _launch_prepared(self, q_rows, k, v, out_rows, lse_rows, stream, buffer, plan: SplitPlan) -> None:
         """Both launches with parameters packed straight from the views (``_device.prepared``): the shapes and
         dtypes were settled when this kind of call was planned, so nothing is checked again."""
         if self._prepared is None:
             self._prepared = (prepared(self.split_kernel), prepared(self.combine_kernel))
         split_entry, combine_entry = self._prepared
+        num_splits = plan.num_splits
         parts = self._parts.get(num_splits)
         if parts is None:
             shape = (num_splits,) + self.parts_shape
@@ -456,11 +562,10 @@ class DecodeLaunch:
         base = DeviceView.of(buffer).ptr
         o_params, lse_params = (p[:4] + (base + p[4],) + p[5:] for p in parts)
         handle = _device.stream_handle(stream)
-        batch, kv_heads, rows, _ = self.parts_shape
         view = DeviceView.of  # (returns a DeviceView itself: the plan's views cost nothing here)
-        split_entry.launch((batch * kv_heads, -(-rows // 16), num_splits), (self.config.threads, 1, 1),
+        split_entry.launch(self.split_grid(plan), (self.config.threads, 1, 1),
                            self.shared_bytes, handle, view(q_rows).params + view(k).params + view(v).params
-                           + o_params + lse_params + (self.scale_log2,))
+                           + o_params + lse_params + (self.scale_log2,) + plan.params)
         combine_entry.launch((self.combine_grid, 1, 1), self.combine_block + (1,), 0, handle,
                              o_params + lse_params + view(out_rows).params + view(lse_rows).params
                              + (self.write_lse,))

@@ -12,7 +12,9 @@ Each (case, variant) is timed two ways, in rounds that alternate the variants:
 - ``queued``: calls queued back to back, 10 between host synchronisations, with an event pair around each call
   (``scripts/sweep.py``'s timer; host time shows where it exceeds the GPU work).
 
-Every variant's output is compared with the float64 reference on the first batch entry.
+Every variant's output is compared with the float64 reference on the first kv head's query heads of the first batch
+entry. ``--kernels`` adds the kernels' own times (torch profiler); ``--host N`` first times and profiles the host
+side of N planned calls.
 
     python scripts/decode_tail.py [--lengths 16k,32k,64k] [--kv-heads 4,32] [--variants 0,0.2:4] [--json FILE]
 """
@@ -36,7 +38,7 @@ _DEFAULT_CONFIG = decode_mma.DEFAULT_CONFIG
 
 def parse_variant(text: str) -> tuple:
     """``F:R`` (tail fraction F, R ranges per slot), ``0`` (equal ranges, one wave) or ``nS`` (the caller's
-    ``num_splits=S``), then ``+field=value`` changes of ``decode_mma.DEFAULT_CONFIG`` (``0+kv_alternate=1+block_n=128``)."""
+    ``num_splits=S``), then ``+field=value`` changes of ``decode_mma.DEFAULT_CONFIG`` (``0+stages=3+l2_prefetch=0``)."""
     text, *changes = text.split("+")
     config = {}
     for change in changes:
@@ -197,6 +199,8 @@ def main() -> None:
     parser.add_argument("--no-queued", action="store_true")
     parser.add_argument("--kernels", action="store_true", help="also per-kernel GPU times (torch profiler)")
     parser.add_argument("--host", type=int, default=0, help="first profile the host time of this many calls")
+    parser.add_argument("--min-lead-tiles", type=int, default=None,
+                        help="decode_mma.MIN_LEAD_TILES for the tail variants (default: the module's)")
     parser.add_argument("--json")
     args = parser.parse_args()
 
@@ -204,6 +208,8 @@ def main() -> None:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    if args.min_lead_tiles is not None:
+        decode_mma.MIN_LEAD_TILES = args.min_lead_tiles
     if args.host:
         host_profile(args.host)
     lengths = [int(x[:-1]) * 1024 if x.endswith("k") else int(x) for x in args.lengths.split(",")]

@@ -464,10 +464,12 @@ def test_plan_splits_cuts_every_key_once(batch, kv_heads, rows, seqlen_k, sm_cou
 def test_plan_splits_examples():
     from numba_attn._kernels import decode_mma as dm
 
-    # GQA 8 (B8 Hkv4, 8 rows) on 132 SMs at 16k keys: 8 lead ranges of 25 tiles per row tile, then 28 of 2 tiles
-    assert dm.plan_splits(8, 4, 8, 16384, 132) == dm.SplitPlan(8, 25 * 64, 2 * 64, 8 + 28)
-    # short cache: equal ranges of at least MIN_KEYS_PER_SPLIT keys, no tail
-    assert dm.plan_splits(8, 4, 8, 4096, 132) == dm.uniform_plan(4096, 8, 64)
+    # GQA 8 (B8 Hkv4, 8 rows) on 132 SMs at 64k keys: 8 lead ranges of 102 tiles per row tile, then 30 of 7 tiles
+    assert dm.plan_splits(8, 4, 8, 65536, 132) == dm.SplitPlan(8, 102 * 64, 7 * 64, 8 + 30)
+    # shorter lead ranges: equal ranges filling one wave, no tail
+    assert dm.plan_splits(8, 4, 8, 16384, 132) == dm.uniform_plan(16384, 8, 64)
+    # short cache: equal ranges of at least MIN_KEYS_PER_SPLIT keys
+    assert dm.plan_splits(8, 4, 8, 2048, 132) == dm.uniform_plan(2048, 4, 64)
     # one lead range per row tile (multi-head): the tail ranges still balance the end
     plan = dm.plan_splits(8, 32, 1, 16384, 132)
     assert plan.lead_splits == 1 and plan.num_splits > 1

@@ -58,10 +58,6 @@ class DecodeMmaConfig:
     block_n: int = 64  # keys per K/V tile in shared memory
     stages: int = 2  # K/V tiles in shared memory: the copies of the next stages - 1 run under each tile's MMAs
     blocks_per_sm: int = 2  # launch bound (registers) and what plan_splits aims for
-    splits_inner: bool = False  # grid (splits, row tiles, tasks) instead of (tasks, row tiles, splits)
-    # one K and one V buffer instead of stages: V's copy runs under S = Q K^T, the next K's under O += P V, so a
-    # block reads one region of the cache at a time (FlashAttention-2's split-KV schedule)
-    kv_alternate: bool = False
     l2_prefetch: bool = True  # the K/V copies ask L2 for 256-byte groups (ptx.cp_async_16_prefetch)
 
     @property
@@ -77,14 +73,16 @@ WIDE_CONFIG = DecodeMmaConfig(warps=2, block_n=32)
 SIMULATOR_CONFIG = DecodeMmaConfig(warps=2, block_n=32)
 #: at least this many keys per lead range (each range writes float32 parts that the combine reads back)
 MIN_KEYS_PER_SPLIT = 512
-#: Balancing the end of a step (``plan_splits``; design.md, "Tail ranges"): the SMs stream at rates that differ
-#: by up to 20 % (set by where they sit on the chip), so equal ranges end over a fifth of the step. This share of
-#: the keys goes to short ranges that the block scheduler hands to the SMs that finish first ...
+#: Balancing the end of long steps (``plan_splits``; design.md, "Tail ranges"): the SMs stream at rates that differ
+#: by up to 20 % (set by where they sit on the chip), so equal ranges end over a spread of the step. This share of
+#: every row tile's keys goes to short tail ranges that the block scheduler hands to the SMs that finish first ...
 TAIL_FRACTION = 0.2
 #: ... about this many per resident block (more: finer balance, more parts for the combine) ...
 TAIL_RANGES_PER_SLOT = 4
-#: ... where the lead ranges have at least this many tiles (shorter steps end within a few microseconds anyway)
-MIN_LEAD_TILES = 16
+#: ... where the lead ranges keep at least this many tiles. H100, B8 H32 D128 fp16, CUDA graphs: multi-head caches
+#: of 16k-64k keys (lead ranges of 204-819 tiles) 1.2-1.9 % faster, GQA 8 at 64k (102 tiles) 0.5-1 %; GQA 8 at
+#: 16k / 32k (25 / 51 tiles) 1-3 % slower: a tail block's start and its part cost more than the balance gains.
+MIN_LEAD_TILES = 96
 #: mma.sync.m16n8k16 with f16 / bf16 operands and cvt.rn.bf16x2 need sm_80 or newer
 MIN_COMPUTE_CAPABILITY = (8, 0)
 
@@ -128,7 +126,7 @@ class _Layout:
 
     @property
     def shared_bytes(self) -> int:
-        stages = (1 if self.config.kv_alternate else self.config.stages) * 2 * self.tile * 2
+        stages = self.config.stages * 2 * self.tile * 2
         merge = 4 * self.config.warps * 16 * (self.merge_row + 2)
         return 2 * self.q_tile + max(stages, merge)
 
@@ -138,7 +136,7 @@ def layout_for(config: DecodeMmaConfig, d_pad: int) -> _Layout:
     if rest or warp_keys % 16 or warp_keys == 0:
         raise ValueError(f"block_n ({config.block_n}) must give every one of {config.warps} warps a multiple of 16 "
                          "keys")
-    if config.stages < 2 and not config.kv_alternate:
+    if config.stages < 2:
         raise ValueError(f"stages must be at least 2, got {config.stages}")
     if d_pad % 16 or not 16 <= d_pad <= 256:
         raise ValueError(f"d_pad must be a multiple of 16 in [16, 256], got {d_pad}")
@@ -185,8 +183,6 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
     ZERO = np.float32(0.0)
     ACC_INIT = np.float32(-0.0)  # not 0.0: LLVM turns zero stores into a memset, which keeps the array in local memory
     SCALE_FIRST = scale_first
-    SPLITS_INNER = config.splits_inner
-    ALTERNATE = config.kv_alternate
     mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
     exp2 = ptx.exp2_approx
@@ -197,8 +193,7 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
     store_f32x2 = ptx.store_f32x2
     store2 = ptx.store2
     commit = ptx.cp_async_commit
-    wait_q = ptx.cp_async_wait_group(1 if ALTERNATE else STAGES - 1)  # the oldest group (Q) has landed
-    wait_all = ptx.cp_async_wait_all
+    wait_q = ptx.cp_async_wait_group(STAGES - 1)  # the oldest group (Q) has landed
     wait_tile = ptx.cp_async_wait_group(STAGES - 2)  # the oldest group still in flight (tile j's) has landed
     load_q_tile = tile_loader(THREADS, ROW, D_PAD, 16, np.uint16, vector_loads)
     # long runs of cache rows read once: L2 fetches 256-byte groups ahead
@@ -218,11 +213,9 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
         g = lane // 4  # MMA groupID: fragment rows g and g + 8
         t = lane % 4  # MMA threadID_in_group: fragment columns 2t, 2t + 1
         heads = q.shape[1]
-        task, split = cuda.blockIdx.x, cuda.blockIdx.z
-        if SPLITS_INNER:
-            task, split = split, task
-        b = task // heads
-        h = task % heads
+        b = cuda.blockIdx.x // heads
+        h = cuda.blockIdx.x % heads
+        split = cuda.blockIdx.z
         m0 = cuda.blockIdx.y * 16
         hk = h // (heads // k.shape[1])
         rows = q.shape[2]
@@ -262,11 +255,7 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
 
         load_q_tile(q[b, h], smem, 0, tid, m0, rows, 0, head_dim)
         commit()
-        if ALTERNATE:
-            if n_tiles > 0:
-                load_tile(k_head, smem, Q_TILE, tid, key_start, key_end, 0, head_dim)
-            commit()
-        for ahead in range(0 if ALTERNATE else STAGES - 1):  # tiles 0 .. STAGES - 2, one commit group each
+        for ahead in range(STAGES - 1):  # tiles 0 .. STAGES - 2, one commit group each
             if ahead < n_tiles:
                 n_ahead = key_start + ahead * BLOCK_N
                 load_tile(k_head, smem, Q_TILE + ahead * STAGE, tid, n_ahead, key_end, 0, head_dim)
@@ -280,22 +269,15 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
 
         for j in range(n_tiles):
             n0 = key_start + j * BLOCK_N
-            if ALTERNATE:
-                base = Q_TILE
-                wait_all()
-                cuda.syncthreads()  # K of tile j has landed; everyone is done with tile j - 1's V
-                load_tile(v_head, smem, base + TILE, tid, n0, key_end, 0, head_dim)
-                commit()
-            else:
-                base = Q_TILE + (j % STAGES) * STAGE
-                wait_tile()
-                cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
-                if j + STAGES - 1 < n_tiles:
-                    nxt = Q_TILE + ((j + STAGES - 1) % STAGES) * STAGE
-                    n_next = n0 + (STAGES - 1) * BLOCK_N
-                    load_tile(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
-                    load_tile(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
-                commit()  # an empty group past the last tile keeps "oldest group in flight = tile j" true
+            base = Q_TILE + (j % STAGES) * STAGE
+            wait_tile()
+            cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
+            if j + STAGES - 1 < n_tiles:
+                nxt = Q_TILE + ((j + STAGES - 1) % STAGES) * STAGE
+                n_next = n0 + (STAGES - 1) * BLOCK_N
+                load_tile(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
+                load_tile(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
+            commit()  # an empty group past the last tile keeps "oldest group in flight = tile j" true
 
             # ---- S = Q K_w^T on this warp's keys ----------------------------------------------------------------
             for nb in range(S_BLOCKS):
@@ -315,13 +297,6 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
             warp_n0 = n0 + warp_key
             online_softmax(s, acc, m_run, l_run, 0, warp_n0 + WARP_KEYS > key_end, warp_n0, m0 + g, t, key_end,
                            False, 0, scale_log2, post)
-
-            if ALTERNATE:
-                wait_all()
-                cuda.syncthreads()  # V of tile j has landed; everyone is done with K of tile j
-                if j + 1 < n_tiles:
-                    load_tile(k_head, smem, base, tid, n0 + BLOCK_N, key_end, 0, head_dim)
-                    commit()
 
             # ---- O += P V_w: P's C fragments of n8 blocks 2kk, 2kk + 1 are the A fragment of k-step kk ----------
             for kk in range(PV_STEPS):
@@ -513,9 +488,9 @@ class DecodeLaunch:
         return uniform_plan(seqlen_k, max(1, min(int(self.num_splits), -(-seqlen_k // block_n), 65535)), block_n)
 
     def split_grid(self, plan: SplitPlan) -> tuple:
+        """Range ``z`` of every (batch, kv head) and row tile is grid slice ``z``: the block scheduler starts the
+        blocks in this order, so tail ranges start last."""
         batch, kv_heads, rows, _ = self.parts_shape
-        if self.config.splits_inner:
-            return (plan.num_splits, -(-rows // 16), batch * kv_heads)
         return (batch * kv_heads, -(-rows // 16), plan.num_splits)
 
     def launch_split(self, q_rows, k, v, o_parts, lse_parts, stream, plan: SplitPlan | None = None) -> None:

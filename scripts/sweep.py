@@ -30,6 +30,12 @@ How each (case, provider) pair is measured:
    (torch's current stream, which CuPy and numba_attn are pointed at too); calls are queued back to back and the
    host synchronises every few calls, so host launch overhead is only visible when it exceeds the GPU work (as it
    would be in an application). The reported time is the median. Under the simulator, ``time.perf_counter``.
+3. Decode steps are also timed in CUDA graphs (``--graph-sweeps``, torch arrays only): ``--graph-steps`` calls over
+   the rotated input sets captured in one ``torch.cuda.CUDAGraph``, replayed ``--graph-replays`` times between
+   CUDA events; the median replay over the number of steps is the GPU time of one call without host time or
+   launch gaps, the way a serving loop runs a decoding step (the queued time of a 16k-key GQA step depends on the
+   lease's CPU: 59-220 us of host time per call were seen on H100 leases of one day). Tables and plots show
+   both; providers that launch on a stream of their own (the CuPy naive peer) are not captured.
 
 Without a GPU (``numba_attn.SIMULATOR``) the same pipeline runs a tiny grid under Numba's CUDA simulator against a
 NumPy naive peer: it checks that the sweep and the kernels work, not how fast anything is.
@@ -210,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--warmup", type=int, help="untimed calls before timing [3]")
     add("--budget", type=float, help="seconds of timed calls per case and provider; cuts --reps down [2.0]")
     add("--rotate", type=int, help="fresh random input sets rotated between calls [3]")
+    add("--graph-sweeps", type=_list(str), default=["decode"],
+        help="sweeps whose calls are also timed as CUDA graph replays (torch arrays; 'none': no graphs) [decode]")
+    add("--graph-steps", type=int, default=20, help="calls captured in one CUDA graph [20]")
+    add("--graph-replays", type=int, default=15, help="timed replays of the graph; the median counts [15]")
     add("--check-rows", type=int, default=128,
         help="query rows (the last ones) of batch 0, first and last head, compared with the reference [128]")
     add("--tol", type=_tolerances, default={},
@@ -253,6 +263,9 @@ class Options:
     rotate: int
     min_reps: int
     check_rows: int
+    graph_sweeps: list
+    graph_steps: int
+    graph_replays: int
     tolerances: dict
     naive_mem_bytes: float
     input_mem_bytes: float
@@ -306,6 +319,9 @@ def resolve_options(args: argparse.Namespace, simulator: bool) -> Options:
         rotate=max(1, pick("rotate", "rotate")),
         min_reps=min(g["min_reps"], max(1, pick("reps", "reps"))),
         check_rows=max(1, args.check_rows),
+        graph_sweeps=[] if simulator else [s for s in SWEEPS if s in args.graph_sweeps],
+        graph_steps=max(1, args.graph_steps),
+        graph_replays=max(1, args.graph_replays),
         tolerances=tolerances,
         naive_mem_bytes=args.naive_mem_gb * 1e9,
         input_mem_bytes=args.input_mem_gb * 1e9,
@@ -365,6 +381,11 @@ class Env:
         return times
 
     def copy_bandwidth(self) -> float | None:
+        return None
+
+    def graph_call_ms(self, fns: list, steps: int, replays: int) -> float | None:
+        """ms per call from CUDA graph replays of ``steps`` calls rotating over ``fns``; None where the
+        environment cannot capture graphs."""
         return None
 
 
@@ -467,6 +488,30 @@ class TorchEnv(GpuEnv):
         src = self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.device).random_(0, 255)
         dst = self.torch.empty_like(src)
         return lambda: dst.copy_(src)
+
+    def graph_call_ms(self, fns: list, steps: int, replays: int) -> float | None:
+        torch = self.torch
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(self.stream)
+        with torch.cuda.stream(side):  # warm-up on a side stream, as torch asks before a capture
+            for fn in fns:
+                fn()
+        self.stream.wait_stream(side)
+        self.sync()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(steps):
+                fns[i % len(fns)]()
+        times = []
+        for _ in range(1 + replays):  # the first replay uploads the graph
+            start, end = self._event(), self._event()
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(self._elapsed(start, end) / steps)
+        del graph
+        return float(np.median(times[1:]))
 
 
 class CupyEnv(GpuEnv):
@@ -714,6 +759,7 @@ class Provider:
     check: Callable[[Case, Env], str | None] = lambda case, env: None
     tf32_dtypes: tuple = ()
     note: str = ""
+    graphs: bool = True  # its calls launch on the current torch stream, so a CUDA graph capture takes them
 
 
 def _backend_variants(fn, names) -> list:
@@ -851,7 +897,7 @@ def _cupy_naive_providers(naive, opts: Options) -> dict:
         return Prepared(lambda: naive.attention(cupy, q, k, v, bias=bias))
 
     note = "materialised scores: cuBLAS in the input dtype, float32 softmax, P in the input dtype"
-    provider = Provider(prep, check=_naive_check(opts.naive_mem_bytes), note=note)
+    provider = Provider(prep, check=_naive_check(opts.naive_mem_bytes), note=note, graphs=False)
     return {"flash": {"cupy-naive": provider}, "decode": {"cupy-naive": provider}}
 
 
@@ -951,7 +997,8 @@ def _row(case: Case, name: str, provider: Provider, **fields) -> dict:
         "sweep": case.sweep, "config": case.config, "dtype": case.dtype, "size": case.size, "provider": name,
         "ours": provider.ours, "status": "skip", "reason": "", "rel_err": None, "tol_key": "", "tol": None,
         "ms": None, "ms_min": None, "reps": 0, "tflops": None, "gbs": None, "pct_copy_bw": None,
-        "vs_best_peer": None, "best_peer": "", "batch": case.batch, "heads": case.heads,
+        "vs_best_peer": None, "best_peer": "", "graph_ms": None, "graph_gbs": None, "graph_pct_copy_bw": None,
+        "graph_vs_best_peer": None, "graph_best_peer": "", "batch": case.batch, "heads": case.heads,
         "kv_heads": case.kv_heads, "seqlen_q": case.seqlen_q, "seqlen_k": case.seqlen_k,
         "head_dim": case.head_dim, "value_dim": case.value_dim, "causal": case.causal, "flops": case.flops,
         "bytes": case.nbytes,
@@ -969,6 +1016,10 @@ def _progress(case: Case, name: str, row: dict):
         if row["gbs"] is not None:
             text += f"  {_num(row['gbs']):>7} GB/s"
         text += f"  ({row['reps']} reps)"
+        if row["graph_ms"] is not None:
+            text += f"  graph {row['graph_ms']:.4f} ms"
+            if row["graph_gbs"] is not None:
+                text += f" {_num(row['graph_gbs'])} GB/s"
     elif row["status"] == "FAIL":
         text = f"FAIL  err {row['rel_err']:.1e} > {row['tol']:.0e} ({row['tol_key']})  {row['reason']}".rstrip()
     else:
@@ -1023,11 +1074,26 @@ def run_provider(case: Case, name: str, provider: Provider, input_sets: list, re
                 raise
             except Exception as exc:  # noqa: BLE001
                 return _row(case, name, provider, rel_err=err, reason="timing: " + _error_text(exc), **base)
+            graph = {}
+            if case.sweep in opts.graph_sweeps and provider.graphs:
+                try:
+                    with first.context():
+                        graph_ms = env.graph_call_ms([p.fn for p in prepared], opts.graph_steps,
+                                                     opts.graph_replays)
+                    if graph_ms is not None:
+                        graph = dict(graph_ms=graph_ms,
+                                     graph_gbs=case.nbytes / (graph_ms * 1e-3) / 1e9 if case.nbytes else None)
+                except KeyboardInterrupt:
+                    raise
+                except Exception as exc:  # noqa: BLE001
+                    graph = dict(reason="graph: " + _error_text(exc))
+                    with contextlib.suppress(Exception):
+                        env.sync()
         seconds = timing.median_ms * 1e-3
         return _row(
             case, name, provider, status="ok", rel_err=err, ms=timing.median_ms, ms_min=timing.min_ms,
             reps=timing.reps, tflops=case.flops / seconds / 1e12 if case.flops else None,
-            gbs=case.nbytes / seconds / 1e9 if case.nbytes else None, **base,
+            gbs=case.nbytes / seconds / 1e9 if case.nbytes else None, **base, **graph,
         )
     finally:
         prepared.clear()
@@ -1071,15 +1137,17 @@ def add_comparisons(rows: list, copy_gbs: float | None):
     for r in rows:
         groups.setdefault((r["sweep"], r["config"], r["dtype"], r["size"]), []).append(r)
     for group in groups.values():
-        peers_ok = [r for r in group if not r["ours"] and r["status"] == "ok"]
-        best = min(peers_ok, key=lambda r: r["ms"]) if peers_ok else None
-        for r in group:
-            if best is not None:
-                r["best_peer"] = best["provider"]
-                if r["status"] == "ok":
-                    r["vs_best_peer"] = r["ms"] / best["ms"]
-            if copy_gbs and r["gbs"] is not None:
-                r["pct_copy_bw"] = 100.0 * r["gbs"] / copy_gbs
+        for prefix in ("", "graph_"):
+            ms = prefix + "ms" if prefix else "ms"
+            peers_ok = [r for r in group if not r["ours"] and r["status"] == "ok" and r[ms] is not None]
+            best = min(peers_ok, key=lambda r: r[ms]) if peers_ok else None
+            for r in group:
+                if best is not None:
+                    r[prefix + "best_peer"] = best["provider"]
+                    if r["status"] == "ok" and r[ms] is not None:
+                        r[prefix + "vs_best_peer"] = r[ms] / best[ms]
+                if copy_gbs and r[prefix + "gbs"] is not None:
+                    r[prefix + "pct_copy_bw"] = 100.0 * r[prefix + "gbs"] / copy_gbs
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -1087,7 +1155,8 @@ def add_comparisons(rows: list, copy_gbs: float | None):
 # --------------------------------------------------------------------------------------------------------------------
 METRIC_TEXT = {
     "flash": "cell = median ms / TFLOP/s (FLOPs = 4*B*H*N*N*D, halved for causal)",
-    "decode": "cell = median ms / GB/s (K, V, q read + out written) (% of device copy bandwidth)",
+    "decode": "cell = median ms / GB/s (K, V, q read + out written) (% of device copy bandwidth); tables marked "
+              "(CUDA graph replays): the same calls captured in a CUDA graph, ms per call",
     "linear": "cell = median ms",
 }
 
@@ -1097,22 +1166,26 @@ def _num(x: float) -> str:
     return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
 
 
-def _cell(r: dict) -> str:
+def _cell(r: dict, prefix: str = "") -> str:
     if r["status"] == "FAIL":
         return f"FAIL {r['rel_err']:.0e}"
     if r["status"] != "ok":
         return "skip"
-    if r["sweep"] == "flash" and r["tflops"] is not None:
-        return f"{r['ms']:.3f} / {_num(r['tflops'])}"
-    if r["sweep"] == "decode" and r["gbs"] is not None:
-        pct = f" ({r['pct_copy_bw']:.0f}%)" if r["pct_copy_bw"] is not None else ""
-        return f"{r['ms']:.3f} / {_num(r['gbs'])}{pct}"
-    return f"{r['ms']:.3f}"
+    ms = r[prefix + "ms"]
+    if ms is None:
+        return "-"
+    if r["sweep"] == "flash" and r["tflops"] is not None and not prefix:
+        return f"{ms:.3f} / {_num(r['tflops'])}"
+    if r["sweep"] == "decode" and r[prefix + "gbs"] is not None:
+        pct = f" ({r[prefix + 'pct_copy_bw']:.0f}%)" if r[prefix + "pct_copy_bw"] is not None else ""
+        return f"{ms:.3f} / {_num(r[prefix + 'gbs'])}{pct}"
+    return f"{ms:.3f}"
 
 
 def pivot_tables(rows: list, sweep: str) -> list:
-    """``[(title, header, body)]``, one per (config, dtype): a row per size, a column per provider, and
-    numba_attn's time over the best peer's for each numba_attn provider."""
+    """``[(title, header, body)]``, one per (config, dtype) and timer (queued calls; CUDA graph replays where
+    measured): a row per size, a column per provider, and numba_attn's time over the best peer's for each
+    numba_attn provider."""
     sweep_rows = [r for r in rows if r["sweep"] == sweep]
     tables = []
     groups = {}
@@ -1122,17 +1195,21 @@ def pivot_tables(rows: list, sweep: str) -> list:
         providers = list(dict.fromkeys(r["provider"] for r in group))
         ours = [p for p in providers if any(r["ours"] for r in group if r["provider"] == p)]
         header = ["size"] + providers + [f"{p} / best peer" for p in ours] + ["best peer"]
-        body = []
-        for size in sorted({r["size"] for r in group}):
-            by_provider = {r["provider"]: r for r in group if r["size"] == size}
-            line = [size_label(size)] + [_cell(by_provider[p]) if p in by_provider else "" for p in providers]
-            for p in ours:
-                ratio = by_provider.get(p, {}).get("vs_best_peer")
-                line.append(f"{ratio:.2f}x" if ratio is not None else "-")
-            best = next((r["best_peer"] for r in by_provider.values() if r["best_peer"]), "")
-            line.append(best or "-")
-            body.append(line)
-        tables.append((f"{sweep}: {config}, {dtype}", header, body))
+        for prefix, timer in (("", ""), ("graph_", " (CUDA graph replays)")):
+            if prefix and not any(r["graph_ms"] is not None for r in group):
+                continue
+            body = []
+            for size in sorted({r["size"] for r in group}):
+                by_provider = {r["provider"]: r for r in group if r["size"] == size}
+                line = [size_label(size)] + [_cell(by_provider[p], prefix) if p in by_provider else ""
+                                             for p in providers]
+                for p in ours:
+                    ratio = by_provider.get(p, {}).get(prefix + "vs_best_peer")
+                    line.append(f"{ratio:.2f}x" if ratio is not None else "-")
+                best = next((r[prefix + "best_peer"] for r in by_provider.values() if r[prefix + "best_peer"]), "")
+                line.append(best or "-")
+                body.append(line)
+            tables.append((f"{sweep}: {config}, {dtype}{timer}", header, body))
     return tables
 
 
@@ -1152,6 +1229,9 @@ def sweep_notes(rows: list, sweep: str) -> list:
             sizes = ",".join(size_label(r["size"]) for r in mine if r["reason"] == reason)
             lines.append(f"    skipped ({sizes}): {reason}")
         for r in mine:
+            if r["status"] == "ok" and r["reason"].startswith("graph:"):
+                lines.append(f"    no CUDA graph time for {r['config']} {r['dtype']} {size_label(r['size'])}: "
+                             f"{r['reason']}")
             if r["status"] == "FAIL":
                 lines.append(f"    FAIL {r['config']} {r['dtype']} {size_label(r['size'])}: rel err "
                              f"{r['rel_err']:.2e} > {r['tol']:.0e} ({r['tol_key']} bound); not timed")
@@ -1265,8 +1345,13 @@ def write_plot(path: str, rows: list, sweep: str, meta: dict) -> str | None:
             if not pts:
                 continue
             ours = any(r["ours"] for r in panel if r["provider"] == name)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name,
-                    linewidth=2.5 if ours else 1.2, linestyle="-" if ours else "--")
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name,
+                            linewidth=2.5 if ours else 1.2, linestyle="-" if ours else "--")
+            graph_pts = sorted((r["size"], r["graph_" + metric]) for r in panel if r["provider"] == name
+                               and r["status"] == "ok" and r.get("graph_" + metric) is not None)
+            if graph_pts:
+                ax.plot([p[0] for p in graph_pts], [p[1] for p in graph_pts], marker="x", color=line.get_color(),
+                        label=f"{name} (graph)", linewidth=1.0 if ours else 0.8, linestyle=":")
         if sweep == "decode" and meta.get("copy_bandwidth_gbs"):
             ax.axhline(meta["copy_bandwidth_gbs"], color="gray", linestyle=":", label="device copy")
         ax.set_xscale("log", base=2)

@@ -210,3 +210,23 @@ def test_help_documents_options(sweep):
     for option in ("--sweeps", "--seqlens", "--dtypes", "--providers", "--batch", "--headdims", "--heads",
                    "--decode-lengths", "--reps", "--out", "--quick", "--no-plot", "--tol"):
         assert option in text
+
+
+def test_graph_times_get_their_own_tables_and_ratios(sweep):
+    """CUDA graph times (decode on a GPU) are compared and tabulated apart from the queued times."""
+    case = sweep.Case("decode", "H=2 Hkv=1 D=16", "float16", 4096, 1, 2, 1, 1, 4096, 16, 16, nbytes=1e9)
+    ours = sweep.Provider(lambda *a: None, ours=True)
+    peer = sweep.Provider(lambda *a: None)
+    rows = [sweep._row(case, "numba_attn", ours, status="ok", ms=2.0, graph_ms=1.0, gbs=500.0, graph_gbs=1000.0),
+            sweep._row(case, "peer", peer, status="ok", ms=1.0, graph_ms=2.0, gbs=1000.0, graph_gbs=500.0)]
+    sweep.add_comparisons(rows, copy_gbs=2000.0)
+    assert rows[0]["vs_best_peer"] == 2.0 and rows[0]["graph_vs_best_peer"] == 0.5
+    assert rows[0]["graph_pct_copy_bw"] == 50.0 and rows[1]["pct_copy_bw"] == 50.0
+    tables = sweep.pivot_tables(rows, "decode")
+    assert [title.endswith("(CUDA graph replays)") for title, _, _ in tables] == [False, True]
+    (_, _, queued), (_, _, graph) = tables
+    assert queued[0][1:4] == ["2.000 / 500.0 (25%)", "1.000 / 1000.0 (50%)", "2.00x"]
+    assert graph[0][1:4] == ["1.000 / 1000.0 (50%)", "2.000 / 500.0 (25%)", "0.50x"]
+    for r in rows:
+        r["graph_ms"] = r["graph_gbs"] = None
+    assert len(sweep.pivot_tables(rows, "decode")) == 1

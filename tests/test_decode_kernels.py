@@ -642,12 +642,15 @@ def test_gpu_split_parts_and_many_rows():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gpu_combine_lse(dtype):
+@pytest.mark.parametrize("num_parts, head_dim", [(16, 128), (3, 59), (77, 128)])
+def test_gpu_combine_lse(dtype, num_parts, head_dim):
+    """Fewer parts than groups of the block, and more than a warp's lanes (several parts per lane in the lse
+    reduction, several per group in the sums); a head dim no group width divides."""
     import cupy
 
-    rng = np.random.default_rng(13)
-    o_parts = rng.standard_normal((16, 2, 8, 4, 128)).astype(dtype)
-    lse_parts = (rng.standard_normal((16, 2, 8, 4)) * 10).astype(np.float32)
+    rng = np.random.default_rng(13 + num_parts)
+    o_parts = rng.standard_normal((num_parts, 2, 8, 4, head_dim)).astype(dtype)
+    lse_parts = (rng.standard_normal((num_parts, 2, 8, 4)) * 10).astype(np.float32)
     lse_parts[rng.random(lse_parts.shape) < 0.3] = -np.inf
     lse_parts[:, 1, 3, 2] = -np.inf
     out, lse = numba_attn.combine_lse(cupy.asarray(o_parts), cupy.asarray(lse_parts))

@@ -31,10 +31,11 @@ no key in a range (causal, empty split, ``seqlen_k == 0``) give 0 and ``lse = -i
 Registers: q and the accumulator are ``2 * rows * DPL`` (up to 128) per thread; launch bounds ask ptxas for 4 / 3 / 2
 resident blocks per SM for up to 2 / 4 / 8 rows, which it meets without spilling.
 
-**Combine kernel.** One block per query row: ``lse = max + log(sum_s exp(lse_s - max))`` reduced over the parts by
-the whole block, then ``out = sum_s exp(lse_s - lse) o_s`` with ``combine_split_groups`` groups of
-``combine_threads_x`` threads (columns interleaved, coalesced) each summing every ``combine_split_groups``-th part. Every part
-``-inf`` gives 0 and ``-inf``; NaN in an lse or a value propagates, as in ``reference.combine_lse``.
+**Combine kernel.** One block per query row, ``combine_split_groups`` groups of ``combine_threads_x`` threads
+(columns interleaved, coalesced), each summing every ``combine_split_groups``-th part with the weight
+``exp(lse_s - lse)``; every group reduces ``lse = max + log(sum_s exp(lse_s - max))`` itself across its lanes while
+its first part is on the way from L2, and one barrier joins the groups' sums. Every part ``-inf`` gives 0 and
+``-inf``; NaN in an lse or a value propagates, as in ``reference.combine_lse``.
 
 Everything also runs under ``NUMBA_ENABLE_CUDASIM=1``, which has no warp shuffles: there the butterfly and the
 in-warp merge go through shared memory instead (``USE_SHUFFLES``), and ``SIMULATOR_CONFIG`` keeps blocks tiny.
@@ -384,31 +385,42 @@ def combine_kernel(config: DecodeConfig, cols: int, parts_dtype: str = "float32"
     one signature.
 
     One block per query row, ``combine_threads_x x combine_split_groups`` threads. The parts of a row were just
-    written by the split kernel and sit in L2, so the kernel is latency-bound: the block first reduces the row's
-    ``lse`` over all splits together (a tree in shared memory, once for the max and once for the sum), then each
-    group of ``combine_threads_x`` threads sums every ``combine_split_groups``-th part over its interleaved columns,
-    and the groups' sums are added in shared memory. A thread thus waits on ``num_splits / combine_split_groups``
-    dependent loads instead of ``3 num_splits`` (H100, 2026-11-22, 256 rows of 128 float32 columns, in CUDA graphs:
-    12 / 24 / 48 parts 6.1 / 10.0 / 17.6 us with a thread per column walking every part, 4.8 / 5.3 / 6.2 us so)."""
+    written by the split kernel and sit in L2, so the kernel is latency-bound: what counts is how many dependent
+    L2 round trips and barriers lie between its start and its store. Each group of ``combine_threads_x`` threads
+    (a warp on a GPU) sums every ``combine_split_groups``-th part over its interleaved columns. It starts the loads of
+    its first part and that part's lse at once, then reduces the row's lse itself: lane ``l`` merges the
+    ``(max, sum of exp)`` of parts ``l, l + combine_threads_x, ...`` and the lanes merge by a shuffle butterfly
+    (every group gets the same lse, no barrier). Then the weights ``exp(lse_s - lse)``, the group's sums, and one
+    barrier before the groups' sums are added. H100, 256 rows of 128 float32 columns, 8 parts, CUDA graphs: 4.7 us
+    for the earlier version, which reduced the lse through shared-memory trees over the whole block (16 barriers)
+    before it loaded any part (design.md, "A combine with one barrier")."""
     _, to_output = converters(False, out_dtype == "uint16")
     signature = types.void(types.Array(getattr(types, parts_dtype), 5, "A"), types.Array(float32, 4, "A"),
                            types.Array(getattr(types, out_dtype), 4, "A"), types.Array(float32, 3, "A"), types.boolean)
     CX = config.combine_threads_x
     CS = config.combine_split_groups
     THREADS = CX * CS
-    if THREADS & (THREADS - 1):
-        raise ValueError(f"combine threads (combine_threads_x * combine_split_groups) must be a power of two, "
-                         f"got {THREADS}")
-    LEVELS = THREADS.bit_length() - 1
+    # the lanes of a group merge by shuffles when the group is a warp; otherwise (the simulator, which has no
+    # shuffles, or narrower groups) every lane merges the group's states from shared memory
+    SHUFFLES = USE_SHUFFLES and CX == _WARP
+    LANE_MASKS = tuple(CX >> (k + 1) for k in range(CX.bit_length() - 1)) if SHUFFLES else ()
+    STATE_LANES = 1 if SHUFFLES else CX
     CJ = cols
     SUM_COLS = CX * CJ
     NEG_INF = float32(-math.inf)
     ZERO = float32(0.0)
+    ONE = float32(1.0)
 
     @cuda.jit(device=True, inline=True)
-    def nan_max(a, b):
-        # a NaN part makes the row NaN, as in the reference
-        return a if (a != a or a > b) else b
+    def merge(m, s, m2, s2):
+        """Two (max, sum of exp(x - max)) states as one; a NaN makes it NaN (as in the reference), two empty
+        states (max -inf) stay empty."""
+        if m != m or m2 != m2:
+            return m + m2, s + s2
+        mx = max(m, m2)
+        if mx == NEG_INF:
+            return NEG_INF, ZERO
+        return mx, s * math.exp(m - mx) + s2 * math.exp(m2 - mx)
 
     @kernel_jit(signature=signature)
     def kernel(o_parts, lse_parts, out, lse, write_lse):
@@ -423,52 +435,55 @@ def combine_kernel(config: DecodeConfig, cols: int, parts_dtype: str = "float32"
         i = row % seqlen_q
         h = (row // seqlen_q) % heads
         b = row // (seqlen_q * heads)
-        reduce = cuda.shared.array(THREADS, float32)
-        weights = cuda.shared.array(THREADS, float32)
+        states = cuda.shared.array((2, CS, STATE_LANES), float32)
         sums = cuda.shared.array((CS, SUM_COLS), float32)
 
+        # this group's first part and its lse, loaded before the weight is known: the round trip to L2 overlaps
+        # the lse reduction's
+        first = cuda.local.array(CJ, float32)
+        has_first = ty < num_splits
+        lse_first = NEG_INF
+        if has_first:
+            lse_first = lse_parts[ty, b, h, i]
+        for j in range(CJ):
+            c = tx + CX * j
+            first[j] = ZERO
+            if has_first and c < head_dim:
+                first[j] = float32(o_parts[ty, b, h, i, c])
+
+        # the row's lse, in every group: lanes over the parts, then across the lanes
         m = NEG_INF
-        for t in range(tid, num_splits, THREADS):
-            m = nan_max(m, lse_parts[t, b, h, i])
-        reduce[tid] = m
-        cuda.syncthreads()
-        for level in range(LEVELS):
-            step = THREADS >> (level + 1)
-            if tid < step:
-                reduce[tid] = nan_max(reduce[tid], reduce[tid + step])
+        ssum = ZERO
+        for t in range(tx, num_splits, CX):
+            m, ssum = merge(m, ssum, lse_parts[t, b, h, i], ONE)
+        if SHUFFLES:
+            for mask in LANE_MASKS:
+                m, ssum = merge(m, ssum, cuda.shfl_xor_sync(_FULL_MASK, m, mask),
+                                cuda.shfl_xor_sync(_FULL_MASK, ssum, mask))
+        else:
+            states[0, ty, tx] = m
+            states[1, ty, tx] = ssum
             cuda.syncthreads()
-        m = reduce[0]
-        cuda.syncthreads()
-        total = NEG_INF
-        if m != NEG_INF:
+            m = NEG_INF
             ssum = ZERO
-            for t in range(tid, num_splits, THREADS):
-                ssum += math.exp(lse_parts[t, b, h, i] - m)
-            reduce[tid] = ssum
-            cuda.syncthreads()
-            for level in range(LEVELS):
-                step = THREADS >> (level + 1)
-                if tid < step:
-                    reduce[tid] += reduce[tid + step]
-                cuda.syncthreads()
-            total = m + math.log(reduce[0])
+            for lane in range(CX):
+                m, ssum = merge(m, ssum, states[0, ty, lane], states[1, ty, lane])
+        total = m  # NaN stays NaN
+        if m == m:
+            total = m + math.log(ssum) if m != NEG_INF and ssum > ZERO else NEG_INF
         # every part empty: weights exp(-inf - 0) = 0, so out is 0 (not exp(-inf + inf) = NaN)
         t_use = total if total != NEG_INF else ZERO
 
         acc = cuda.local.array(CJ, float32)
+        w = math.exp(lse_first - t_use)
         for j in range(CJ):
-            acc[j] = ZERO
-        for first in range(0, num_splits, THREADS):
-            if first + tid < num_splits:
-                weights[tid] = math.exp(lse_parts[first + tid, b, h, i] - t_use)
-            cuda.syncthreads()
-            for s in range(ty, min(THREADS, num_splits - first), CS):
-                w = weights[s]
-                for j in range(CJ):
-                    c = tx + CX * j
-                    if c < head_dim:
-                        acc[j] += w * float32(o_parts[first + s, b, h, i, c])
-            cuda.syncthreads()  # before the next chunk's weights
+            acc[j] = w * first[j] if has_first else ZERO
+        for s in range(ty + CS, num_splits, CS):
+            w = math.exp(lse_parts[s, b, h, i] - t_use)
+            for j in range(CJ):
+                c = tx + CX * j
+                if c < head_dim:
+                    acc[j] += w * float32(o_parts[s, b, h, i, c])
         for j in range(CJ):
             sums[ty, tx + CX * j] = acc[j]
         cuda.syncthreads()

@@ -391,7 +391,7 @@ def combine_kernel(config: DecodeConfig, cols: int, parts_dtype: str = "float32"
     its first part and that part's lse at once, then reduces the row's lse itself: lane ``l`` merges the
     ``(max, sum of exp)`` of parts ``l, l + combine_threads_x, ...`` and the lanes merge by a shuffle butterfly
     (every group gets the same lse, no barrier). Then the weights ``exp(lse_s - lse)``, the group's sums, and one
-    barrier before the groups' sums are added. H100, 256 rows of 128 float32 columns, 8 parts, CUDA graphs: 4.7 us
+    barrier before the groups' sums are added. H100, 256 rows of 128 float32 columns, 8 parts: 3.9 us against 4.8
     for the earlier version, which reduced the lse through shared-memory trees over the whole block (16 barriers)
     before it loaded any part (design.md, "A combine with one barrier")."""
     _, to_output = converters(False, out_dtype == "uint16")

@@ -33,9 +33,10 @@ How each (case, provider) pair is measured:
 3. Decode steps are also timed in CUDA graphs (``--graph-sweeps``, torch arrays only): ``--graph-steps`` calls over
    the rotated input sets captured in one ``torch.cuda.CUDAGraph``, replayed ``--graph-replays`` times between
    CUDA events; the median replay over the number of steps is the GPU time of one call without host time or
-   launch gaps, the way a serving loop runs a decoding step (the queued time of a 16k-key GQA step depends on the
-   lease's CPU: 59-220 us of host time per call were seen on H100 leases of one day). Tables and plots show
-   both; providers that launch on a stream of their own (the CuPy naive peer) are not captured.
+   launch gaps, the way a serving loop runs a decoding step (queued, a short step measures the lease's CPU too:
+   a planned GQA call took 59 and 117 us of host time on two H100 leases of one day, and 16k-key steps queued at
+   228 us each on a third against 103 us in graphs). Tables and plots show both; providers that launch on a
+   stream of their own (the CuPy naive peer) are not captured.
 
 Without a GPU (``numba_attn.SIMULATOR``) the same pipeline runs a tiny grid under Numba's CUDA simulator against a
 NumPy naive peer: it checks that the sweep and the kernels work, not how fast anything is.

@@ -143,8 +143,10 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
 
     The keys are cut into ``num_splits`` contiguous ranges handled by separate thread blocks (flash-decoding), each
     producing a normalised partial output and its ``lse``; a second kernel merges them with ``combine_lse`` weights.
-    ``num_splits=None`` picks the count from the number of (batch, head) blocks and SMs so that the whole GPU
-    streams the cache.
+    ``num_splits=None`` picks the ranges from the number of (batch, head) blocks and SMs so that the whole GPU
+    streams the cache (on the tensor-core path, ``decode_mma.plan_splits``: one wave of equal ranges and, for long
+    caches, short tail ranges behind them that go to the SMs that finish first); an integer asks for that many
+    equal ranges.
 
     Args and returns as ``flash_forward`` (float16, float32, or bfloat16 torch tensors); ``q`` is typically
     ``(batch, heads, 1..16, headdim)``.

@@ -531,6 +531,8 @@ class DecodeLaunch:
         num_splits = plan.num_splits
         parts = self._parts.get(num_splits)
         if parts is None:
+            if len(self._parts) >= 256:  # a growing cache meets a new tail-range count now and then
+                self._parts.clear()
             shape = (num_splits,) + self.parts_shape
             size = int(np.prod(shape))
             template = DeviceView(0, (size + size // shape[-1],), (4,), np.float32, None)

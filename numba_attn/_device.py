@@ -412,3 +412,43 @@ def _raise_shared_limit_numba(kernel, shared_bytes: int, args) -> None:
         compiled = next(iter(kernel.overloads.values())) if specialized else kernel.compile(argtypes)
         _raise_shared_limit(compiled._codelibrary.get_cufunc().handle, shared_bytes, device_id)
         _raised_shared[key] = (kernel, shared_bytes)  # the kernel held: its id stays its own
+
+
+# -- device memory for counters ---------------------------------------------------------------------------------------
+def _check(code: int, what: str) -> None:
+    if code:
+        raise RuntimeError(f"{what} failed: {_launch_error(code)}")
+
+
+def stream_capturing(stream: int) -> bool:
+    """Whether work sent to this stream (a driver handle) is being captured into a CUDA graph. A query that fails
+    (the legacy stream while another stream captures in global mode) counts as capturing: the caller then takes the
+    path that is safe inside a capture."""
+    if SIMULATOR:
+        return False
+    status = ctypes.c_int(0)
+    code = _cuda_library().cuStreamIsCapturing(ctypes.c_void_p(stream or None), ctypes.byref(status))
+    return code != 0 or status.value != 0
+
+
+def zeroed_words(count: int):
+    """``count`` zeroed uint32s of memory on the current device, allocated for the life of the process (a
+    ``DeviceView``; a Numba array under the simulator). Synchronous: not to be called while a stream is captured."""
+    import numpy as np
+
+    if SIMULATOR:
+        return cuda.to_device(np.zeros(count, np.uint32))
+    lib = _cuda_library()
+    ptr = ctypes.c_uint64(0)
+    _check(lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(4 * count)), "cuMemAlloc")
+    _check(lib.cuMemsetD32_v2(ctypes.c_uint64(ptr.value), ctypes.c_uint(0), ctypes.c_size_t(count)), "cuMemsetD32")
+    # the memset runs on the legacy stream, which non-blocking streams (torch's, CuPy's) do not wait for
+    _check(lib.cuCtxSynchronize(), "cuCtxSynchronize")
+    return DeviceView(ptr.value, (count,), (4,), np.uint32, None)
+
+
+def zero_words_async(ptr: int, count: int, stream: int) -> None:
+    """Zero ``count`` uint32s at ``ptr`` in stream order (a memset node when the stream is being captured)."""
+    if count:
+        _check(_cuda_library().cuMemsetD32Async(ctypes.c_uint64(ptr), ctypes.c_uint(0), ctypes.c_size_t(count),
+                                                ctypes.c_void_p(stream or None)), "cuMemsetD32Async")

@@ -205,7 +205,8 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
             q_rows, out_rows, lse_rows = grouped
             decode_launch = _decode_mma.DecodeLaunch(
                 q_rows, out_rows, args[5], sm_scale, num_splits, multiprocessor_count(), dtype=call.dtype,
-                vector_loads=_decode_mma.vector_loads_ok(q_rows, args[1], args[2]))
+                vector_loads=_decode_mma.vector_loads_ok(q_rows, args[1], args[2]),
+                device_id=call.device_id if call.device_id >= 0 else None)
             decode_launch(q_rows, args[1], args[2], out_rows, lse_rows, call.stream, call.scratch)
             if plan_key is not None and shape.seqlen_k > 0:  # later calls like this one skip the checks
                 _decode_plan.register(plan_key, _decode_plan.DecodePlan(

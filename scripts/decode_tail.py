@@ -1,9 +1,11 @@
 """Times ``flash_decode``'s key-range plans against each other and against torch SDPA, in one process.
 
-A plan is ``decode_mma.plan_splits`` with its knobs set: ``TAIL_FRACTION`` (share of every row tile's keys cut
-into short tail ranges that the block scheduler hands to the SMs that finish their lead range first) and
-``TAIL_RANGES_PER_SLOT`` (how many tail ranges per resident block, i.e. their length). ``0`` is the plan without
-tail ranges (equal ranges filling one wave).
+A plan is ``decode_mma.plan_splits`` with its knobs set: ``POOL_FRACTION`` (``pF``: share of every row tile's keys
+in the pool its blocks take tile by tile; used where a row tile has several lead ranges), ``TAIL_FRACTION`` (share
+of every row tile's keys cut into short tail ranges that the block scheduler hands to the SMs that finish their lead
+range first; for the plans without a pool) and ``TAIL_RANGES_PER_SLOT`` (how many tail ranges per resident block,
+i.e. their length). ``0`` is the plan without tail ranges (equal ranges filling one wave, or the pool); a variant
+ends in ``+field=value`` changes of the kernel's config, e.g. ``0.2:4+key_pool=0`` (no pool: tail ranges).
 
 Each (case, variant) is timed two ways, in rounds that alternate the variants:
 
@@ -45,15 +47,21 @@ def parse_variant(text: str) -> tuple:
         field, _, value = change.partition("=")
         kind = type(getattr(_DEFAULT_CONFIG, field))
         config[field] = bool(int(value)) if kind is bool else kind(value)
+    pool = decode_mma.POOL_FRACTION
+    if text.startswith("p"):  # pF: pooled plans with a pool of share F (the kernel's key_pool on)
+        config["key_pool"], pool, text = True, float(text[1:]), "0"
     config = tuple(sorted(config.items()))
     if text.startswith("n"):
-        return (0.0, decode_mma.TAIL_RANGES_PER_SLOT, int(text[1:]), config)
+        return (0.0, decode_mma.TAIL_RANGES_PER_SLOT, int(text[1:]), config, pool)
     fraction, _, per_slot = text.partition(":")
-    return float(fraction), int(per_slot or decode_mma.TAIL_RANGES_PER_SLOT), None, config
+    return float(fraction), int(per_slot or decode_mma.TAIL_RANGES_PER_SLOT), None, config, pool
 
 
 def set_variant(variant) -> None:
     decode_mma.TAIL_FRACTION, decode_mma.TAIL_RANGES_PER_SLOT = variant[:2]
+    if variant[4] != decode_mma.POOL_FRACTION:
+        decode_mma.POOL_FRACTION = variant[4]
+        _decode_plan.clear()
     config = dataclasses.replace(_DEFAULT_CONFIG, **dict(variant[3]))
     if config != decode_mma.DEFAULT_CONFIG:
         decode_mma.DEFAULT_CONFIG = config
@@ -61,9 +69,11 @@ def set_variant(variant) -> None:
 
 
 def label(variant) -> str:
-    fraction, per_slot, num_splits, config = variant
+    fraction, per_slot, num_splits, config, pool = variant
     if num_splits:
         text = f"num_splits={num_splits}"
+    elif dict(config).get("key_pool", _DEFAULT_CONFIG.key_pool) and pool > 0:
+        text = f"pool {pool:g} (else tail {fraction:g}, {per_slot}/slot)" if fraction > 0 else f"pool {pool:g}"
     else:
         text = "equal ranges" if fraction <= 0 else f"tail {fraction:g}, {per_slot}/slot"
     return text + "".join(f" {field}={value}" for field, value in config)
@@ -270,6 +280,8 @@ def main() -> None:
                 plan = r.get("plan")
                 plan_text = (f"{plan['lead_splits']}x{plan['lead_keys']} + {plan['num_splits'] - plan['lead_splits']}"
                              f"x{plan['tail_keys']}" if plan else "")
+                if plan and plan["pool_first"] != decode_mma.NO_POOL:
+                    plan_text += f", pool from key {plan['pool_first']}"
                 print(f"  {name:40s} graph {g:7.1f} us ({nbytes / g / 1e3 / copy:5.1%} of copy)  queued {qd:7.1f} us "
                       f"({nbytes / qd / 1e3 / copy:5.1%})  err {r['error']:.1e}  {plan_text}  "
                       f"rounds {' '.join(f'{x:.1f}' for x in r['graph'])} / {' '.join(f'{x:.1f}' for x in r['queued'])}",

@@ -35,6 +35,10 @@ def to_host(x):
         return x.get()
     if hasattr(x, "copy_to_host"):
         return x.copy_to_host()
+    if hasattr(x, "__cuda_array_interface__"):  # a DeviceView
+        from numba import cuda
+
+        return cuda.as_cuda_array(x).copy_to_host()
     return np.asarray(x)
 
 

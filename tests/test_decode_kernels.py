@@ -430,29 +430,81 @@ def test_decode_mma_split_parts_match_reference_ranges(kv_heads, rows, seqlen_k,
     assert (got[np.isneginf(lse_ref)] == 0).all()
 
 
-@settings(max_examples=300)
-@given(batch=st.integers(1, 64), kv_heads=st.integers(1, 64), rows=st.integers(1, 64),
-       seqlen_k=st.integers(1, 1 << 22), sm_count=st.integers(1, 200), wide=st.booleans())
-def test_plan_splits_cuts_every_key_once(batch, kv_heads, rows, seqlen_k, sm_count, wide):
-    """The ranges of ``plan_splits`` as the kernel takes them: abutting from key 0 to the end (every key in exactly
-    one range), whole tiles but for the last, lead ranges filling at most one wave of blocks and no shorter than the
-    tail ranges, a grid the launch accepts."""
+@pytest.mark.parametrize(
+    "kv_heads, rows, lead_splits, lead_tiles, pool_tiles, head_dim",
+    [
+        (2, 3, 2, 2, 2.3, 16),  # a pool of 3 tiles, the last one partial
+        (1, 20, 3, 2, 4, 24),  # two row tiles, each with its own pool and counters; element copies
+    ],
+)
+def test_decode_mma_pooled_parts_merge_to_attention(kv_heads, rows, lead_splits, lead_tiles, pool_tiles, head_dim):
+    """A pooled plan: each block's part covers its own range and the pool tiles it took at run time, so the parts
+    merge to attention over all the keys, lse included (a tile taken twice or never would shift it); every part and
+    lse of a poisoned buffer is written, and the counters are back at zero after each of two launches in a row."""
+    from numba_attn import api
     from numba_attn._kernels import decode_mma
 
-    config = decode_mma.WIDE_CONFIG if wide else decode_mma.DEFAULT_CONFIG
+    if not numba_attn.SIMULATOR and api.compute_capability() < decode_mma.MIN_COMPUTE_CAPABILITY:
+        pytest.skip("no tensor-core kernel below sm_80")
+    block_n = decode_mma.config_for(head_dim).block_n
+    pool_first = lead_splits * lead_tiles * block_n
+    seqlen_k = pool_first + int(pool_tiles * block_n)
+    rng = np.random.default_rng(seqlen_k + rows)
+    q, k, v = (x.astype(np.float16) for x in _qkv(rng, 1, kv_heads, kv_heads, rows, seqlen_k, head_dim, "float32"))
+    launch = decode_mma.DecodeLaunch(q, q, True, 0.3, None, 1, dtype="float16",
+                                     vector_loads=decode_mma.vector_loads_ok(q, k, v))
+    plan = decode_mma.SplitPlan(lead_splits, lead_tiles * block_n, lead_tiles * block_n, lead_splits, pool_first)
+    counters = launch.counters(plan, 0)
+    expected = reference.attention(*(x.astype(np.float64) for x in (q, k, v)), sm_scale=0.3, return_lse=True)
+    for _ in range(2):
+        o_parts = _dev(np.full((lead_splits,) + q.shape, np.nan, np.float32))
+        lse_parts = _dev(np.full((lead_splits,) + q.shape[:3], np.nan, np.float32))
+        launch.launch_split(_dev(q), _dev(k), _dev(v), o_parts, lse_parts, 0, plan, counters)
+        parts, lses = to_host(o_parts), to_host(lse_parts)
+        assert not np.isnan(parts).any() and not np.isnan(lses).any()
+        out, lse = reference.combine_lse(parts, lses)
+        assert rel_error(out, expected[0]) <= TOLERANCE["float16"]
+        assert_close_lse(lse, expected[1])
+        assert (to_host(counters)[:launch.pool_words] == 0).all()
+
+
+@settings(max_examples=300)
+@given(batch=st.integers(1, 64), kv_heads=st.integers(1, 64), rows=st.integers(1, 64),
+       seqlen_k=st.integers(1, 1 << 22), sm_count=st.integers(1, 200), kind=st.sampled_from(["default", "wide",
+                                                                                              "no pool"]))
+def test_plan_splits_cuts_every_key_once(batch, kv_heads, rows, seqlen_k, sm_count, kind):
+    """The ranges of ``plan_splits`` as the kernel takes them: abutting from key 0 to the end (every key in exactly
+    one range, or in the pool behind the lead ranges), whole tiles but for the last, lead ranges filling at most one
+    wave of blocks and no shorter than the tail ranges, a grid the launch accepts."""
+    import dataclasses
+
+    from numba_attn._kernels import decode_mma
+
+    config = {"default": decode_mma.DEFAULT_CONFIG, "wide": decode_mma.WIDE_CONFIG,
+              "no pool": dataclasses.replace(decode_mma.DEFAULT_CONFIG, key_pool=False)}[kind]
     plan = decode_mma.plan_splits(batch, kv_heads, rows, seqlen_k, sm_count, config)
     starts, ends = plan.ranges(seqlen_k)
     assert 1 <= plan.lead_splits <= plan.num_splits <= 65535
     assert starts[0] == 0 and (starts[1:] == starts[:-1] + np.where(
         np.arange(plan.num_splits - 1) < plan.lead_splits, plan.lead_keys, plan.tail_keys)).all()
-    assert ends[-1] == seqlen_k and (ends[:-1] <= starts[1:]).all()
-    nonempty = starts < ends
-    assert nonempty.any() and (ends[nonempty][:-1] == starts[nonempty][1:]).all()
     assert plan.lead_keys % config.block_n == 0 and plan.tail_keys % config.block_n == 0
     assert 0 < plan.tail_keys <= plan.lead_keys
     blocks = batch * kv_heads * -(-rows // 16)
     if plan.lead_splits > 1:
         assert blocks * plan.lead_splits <= config.blocks_per_sm * sm_count
+    if plan.pooled:  # own ranges from key 0 to the pool; the pool a share of the keys, at least one tile
+        assert config.key_pool and plan.num_splits == plan.lead_splits > 1
+        assert plan.pool_first == plan.lead_splits * plan.lead_keys == ends[-1] < seqlen_k
+        assert plan.lead_keys >= 2 * config.block_n  # every block asks for pool tiles in time
+        pool_share = (seqlen_k - plan.pool_first) / seqlen_k
+        event(f"pool share {round(pool_share, 1)}")
+        assert pool_share <= decode_mma.POOL_FRACTION + (plan.lead_splits + 1) * config.block_n / seqlen_k
+        assert plan.pool_first + plan.lead_splits * config.block_n >= seqlen_k * (1 - decode_mma.POOL_FRACTION)
+        return
+    assert ends[-1] == seqlen_k and (ends[:-1] <= starts[1:]).all()
+    nonempty = starts < ends
+    assert nonempty.any() and (ends[nonempty][:-1] == starts[nonempty][1:]).all()
+    if plan.lead_splits > 1:
         assert plan.lead_keys >= decode_mma.MIN_KEYS_PER_SPLIT
     if plan.num_splits > plan.lead_splits:  # tail ranges: a share of the keys, behind long lead ranges
         assert plan.lead_keys >= decode_mma.MIN_LEAD_TILES * config.block_n
@@ -462,17 +514,23 @@ def test_plan_splits_cuts_every_key_once(batch, kv_heads, rows, seqlen_k, sm_cou
 
 
 def test_plan_splits_examples():
+    import dataclasses
+
     from numba_attn._kernels import decode_mma as dm
 
-    # GQA 8 (B8 Hkv4, 8 rows) on 132 SMs at 64k keys: 8 lead ranges of 102 tiles per row tile, then 30 of 7 tiles
-    assert dm.plan_splits(8, 4, 8, 65536, 132) == dm.SplitPlan(8, 102 * 64, 7 * 64, 8 + 30)
-    # shorter lead ranges: equal ranges filling one wave, no tail
-    assert dm.plan_splits(8, 4, 8, 16384, 132) == dm.uniform_plan(16384, 8, 64)
-    # short cache: equal ranges of at least MIN_KEYS_PER_SPLIT keys
-    assert dm.plan_splits(8, 4, 8, 2048, 132) == dm.uniform_plan(2048, 4, 64)
-    # one lead range per row tile (multi-head): the tail ranges still balance the end
+    # GQA 8 (B8 Hkv4, 8 rows) on 132 SMs: 8 lead ranges per row tile, the last fifth of the keys their pool
+    assert dm.plan_splits(8, 4, 8, 65536, 132) == dm.SplitPlan(8, 102 * 64, 102 * 64, 8, 8 * 102 * 64)
+    assert dm.plan_splits(8, 4, 8, 16384, 132) == dm.SplitPlan(8, 25 * 64, 25 * 64, 8, 8 * 25 * 64)
+    # short cache: lead ranges of about MIN_KEYS_PER_SPLIT keys, pool included
+    assert dm.plan_splits(8, 4, 8, 2048, 132) == dm.SplitPlan(4, 6 * 64, 6 * 64, 4, 4 * 6 * 64)
+    # one lead range per row tile (multi-head): no pool to share; tail ranges balance the end
     plan = dm.plan_splits(8, 32, 1, 16384, 132)
-    assert plan.lead_splits == 1 and plan.num_splits > 1
+    assert plan.lead_splits == 1 and plan.num_splits > 1 and not plan.pooled
+    # without the pool: equal ranges, or lead and tail ranges where the lead ranges are long
+    no_pool = dataclasses.replace(dm.DEFAULT_CONFIG, key_pool=False)
+    assert dm.plan_splits(8, 4, 8, 65536, 132, no_pool) == dm.SplitPlan(8, 102 * 64, 7 * 64, 8 + 30)
+    assert dm.plan_splits(8, 4, 8, 16384, 132, no_pool) == dm.uniform_plan(16384, 8, 64)
+    assert dm.plan_splits(8, 4, 8, 2048, 132, no_pool) == dm.uniform_plan(2048, 4, 64)
 
 
 # -- bfloat16 (uint16 bit views, the way torch's bfloat16 travels) -------------------------------------------------
@@ -818,6 +876,53 @@ def test_gpu_flash_decode_in_a_cuda_graph():
         expected = reference.attention(q3, k3, v3)
         for got in (out, out2, plain):
             assert rel_error(got.float().cpu().numpy(), expected) <= TOLERANCE["float16"]
+
+
+@pytest.mark.gpu
+def test_gpu_pooled_decode_in_graphs_with_and_without_arena(monkeypatch):
+    """Pooled plans in CUDA graphs: a capture takes counters from the arena zeroed beforehand or, once the arena is
+    used up, from its scratch, zeroed by a captured memset. Replays of both and plain calls on the capture stream
+    stay right on new data, and the stream's counters are zero between calls."""
+    import torch
+
+    from numba_attn._kernels import decode_mma
+
+    pool = decode_mma.PoolCounters()
+    monkeypatch.setattr(decode_mma, "POOL_COUNTERS", pool)
+    rng = np.random.default_rng(44)
+    shape = (2, 32, 4, 1, 6000, 128)
+    assert decode_mma.plan_splits(2, 4, 8, 6000, numba_attn.api.multiprocessor_count()).pooled
+    tensors = tuple(torch.from_numpy(x).cuda() for x in _qkv(rng, *shape, "float16"))
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        numba_attn.flash_decode(*tensors)
+    torch.cuda.synchronize()
+    counters = pool._streams[(torch.cuda.current_device(), stream.cuda_stream, 0)]
+    assert (to_host(counters) == 0).all()
+    graphs, outs = [], []
+    for exhausted in (False, True):
+        arena = pool._arenas[torch.cuda.current_device()]
+        if exhausted:
+            arena[1] = arena[0].shape[0]
+        taken = arena[1]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            outs.append(numba_attn.flash_decode(*tensors))
+        graphs.append(graph)
+        assert arena[1] == taken + (0 if exhausted else 2 * 2 * 4)  # 2 x (batch x kv heads) row tiles
+    for _ in range(3):
+        data = _qkv(rng, *shape, "float16")
+        for dst, src in zip(tensors, data):
+            dst.copy_(torch.from_numpy(src))
+        with torch.cuda.stream(stream):
+            for graph in graphs:
+                graph.replay()
+            plain = numba_attn.flash_decode(*tensors)
+        torch.cuda.synchronize()
+        expected = reference.attention(*data)
+        for got in outs + [plain]:
+            assert rel_error(got.float().cpu().numpy(), expected) <= TOLERANCE["float16"]
+        assert (to_host(counters) == 0).all()
 
 
 @pytest.mark.gpu

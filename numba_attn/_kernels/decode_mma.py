@@ -60,6 +60,8 @@ class DecodeMmaConfig:
     stages: int = 2  # K/V tiles in shared memory: the copies of the next stages - 1 run under each tile's MMAs
     blocks_per_sm: int = 2  # launch bound (registers) and what plan_splits aims for
     l2_prefetch: bool = True  # the K/V copies ask L2 for 256-byte groups (ptx.cp_async_16_prefetch)
+    # pooled plans: after its own range a block takes tiles of its row tile's key pool (``plan_splits``)
+    key_pool: bool = True
 
     @property
     def threads(self) -> int:
@@ -84,6 +86,13 @@ TAIL_RANGES_PER_SLOT = 4
 #: of 16k-64k keys (lead ranges of 204-819 tiles) 1.2-1.9 % faster, GQA 8 at 64k (102 tiles) 0.5-1 %; GQA 8 at
 #: 16k / 32k (25 / 51 tiles) 1-3 % slower: a tail block's start and its part cost more than the balance gains.
 MIN_LEAD_TILES = 96
+#: Pooled plans (``key_pool``, where a row tile has several lead ranges): this share of every row tile's keys is its
+#: pool, taken tile by tile by the row tile's blocks after their own ranges, so the blocks on faster SMs take more.
+#: H100, B8 H32 Hkv4 D128 fp16, CUDA graphs (design.md, "A key pool per row tile"): 16k / 32k / 64k keys 100.3 /
+#: 189.1 / 366.9 us against 100.8 / 189.7 / 373.5 with equal ranges (16k, 32k) and tail ranges (64k).
+POOL_FRACTION = 0.2
+#: ``SplitPlan.pool_first`` of a plan without a pool
+NO_POOL = 1 << 62
 #: mma.sync.m16n8k16 with f16 / bf16 operands and cvt.rn.bf16x2 need sm_80 or newer
 MIN_COMPUTE_CAPABILITY = (8, 0)
 
@@ -139,6 +148,8 @@ def layout_for(config: DecodeMmaConfig, d_pad: int) -> _Layout:
                          "keys")
     if config.stages < 2:
         raise ValueError(f"stages must be at least 2, got {config.stages}")
+    if config.key_pool and config.stages != 2:
+        raise ValueError(f"key_pool takes tiles one ahead: it needs 2 stages, got {config.stages}")
     if d_pad % 16 or not 16 <= d_pad <= 256:
         raise ValueError(f"d_pad must be a multiple of 16 in [16, 256], got {d_pad}")
     return _Layout(config, d_pad)
@@ -147,10 +158,12 @@ def layout_for(config: DecodeMmaConfig, d_pad: int) -> _Layout:
 _U16_4D = types.Array(types.uint16, 4, "A")
 _F32_5D = types.Array(types.float32, 5, "A")
 _F32_4D = types.Array(types.float32, 4, "A")
+_U32_1D = types.Array(types.uint32, 1, "A")
 #: q rows, k, v (16-bit patterns), float32 parts (num_splits, batch, kv_heads, rows, headdim) and their lse, the
-#: scale times log2(e), then the key ranges (``SplitPlan.params``: lead ranges, keys per lead range, per tail range)
+#: scale times log2(e), the key ranges (``SplitPlan.params``: lead ranges, keys per lead range, per tail range, the
+#: pool's first key), then the pool's counters (``PoolCounters``)
 SIGNATURE = types.void(_U16_4D, _U16_4D, _U16_4D, _F32_5D, _F32_4D, types.float32, types.int64, types.int64,
-                       types.int64)
+                       types.int64, types.int64, _U32_1D)
 
 
 def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first: bool):
@@ -184,6 +197,7 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
     ZERO = np.float32(0.0)
     ACC_INIT = np.float32(-0.0)  # not 0.0: LLVM turns zero stores into a memset, which keeps the array in local memory
     SCALE_FIRST = scale_first
+    KEY_POOL = config.key_pool
     mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
     exp2 = ptx.exp2_approx
@@ -207,7 +221,41 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
         c[0, n, 0], c[0, n, 1], c[0, n, 2], c[0, n, 3] = mma(a0, a1, a2, a3, b0, b1,
                                                              c[0, n, 0], c[0, n, 1], c[0, n, 2], c[0, n, 3])
 
-    def kernel(q, k, v, o_parts, lse_parts, scale_log2, lead_splits, lead_keys, tail_keys):
+    @device_function
+    def tile_step(smem, base, n0, key_end, q_frag, s, acc, m_run, l_run, warp_key, k_lane, v_lane, q_lane, g, t, m0,
+                  scale_log2, post):
+        """The tile in stage ``base`` (keys ``n0 ..``) into this warp's online softmax and ``O``."""
+        # ---- S = Q K_w^T on this warp's keys ----------------------------------------------------------------
+        for nb in range(S_BLOCKS):
+            for e in range(4):
+                s[0, nb, e] = ACC_INIT
+        for kk in range(QK_STEPS):
+            if Q_IN_REGISTERS:
+                a0, a1, a2, a3 = q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3]
+            else:
+                a0, a1, a2, a3 = ldmatrix(smem, q_lane + 16 * kk)
+            for nb in range(0, S_BLOCKS, 2):
+                b0, b1, b2, b3 = ldmatrix(smem, base + k_lane + 8 * nb * ROW + 16 * kk)
+                mma_into(s, nb, a0, a1, a2, a3, b0, b1)
+                mma_into(s, nb + 1, a0, a1, a2, a3, b2, b3)
+
+        # ---- online softmax over the warp's keys; the mask only where they cross the end of the range -------
+        warp_n0 = n0 + warp_key
+        online_softmax(s, acc, m_run, l_run, 0, warp_n0 + WARP_KEYS > key_end, warp_n0, m0 + g, t, key_end,
+                       False, 0, scale_log2, post)
+
+        # ---- O += P V_w: P's C fragments of n8 blocks 2kk, 2kk + 1 are the A fragment of k-step kk ----------
+        for kk in range(PV_STEPS):
+            a0 = pack(s[0, 2 * kk, 0], s[0, 2 * kk, 1])
+            a1 = pack(s[0, 2 * kk, 2], s[0, 2 * kk, 3])
+            a2 = pack(s[0, 2 * kk + 1, 0], s[0, 2 * kk + 1, 1])
+            a3 = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
+            for ob in range(0, O_BLOCKS, 2):
+                b0, b1, b2, b3 = ldmatrix_trans(smem, base + TILE + v_lane + 16 * kk * ROW + 8 * ob)
+                mma_into(acc, ob, a0, a1, a2, a3, b0, b1)
+                mma_into(acc, ob + 1, a0, a1, a2, a3, b2, b3)
+
+    def kernel(q, k, v, o_parts, lse_parts, scale_log2, lead_splits, lead_keys, tail_keys, pool_first, counters):
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
@@ -268,47 +316,63 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
             for kk in range(QK_STEPS):
                 q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3] = ldmatrix(smem, q_lane + 16 * kk)
 
-        for j in range(n_tiles):
-            n0 = key_start + j * BLOCK_N
-            base = Q_TILE + (j % STAGES) * STAGE
-            wait_tile()
-            cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
-            if j + STAGES - 1 < n_tiles:
-                nxt = Q_TILE + ((j + STAGES - 1) % STAGES) * STAGE
-                n_next = n0 + (STAGES - 1) * BLOCK_N
-                load_tile(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
-                load_tile(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
-            commit()  # an empty group past the last tile keeps "oldest group in flight = tile j" true
-
-            # ---- S = Q K_w^T on this warp's keys ----------------------------------------------------------------
-            for nb in range(S_BLOCKS):
-                for e in range(4):
-                    s[0, nb, e] = ACC_INIT
-            for kk in range(QK_STEPS):
-                if Q_IN_REGISTERS:
-                    a0, a1, a2, a3 = q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3]
+        if KEY_POOL:
+            # own range, then tiles of the row tile's pool [pool_first, seqlen_k), one at a time: thread 0 asks the
+            # row tile's counter for the tile after next and publishes the key (-1: the pool is empty) before the
+            # next barrier, so the atomic's round trip hides under a whole tile
+            pool_tiles = (seqlen_k - pool_first + BLOCK_N - 1) // BLOCK_N  # <= 0: no pool
+            takes = pool_tiles > 0 and n_tiles >= 2  # (a block with fewer own tiles could not ask in time)
+            row_tile = cuda.blockIdx.x * cuda.gridDim.y + cuda.blockIdx.y
+            if pool_tiles > 0:
+                key_end = seqlen_k  # own ranges are whole tiles below pool_first
+            next_keys = cuda.shared.array(2, types.int64)
+            ticket = uint32(0)
+            i = 0
+            n0 = key_start if n_tiles > 0 else -1
+            while n0 >= 0:  # tile i of this block, at key n0
+                base = Q_TILE + (i % 2) * STAGE
+                if takes and tid == 0 and i >= 1 and i + 1 >= n_tiles:  # the answer asked for in tile i - 1
+                    next_keys[(i + 1) % 2] = pool_first + ticket * BLOCK_N if ticket < pool_tiles else -1
+                wait_tile()
+                cuda.syncthreads()  # tile i has landed for everyone; everyone is done with tile i - 1's stage
+                if i + 1 < n_tiles:
+                    n_next = n0 + BLOCK_N
+                elif takes:
+                    n_next = next_keys[(i + 1) % 2]
                 else:
-                    a0, a1, a2, a3 = ldmatrix(smem, q_lane + 16 * kk)
-                for nb in range(0, S_BLOCKS, 2):
-                    b0, b1, b2, b3 = ldmatrix(smem, base + k_lane + 8 * nb * ROW + 16 * kk)
-                    mma_into(s, nb, a0, a1, a2, a3, b0, b1)
-                    mma_into(s, nb + 1, a0, a1, a2, a3, b2, b3)
-
-            # ---- online softmax over the warp's keys; the mask only where they cross the end of the range -------
-            warp_n0 = n0 + warp_key
-            online_softmax(s, acc, m_run, l_run, 0, warp_n0 + WARP_KEYS > key_end, warp_n0, m0 + g, t, key_end,
-                           False, 0, scale_log2, post)
-
-            # ---- O += P V_w: P's C fragments of n8 blocks 2kk, 2kk + 1 are the A fragment of k-step kk ----------
-            for kk in range(PV_STEPS):
-                a0 = pack(s[0, 2 * kk, 0], s[0, 2 * kk, 1])
-                a1 = pack(s[0, 2 * kk, 2], s[0, 2 * kk, 3])
-                a2 = pack(s[0, 2 * kk + 1, 0], s[0, 2 * kk + 1, 1])
-                a3 = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
-                for ob in range(0, O_BLOCKS, 2):
-                    b0, b1, b2, b3 = ldmatrix_trans(smem, base + TILE + v_lane + 16 * kk * ROW + 8 * ob)
-                    mma_into(acc, ob, a0, a1, a2, a3, b0, b1)
-                    mma_into(acc, ob + 1, a0, a1, a2, a3, b2, b3)
+                    n_next = -1
+                if takes and tid == 0 and i + 2 >= n_tiles and n_next >= 0:
+                    ticket = cuda.atomic.add(counters, row_tile, uint32(1))
+                if n_next >= 0:
+                    nxt = Q_TILE + ((i + 1) % 2) * STAGE
+                    load_tile(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
+                    load_tile(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
+                commit()
+                tile_step(smem, base, n0, key_end, q_frag, s, acc, m_run, l_run, warp_key, k_lane, v_lane, q_lane, g,
+                          t, m0, scale_log2, post)
+                n0 = n_next
+                i += 1
+            if pool_tiles > 0 and tid == 0:
+                # the last of the row tile's blocks to get here (all their tickets are drawn) zeroes its counter,
+                # so that the next launch on this stream finds it at 0; the arrival count wraps to 0 by itself
+                cuda.threadfence()
+                arrivals = cuda.gridDim.x * cuda.gridDim.y + row_tile
+                if cuda.atomic.inc(counters, arrivals, uint32(cuda.gridDim.z - 1)) == cuda.gridDim.z - 1:
+                    cuda.atomic.exch(counters, row_tile, uint32(0))
+        else:
+            for j in range(n_tiles):
+                n0 = key_start + j * BLOCK_N
+                base = Q_TILE + (j % STAGES) * STAGE
+                wait_tile()
+                cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
+                if j + STAGES - 1 < n_tiles:
+                    nxt = Q_TILE + ((j + STAGES - 1) % STAGES) * STAGE
+                    n_next = n0 + (STAGES - 1) * BLOCK_N
+                    load_tile(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
+                    load_tile(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
+                commit()  # an empty group past the last tile keeps "oldest group in flight = tile j" true
+                tile_step(smem, base, n0, key_end, q_frag, s, acc, m_run, l_run, warp_key, k_lane, v_lane, q_lane, g,
+                          t, m0, scale_log2, post)
 
         # ---- merge the warps as splits merge: m = max m_w, O = sum 2^(m_w - m) O_w / sum 2^(m_w - m) l_w ---------
         for half in range(2):
@@ -381,20 +445,30 @@ def split_kernel(config: DecodeMmaConfig, d_pad: int, bf16: bool, vector_loads: 
 class SplitPlan:
     """How the keys of every row tile are cut: ``lead_splits`` ranges of ``lead_keys`` keys from key 0, then
     ranges of ``tail_keys`` keys up to the end (the last ranges may be short or empty). Range ``z`` is grid slice
-    ``z``; all lengths are whole ``block_n`` tiles."""
+    ``z``; all lengths are whole ``block_n`` tiles.
+
+    A pooled plan (``pool_first`` < the cache length) has lead ranges only, ending at ``pool_first``; the keys from
+    there on are the row tile's pool, whose tiles its blocks take one by one after their own range (so a part covers
+    its range and whichever pool tiles its block took)."""
 
     lead_splits: int
     lead_keys: int
     tail_keys: int
     num_splits: int
+    pool_first: int = NO_POOL
 
     @property
     def params(self) -> tuple:
-        """The kernel's last three parameters."""
-        return (self.lead_splits, self.lead_keys, self.tail_keys)
+        """The kernel's parameters after the scale."""
+        return (self.lead_splits, self.lead_keys, self.tail_keys, self.pool_first)
+
+    @property
+    def pooled(self) -> bool:
+        return self.pool_first != NO_POOL
 
     def ranges(self, seqlen_k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(starts, ends)`` of the key ranges exactly as the kernel takes them (an empty range has start >= end)."""
+        """``(starts, ends)`` of the key ranges exactly as the kernel takes them (an empty range has start >= end);
+        for a pooled plan, the blocks' own ranges (the pool comes on top)."""
         z = np.arange(self.num_splits, dtype=np.int64)
         lead = np.minimum(z, self.lead_splits)
         starts = lead * self.lead_keys + (z - lead) * self.tail_keys
@@ -403,6 +477,8 @@ class SplitPlan:
 
     def boundaries(self, seqlen_k: int) -> np.ndarray:
         """The ranges as key offsets ``[0, ..., seqlen_k]`` (``reference.split_kv_attention``'s ``boundaries``)."""
+        if self.pooled:
+            raise ValueError("the parts of a pooled plan cover key sets chosen at run time, not fixed ranges")
         starts, ends = self.ranges(seqlen_k)
         return np.append(np.minimum(starts, seqlen_k), seqlen_k)
 
@@ -419,17 +495,25 @@ def plan_splits(batch: int, kv_heads: int, rows: int, seqlen_k: int, sm_count: i
     """The key ranges of a decoding step when the caller does not choose them.
 
     Lead ranges: about ``config.blocks_per_sm`` blocks per SM in one wave (rounded down to whole ranges per row
-    tile), each with at least ``MIN_KEYS_PER_SPLIT`` keys. Where the lead ranges are long (at least
-    ``MIN_LEAD_TILES`` tiles), ``TAIL_FRACTION`` of every row tile's keys go to short tail ranges that lie behind
-    the lead ranges on the grid: the block scheduler starts them on the SMs that finish their lead range first,
-    so SMs that stream faster than others take more of the keys (the tail ranges' length: about
-    ``TAIL_RANGES_PER_SLOT`` of them per resident block)."""
+    tile), each with at least ``MIN_KEYS_PER_SPLIT`` keys. The SMs stream at different rates, so the end of the
+    step is balanced:
+
+    - with several lead ranges per row tile (and ``config.key_pool``): ``POOL_FRACTION`` of the row tile's keys
+      form its pool, which its blocks take tile by tile after their own range (``SplitPlan.pool_first``);
+    - otherwise, where the lead ranges are long (at least ``MIN_LEAD_TILES`` tiles), ``TAIL_FRACTION`` of every row
+      tile's keys go to short tail ranges that lie behind the lead ranges on the grid: the block scheduler starts
+      them on the SMs that finish their lead range first (their length: about ``TAIL_RANGES_PER_SLOT`` of them per
+      resident block)."""
     config = config or DEFAULT_CONFIG
     block_n = config.block_n
     tiles = -(-seqlen_k // block_n)
     base = max(1, batch * kv_heads * -(-rows // 16))
     slots = config.blocks_per_sm * max(1, sm_count)
     lead = max(1, min(slots // base, seqlen_k // MIN_KEYS_PER_SPLIT, 65535))
+    if config.key_pool and lead >= 2:
+        lead_tiles = int(tiles * (1.0 - POOL_FRACTION)) // lead
+        if lead_tiles >= 2:  # (a block asks for pool tiles from its second tile on)
+            return SplitPlan(lead, lead_tiles * block_n, lead_tiles * block_n, lead, lead * lead_tiles * block_n)
     lead_tiles = int(tiles * (1.0 - TAIL_FRACTION)) // lead
     if TAIL_FRACTION <= 0 or lead_tiles < MIN_LEAD_TILES:
         return uniform_plan(seqlen_k, lead, block_n)
@@ -439,6 +523,76 @@ def plan_splits(batch: int, kv_heads: int, rows: int, seqlen_k: int, sm_count: i
     if lead + tail > 65535:
         return uniform_plan(seqlen_k, lead, block_n)
     return SplitPlan(lead, lead_tiles * block_n, tail_tiles * block_n, lead + tail)
+
+
+class PoolCounters:
+    """The counters of pooled launches: ``2 * row tiles`` uint32s per launch (tiles handed out, blocks arrived),
+    zero when a launch starts and left at zero by it (its last block resets them).
+
+    Launches that may run at the same time must not share counters. Plain launches on one stream run one after
+    the other, so they share one buffer per (device, stream), and per thread on the per-thread default stream. A
+    launch captured into a CUDA graph runs whenever the graph is replayed, on any stream, so it gets counters of its
+    own: a slice of an arena zeroed before the capture (zeroing them inside the graph would add a memset node to
+    every replay, about 1.8 us at 16k keys). ``get`` returns None when a capture finds no arena space; the caller
+    then zeroes counters in its scratch with a captured memset."""
+
+    ARENA_WORDS = 1 << 16  # 1024 captured launches of 32 row tiles; a new arena once half of it is taken
+    PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD: one handle, a stream per thread
+
+    def __init__(self):
+        import threading
+
+        self._lock = threading.Lock()
+        self._streams = {}  # (device, stream, thread) -> counters of plain launches
+        self._arenas = {}  # device -> [zeroed words, words taken]
+        self._kept = []  # every buffer ever made: launches and graphs may still use the ones replaced
+        self._unused = DeviceView(0, (0,), (4,), np.uint32, None) if not SIMULATOR else None
+
+    def unused(self):
+        """The argument of a plan without a pool (the kernel never reads it)."""
+        if self._unused is None:
+            self._unused = cuda.to_device(np.zeros(1, np.uint32))
+        return self._unused
+
+    def get(self, words: int, stream: int, device_id: int):
+        if _device.stream_capturing(stream):
+            with self._lock:
+                arena = self._arenas.get(device_id)
+                if arena is None or arena[1] + words > arena[0].shape[0]:
+                    return None
+                start = arena[1]
+                arena[1] += words
+            return _slice_words(arena[0], start, words)
+        arena = self._arenas.get(device_id)
+        if arena is None or 2 * arena[1] > arena[0].shape[0]:  # (made outside captures, for the next ones)
+            with self._lock:
+                self._arenas[device_id] = [_device.zeroed_words(self.ARENA_WORDS), 0]
+                self._kept.append(self._arenas[device_id][0])
+        thread = _threading_ident() if stream == self.PER_THREAD_STREAM else 0
+        key = (device_id, stream, thread)
+        counters = self._streams.get(key)
+        if counters is None or counters.shape[0] < words:
+            with self._lock:
+                counters = _device.zeroed_words(max(words, 256))
+                self._kept.append(counters)
+                self._streams[key] = counters
+        return counters
+
+
+def _threading_ident() -> int:
+    import threading
+
+    return threading.get_ident()
+
+
+def _slice_words(words, start: int, count: int):
+    if SIMULATOR:
+        return words[start:start + count]
+    return DeviceView(words.ptr + 4 * start, (count,), (4,), np.uint32, None)
+
+
+#: the counters of every pooled launch in this process
+POOL_COUNTERS = PoolCounters()
 
 
 def grouped_views(q, out, lse, write_lse: bool, kv_heads: int, causal: bool):
@@ -463,7 +617,8 @@ class DecodeLaunch:
     any cache length. ``_decode_plan`` keeps one per kind of call, so a decoding step costs little host time."""
 
     def __init__(self, q_rows, out_rows, write_lse: bool, sm_scale: float, num_splits: int | None, sm_count: int,
-                 config: DecodeMmaConfig | None = None, dtype: str | None = None, vector_loads: bool = True):
+                 config: DecodeMmaConfig | None = None, dtype: str | None = None, vector_loads: bool = True,
+                 device_id: int | None = None):
         self.batch, self.kv_heads, self.rows, head_dim = q_rows.shape
         self.config = config = config or config_for(head_dim)
         dtype = dtype or ("float16" if np.dtype(q_rows.dtype) == np.float16 else "bfloat16")
@@ -475,6 +630,8 @@ class DecodeLaunch:
         self.scale_log2 = np.float32(sm_scale * LOG2E)
         self.write_lse, self.num_splits, self.sm_count = bool(write_lse), num_splits, sm_count
         self.parts_shape = (self.batch, self.kv_heads, self.rows, head_dim)
+        self.pool_words = 2 * self.batch * self.kv_heads * -(-self.rows // 16)  # a pooled launch's counters
+        self.device_id = device_id  # None: the current device, asked at every pooled launch
         self.combine_grid = self.batch * self.kv_heads * self.rows  # one block per query row
         self._parts = {}  # num_splits -> parameter templates of the parts (pointers relative to the scratch)
         self._prepared = None  # the two kernels' launchables, made at the first call on a GPU
@@ -494,16 +651,34 @@ class DecodeLaunch:
         batch, kv_heads, rows, _ = self.parts_shape
         return (batch * kv_heads, -(-rows // 16), plan.num_splits)
 
-    def launch_split(self, q_rows, k, v, o_parts, lse_parts, stream, plan: SplitPlan | None = None) -> None:
+    def counters(self, plan: SplitPlan, stream: int):
+        """The pool's counters for a launch of ``plan`` on ``stream`` (a driver handle): ``POOL_COUNTERS``', the
+        placeholder of a plan without a pool, or None where a capture must zero its own."""
+        if not plan.pooled:
+            return POOL_COUNTERS.unused()
+        device_id = self.device_id
+        if device_id is None:
+            device_id = 0 if SIMULATOR else _device.current_device_id()
+        return POOL_COUNTERS.get(self.pool_words, stream, device_id)
+
+    def launch_split(self, q_rows, k, v, o_parts, lse_parts, stream, plan: SplitPlan | None = None,
+                     counters=None) -> None:
         """The split kernel alone: ``o_parts (num_splits, batch, kv_heads, rows, headdim)`` and ``lse_parts``
-        (the same without headdim), float32; ``plan`` None: ``num_splits`` equal ranges."""
+        (the same without headdim), float32; ``plan`` None: ``num_splits`` equal ranges; ``counters`` None: from
+        ``counters``."""
         if plan is None:
             plan = uniform_plan(k.shape[2], o_parts.shape[0], self.config.block_n)
         if plan.num_splits != o_parts.shape[0]:
             raise ValueError(f"o_parts: {o_parts.shape[0]} parts for a plan of {plan.num_splits} ranges")
+        if plan.pooled and not self.config.key_pool:
+            raise ValueError("a pooled plan needs a kernel with key_pool")
+        if counters is None:
+            counters = self.counters(plan, 0 if SIMULATOR else _device.stream_handle(stream))
+            if counters is None:
+                raise RuntimeError("no pool counters inside this capture: launch through the DecodeLaunch itself")
         device_launch(self.split_kernel, self.split_grid(plan), self.config.threads, stream, self.shared_bytes,
                       _bits(q_rows, "q"), _bits(k, "k"), _bits(v, "v"), o_parts, lse_parts, self.scale_log2,
-                      *plan.params)
+                      *plan.params, counters)
 
     def __call__(self, q_rows, k, v, out_rows, lse_rows, stream, scratch) -> None:
         batch, kv_heads, rows, head_dim = self.parts_shape
@@ -512,17 +687,24 @@ class DecodeLaunch:
         plan = self.plan(k.shape[2])
         num_splits = plan.num_splits
         parts_shape = (num_splits,) + self.parts_shape
-        # one allocation for both: a decoding step's host time is comparable to its kernels' time
-        buffer = scratch((num_splits * batch * kv_heads * rows * (head_dim + 1),))
+        handle = 0 if SIMULATOR else _device.stream_handle(stream)
+        counters = self.counters(plan, handle)
+        own = self.pool_words if counters is None else 0  # a capture with no arena space: counters in the scratch
+        # one allocation for all: a decoding step's host time is comparable to its kernels' time
+        size = num_splits * batch * kv_heads * rows * (head_dim + 1)
+        buffer = scratch((size + own,))
+        if own:
+            counters = DeviceView(DeviceView.of(buffer).ptr + 4 * size, (own,), (4,), np.uint32, None)
+            _device.zero_words_async(counters.ptr, own, handle)
         if not SIMULATOR and _device.FAST_LAUNCH:
-            self._launch_prepared(q_rows, k, v, out_rows, lse_rows, stream, buffer, plan)
+            self._launch_prepared(q_rows, k, v, out_rows, lse_rows, handle, buffer, plan, counters)
             return
         o_parts, lse_parts = carve(buffer, [parts_shape, parts_shape[:-1]])
-        self.launch_split(q_rows, k, v, o_parts, lse_parts, stream, plan)
+        self.launch_split(q_rows, k, v, o_parts, lse_parts, stream, plan, counters)
         device_launch(self.combine_kernel, self.combine_grid, self.combine_block, stream, 0,
                       *(_decode.kernel_arg(x) for x in (o_parts, lse_parts, out_rows, lse_rows)), self.write_lse)
 
-    def _launch_prepared(self, q_rows, k, v, out_rows, lse_rows, stream, buffer, plan: SplitPlan) -> None:
+    def _launch_prepared(self, q_rows, k, v, out_rows, lse_rows, handle, buffer, plan: SplitPlan, counters) -> None:
         """Both launches with parameters packed straight from the views (``_device.prepared``): the shapes and
         dtypes were settled when this kind of call was planned, so nothing is checked again."""
         if self._prepared is None:
@@ -539,11 +721,10 @@ class DecodeLaunch:
             parts = self._parts[num_splits] = tuple(view.params for view in carve(template, [shape, shape[:-1]]))
         base = DeviceView.of(buffer).ptr
         o_params, lse_params = (p[:4] + (base + p[4],) + p[5:] for p in parts)
-        handle = _device.stream_handle(stream)
         view = DeviceView.of  # (returns a DeviceView itself: the plan's views cost nothing here)
         split_entry.launch(self.split_grid(plan), (self.config.threads, 1, 1),
                            self.shared_bytes, handle, view(q_rows).params + view(k).params + view(v).params
-                           + o_params + lse_params + (self.scale_log2,) + plan.params)
+                           + o_params + lse_params + (self.scale_log2,) + plan.params + counters.params)
         combine_entry.launch((self.combine_grid, 1, 1), self.combine_block + (1,), 0, handle,
                              o_params + lse_params + view(out_rows).params + view(lse_rows).params
                              + (self.write_lse,))

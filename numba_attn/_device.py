@@ -34,6 +34,7 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ and "numba.cuda" not in sys.modules:
     if not _driver_sees_a_gpu():
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
+import numpy as _np  # noqa: E402
 from numba import cuda  # noqa: E402  (must come after the decision above)
 from numba.cuda.core import config as _cuda_config  # noqa: E402
 
@@ -113,10 +114,8 @@ class DeviceView:
     __slots__ = ("ptr", "shape", "strides", "dtype", "owner", "params")
 
     def __init__(self, ptr: int, shape: tuple, strides: tuple, dtype, owner):
-        import numpy as np
-
         self.ptr, self.shape, self.strides = int(ptr), tuple(shape), tuple(strides)
-        self.dtype, self.owner = np.dtype(dtype), owner
+        self.dtype, self.owner = dtype if type(dtype) is _np.dtype else _np.dtype(dtype), owner
         size = 1
         for n in self.shape:
             size *= n
@@ -149,7 +148,12 @@ class DeviceView:
 
     def moved(self, ptr: int, owner) -> "DeviceView":
         """The same shape, strides and dtype over other memory (``owner``'s, at ``ptr``)."""
-        return DeviceView(ptr, self.shape, self.strides, self.dtype, owner)
+        view = DeviceView.__new__(DeviceView)  # (a planned decoding call moves five views: no checks again)
+        view.ptr, view.shape, view.strides, view.dtype = int(ptr), self.shape, self.strides, self.dtype
+        view.owner = owner
+        params = self.params
+        view.params = params[:4] + (view.ptr,) + params[5:]
+        return view
 
     @classmethod
     def of(cls, x) -> "DeviceView":

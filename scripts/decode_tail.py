@@ -58,10 +58,11 @@ def parse_variant(text: str) -> tuple:
 
 
 def set_variant(variant) -> None:
+    knobs = (decode_mma.TAIL_FRACTION, decode_mma.TAIL_RANGES_PER_SLOT, decode_mma.POOL_FRACTION)
     decode_mma.TAIL_FRACTION, decode_mma.TAIL_RANGES_PER_SLOT = variant[:2]
-    if variant[4] != decode_mma.POOL_FRACTION:
-        decode_mma.POOL_FRACTION = variant[4]
-        _decode_plan.clear()
+    decode_mma.POOL_FRACTION = variant[4]
+    if knobs != variant[:2] + (variant[4],):
+        _decode_plan.clear()  # (each launch keeps its plans per cache length)
     config = dataclasses.replace(_DEFAULT_CONFIG, **dict(variant[3]))
     if config != decode_mma.DEFAULT_CONFIG:
         decode_mma.DEFAULT_CONFIG = config

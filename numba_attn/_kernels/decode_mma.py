@@ -635,15 +635,24 @@ class DecodeLaunch:
         self.combine_grid = self.batch * self.kv_heads * self.rows  # one block per query row
         self._parts = {}  # num_splits -> parameter templates of the parts (pointers relative to the scratch)
         self._prepared = None  # the two kernels' launchables, made at the first call on a GPU
+        self._plans = {}  # seqlen_k -> SplitPlan (a decoding loop asks for each length once per layer)
 
     def plan(self, seqlen_k: int) -> SplitPlan:
         """The key ranges for a cache of ``seqlen_k`` keys: ``plan_splits``, or the caller's ``num_splits`` equal
         ranges (at most one per tile)."""
+        plan = self._plans.get(seqlen_k)
+        if plan is not None:
+            return plan
+        if len(self._plans) >= 4096:
+            self._plans.clear()
         batch, kv_heads, rows, _ = self.parts_shape
         if self.num_splits is None:
-            return plan_splits(batch, kv_heads, rows, seqlen_k, self.sm_count, self.config)
-        block_n = self.config.block_n
-        return uniform_plan(seqlen_k, max(1, min(int(self.num_splits), -(-seqlen_k // block_n), 65535)), block_n)
+            plan = plan_splits(batch, kv_heads, rows, seqlen_k, self.sm_count, self.config)
+        else:
+            block_n = self.config.block_n
+            plan = uniform_plan(seqlen_k, max(1, min(int(self.num_splits), -(-seqlen_k // block_n), 65535)), block_n)
+        self._plans[seqlen_k] = plan
+        return plan
 
     def split_grid(self, plan: SplitPlan) -> tuple:
         """Range ``z`` of every (batch, kv head) and row tile is grid slice ``z``: the block scheduler starts the

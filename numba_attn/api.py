@@ -144,9 +144,10 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
     The keys are cut into ``num_splits`` contiguous ranges handled by separate thread blocks (flash-decoding), each
     producing a normalised partial output and its ``lse``; a second kernel merges them with ``combine_lse`` weights.
     ``num_splits=None`` picks the ranges from the number of (batch, head) blocks and SMs so that the whole GPU
-    streams the cache (on the tensor-core path, ``decode_mma.plan_splits``: one wave of equal ranges and, for long
-    caches, short tail ranges behind them that go to the SMs that finish first); an integer asks for that many
-    equal ranges.
+    streams the cache (on the tensor-core path, ``decode_mma.plan_splits``: one wave of ranges and, where a row tile
+    has several, a pool of its last keys that its blocks take tile by tile, so that faster SMs take more; otherwise,
+    for long caches, short tail ranges behind the wave that go to the SMs that finish first); an integer asks for that
+    many equal ranges.
 
     Args and returns as ``flash_forward`` (float16, float32, or bfloat16 torch tensors); ``q`` is typically
     ``(batch, heads, 1..16, headdim)``.

@@ -3,9 +3,11 @@
 ``flash_decode`` regroups the query rows of each GQA group into one sequence (``_arrays.grouped_heads``, no copy):
 ``(batch, kv_heads, group * seqlen_q, headdim)``, so that one 16-row MMA tile holds a whole group (8 rows for GQA 8
 and one token) and every K/V element is read once per kv head. The keys are cut into ranges (``SplitPlan``: lead
-ranges that fill one wave of blocks, then, for long caches, short tail ranges that the block scheduler starts on the
-SMs that finish first); each block of the grid ``(batch * kv_heads, row tiles, num_splits)`` streams one range and
-writes its normalised float32 part and its lse, and ``decode``'s combine kernel merges the parts.
+ranges that fill one wave of blocks; then either a pool per row tile, whose tiles the row tile's blocks take one by
+one after their own range through an atomic counter (``PoolCounters``), or, for long caches with one lead range per
+row tile, short tail ranges that the block scheduler starts on the SMs that finish first); each block of the grid
+``(batch * kv_heads, row tiles, num_splits)`` streams its keys and writes its normalised float32 part and its lse,
+and ``decode``'s combine kernel merges the parts.
 
 Work split inside a block
     All ``warps`` warps hold the same 16 query rows. The block copies K/V tiles of ``block_n`` keys into shared

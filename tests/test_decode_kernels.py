@@ -882,7 +882,8 @@ def test_gpu_flash_decode_in_a_cuda_graph():
 def test_gpu_pooled_decode_in_graphs_with_and_without_arena(monkeypatch):
     """Pooled plans in CUDA graphs: a capture takes counters from the arena zeroed beforehand or, once the arena is
     used up, from its scratch, zeroed by a captured memset. Replays of both and plain calls on the capture stream
-    stay right on new data, and the stream's counters are zero between calls."""
+    stay right on new data, and the stream's counters are zero between calls. A plain call on a new stream beyond
+    ``MAX_STREAMS`` zeroes counters of its own."""
     import torch
 
     from numba_attn._kernels import decode_mma
@@ -923,6 +924,15 @@ def test_gpu_pooled_decode_in_graphs_with_and_without_arena(monkeypatch):
         for got in outs + [plain]:
             assert rel_error(got.float().cpu().numpy(), expected) <= TOLERANCE["float16"]
         assert (to_host(counters) == 0).all()
+    # a new stream once MAX_STREAMS streams have counters: the call zeroes its own, in its scratch
+    pool.MAX_STREAMS = len(pool._streams)
+    other = torch.cuda.Stream()
+    with torch.cuda.stream(other):
+        for _ in range(2):
+            got = numba_attn.flash_decode(*tensors)
+    torch.cuda.synchronize()
+    assert len(pool._streams) == pool.MAX_STREAMS
+    assert rel_error(got.float().cpu().numpy(), expected) <= TOLERANCE["float16"]
 
 
 @pytest.mark.gpu

@@ -535,11 +535,13 @@ class PoolCounters:
     the other, so they share one buffer per (device, stream), and per thread on the per-thread default stream. A
     launch captured into a CUDA graph runs whenever the graph is replayed, on any stream, so it gets counters of its
     own: a slice of an arena zeroed before the capture (zeroing them inside the graph would add a memset node to
-    every replay, about 1.8 us at 16k keys). ``get`` returns None when a capture finds no arena space; the caller
-    then zeroes counters in its scratch with a captured memset."""
+    every replay, about 1.8 us at 16k keys). ``get`` returns None when a capture finds no arena space, or when
+    ``MAX_STREAMS`` streams already have counters (a program that makes a stream per request would otherwise keep
+    a buffer for each); the caller then zeroes counters in its scratch with a memset on the stream."""
 
     ARENA_WORDS = 1 << 16  # 1024 captured launches of 32 row tiles; a new arena once half of it is taken
     PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD: one handle, a stream per thread
+    MAX_STREAMS = 1024  # buffers of at least 1 KB each
 
     def __init__(self):
         import threading
@@ -574,6 +576,8 @@ class PoolCounters:
         key = (device_id, stream, thread)
         counters = self._streams.get(key)
         if counters is None or counters.shape[0] < words:
+            if counters is None and len(self._streams) >= self.MAX_STREAMS:
+                return None
             with self._lock:
                 counters = _device.zeroed_words(max(words, 256))
                 self._kept.append(counters)
@@ -700,7 +704,7 @@ class DecodeLaunch:
         parts_shape = (num_splits,) + self.parts_shape
         handle = 0 if SIMULATOR else _device.stream_handle(stream)
         counters = self.counters(plan, handle)
-        own = self.pool_words if counters is None else 0  # a capture with no arena space: counters in the scratch
+        own = self.pool_words if counters is None else 0  # no counters to share: its own, in the scratch
         # one allocation for all: a decoding step's host time is comparable to its kernels' time
         size = num_splits * batch * kv_heads * rows * (head_dim + 1)
         buffer = scratch((size + own,))

@@ -33,6 +33,7 @@ come here only without one (``grouped_views``). Rows that see no key (an empty s
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -359,7 +360,8 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
                 # so that the next launch on this stream finds it at 0; the arrival count wraps to 0 by itself
                 cuda.threadfence()
                 arrivals = cuda.gridDim.x * cuda.gridDim.y + row_tile
-                if cuda.atomic.inc(counters, arrivals, uint32(cuda.gridDim.z - 1)) == cuda.gridDim.z - 1:
+                last = uint32(cuda.gridDim.z - 1)
+                if cuda.atomic.inc(counters, arrivals, last) == last:
                     cuda.atomic.exch(counters, row_tile, uint32(0))
         else:
             for j in range(n_tiles):
@@ -544,8 +546,6 @@ class PoolCounters:
     MAX_STREAMS = 1024  # buffers of at least 1 KB each
 
     def __init__(self):
-        import threading
-
         self._lock = threading.Lock()
         self._streams = {}  # (device, stream, thread) -> counters of plain launches
         self._arenas = {}  # device -> [zeroed words, words taken]
@@ -559,6 +559,7 @@ class PoolCounters:
         return self._unused
 
     def get(self, words: int, stream: int, device_id: int):
+        """``words`` zeroed counters for a launch on ``stream`` (a driver handle) of device ``device_id``, or None."""
         if _device.stream_capturing(stream):
             with self._lock:
                 arena = self._arenas.get(device_id)
@@ -572,7 +573,7 @@ class PoolCounters:
             with self._lock:
                 self._arenas[device_id] = [_device.zeroed_words(self.ARENA_WORDS), 0]
                 self._kept.append(self._arenas[device_id][0])
-        thread = _threading_ident() if stream == self.PER_THREAD_STREAM else 0
+        thread = threading.get_ident() if stream == self.PER_THREAD_STREAM else 0
         key = (device_id, stream, thread)
         counters = self._streams.get(key)
         if counters is None or counters.shape[0] < words:
@@ -583,12 +584,6 @@ class PoolCounters:
                 self._kept.append(counters)
                 self._streams[key] = counters
         return counters
-
-
-def _threading_ident() -> int:
-    import threading
-
-    return threading.get_ident()
 
 
 def _slice_words(words, start: int, count: int):

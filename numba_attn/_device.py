@@ -438,17 +438,15 @@ def stream_capturing(stream: int) -> bool:
 def zeroed_words(count: int):
     """``count`` zeroed uint32s of memory on the current device, allocated for the life of the process (a
     ``DeviceView``; a Numba array under the simulator). Synchronous: not to be called while a stream is captured."""
-    import numpy as np
-
     if SIMULATOR:
-        return cuda.to_device(np.zeros(count, np.uint32))
+        return cuda.to_device(_np.zeros(count, _np.uint32))
     lib = _cuda_library()
     ptr = ctypes.c_uint64(0)
     _check(lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(4 * count)), "cuMemAlloc")
     _check(lib.cuMemsetD32_v2(ctypes.c_uint64(ptr.value), ctypes.c_uint(0), ctypes.c_size_t(count)), "cuMemsetD32")
     # the memset runs on the legacy stream, which non-blocking streams (torch's, CuPy's) do not wait for
     _check(lib.cuCtxSynchronize(), "cuCtxSynchronize")
-    return DeviceView(ptr.value, (count,), (4,), np.uint32, None)
+    return DeviceView(ptr.value, (count,), (4,), _np.uint32, None)
 
 
 def zero_words_async(ptr: int, count: int, stream: int) -> None:

@@ -636,7 +636,7 @@ class DecodeLaunch:
         self.combine_grid = self.batch * self.kv_heads * self.rows  # one block per query row
         self._parts = {}  # num_splits -> parameter templates of the parts (pointers relative to the scratch)
         self._prepared = None  # the two kernels' launchables, made at the first call on a GPU
-        self._plans = {}  # seqlen_k -> SplitPlan (a decoding loop asks for each length once per layer)
+        self._plans = {}  # seqlen_k -> SplitPlan (every layer of a decoding step asks for the same length)
 
     def plan(self, seqlen_k: int) -> SplitPlan:
         """The key ranges for a cache of ``seqlen_k`` keys: ``plan_splits``, or the caller's ``num_splits`` equal
@@ -674,8 +674,8 @@ class DecodeLaunch:
     def launch_split(self, q_rows, k, v, o_parts, lse_parts, stream, plan: SplitPlan | None = None,
                      counters=None) -> None:
         """The split kernel alone: ``o_parts (num_splits, batch, kv_heads, rows, headdim)`` and ``lse_parts``
-        (the same without headdim), float32; ``plan`` None: ``num_splits`` equal ranges; ``counters`` None: from
-        ``counters``."""
+        (the same without headdim), float32; ``plan`` None: ``num_splits`` equal ranges; ``counters`` None: those
+        of ``self.counters`` for this stream."""
         if plan is None:
             plan = uniform_plan(k.shape[2], o_parts.shape[0], self.config.block_n)
         if plan.num_splits != o_parts.shape[0]:

@@ -468,6 +468,60 @@ def test_decode_mma_pooled_parts_merge_to_attention(kv_heads, rows, lead_splits,
         assert (to_host(counters)[:launch.pool_words] == 0).all()
 
 
+@pytest.mark.parametrize(
+    "kv_heads, rows, lead_splits, pool_tiles, head_dim, dtype, write_lse, weight_parts",
+    [
+        (2, 3, 2, 2.3, 16, "float16", True, 32),  # a partial last pool tile; an lse row of 3
+        (1, 20, 3, 2, 24, "bfloat16", True, 1),  # two row tiles, 3 rounds of weights; element copies, d_pad 32
+        (1, 9, 3, 1.5, 40, "float16", False, 32),  # no lse asked for: its buffer stays poisoned
+    ],
+)
+def test_decode_mma_merges_pooled_parts_in_the_kernel(kv_heads, rows, lead_splits, pool_tiles, head_dim, dtype,
+                                                      write_lse, weight_parts):
+    """A pooled plan without the combine kernel: the row tile's last block merges the parts into out (and lse)
+    itself. Poisoned outputs are fully written with attention over every key (lse included, or left alone when
+    not asked for), and the counters are back at zero after each of two launches in a row."""
+    import dataclasses
+
+    from numba_attn import api
+    from numba_attn._kernels import decode_mma, ptx
+
+    if not numba_attn.SIMULATOR and api.compute_capability() < decode_mma.MIN_COMPUTE_CAPABILITY:
+        pytest.skip("no tensor-core kernel below sm_80")
+    config = dataclasses.replace(decode_mma.config_for(head_dim), merge_weight_parts=weight_parts)
+    block_n = config.block_n
+    pool_first = lead_splits * 2 * block_n
+    seqlen_k = pool_first + int(pool_tiles * block_n)
+    rng = np.random.default_rng(seqlen_k + rows)
+    q, k, v = _qkv(rng, 1, kv_heads, kv_heads, rows, seqlen_k, head_dim, "float32")
+    q = q * 30  # logits of several hundred: the parts' lse differ widely
+    if dtype == "bfloat16":
+        q, k, v = (ptx.float32_to_bf16_bits(x) for x in (q, k, v))
+        values = [ptx.bf16_bits_to_float32(x).astype(np.float64) for x in (q, k, v)]
+        poison = BF16_NAN
+    else:
+        q, k, v = (x.astype(np.float16) for x in (q, k, v))
+        values = [x.astype(np.float64) for x in (q, k, v)]
+        poison = np.float16(np.nan)
+    launch = decode_mma.DecodeLaunch(q, q, write_lse, 0.3, None, 1, config=config, dtype=dtype,
+                                     vector_loads=decode_mma.vector_loads_ok(q, k, v))
+    plan = decode_mma.SplitPlan(lead_splits, 2 * block_n, 2 * block_n, lead_splits, pool_first)
+    assert launch.merges(plan)
+    expected_out, expected_lse = reference.attention(*values, sm_scale=0.3, return_lse=True)
+    for _ in range(2):
+        out = _dev(np.full(q.shape, poison, q.dtype))
+        lse = _dev(np.full(q.shape[:3], np.nan, np.float32))
+        launch(_dev(q), _dev(k), _dev(v), out, lse, 0, lambda shape: decode._scratch(shape, 0), plan=plan)
+        got = _bf16_values(out) if dtype == "bfloat16" else to_host(out).astype(np.float64)
+        assert not np.isnan(got).any()
+        assert rel_error(got, expected_out) <= TOLERANCE[dtype]
+        if write_lse:
+            assert_close_lse(to_host(lse), expected_lse)
+        else:
+            assert np.isnan(to_host(lse)).all()
+        assert (to_host(launch.counters(plan, 0))[:launch.pool_words] == 0).all()
+
+
 @settings(max_examples=300)
 @given(batch=st.integers(1, 64), kv_heads=st.integers(1, 64), rows=st.integers(1, 64),
        seqlen_k=st.integers(1, 1 << 22), sm_count=st.integers(1, 200), kind=st.sampled_from(["default", "wide",

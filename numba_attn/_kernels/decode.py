@@ -61,6 +61,8 @@ LN2 = 0.6931471805599453
 USE_SHUFFLES = not SIMULATOR
 _FULL_MASK = 0xFFFFFFFF
 _WARP = 32
+_NEG_INF = float32(-math.inf)
+_ZERO = float32(0.0)
 
 
 def _plain_value(x):
@@ -69,6 +71,18 @@ def _plain_value(x):
 
 def _bf16_bits(x):  # float32 -> bfloat16 bits (round to nearest even), for uint16 views of bfloat16 outputs
     return ptx.low_u16(ptx.pack_bf16x2(x, float32(0.0)))
+
+
+@cuda.jit(device=True, inline=True)
+def merge_lse_states(m, s, m2, s2):
+    """Two (max, sum of exp(x - max)) states as one; a NaN makes it NaN (as in the reference), two empty states
+    (max -inf) stay empty."""
+    if m != m or m2 != m2:
+        return m + m2, s + s2
+    mx = max(m, m2)
+    if mx == _NEG_INF:
+        return _NEG_INF, _ZERO
+    return mx, s * math.exp(m - mx) + s2 * math.exp(m2 - mx)
 
 
 @lru_cache(maxsize=None)
@@ -411,17 +425,6 @@ def combine_kernel(config: DecodeConfig, cols: int, parts_dtype: str = "float32"
     ZERO = float32(0.0)
     ONE = float32(1.0)
 
-    @cuda.jit(device=True, inline=True)
-    def merge(m, s, m2, s2):
-        """Two (max, sum of exp(x - max)) states as one; a NaN makes it NaN (as in the reference), two empty
-        states (max -inf) stay empty."""
-        if m != m or m2 != m2:
-            return m + m2, s + s2
-        mx = max(m, m2)
-        if mx == NEG_INF:
-            return NEG_INF, ZERO
-        return mx, s * math.exp(m - mx) + s2 * math.exp(m2 - mx)
-
     @kernel_jit(signature=signature)
     def kernel(o_parts, lse_parts, out, lse, write_lse):
         tx = cuda.threadIdx.x
@@ -455,10 +458,10 @@ def combine_kernel(config: DecodeConfig, cols: int, parts_dtype: str = "float32"
         m = NEG_INF
         ssum = ZERO
         for t in range(tx, num_splits, CX):
-            m, ssum = merge(m, ssum, lse_parts[t, b, h, i], ONE)
+            m, ssum = merge_lse_states(m, ssum, lse_parts[t, b, h, i], ONE)
         if SHUFFLES:
             for mask in LANE_MASKS:
-                m, ssum = merge(m, ssum, cuda.shfl_xor_sync(_FULL_MASK, m, mask),
+                m, ssum = merge_lse_states(m, ssum, cuda.shfl_xor_sync(_FULL_MASK, m, mask),
                                 cuda.shfl_xor_sync(_FULL_MASK, ssum, mask))
         else:
             states[0, ty, tx] = m
@@ -467,7 +470,7 @@ def combine_kernel(config: DecodeConfig, cols: int, parts_dtype: str = "float32"
             m = NEG_INF
             ssum = ZERO
             for lane in range(CX):
-                m, ssum = merge(m, ssum, states[0, ty, lane], states[1, ty, lane])
+                m, ssum = merge_lse_states(m, ssum, states[0, ty, lane], states[1, ty, lane])
         total = m  # NaN stays NaN
         if m == m:
             total = m + math.log(ssum) if m != NEG_INF and ssum > ZERO else NEG_INF

@@ -63,8 +63,12 @@ class DecodeMmaConfig:
     stages: int = 2  # K/V tiles in shared memory: the copies of the next stages - 1 run under each tile's MMAs
     blocks_per_sm: int = 2  # launch bound (registers) and what plan_splits aims for
     l2_prefetch: bool = True  # the K/V copies ask L2 for 256-byte groups (ptx.cp_async_16_prefetch)
-    # pooled plans: after its own range a block takes tiles of its row tile's key pool (``plan_splits``)
+    # pooled plans: after its own range a block takes tiles of its row tile's key pool (``plan_splits``) ...
     key_pool: bool = True
+    # ... and the row tile's last block to finish merges the parts into the output (no combine kernel)
+    merge_in_kernel: bool = True
+    merge_loads: int = 32  # the in-kernel merge: 16-byte part loads in flight per thread ...
+    merge_weight_parts: int = 32  # ... and the parts per row whose weights sit in shared memory at a time
 
     @property
     def threads(self) -> int:
@@ -155,18 +159,33 @@ def layout_for(config: DecodeMmaConfig, d_pad: int) -> _Layout:
         raise ValueError(f"key_pool takes tiles one ahead: it needs 2 stages, got {config.stages}")
     if d_pad % 16 or not 16 <= d_pad <= 256:
         raise ValueError(f"d_pad must be a multiple of 16 in [16, 256], got {d_pad}")
+    if config.key_pool and config.merge_in_kernel and (config.warps & (config.warps - 1) or config.warps > 16):
+        raise ValueError(f"the in-kernel merge reduces a row's lse over 2 * warps lanes of one warp: warps must be a "
+                         f"power of two <= 16, got {config.warps}")
+    if config.merge_loads < 1:
+        raise ValueError(f"merge_loads must be at least 1, got {config.merge_loads}")
+    weight_parts = config.merge_weight_parts
+    if weight_parts < 1 or weight_parts & (weight_parts - 1) or 16 * weight_parts > config.stages * config.block_n * (
+            d_pad + 8):
+        raise ValueError(f"merge_weight_parts must be a power of two whose 16 rows of float32 fit in the stages' "
+                         f"memory, got {weight_parts}")
     return _Layout(config, d_pad)
 
 
 _U16_4D = types.Array(types.uint16, 4, "A")
 _F32_5D = types.Array(types.float32, 5, "A")
 _F32_4D = types.Array(types.float32, 4, "A")
+_F32_3D = types.Array(types.float32, 3, "A")
 _U32_1D = types.Array(types.uint32, 1, "A")
-#: q rows, k, v (16-bit patterns), float32 parts (num_splits, batch, kv_heads, rows, headdim) and their lse, the
-#: scale times log2(e), the key ranges (``SplitPlan.params``: lead ranges, keys per lead range, per tail range, the
-#: pool's first key), then the pool's counters (``PoolCounters``)
+#: q rows, k, v (16-bit patterns), float32 parts (num_splits, batch, kv_heads, rows, headdim or more) and their lse,
+#: the scale times log2(e), the key ranges (``SplitPlan.params``: lead ranges, keys per lead range, per tail range,
+#: the pool's first key), the pool's counters (``PoolCounters``), then for the in-kernel merge of pooled plans the
+#: output rows (16-bit patterns), their lse and what to write (``FINISH_*``)
 SIGNATURE = types.void(_U16_4D, _U16_4D, _U16_4D, _F32_5D, _F32_4D, types.float32, types.int64, types.int64,
-                       types.int64, types.int64, _U32_1D)
+                       types.int64, types.int64, _U32_1D, _U16_4D, _F32_3D, types.int64)
+#: the kernel's ``finish``: parts only (the combine kernel or the caller merges them), or, for a pooled plan, the
+#: output merged in the kernel, with or without its lse
+FINISH_PARTS, FINISH_OUT, FINISH_OUT_LSE = 0, 1, 2
 
 
 def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first: bool):
@@ -201,6 +220,19 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
     ACC_INIT = np.float32(-0.0)  # not 0.0: LLVM turns zero stores into a memset, which keeps the array in local memory
     SCALE_FIRST = scale_first
     KEY_POOL = config.key_pool
+    # the in-kernel merge of pooled plans (``merge_parts``): the lse of a row over LSE_LANES lanes of one warp, then
+    # ITEMS 4-column groups of the 16 rows per thread, ROUND parts of each loaded at a time (a power of two that
+    # divides WEIGHT_PARTS, so rounds never straddle the weights in shared memory)
+    MERGE_IN_KERNEL = KEY_POOL and config.merge_in_kernel
+    LSE_LANES = THREADS // 16
+    LSE_MASKS = tuple(LSE_LANES >> (n + 1) for n in range(LSE_LANES.bit_length() - 1))
+    ITEMS = -(-16 * QUADS // THREADS)
+    WEIGHT_PARTS = config.merge_weight_parts
+    ROUND = min(WEIGHT_PARTS, 1 << (max(1, config.merge_loads // ITEMS).bit_length() - 1))
+    WEIGHTS = MERGE  # weight of part s of row r at WEIGHTS + r * WEIGHT_PARTS + s % WEIGHT_PARTS
+    ONE = np.float32(1.0)
+    load_part_quad = ptx.load_f32x4
+    low_u16, high_u16 = ptx.low_u16, ptx.high_u16
     mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
     exp2 = ptx.exp2_approx
@@ -258,7 +290,84 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
                 mma_into(acc, ob, a0, a1, a2, a3, b0, b1)
                 mma_into(acc, ob + 1, a0, a1, a2, a3, b2, b3)
 
-    def kernel(q, k, v, o_parts, lse_parts, scale_log2, lead_splits, lead_keys, tail_keys, pool_first, counters):
+    @device_function
+    def load_round(o_parts, b, h, m0, s0, num_splits, tile_rows, tid, values):
+        """Parts ``s0 .. s0 + ROUND`` of this thread's column groups into ``values`` (0 past the parts / rows)."""
+        for it in range(ITEMS):
+            item = tid + THREADS * it
+            r = item // QUADS
+            c = 4 * (item - r * QUADS)
+            for u in range(ROUND):
+                if r < tile_rows and s0 + u < num_splits:
+                    values[it, u, 0], values[it, u, 1], values[it, u, 2], values[it, u, 3] = load_part_quad(
+                        o_parts[s0 + u, b, h], m0 + r, c)
+                else:
+                    for e in range(4):
+                        values[it, u, e] = ZERO
+
+    @device_function
+    def merge_parts(o_parts, lse_parts, out_rows, lse_rows, write_lse, merge, b, h, m0, tile_rows, tid):
+        """The row tile's parts (all written, seen through the acquire of the arrival) merged like the combine
+        kernel merges them: ``lse = log sum_s exp(lse_s)``, ``out = sum_s exp(lse_s - lse) part_s``."""
+        num_splits = cuda.gridDim.z
+        values = cuda.local.array((ITEMS, ROUND, 4), float32)
+        total = cuda.local.array((ITEMS, 4), float32)
+        load_round(o_parts, b, h, m0, 0, num_splits, tile_rows, tid, values)  # in flight under the lse reduction
+        # row r's lse: lane j of its LSE_LANES merges parts j, j + LSE_LANES, ..., then a butterfly
+        r = tid // LSE_LANES
+        j = tid % LSE_LANES
+        m = NEG_INF
+        ssum = ZERO
+        if r < tile_rows:
+            for s in range(j, num_splits, LSE_LANES):
+                m, ssum = _decode.merge_lse_states(m, ssum, lse_parts[s, b, h, m0 + r], ONE)
+        for mask in LSE_MASKS:
+            m, ssum = _decode.merge_lse_states(m, ssum, shfl_xor(m, mask), shfl_xor(ssum, mask))
+        lse_row = m  # NaN stays NaN
+        if m == m:
+            lse_row = m + math.log(ssum) if m != NEG_INF and ssum > ZERO else NEG_INF
+        shift = lse_row if lse_row != NEG_INF else ZERO  # every part empty: weights 0, out 0
+        if write_lse and j == 0 and r < tile_rows:
+            lse_rows[b, h, m0 + r] = lse_row
+        for it in range(ITEMS):
+            for e in range(4):
+                total[it, e] = ZERO
+        for first in range(0, num_splits, WEIGHT_PARTS):
+            last = min(num_splits, first + WEIGHT_PARTS)
+            if first > 0:
+                cuda.syncthreads()  # everyone is done with the previous weights
+            if r < tile_rows:
+                for s in range(first + j, last, LSE_LANES):
+                    merge[WEIGHTS + r * WEIGHT_PARTS + s - first] = math.exp(lse_parts[s, b, h, m0 + r] - shift)
+            cuda.syncthreads()
+            for s0 in range(first, last, ROUND):
+                if s0 > 0:
+                    load_round(o_parts, b, h, m0, s0, num_splits, tile_rows, tid, values)
+                for it in range(ITEMS):
+                    item = tid + THREADS * it
+                    row = item // QUADS
+                    if row < tile_rows:
+                        for u in range(ROUND):
+                            if s0 + u < last:
+                                weight = merge[WEIGHTS + row * WEIGHT_PARTS + s0 + u - first]
+                                for e in range(4):
+                                    total[it, e] += weight * values[it, u, e]
+        out = out_rows[b, h]
+        head_dim = out_rows.shape[3]
+        for it in range(ITEMS):
+            item = tid + THREADS * it
+            row = item // QUADS
+            c = 4 * (item - row * QUADS)
+            if row < tile_rows:
+                for e in range(0, 4, 2):
+                    word = pack(total[it, e], total[it, e + 1])
+                    if c + e < head_dim:
+                        store2(out, m0 + row, c + e, low_u16(word))
+                    if c + e + 1 < head_dim:
+                        store2(out, m0 + row, c + e + 1, high_u16(word))
+
+    def kernel(q, k, v, o_parts, lse_parts, scale_log2, lead_splits, lead_keys, tail_keys, pool_first, counters,
+               out_rows, lse_rows, finish):
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
@@ -355,7 +464,7 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
                           t, m0, scale_log2, post)
                 n0 = n_next
                 i += 1
-            if pool_tiles > 0 and tid == 0:
+            if pool_tiles > 0 and tid == 0 and not MERGE_IN_KERNEL:
                 # the last of the row tile's blocks to get here (all their tickets are drawn) zeroes its counter,
                 # so that the next launch on this stream finds it at 0; the arrival count wraps to 0 by itself
                 cuda.threadfence()
@@ -421,14 +530,34 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
                     x2 += y2
                     x3 += y3
                 part = o_parts[split, b, h]
-                if c < head_dim:
+                width = part.shape[1]  # headdim, or d_pad for parts the in-kernel merge reads 16 bytes at a time
+                if c < width:
                     store2(part, m0 + r, c, x0)
-                if c + 1 < head_dim:
+                if c + 1 < width:
                     store2(part, m0 + r, c + 1, x1)
-                if c + 2 < head_dim:
+                if c + 2 < width:
                     store2(part, m0 + r, c + 2, x2)
-                if c + 3 < head_dim:
+                if c + 3 < width:
                     store2(part, m0 + r, c + 3, x3)
+
+        if MERGE_IN_KERNEL and pool_tiles > 0:
+            # the row tile's last block to finish (its arrival count wraps to 0 by itself) zeroes the tile counter
+            # for the next launch on this stream and, unless only the parts are asked for, merges them: thread 0's
+            # fence orders the block's part (barrier first) before its arrival, and the last block's after its own
+            cuda.syncthreads()
+            if tid == 0:
+                cuda.threadfence()
+                arrivals = cuda.gridDim.x * cuda.gridDim.y + row_tile
+                last = uint32(cuda.gridDim.z - 1)
+                arrived_last = cuda.atomic.inc(counters, arrivals, last) == last
+                if arrived_last:
+                    cuda.atomic.exch(counters, row_tile, uint32(0))
+                    cuda.threadfence()
+                next_keys[0] = 1 if arrived_last and finish != FINISH_PARTS else 0
+            cuda.syncthreads()
+            if next_keys[0] == 1:
+                merge_parts(o_parts, lse_parts, out_rows, lse_rows, finish == FINISH_OUT_LSE, merge, b, h, m0,
+                            min(16, rows - m0), tid)
 
     return kernel
 
@@ -586,6 +715,15 @@ class PoolCounters:
         return counters
 
 
+@lru_cache(maxsize=None)
+def _placeholders():
+    """(out rows, lse rows) for launches that write only the parts: empty arrays the kernel never touches."""
+    if SIMULATOR:
+        return np.zeros((0, 0, 0, 0), np.uint16), np.zeros((0, 0, 0), np.float32)
+    return (DeviceView(0, (0, 0, 0, 0), (0, 0, 0, 0), np.uint16, None),
+            DeviceView(0, (0, 0, 0), (0, 0, 0), np.float32, None))
+
+
 def _slice_words(words, start: int, count: int):
     if SIMULATOR:
         return words[start:start + count]
@@ -631,10 +769,14 @@ class DecodeLaunch:
         self.scale_log2 = np.float32(sm_scale * LOG2E)
         self.write_lse, self.num_splits, self.sm_count = bool(write_lse), num_splits, sm_count
         self.parts_shape = (self.batch, self.kv_heads, self.rows, head_dim)
+        # pooled plans merge in the kernel, which reads whole 16-byte column groups: parts as wide as d_pad
+        self.merged_parts_shape = (self.batch, self.kv_heads, self.rows, layout.d_pad)
+        self.merges_in_kernel = config.key_pool and config.merge_in_kernel
+        self.finish = FINISH_OUT_LSE if write_lse else FINISH_OUT
         self.pool_words = 2 * self.batch * self.kv_heads * -(-self.rows // 16)  # a pooled launch's counters
         self.device_id = device_id  # None: the current device, asked at every pooled launch
         self.combine_grid = self.batch * self.kv_heads * self.rows  # one block per query row
-        self._parts = {}  # num_splits -> parameter templates of the parts (pointers relative to the scratch)
+        self._parts = {}  # (num_splits, width) -> parameter templates of the parts (pointers relative to the scratch)
         self._prepared = None  # the two kernels' launchables, made at the first call on a GPU
         self._plans = {}  # seqlen_k -> SplitPlan (every layer of a decoding step asks for the same length)
 
@@ -671,73 +813,101 @@ class DecodeLaunch:
             device_id = 0 if SIMULATOR else _device.current_device_id()
         return POOL_COUNTERS.get(self.pool_words, stream, device_id)
 
+    def merges(self, plan: SplitPlan) -> bool:
+        """Whether the split kernel itself merges this plan's parts into the output (no combine kernel)."""
+        return plan.pooled and self.merges_in_kernel
+
     def launch_split(self, q_rows, k, v, o_parts, lse_parts, stream, plan: SplitPlan | None = None,
-                     counters=None) -> None:
+                     counters=None, out_rows=None, lse_rows=None) -> None:
         """The split kernel alone: ``o_parts (num_splits, batch, kv_heads, rows, headdim)`` and ``lse_parts``
         (the same without headdim), float32; ``plan`` None: ``num_splits`` equal ranges; ``counters`` None: those
-        of ``self.counters`` for this stream."""
+        of ``self.counters`` for this stream. With ``out_rows`` (and ``lse_rows`` where this launch writes the lse)
+        a pooled plan is merged into them in the kernel; its ``o_parts`` must then be ``d_pad`` columns wide."""
         if plan is None:
             plan = uniform_plan(k.shape[2], o_parts.shape[0], self.config.block_n)
         if plan.num_splits != o_parts.shape[0]:
             raise ValueError(f"o_parts: {o_parts.shape[0]} parts for a plan of {plan.num_splits} ranges")
         if plan.pooled and not self.config.key_pool:
             raise ValueError("a pooled plan needs a kernel with key_pool")
+        finish = FINISH_PARTS
+        if out_rows is not None:
+            if not self.merges(plan):
+                raise ValueError("out_rows: only a pooled plan of a kernel with merge_in_kernel merges in the kernel")
+            if tuple(o_parts.shape[1:]) != self.merged_parts_shape:
+                raise ValueError(f"o_parts: the in-kernel merge needs parts of shape (num_splits,) + "
+                                 f"{self.merged_parts_shape}, got {tuple(o_parts.shape)}")
+            finish = self.finish
+        else:
+            out_rows, lse_rows = _placeholders()
+        if lse_rows is None:
+            lse_rows = _placeholders()[1]
         if counters is None:
             counters = self.counters(plan, 0 if SIMULATOR else _device.stream_handle(stream))
             if counters is None:
                 raise RuntimeError("no pool counters inside this capture: launch through the DecodeLaunch itself")
         device_launch(self.split_kernel, self.split_grid(plan), self.config.threads, stream, self.shared_bytes,
                       _bits(q_rows, "q"), _bits(k, "k"), _bits(v, "v"), o_parts, lse_parts, self.scale_log2,
-                      *plan.params, counters)
+                      *plan.params, counters, _bits(out_rows, "out"), lse_rows, finish)
 
-    def __call__(self, q_rows, k, v, out_rows, lse_rows, stream, scratch) -> None:
-        batch, kv_heads, rows, head_dim = self.parts_shape
+    def __call__(self, q_rows, k, v, out_rows, lse_rows, stream, scratch, plan: SplitPlan | None = None) -> None:
+        """Attention of ``q_rows`` over the cache into ``out_rows`` (and ``lse_rows`` with ``write_lse``); ``plan``
+        None: ``self.plan`` for the cache length."""
+        batch, kv_heads, rows, _ = self.parts_shape
         if batch * kv_heads == 0 or rows == 0:
             return
-        plan = self.plan(k.shape[2])
+        plan = plan or self.plan(k.shape[2])
+        merges = self.merges(plan)
         num_splits = plan.num_splits
-        parts_shape = (num_splits,) + self.parts_shape
+        parts_shape = (num_splits,) + (self.merged_parts_shape if merges else self.parts_shape)
         handle = 0 if SIMULATOR else _device.stream_handle(stream)
         counters = self.counters(plan, handle)
         own = self.pool_words if counters is None else 0  # no counters to share: its own, in the scratch
         # one allocation for all: a decoding step's host time is comparable to its kernels' time
-        size = num_splits * batch * kv_heads * rows * (head_dim + 1)
+        size = num_splits * batch * kv_heads * rows * (parts_shape[-1] + 1)
         buffer = scratch((size + own,))
         if own:
             counters = DeviceView(DeviceView.of(buffer).ptr + 4 * size, (own,), (4,), np.uint32, None)
             _device.zero_words_async(counters.ptr, own, handle)
         if not SIMULATOR and _device.FAST_LAUNCH:
-            self._launch_prepared(q_rows, k, v, out_rows, lse_rows, handle, buffer, plan, counters)
+            self._launch_prepared(q_rows, k, v, out_rows, lse_rows, handle, buffer, plan, counters, parts_shape)
             return
         o_parts, lse_parts = carve(buffer, [parts_shape, parts_shape[:-1]])
+        if merges:
+            self.launch_split(q_rows, k, v, o_parts, lse_parts, stream, plan, counters, out_rows,
+                              lse_rows if self.write_lse else None)
+            return
         self.launch_split(q_rows, k, v, o_parts, lse_parts, stream, plan, counters)
         device_launch(self.combine_kernel, self.combine_grid, self.combine_block, stream, 0,
                       *(_decode.kernel_arg(x) for x in (o_parts, lse_parts, out_rows, lse_rows)), self.write_lse)
 
-    def _launch_prepared(self, q_rows, k, v, out_rows, lse_rows, handle, buffer, plan: SplitPlan, counters) -> None:
-        """Both launches with parameters packed straight from the views (``_device.prepared``): the shapes and
+    def _launch_prepared(self, q_rows, k, v, out_rows, lse_rows, handle, buffer, plan: SplitPlan, counters,
+                         parts_shape: tuple) -> None:
+        """The launches with parameters packed straight from the views (``_device.prepared``): the shapes and
         dtypes were settled when this kind of call was planned, so nothing is checked again."""
         if self._prepared is None:
             self._prepared = (prepared(self.split_kernel), prepared(self.combine_kernel))
         split_entry, combine_entry = self._prepared
-        num_splits = plan.num_splits
-        parts = self._parts.get(num_splits)
+        key = parts_shape[0], parts_shape[-1]
+        parts = self._parts.get(key)
         if parts is None:
             if len(self._parts) >= 256:  # a growing cache meets a new tail-range count now and then
                 self._parts.clear()
-            shape = (num_splits,) + self.parts_shape
-            size = int(np.prod(shape))
-            template = DeviceView(0, (size + size // shape[-1],), (4,), np.float32, None)
-            parts = self._parts[num_splits] = tuple(view.params for view in carve(template, [shape, shape[:-1]]))
+            size = int(np.prod(parts_shape))
+            template = DeviceView(0, (size + size // parts_shape[-1],), (4,), np.float32, None)
+            parts = self._parts[key] = tuple(view.params for view in carve(template, [parts_shape,
+                                                                                      parts_shape[:-1]]))
         base = DeviceView.of(buffer).ptr
         o_params, lse_params = (p[:4] + (base + p[4],) + p[5:] for p in parts)
         view = DeviceView.of  # (returns a DeviceView itself: the plan's views cost nothing here)
+        out_params, lse_rows_params = view(out_rows).params, view(lse_rows).params
+        merges = self.merges(plan)
         split_entry.launch(self.split_grid(plan), (self.config.threads, 1, 1),
                            self.shared_bytes, handle, view(q_rows).params + view(k).params + view(v).params
-                           + o_params + lse_params + (self.scale_log2,) + plan.params + counters.params)
-        combine_entry.launch((self.combine_grid, 1, 1), self.combine_block + (1,), 0, handle,
-                             o_params + lse_params + view(out_rows).params + view(lse_rows).params
-                             + (self.write_lse,))
+                           + o_params + lse_params + (self.scale_log2,) + plan.params + counters.params
+                           + out_params + lse_rows_params + (self.finish if merges else FINISH_PARTS,))
+        if not merges:
+            combine_entry.launch((self.combine_grid, 1, 1), self.combine_block + (1,), 0, handle,
+                                 o_params + lse_params + out_params + lse_rows_params + (self.write_lse,))
 
 
 def launch_decode(q_rows, k, v, out_rows, lse_rows, write_lse: bool, sm_scale: float, num_splits: int | None, stream,

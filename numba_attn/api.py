@@ -142,7 +142,8 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
     """Attention for a few query rows against a long key/value sequence (the KV-cache case), split over keys.
 
     The keys are cut into ``num_splits`` contiguous ranges handled by separate thread blocks (flash-decoding), each
-    producing a normalised partial output and its ``lse``; a second kernel merges them with ``combine_lse`` weights.
+    producing a normalised partial output and its ``lse``; these merge with ``combine_lse`` weights, in a second
+    kernel or, for pooled plans (below), in the split kernel's last block of each row tile.
     ``num_splits=None`` picks the ranges from the number of (batch, head) blocks and SMs so that the whole GPU
     streams the cache (on the tensor-core path, ``decode_mma.plan_splits``: one wave of ranges and, where a row tile
     has several, a pool of its last keys that its blocks take tile by tile, so that faster SMs take more; otherwise,

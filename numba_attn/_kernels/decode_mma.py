@@ -870,7 +870,8 @@ class DecodeLaunch:
             counters = DeviceView(DeviceView.of(buffer).ptr + 4 * size, (own,), (4,), np.uint32, None)
             _device.zero_words_async(counters.ptr, own, handle)
         if not SIMULATOR and _device.FAST_LAUNCH:
-            self._launch_prepared(q_rows, k, v, out_rows, lse_rows, handle, buffer, plan, counters, parts_shape)
+            self._launch_prepared(q_rows, k, v, out_rows, lse_rows, handle, buffer, plan, counters, parts_shape,
+                                  merges)
             return
         o_parts, lse_parts = carve(buffer, [parts_shape, parts_shape[:-1]])
         if merges:
@@ -882,7 +883,7 @@ class DecodeLaunch:
                       *(_decode.kernel_arg(x) for x in (o_parts, lse_parts, out_rows, lse_rows)), self.write_lse)
 
     def _launch_prepared(self, q_rows, k, v, out_rows, lse_rows, handle, buffer, plan: SplitPlan, counters,
-                         parts_shape: tuple) -> None:
+                         parts_shape: tuple, merges: bool) -> None:
         """The launches with parameters packed straight from the views (``_device.prepared``): the shapes and
         dtypes were settled when this kind of call was planned, so nothing is checked again."""
         if self._prepared is None:
@@ -901,7 +902,6 @@ class DecodeLaunch:
         o_params, lse_params = (p[:4] + (base + p[4],) + p[5:] for p in parts)
         view = DeviceView.of  # (returns a DeviceView itself: the plan's views cost nothing here)
         out_params, lse_rows_params = view(out_rows).params, view(lse_rows).params
-        merges = self.merges(plan)
         split_entry.launch(self.split_grid(plan), (self.config.threads, 1, 1),
                            self.shared_bytes, handle, view(q_rows).params + view(k).params + view(v).params
                            + o_params + lse_params + (self.scale_log2,) + plan.params + counters.params

@@ -2,10 +2,10 @@
 
 Public functions (each mirrors a `reference` function of the same signature):
 ``flash_forward``, ``flash_decode``, ``combine_lse``, ``causal_dot_product``, ``linear_attention``.
-Without a usable GPU the same calls run under Numba's CUDA simulator (see ``numba_attn._device``).
+Without a usable GPU the same calls run under Numba's CUDA simulator (see ``numba_attn.runtime.device``).
 """
-from . import _device  # noqa: F401  (decides GPU vs simulator before numba.cuda is imported)
-from ._device import SIMULATOR
+from .runtime import device as _device  # noqa: F401  (decides GPU vs simulator before numba.cuda is imported)
+from .runtime.device import SIMULATOR
 from .api import BACKENDS, LINEAR_BACKENDS, causal_dot_product, combine_lse, flash_decode, flash_forward, linear_attention
 
 __version__ = "0.1.0"

@@ -18,17 +18,19 @@ import numbers
 
 import numpy as np
 
-from . import _arrays, _autotune, _decode_plan
-from ._arrays import attention_shape, lift, prepare
-from ._device import SIMULATOR, compute_capability, multiprocessor_count
-from ._kernels import decode as _decode
-from ._kernels import decode_mma as _decode_mma
-from ._kernels import flash_mma as _flash_mma
-from ._kernels import flash_simt as _flash_simt
-from ._kernels import flash_tf32 as _flash_tf32
-from ._kernels import flash_wgmma as _flash_wgmma
-from ._kernels import linear_chunked as _chunked
-from ._kernels import linear_recurrent as _linear
+from .runtime import arrays as _arrays
+from .runtime import autotune as _autotune
+from .decode import cached as _decode_plan
+from .runtime.arrays import attention_shape, lift, prepare
+from .runtime.device import SIMULATOR, compute_capability, multiprocessor_count
+from .decode import simt as _decode
+from .decode import mma as _decode_mma
+from .forward import mma as _flash_mma
+from .forward import simt as _flash_simt
+from .forward import tf32 as _flash_tf32
+from .forward import wgmma as _flash_wgmma
+from .linear import chunked as _chunked
+from .linear import recurrent as _linear
 
 __all__ = [
     "flash_forward", "flash_decode", "combine_lse", "causal_dot_product", "linear_attention", "BACKENDS",
@@ -57,7 +59,7 @@ def _lse_placeholder(call):
 
 
 def _device_array_float32(shape):
-    from ._device import cuda
+    from .runtime.device import cuda
 
     return cuda.device_array(shape, dtype="float32")
 

@@ -1,4 +1,4 @@
-"""GPU self-check of the tensor-core flash kernel (numba_attn/_kernels/flash_mma.py) and its PTX intrinsics.
+"""GPU self-check of the tensor-core flash kernel (numba_attn/forward/mma.py) and its PTX intrinsics.
 
     python scripts/check_mma.py                      # all three parts, about 2-3 minutes with compiles
     python scripts/check_mma.py --part unit          # one part only, in this process
@@ -50,7 +50,7 @@ def say(*args):
 # Bound by _setup(). Module globals, not closure variables, so that kernels defined below see them as globals (the
 # simulator swaps the global ``cuda`` inside kernels; Numba resolves global modules and types at compile time).
 cuda = None  # numba.cuda
-ptx = None  # numba_attn._kernels.ptx
+ptx = None  # numba_attn.core.ptx
 float32 = uint32 = None  # Numba types
 
 
@@ -62,10 +62,10 @@ def _setup():
     from numba import float32 as f32
     from numba import uint32 as u32
 
-    from numba_attn._device import SIMULATOR
-    from numba_attn._device import cuda as numba_cuda
-    from numba_attn._kernels import flash_mma
-    from numba_attn._kernels import ptx as ptx_module
+    from numba_attn.runtime.device import SIMULATOR
+    from numba_attn.runtime.device import cuda as numba_cuda
+    from numba_attn.forward import mma as flash_mma
+    from numba_attn.core import ptx as ptx_module
 
     cuda, ptx, float32, uint32 = numba_cuda, ptx_module, f32, u32
     return np, SIMULATOR, flash_mma, ptx_module

@@ -62,8 +62,8 @@ def variant_name(changes):
 # ---------------------------------------------------------------------------------------------------------------------
 def compile_only(args):
     import numba_attn  # noqa: F401
-    from numba_attn._device import SIMULATOR, cuda
-    from numba_attn._kernels import flash_tf32
+    from numba_attn.runtime.device import SIMULATOR, cuda
+    from numba_attn.forward import tf32 as flash_tf32
 
     if SIMULATOR:
         say("ERROR compile-only needs NUMBA_ENABLE_CUDASIM=0 (Numba's compiler, no GPU needed)")
@@ -132,8 +132,8 @@ def part_correctness(args):
     import reference
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
-    from numba_attn._device import cuda
-    from numba_attn._kernels import flash_tf32
+    from numba_attn.runtime.device import cuda
+    from numba_attn.forward import tf32 as flash_tf32
 
     dev = cuda.get_current_device()
     say(f"INFO device: {dev.name}, compute capability {dev.compute_capability}")
@@ -215,8 +215,9 @@ def part_timing(args):
 
     import numba_attn  # noqa: F401
     import reference
-    from numba_attn._device import cuda
-    from numba_attn._kernels import flash_simt, flash_tf32
+    from numba_attn.runtime.device import cuda
+    from numba_attn.forward import simt as flash_simt
+    from numba_attn.forward import tf32 as flash_tf32
 
     try:
         import torch
@@ -332,7 +333,7 @@ def main():
     parser.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 2048, 4096],
                         help="sequence lengths of the timing part, default 1024,2048,4096")
     args = parser.parse_args()
-    from numba_attn._kernels.flash_tf32 import DEFAULT_CONFIG
+    from numba_attn.forward.tf32 import DEFAULT_CONFIG
 
     for changes in args.config:
         DEFAULT_CONFIG.replace(**changes)  # unknown knobs fail here, before any compile

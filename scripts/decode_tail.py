@@ -31,8 +31,8 @@ import numpy as np
 
 import numba_attn
 import reference
-from numba_attn import _decode_plan
-from numba_attn._kernels import decode_mma
+from numba_attn.decode import cached as _decode_plan
+from numba_attn.decode import mma as decode_mma
 
 
 _DEFAULT_CONFIG = decode_mma.DEFAULT_CONFIG

@@ -20,7 +20,8 @@ import time
 import numpy as np
 
 import numba_attn
-from numba_attn import _decode_plan, _device
+from numba_attn.decode import cached as _decode_plan
+from numba_attn.runtime import device as _device
 
 #: (column title, FAST_LAUNCH, decode plans)
 MODES = (("numba launch", False, False), ("fast launch", True, False), ("fast + plans", True, True))

@@ -16,7 +16,8 @@ import itertools
 import numpy as np
 
 import numba_attn
-from numba_attn._kernels import flash_mma, flash_simt
+from numba_attn.forward import mma as flash_mma
+from numba_attn.forward import simt as flash_simt
 
 
 def _time(fn, reps=20):

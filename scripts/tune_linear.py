@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numba_attn  # noqa: E402
 import reference  # noqa: E402
-from numba_attn._kernels import linear_chunked  # noqa: E402
+from numba_attn.linear import chunked as linear_chunked  # noqa: E402
 
 VARIANTS = {
     "default": {},

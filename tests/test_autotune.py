@@ -14,7 +14,7 @@ import pytest
 
 import numba_attn
 import reference
-from numba_attn import _autotune
+from numba_attn.runtime import autotune as _autotune
 from tests.kernel_checks import TOLERANCE, rel_error
 
 
@@ -118,8 +118,9 @@ def test_gpu_flash_forward_tunes_once_and_every_candidate_is_right(monkeypatch, 
     from numba import cuda
 
     from numba_attn import api
-    from numba_attn._device import compute_capability
-    from numba_attn._kernels import flash_mma, flash_wgmma
+    from numba_attn.runtime.device import compute_capability
+    from numba_attn.forward import mma as flash_mma
+    from numba_attn.forward import wgmma as flash_wgmma
 
     if backend == "wgmma" and compute_capability() < flash_wgmma.MIN_COMPUTE_CAPABILITY:
         pytest.skip("wgmma needs compute capability 9.0")

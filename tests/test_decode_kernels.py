@@ -1,7 +1,7 @@
 """Split-KV decoding (``flash_decode``) and the LSE merge (``combine_lse``) against the float64 reference.
 
 The unmarked tests run everywhere: under the Numba CUDA simulator (tiny shapes, the tiny simulator configuration of
-``numba_attn._kernels.decode``) and on a GPU when one is present. Tests marked ``gpu`` use realistic sizes and CuPy.
+``numba_attn.decode.simt``) and on a GPU when one is present. Tests marked ``gpu`` use realistic sizes and CuPy.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import numba_attn
 import reference
-from numba_attn._kernels import decode
+from numba_attn.decode import simt as decode
 from tests.kernel_checks import TOLERANCE, assert_close_lse, rel_error, to_host
 
 DTYPES = ("float32", "float16")
@@ -320,7 +320,7 @@ def test_combine_lse_rejects_bad_input():
 
 # -- the tensor-core split kernel (decode_mma) for GQA groups -------------------------------------------
 def test_grouped_heads_view():
-    from numba_attn._arrays import grouped_heads
+    from numba_attn.runtime.arrays import grouped_heads
 
     x = np.arange(2 * 6 * 3 * 4, dtype=np.float32).reshape(2, 6, 3, 4)
     rows = grouped_heads(x, 2)  # group 3: row i * 3 + l of kv head g = row l of head 3g + i
@@ -335,7 +335,7 @@ def test_grouped_heads_view():
 
 def test_decode_takes_tensor_cores_only_where_it_applies():
     from numba_attn import api
-    from numba_attn._arrays import attention_shape
+    from numba_attn.runtime.arrays import attention_shape
 
     if not numba_attn.SIMULATOR and api.compute_capability() < (8, 0):
         pytest.skip("no tensor-core kernel below sm_80")
@@ -396,7 +396,8 @@ def test_decode_mma_split_parts_match_reference_ranges(kv_heads, rows, seqlen_k,
     over its key range (the plan's ranges: equal whole tiles, or lead and tail ranges), the warps' merge inside the
     block included."""
     from numba_attn import api
-    from numba_attn._kernels import decode_mma, ptx
+    from numba_attn.decode import mma as decode_mma
+    from numba_attn.core import ptx
 
     if not numba_attn.SIMULATOR and api.compute_capability() < decode_mma.MIN_COMPUTE_CAPABILITY:
         pytest.skip("no tensor-core kernel below sm_80")
@@ -442,7 +443,7 @@ def test_decode_mma_pooled_parts_merge_to_attention(kv_heads, rows, lead_splits,
     merge to attention over all the keys, lse included (a tile taken twice or never would shift it); every part and
     lse of a poisoned buffer is written, and the counters are back at zero after each of two launches in a row."""
     from numba_attn import api
-    from numba_attn._kernels import decode_mma
+    from numba_attn.decode import mma as decode_mma
 
     if not numba_attn.SIMULATOR and api.compute_capability() < decode_mma.MIN_COMPUTE_CAPABILITY:
         pytest.skip("no tensor-core kernel below sm_80")
@@ -484,7 +485,8 @@ def test_decode_mma_merges_pooled_parts_in_the_kernel(kv_heads, rows, lead_split
     import dataclasses
 
     from numba_attn import api
-    from numba_attn._kernels import decode_mma, ptx
+    from numba_attn.decode import mma as decode_mma
+    from numba_attn.core import ptx
 
     if not numba_attn.SIMULATOR and api.compute_capability() < decode_mma.MIN_COMPUTE_CAPABILITY:
         pytest.skip("no tensor-core kernel below sm_80")
@@ -532,7 +534,7 @@ def test_plan_splits_cuts_every_key_once(batch, kv_heads, rows, seqlen_k, sm_cou
     wave of blocks and no shorter than the tail ranges, a grid the launch accepts."""
     import dataclasses
 
-    from numba_attn._kernels import decode_mma
+    from numba_attn.decode import mma as decode_mma
 
     config = {"default": decode_mma.DEFAULT_CONFIG, "wide": decode_mma.WIDE_CONFIG,
               "no pool": dataclasses.replace(decode_mma.DEFAULT_CONFIG, key_pool=False)}[kind]
@@ -570,7 +572,7 @@ def test_plan_splits_cuts_every_key_once(batch, kv_heads, rows, seqlen_k, sm_cou
 def test_plan_splits_examples():
     import dataclasses
 
-    from numba_attn._kernels import decode_mma as dm
+    from numba_attn.decode import mma as dm
 
     # GQA 8 (B8 Hkv4, 8 rows) on 132 SMs: 8 lead ranges per row tile, the last fifth of the keys their pool
     assert dm.plan_splits(8, 4, 8, 65536, 132) == dm.SplitPlan(8, 102 * 64, 102 * 64, 8, 8 * 102 * 64)
@@ -590,7 +592,7 @@ def test_plan_splits_examples():
 # -- bfloat16 (uint16 bit views, the way torch's bfloat16 travels) -------------------------------------------------
 def _bf16_inputs(rng, *shape_args):
     """bfloat16 bit views of q, k, v and their exact values (float64) for the reference."""
-    from numba_attn._kernels import ptx
+    from numba_attn.core import ptx
 
     arrays = _qkv(rng, *shape_args, "float32")
     bits = [ptx.float32_to_bf16_bits(x) for x in arrays]
@@ -598,7 +600,7 @@ def _bf16_inputs(rng, *shape_args):
 
 
 def _bf16_values(bits):
-    from numba_attn._kernels import ptx
+    from numba_attn.core import ptx
 
     return ptx.bf16_bits_to_float32(to_host(bits)).astype(np.float64)
 
@@ -626,8 +628,8 @@ def test_decode_launch_bfloat16_bit_views(num_splits, causal):
 def test_decode_tensor_core_path_bfloat16_bit_views():
     """The GQA tensor-core split kernel and the combine on bfloat16 bits (several splits: the combine writes)."""
     from numba_attn import api
-    from numba_attn._arrays import attention_shape
-    from numba_attn._kernels import decode_mma
+    from numba_attn.runtime.arrays import attention_shape
+    from numba_attn.decode import mma as decode_mma
 
     if not numba_attn.SIMULATOR and api.compute_capability() < (8, 0):
         pytest.skip("no tensor-core kernel below sm_80")
@@ -792,7 +794,7 @@ def test_gpu_flash_decode_on_non_default_stream():
     _check_attention(out.get(), lse.get(), q, k, v, True)
 
 
-# -- repeated calls served by decode plans (numba_attn._decode_plan) ---------------------------------------------
+# -- repeated calls served by decode plans (numba_attn.decode.cached) ---------------------------------------------
 def _gpu_maker(library):
     if library == "torch":
         import torch
@@ -808,7 +810,8 @@ def _gpu_maker(library):
 def test_gpu_planned_calls_skip_the_checks_and_stay_right(library, monkeypatch):
     """After one checked call, calls of the same kind go through its plan -- the checked path is not entered again --
     while the cache grows (a slice of a longer buffer, or contiguous with new strides) and on another stream."""
-    from numba_attn import _decode_plan, api
+    from numba_attn import api
+    from numba_attn.decode import cached as _decode_plan
 
     make, host = _gpu_maker(library)
     _decode_plan.clear()
@@ -863,7 +866,8 @@ def test_gpu_planned_calls_bfloat16_lse_and_2d(shape, monkeypatch):
     """Plans for torch bfloat16 with lse, and for unbatched (seqlen, headdim) inputs."""
     import torch
 
-    from numba_attn import _decode_plan, api
+    from numba_attn import api
+    from numba_attn.decode import cached as _decode_plan
 
     _decode_plan.clear()
     rng = np.random.default_rng(41)
@@ -940,7 +944,7 @@ def test_gpu_pooled_decode_in_graphs_with_and_without_arena(monkeypatch):
     ``MAX_STREAMS`` zeroes counters of its own."""
     import torch
 
-    from numba_attn._kernels import decode_mma
+    from numba_attn.decode import mma as decode_mma
 
     pool = decode_mma.PoolCounters()
     monkeypatch.setattr(decode_mma, "POOL_COUNTERS", pool)

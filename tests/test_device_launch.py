@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from numba_attn import _arrays, _device
-from numba_attn._device import DeviceView
+from numba_attn.runtime import arrays as _arrays
+from numba_attn.runtime import device as _device
+from numba_attn.runtime.device import DeviceView
 
 
 class _Foreign:

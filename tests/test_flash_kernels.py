@@ -114,7 +114,7 @@ def test_backend_choice_is_checked():
 
 
 def _wgmma_runs() -> bool:
-    from numba_attn._device import compute_capability
+    from numba_attn.runtime.device import compute_capability
 
     return numba_attn.SIMULATOR or compute_capability() >= (9, 0)
 

@@ -1,4 +1,4 @@
-"""The tensor-core flash kernel (numba_attn._kernels.flash_mma) against reference.attention.
+"""The tensor-core flash kernel (numba_attn.forward.mma) against reference.attention.
 
 * ``gpu`` tests: the real kernel (4 warps, 64-key tiles, inline PTX) on float16 and bfloat16 inputs over head dims
   16..256, causal or not, Lq != Lk both ways, GQA, tails, strided views, poisoned outputs.
@@ -19,8 +19,9 @@ import pytest
 import numba_attn
 import reference
 from kernel_checks import TOLERANCE, assert_close_lse, device_view_in_layout, rel_error
-from numba_attn._device import cuda
-from numba_attn._kernels import flash_mma, ptx
+from numba_attn.runtime.device import cuda
+from numba_attn.forward import mma as flash_mma
+from numba_attn.core import ptx
 
 POISON = {"float16": 0x7E00, "bfloat16": 0x7FC0}  # quiet-NaN bit patterns
 
@@ -77,7 +78,7 @@ def _check(dtype, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, 
 def test_module_imports_under_the_simulator():
     code = (
         "import numba_attn; assert numba_attn.SIMULATOR\n"
-        "from numba_attn._kernels import flash_mma, ptx\n"
+        "from numba_attn.forward import mma as flash_mma\nfrom numba_attn.core import ptx\n"
         "assert callable(ptx.mma_m16n8k16_f16) and callable(flash_mma.launch)\n"
         "print('ok')\n"
     )

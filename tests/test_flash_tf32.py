@@ -1,4 +1,4 @@
-"""The float32 tensor-core flash kernel (numba_attn._kernels.flash_tf32) against reference.attention.
+"""The float32 tensor-core flash kernel (numba_attn.forward.tf32) against reference.attention.
 
 * Simulator tests (skipped on a GPU, where the ``gpu`` tests cover more): the real kernel code on tiny tiles with the
   Python emulations of ``mma.sync.m16n8k8`` (tf32), ``cvt.rna.tf32`` and the shuffles, so the fragment mapping, the
@@ -20,8 +20,8 @@ import pytest
 import numba_attn
 import reference
 from kernel_checks import TOLERANCE, assert_close_lse, device_view_in_layout, rel_error
-from numba_attn._device import cuda
-from numba_attn._kernels import flash_tf32
+from numba_attn.runtime.device import cuda
+from numba_attn.forward import tf32 as flash_tf32
 
 #: plain tf32 (``allow_tf32=True``): 10 mantissa bits per operand, about 4e-4 on unit-variance inputs
 TF32_TOLERANCE = 5e-3

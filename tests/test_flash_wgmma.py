@@ -1,4 +1,4 @@
-"""The Hopper warpgroup kernel (numba_attn._kernels.flash_wgmma) against reference.attention.
+"""The Hopper warpgroup kernel (numba_attn.forward.wgmma) against reference.attention.
 
 * ``gpu`` tests (they skip themselves on GPUs older than sm_90): the real kernel (``wgmma.mma_async`` through inline
   PTX, 128-byte swizzled tiles, the softmax of one tile under the P V MMAs of the previous one) on float16 and
@@ -15,8 +15,9 @@ import pytest
 
 import numba_attn
 from numba_attn import api
-from numba_attn._device import SIMULATOR, compute_capability, cuda
-from numba_attn._kernels import flash_wgmma, wgmma
+from numba_attn.runtime.device import SIMULATOR, compute_capability, cuda
+from numba_attn.forward import wgmma as flash_wgmma
+from numba_attn.core import warpgroup as wgmma
 from test_flash_mma import _check
 
 TINY = flash_wgmma.SIMULATOR_CONFIG
@@ -73,7 +74,7 @@ def test_simulated_negative_scale():
 
 
 def test_grid_limits():
-    from numba_attn._kernels import flash_mma
+    from numba_attn.forward import mma as flash_mma
 
     flash_mma.check_grid(65535, 65535)
     with pytest.raises(ValueError, match="at most 65535"):

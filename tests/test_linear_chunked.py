@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import numba_attn
 import reference
 from kernel_checks import TOLERANCE, rel_error, to_host
-from numba_attn._kernels import linear_chunked as lc
+from numba_attn.linear import chunked as lc
 
 SIM = numba_attn.SIMULATOR
 #: one tf32 term per product (allow_tf32=True): float32 inputs rounded to 10 mantissa bits
@@ -198,7 +198,7 @@ def _launch_f16_products(q, k, v, dtype, segments=None):
 def _as_float(bits, dtype):
     if dtype == "float16":
         return bits.view(np.float16).astype(np.float64)
-    from numba_attn._kernels import ptx
+    from numba_attn.core import ptx
 
     return ptx.bf16_bits_to_float32(bits).astype(np.float64)
 
@@ -216,7 +216,7 @@ def test_f16_products_survive_scores_beyond_float16_range(dtype):
     if dtype == "float16":
         q, k, v = (x.astype(np.float16) for x in (q, k, v))
     else:
-        from numba_attn._kernels import ptx
+        from numba_attn.core import ptx
 
         q, k, v = (ptx.float32_to_bf16_bits(x.astype(np.float32)).view(np.float16) for x in (q, k, v))
     fq, fk, fv = (_as_float(x.view(np.uint16), dtype) for x in (q, k, v))
@@ -241,7 +241,7 @@ def test_tf32_rounding_by_multiply_stays_within_one_ulp(x):
     """``allow_tf32`` rounds an operand as ``x * ROUND_SCALE`` and lets the tensor cores truncate: the result is one
     of the two tf32 neighbours of x (never further), with the same sign. (Normal floats below 3e38: above that the
     multiply may reach inf a little early, where round to nearest would give the largest tf32.)"""
-    from numba_attn._kernels.linear_mma_f32 import ROUND_SCALE
+    from numba_attn.linear.mma_f32 import ROUND_SCALE
 
     x = np.float32(x)
     got = _tensor_core_truncation(x * ROUND_SCALE)
@@ -252,7 +252,7 @@ def test_tf32_rounding_by_multiply_stays_within_one_ulp(x):
 
 
 def test_tf32_rounding_by_multiply_is_unbiased_and_keeps_nan_and_inf():
-    from numba_attn._kernels.linear_mma_f32 import ROUND_SCALE
+    from numba_attn.linear.mma_f32 import ROUND_SCALE
 
     x = np.random.default_rng(3).standard_normal(1_000_000).astype(np.float32)
     ulp = 2.0 ** (np.floor(np.log2(np.abs(x))) - 10)

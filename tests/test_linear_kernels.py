@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import numba_attn
 import reference
 from kernel_checks import TOLERANCE, rel_error, to_host
-from numba_attn._kernels import linear_recurrent as lr
+from numba_attn.linear import recurrent as lr
 
 SIM = numba_attn.SIMULATOR
 

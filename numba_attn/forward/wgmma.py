@@ -43,12 +43,13 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, uint16, uint32
 
-from .._device import SIMULATOR, cuda
-from .._device import launch as device_launch
-from . import ptx, wgmma
-from .flash_mma import LN2, LOG2E, SIGNATURE, _bits, check_grid, vector_loads_ok
-from .online_softmax import softmax_step
-from .staging import device_function
+from ..runtime.device import SIMULATOR, cuda
+from ..runtime.device import launch as device_launch
+from ..core import ptx
+from ..core import warpgroup as wgmma
+from .mma import LN2, LOG2E, SIGNATURE, _bits, check_grid, vector_loads_ok
+from ..core.softmax import softmax_step
+from ..core.staging import device_function
 
 #: wgmma needs sm_90a (numba-cuda compiles Hopper kernels for it)
 MIN_COMPUTE_CAPABILITY = (9, 0)

@@ -45,7 +45,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .._device import SIMULATOR
+from ..runtime.device import SIMULATOR
 from . import ptx
 
 #: the warpgroup: 4 warps, 64 accumulator rows

@@ -41,15 +41,15 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types, uint16, uint32
 
-from .. import _device
-from .._arrays import carve, grouped_heads
-from .._device import SIMULATOR, DeviceView, cuda, prepared
-from .._device import launch as device_launch
-from . import decode as _decode
-from . import ptx
-from .flash_mma import _bits, vector_loads_ok
-from .online_softmax import softmax_step
-from .staging import device_function, tile_loader
+from ..runtime import device as _device
+from ..runtime.arrays import carve, grouped_heads
+from ..runtime.device import SIMULATOR, DeviceView, cuda, prepared
+from ..runtime.device import launch as device_launch
+from . import simt as _decode
+from ..core import ptx
+from ..forward.mma import _bits, vector_loads_ok
+from ..core.softmax import softmax_step
+from ..core.staging import device_function, tile_loader
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453

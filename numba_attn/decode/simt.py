@@ -49,10 +49,10 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, int64, types, uint64
 
-from .._device import SIMULATOR, cuda, kernel_jit
-from .._device import launch as device_launch
-from . import ptx
-from .staging import device_function
+from ..runtime.device import SIMULATOR, cuda, kernel_jit
+from ..runtime.device import launch as device_launch
+from ..core import ptx
+from ..core.staging import device_function
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -519,7 +519,7 @@ def _scratch(shape, stream):
 
 
 def _unit_axis(view):
-    from .._arrays import with_unit_axes
+    from ..runtime.arrays import with_unit_axes
 
     return with_unit_axes(view, 0, 1)
 

@@ -44,15 +44,15 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types, uint16, uint32
 
-from .._arrays import rows_in_pieces
-from .._device import SIMULATOR, cuda, multiprocessor_count, resident_blocks
-from .._device import launch as device_launch
-from . import linear_chunked as chunked
-from . import linear_mma_f32 as f32
-from .linear_state import stage_loader, state_functions
-from . import ptx
-from .linear_chunked import ChunkConfig
-from .staging import device_function, tile_loader
+from ..runtime.arrays import rows_in_pieces
+from ..runtime.device import SIMULATOR, cuda, multiprocessor_count, resident_blocks
+from ..runtime.device import launch as device_launch
+from . import chunked
+from . import mma_f32 as f32
+from .state import stage_loader, state_functions
+from ..core import ptx
+from .chunked import ChunkConfig
+from ..core.staging import device_function, tile_loader
 
 CAUSAL, STATES = 0, 1
 FLOAT16, BFLOAT16, FLOAT32 = "float16", "bfloat16", "float32"

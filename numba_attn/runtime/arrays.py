@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ._device import SIMULATOR, DeviceView, cuda, current_device_id, default_stream, external_stream
+from .device import SIMULATOR, DeviceView, cuda, current_device_id, default_stream, external_stream
 
 #: Head dims the kernels accept (the tiles hold at most 256 columns).
 MAX_HEAD_DIM = 256

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _arrays
-from ._device import DeviceView
-from ._kernels import decode_mma as _decode_mma
+from ..runtime import arrays as _arrays
+from ..runtime.device import DeviceView
+from . import mma as _decode_mma
 
 #: Serve repeated calls from plans (False: every call takes the checked path, for comparison and debugging).
 ENABLED = True

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import ptx
-from .staging import device_function
+from ..core import ptx
+from ..core.staging import device_function
 
 #: predecessors' increments summed per round when a walking block starts: their loads are independent, so their
 #: latencies overlap (one at a time, each waited for its global-memory round trip)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ._device import SIMULATOR, cuda
+from .device import SIMULATOR, cuda
 
 CACHE_DIR_ENV = "NUMBA_ATTN_CACHE_DIR"
 ENABLE_ENV = "NUMBA_ATTN_AUTOTUNE"

@@ -59,13 +59,13 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types, uint16, uint32
 
-from .._arrays import rows_in_pieces
-from .._device import SIMULATOR, cuda
-from .._device import launch as device_launch
-from . import ptx
-from .online_softmax import softmax_step
-from .staging import device_function as _device_function
-from .staging import tile_loader
+from ..runtime.arrays import rows_in_pieces
+from ..runtime.device import SIMULATOR, cuda
+from ..runtime.device import launch as device_launch
+from ..core import ptx
+from ..core.softmax import softmax_step
+from ..core.staging import device_function as _device_function
+from ..core.staging import tile_loader
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453

@@ -57,10 +57,10 @@ import numpy as np
 from numba import float32, types
 from numba import uint32
 
-from .._device import SIMULATOR, cuda, kernel_jit, multiprocessor_count, resident_blocks
-from .._arrays import rows_in_pieces, with_unit_axes
-from .._device import launch as device_launch
-from . import ptx
+from ..runtime.device import SIMULATOR, cuda, kernel_jit, multiprocessor_count, resident_blocks
+from ..runtime.arrays import rows_in_pieces, with_unit_axes
+from ..runtime.device import launch as device_launch
+from ..core import ptx
 
 #: Kernel modes (one body): the causal walk, the per-segment state increments, the non-causal output.
 CAUSAL, STATES, APPLY = 0, 1, 2
@@ -801,7 +801,7 @@ def launch_causal(q, k, v, out, stream, *, initial_state=None, final_state=None,
     blocks per (head, M tile), None for :func:`plan`'s choice. ``kernel``: see ``KERNELS``; ``config`` tunes this
     module's kernel only (``linear_mma`` has its own).
     """
-    from . import linear_mma
+    from . import mma as linear_mma
 
     batch, heads, seqlen, e = q.shape
     m = v.shape[3]

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 from numba import float32, uint16, uint32
 
-from .._device import cuda
-from . import ptx
-from .linear_state import stage_loader, state_functions
-from .staging import device_function, tile_loader
+from ..runtime.device import cuda
+from ..core import ptx
+from .state import stage_loader, state_functions
+from ..core.staging import device_function, tile_loader
 
 CAUSAL, STATES = 0, 1
 #: ``allow_tf32`` rounds an operand by one multiply with ``1 + ln(2) / 2 * 2^-10`` before the tensor cores truncate its

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._device import SIMULATOR, cuda
+from ..runtime.device import SIMULATOR, cuda
 from . import ptx
 
 

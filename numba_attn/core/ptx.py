@@ -43,7 +43,7 @@ The k index of one MMA may be permuted freely as long as A and B use the same pe
 and ``A col t + 4 <-> k 2t + 1`` the C fragment of one n8 block of a product IS the A fragment of a k8 step of the
 next product: ``(a0, a1, a2, a3) = (c0, c2, c1, c3)``, and the matching B registers are rows ``2t`` and ``2t + 1``.
 
-Under Numba's CUDA simulator (``numba_attn._device.SIMULATOR``) inline PTX cannot run: the same names are then
+Under Numba's CUDA simulator (``numba_attn.runtime.device.SIMULATOR``) inline PTX cannot run: the same names are then
 pure-Python emulations with the same semantics. The warp-collective ones (``mma_*``, ``shfl_xor_f32``) exchange
 operands through the thread block's barrier, so under the simulator every thread of the block must call them the
 same number of times in the same order (the kernels of this package do); that lets the tensor-core kernel's index
@@ -56,7 +56,7 @@ import threading
 
 import numpy as np
 
-from .._device import SIMULATOR
+from ..runtime.device import SIMULATOR
 
 __all__ = [
     "mma_m16n8k16_f16",

@@ -9,7 +9,7 @@
 | ``linear_attention``    | ``reference.linear_attention``    |
 
 Every function takes NumPy arrays, CuPy arrays, Numba device arrays or torch tensors and returns the same kind
-(see ``_arrays``); device inputs are used in place and kernels run on the caller's current stream.
+(see ``runtime.arrays``); device inputs are used in place and kernels run on the caller's current stream.
 """
 from __future__ import annotations
 
@@ -18,19 +18,20 @@ import numbers
 
 import numpy as np
 
-from .runtime import arrays as _arrays
-from .runtime import autotune as _autotune
 from .decode import cached as _decode_plan
-from .runtime.arrays import attention_shape, lift, prepare
-from .runtime.device import SIMULATOR, compute_capability, multiprocessor_count
-from .decode import simt as _decode
-from .decode import mma as _decode_mma
-from .forward import mma as _flash_mma
-from .forward import simt as _flash_simt
-from .forward import tf32 as _flash_tf32
-from .forward import wgmma as _flash_wgmma
-from .linear import chunked as _chunked
-from .linear import recurrent as _linear
+from .decode import dispatch as _decode
+from .decode import simt as _decode_simt
+from .forward import dispatch as _forward
+from .forward.dispatch import BACKENDS
+from .linear import dispatch as _linear
+from .linear.dispatch import BACKENDS as LINEAR_BACKENDS
+from .runtime import views as _views
+from .runtime.arrays import prepare
+from .runtime.attention_args import AttentionArgs
+from .runtime.cache import BoundedCache
+from .runtime.device import SIMULATOR, cuda
+from .runtime.shapes import attention_shape, linear_shape
+from .runtime.views import lift
 
 __all__ = [
     "flash_forward", "flash_decode", "combine_lse", "causal_dot_product", "linear_attention", "BACKENDS",
@@ -46,67 +47,15 @@ def _check_sm_scale(sm_scale, head_dim: int) -> float:
     return float(sm_scale)
 
 
-_LSE_PLACEHOLDERS: dict = {}
+_LSE_PLACEHOLDERS = BoundedCache("lse placeholders", 64)
 
 
 def _lse_placeholder(call):
     """A one-element lse array for kernels launched without ``return_lse`` (they never write it), made once per
     device: allocating it on every call would cost more host time than some kernels take."""
-    key = max(call.device_id, 0)
-    if key not in _LSE_PLACEHOLDERS:
-        _LSE_PLACEHOLDERS[key] = call.scratch((1, 1, 1), "float32") if SIMULATOR else _device_array_float32((1, 1, 1))
-    return _LSE_PLACEHOLDERS[key]
-
-
-def _device_array_float32(shape):
-    from .runtime.device import cuda
-
-    return cuda.device_array(shape, dtype="float32")
-
-
-#: Kernels behind ``flash_forward``: "wgmma" (Hopper's warpgroup MMAs, sm_90: float16 / bfloat16, padded head dims
-#: up to 128, rows that copy in aligned 16-byte pieces), "mma" (tensor cores on sm_80+: float16 / bfloat16 with
-#: m16n8k16 -- any head dim up to 256, any strides --, float32 with tf32 m16n8k8 -- 3xTF32, float32 accuracy, or one
-#: tf32 term with ``allow_tf32=True``) and "simt" (CUDA cores, float16 / float32, any GPU). ``backend=None`` picks
-#: "wgmma" where it applies (H100, 2026-11-22, docs/benchmarks.md, B4 fp16 / bf16 at 2k-16k keys: 1.07-1.29x the
-#: speed of torch SDPA's FlashAttention-2 backend, against 0.78-1.04x for "mma"), else "mma", else "simt". For float32 "mma" ran at 43-56
-#: TFLOP/s, 1.0-1.6x torch SDPA's float32 path and 2.3-2.8x the SIMT kernel, with errors of 3e-7 .. 1.4e-6. Under
-#: the simulator float32 takes "simt", which needs no MMA emulation (much faster there), and 16-bit inputs "mma"
-#: (the warpgroup emulation is slower still); ``allow_tf32=True`` still picks "mma".
-BACKENDS = ("simt", "mma", "wgmma")
-
-
-def _wgmma_applies(dtype: str, head_dim: int, *arrays) -> bool:
-    return (dtype in _flash_wgmma.DTYPES and not SIMULATOR
-            and compute_capability() >= _flash_wgmma.MIN_COMPUTE_CAPABILITY
-            and _flash_wgmma.supports(head_dim, *arrays))
-
-
-def _flash_backend(backend, dtype: str, allow_tf32: bool = False, wgmma_ok: bool = False) -> str:
-    """The kernel for ``flash_forward``; ``wgmma_ok``: the warpgroup kernel takes these inputs on this GPU."""
-    if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
-    mma_ok = dtype in _flash_mma.DTYPES + _flash_tf32.DTYPES and (
-        SIMULATOR or compute_capability() >= _flash_mma.MIN_COMPUTE_CAPABILITY
-    )
-    if backend == "mma" and not mma_ok:
-        raise ValueError(
-            f"backend: 'mma' needs a GPU of compute capability >= 8.0 "
-            f"(got {dtype} on {'the simulator' if SIMULATOR else compute_capability()})"
-        )
-    if backend == "wgmma" and dtype not in _flash_wgmma.DTYPES:
-        raise ValueError(f"backend: 'wgmma' takes float16 or bfloat16, got {dtype}")
-    if backend == "wgmma" and not (SIMULATOR or compute_capability() >= _flash_wgmma.MIN_COMPUTE_CAPABILITY):
-        raise ValueError(f"backend: 'wgmma' needs a GPU of compute capability 9.0 (Hopper), got {compute_capability()}")
-    if backend == "simt" and dtype == _arrays.BFLOAT16:
-        raise ValueError("backend: 'simt' does not take bfloat16; use 'mma' or None")
-    if backend is None:
-        # float32 under the simulator: the SIMT kernel (no MMA emulation), unless the caller asked for tf32
-        wants_mma = dtype != "float32" or allow_tf32 or not SIMULATOR
-        backend = "wgmma" if wgmma_ok else "mma" if mma_ok and wants_mma else "simt"
-    if backend == "simt" and dtype == _arrays.BFLOAT16:
-        raise TypeError("q: bfloat16 needs the tensor-core kernel, which needs a GPU of compute capability >= 8.0")
-    return backend
+    if SIMULATOR:
+        return _LSE_PLACEHOLDERS.get_or_make(0, lambda: call.scratch((1, 1, 1), "float32"))
+    return _LSE_PLACEHOLDERS.get_or_make(max(call.device_id, 0), lambda: cuda.device_array((1, 1, 1), "float32"))
 
 
 def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out=None, backend=None,
@@ -174,109 +123,30 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
                       plan_key=key)
 
 
-_MAX_SEQLEN_Q = 65535 * 64
-
-
 def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, backend, allow_tf32=False,
                plan_key=None):
     shape = attention_shape(q, k, v)
     sm_scale = _check_sm_scale(sm_scale, shape.head_dim)
-    if not decode and shape.seqlen_q > _MAX_SEQLEN_Q:
-        # query tiles go on the grid's y axis (at most 65535 blocks of at least 64 rows)
-        raise ValueError(f"q: seqlen_q {shape.seqlen_q} is longer than one launch handles ({_MAX_SEQLEN_Q})")
+    if not decode:
+        _forward.check_seqlen_q(shape.seqlen_q)
     call = prepare({"q": q, "k": k, "v": v})
     out = call.output(shape.out_shape(), out=out)
     lse = call.output(shape.lse_shape(), "float32") if return_lse else None
-    if not decode:
-        wgmma_ok = _wgmma_applies(call.dtype, shape.head_dim, *(call.inputs[name] for name in "qkv"))
-        backend = _flash_backend(backend, call.dtype, allow_tf32, wgmma_ok)
-    elif call.dtype == _arrays.BFLOAT16 and not SIMULATOR and compute_capability() < (8, 0):
-        raise TypeError("q: bfloat16 decoding needs a GPU of compute capability >= 8.0 (its output is rounded by "
-                        "cvt.rn.bf16x2)")
+    if decode:
+        _decode.check_dtype(call.dtype)
+    else:
+        backend = _forward.backend_for(call, shape, backend, allow_tf32)
     if shape.seqlen_q > 0 and shape.batch * shape.heads > 0:
-        args = (
-            lift(call.inputs["q"], 4),
-            lift(call.inputs["k"], 4),
-            lift(call.inputs["v"], 4),
-            lift(out.view, 4),
-            lift(lse.view, 3) if return_lse else _lse_placeholder(call),
-            bool(return_lse),
-            sm_scale,
-            bool(causal),
-        )
-        grouped = _decode_on_tensor_cores(call.dtype, shape, args, causal) if decode else None
-        if grouped is not None:
-            q_rows, out_rows, lse_rows = grouped
-            decode_launch = _decode_mma.DecodeLaunch(
-                q_rows, out_rows, args[5], sm_scale, num_splits, multiprocessor_count(), dtype=call.dtype,
-                vector_loads=_decode_mma.vector_loads_ok(q_rows, args[1], args[2]),
-                device_id=call.device_id if call.device_id >= 0 else None)
-            decode_launch(q_rows, args[1], args[2], out_rows, lse_rows, call.stream, call.scratch)
-            if plan_key is not None and shape.seqlen_k > 0:  # later calls like this one skip the checks
-                _decode_plan.register(plan_key, _decode_plan.DecodePlan(
-                    call, shape.out_shape(), shape.lse_shape() if return_lse else None, q_rows, out_rows,
-                    lse_rows, decode_launch))
-        elif decode:
-            if num_splits is None:
-                num_splits = _decode.choose_num_splits(
-                    shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_k, multiprocessor_count()
-                )
-            _decode.launch(*args, num_splits, call.stream, scratch=call.scratch, dtype=call.dtype)
-        elif backend == "mma" and call.dtype == "float32":
-            _flash_tf32.launch(*args, call.stream, tf32_only=allow_tf32)
-        elif backend == "mma":
-            config = _tuned_config(FLASH_MMA_TUNER, _flash_mma.launch, args, call, shape, causal)
-            _flash_mma.launch(*args, call.stream, config=config, dtype=call.dtype)
-        elif backend == "wgmma":
-            config = _tuned_config(FLASH_WGMMA_TUNER, _flash_wgmma.launch, args, call, shape, causal)
-            _flash_wgmma.launch(*args, call.stream, config=config, dtype=call.dtype)
+        args = AttentionArgs(
+            lift(call.inputs["q"], 4), lift(call.inputs["k"], 4), lift(call.inputs["v"], 4), lift(out.view, 4),
+            lift(lse.view, 3) if return_lse else _lse_placeholder(call), bool(return_lse), sm_scale, bool(causal))
+        if decode:
+            _decode.run(call, shape, args, num_splits, plan_key)
         else:
-            _flash_simt.launch(*args, call.stream)
+            _forward.run(call, shape, args, backend, allow_tf32, _lse_placeholder(call))
     if return_lse:
         return call.result(out), call.result(lse)
     return call.result(out)
-
-
-#: tile configurations of the float16 / bfloat16 tensor-core kernels, chosen per key by timing (``_autotune``)
-FLASH_MMA_TUNER = _autotune.Autotuner("flash_mma", _flash_mma.TUNING_CANDIDATES, _flash_mma.DEFAULT_CONFIG)
-FLASH_WGMMA_TUNER = _autotune.Autotuner("flash_wgmma", _flash_wgmma.TUNING_CANDIDATES, _flash_wgmma.DEFAULT_CONFIG)
-
-
-def _tuned_config(tuner, launch, args, call, shape, causal: bool):
-    """The autotuner's configuration for this call (None: tuning off, the kernel's default). A new key times every
-    candidate on these inputs with ``launch``, writing into a scratch output."""
-    if not _autotune.enabled():
-        return None
-    key = (
-        "sm%d%d" % compute_capability(), multiprocessor_count(), call.dtype, _flash_mma.padded_head_dim(shape.head_dim),
-        bool(causal), _autotune.size_class(shape.batch * shape.heads * shape.seqlen_q),
-        _autotune.size_class(shape.seqlen_k),
-    )
-
-    def bench(config):
-        scratch_out = lift(call.scratch(shape.out_shape(), call.dtype), 4)
-        bench_args = args[:3] + (scratch_out, _lse_placeholder(call), False) + args[6:]
-        return _autotune.time_on_stream(lambda: launch(*bench_args, call.stream, config=config, dtype=call.dtype),
-                                        call.stream)
-
-    return tuner.choose(key, bench)
-
-
-#: ``flash_decode`` takes the tensor-core split kernel (``decode_mma.DecodeLaunch``) for GQA groups of at least this
-#: many query heads per kv head (float16 / bfloat16, sm_80+, rows that regroup without a copy), else the SIMT split
-#: kernel. 1: multi-head caches too -- its cp.async tiles stream faster (H100, B8 H32 D128 fp16, one query row, 16k /
-#: 64k keys: 2837 / 2937 GB/s, 94 / 98 % of the copy bandwidth, against 2459 / 2563 for the SIMT kernel)
-_DECODE_MMA_MIN_GROUP = 1
-
-
-def _decode_on_tensor_cores(dtype: str, shape, args, causal: bool):
-    """The regrouped ``(q, out, lse)`` views when ``flash_decode`` takes the tensor-core kernel, else None."""
-    if dtype not in ("float16", "bfloat16") or shape.heads // shape.kv_heads < _DECODE_MMA_MIN_GROUP:
-        return None
-    if not (SIMULATOR or compute_capability() >= _decode_mma.MIN_COMPUTE_CAPABILITY):
-        return None
-    q, _, _, out, lse, write_lse = args[:6]
-    return _decode_mma.grouped_views(q, out, lse, write_lse, shape.kv_heads, causal)
 
 
 def combine_lse(o_parts, lse_parts):
@@ -314,42 +184,14 @@ def combine_lse(o_parts, lse_parts):
     lse = call.output(tuple(lse_parts.shape[1:]), "float32")
     if math.prod(o_parts.shape[1:]) > 0:
         unit_axes = 2 if o_ndim == 3 else 0  # (num_splits, seqlen, d) -> (num_splits, 1, 1, seqlen, d)
-        _decode.launch_combine(
-            _arrays.with_unit_axes(call.inputs["o_parts"], 1, unit_axes),
-            _arrays.with_unit_axes(call.inputs["lse_parts"], 1, unit_axes),
+        _decode_simt.launch_combine(
+            _views.with_unit_axes(call.inputs["o_parts"], 1, unit_axes),
+            _views.with_unit_axes(call.inputs["lse_parts"], 1, unit_axes),
             lift(out.view, 4),
             lift(lse.view, 3),
             call.stream,
         )
     return call.result(out), call.result(lse)
-
-
-#: Kernels behind ``causal_dot_product`` and ``linear_attention``: "chunked" (tensor cores, sm_80+: float16,
-#: bfloat16, float32) and "recurrent" (the sequential walk of "Transformers are RNNs": float16, float32, any GPU).
-LINEAR_BACKENDS = ("chunked", "recurrent")
-#: ``backend=None`` takes the chunked kernel from this many rows on (and always for bfloat16 or a state in / out),
-#: per input dtype. Measured on an H100 (2026-11-22, B=4, H=8, E=M=64, scripts/sweep.py and scripts/tune_linear.py,
-#: after the launcher and the wave-sized segments): float16 at 1k rows: sequential 0.41 vs chunked 0.28 ms; float32
-#: at 1k: 0.22 vs 0.33 ms, at 2k: 0.45 vs 0.25 ms. Shorter float16 sequences were not measured and stay sequential.
-CHUNKED_MIN_SEQLEN = {"float16": 1024, "bfloat16": 1, "float32": 2048}
-
-
-def _linear_backend(backend, dtype: str, seqlen: int, stateful: bool) -> str:
-    if backend is not None and backend not in LINEAR_BACKENDS:
-        raise ValueError(f"backend: expected one of {', '.join(LINEAR_BACKENDS)} or None, got {backend!r}")
-    chunked_ok = SIMULATOR or compute_capability() >= _chunked.MIN_COMPUTE_CAPABILITY
-    if backend == "chunked" and not chunked_ok:
-        raise ValueError(f"backend: 'chunked' needs a GPU of compute capability >= 8.0, got {compute_capability()}")
-    if backend == "recurrent" and stateful:
-        raise ValueError("backend: 'recurrent' takes no initial_state / return_state; use 'chunked' or None")
-    if backend == "recurrent" and dtype == _arrays.BFLOAT16:
-        raise ValueError("backend: 'recurrent' does not take bfloat16; use 'chunked' or None")
-    if backend is None:
-        wants_chunked = stateful or seqlen >= CHUNKED_MIN_SEQLEN[dtype]
-        backend = "chunked" if chunked_ok and wants_chunked else "recurrent"
-    if backend == "recurrent" and (stateful or dtype == _arrays.BFLOAT16):
-        raise TypeError("bfloat16 inputs and initial_state / return_state need a GPU of compute capability >= 8.0")
-    return backend
 
 
 def _check_flag(value, name: str) -> bool:
@@ -379,7 +221,7 @@ def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow
     """
     return_state = _check_flag(return_state, "return_state")
     allow_tf32 = _check_flag(allow_tf32, "allow_tf32")
-    shape = _arrays.linear_shape(q, k, v)
+    shape = linear_shape(q, k, v)
     state_shape = shape.state_shape()
     arrays = {"q": q, "k": k, "v": v}
     if initial_state is not None:
@@ -391,20 +233,11 @@ def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow
         arrays["initial_state"] = initial_state
     call = prepare(arrays, own_dtype={"initial_state": ("float32",)})
     stateful = initial_state is not None or return_state
-    backend = _linear_backend(backend, call.dtype, shape.seqlen, stateful)
+    backend = _linear.choose_backend(backend, call.dtype, shape.seqlen, stateful)
     out = call.output(shape.out_shape())
     final = call.output(state_shape, "float32", name="final_state") if return_state else None
-    views = [lift(call.inputs[name], 4) for name in ("q", "k", "v")] + [lift(out.view, 4)]
     if shape.batch * shape.heads > 0 and (shape.seqlen > 0 or return_state):
-        if backend == "chunked":
-            _chunked.launch_causal(
-                *views, call.stream,
-                initial_state=lift(call.inputs["initial_state"], 4) if initial_state is not None else None,
-                final_state=lift(final.view, 4) if return_state else None,
-                tf32=allow_tf32, dtype=call.dtype, scratch=call.scratch,
-            )
-        else:
-            _linear.launch_causal_dot_product(*views, call.stream)
+        _linear.run_causal_dot_product(call, backend, out, final, allow_tf32)
     if return_state:
         return call.result(out), call.result(final)
     return call.result(out)
@@ -429,18 +262,10 @@ def linear_attention(q, k, v, *, causal=True, eps=1e-6, allow_tf32=False, backen
         raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
     causal = _check_flag(causal, "causal")
     allow_tf32 = _check_flag(allow_tf32, "allow_tf32")
-    shape = _arrays.linear_shape(q, k, v)
+    shape = linear_shape(q, k, v)
     call = prepare({"q": q, "k": k, "v": v})
-    backend = _linear_backend(backend, call.dtype, shape.seqlen, False)
+    backend = _linear.choose_backend(backend, call.dtype, shape.seqlen, False)
     out = call.output(shape.out_shape())
     if shape.seqlen > 0 and shape.batch * shape.heads > 0:
-        views = [lift(call.inputs[name], 4) for name in ("q", "k", "v")] + [lift(out.view, 4)]
-        if backend == "chunked" and causal:
-            _chunked.launch_causal(*views, call.stream, normalise=True, eps=float(eps), tf32=allow_tf32,
-                                   dtype=call.dtype, scratch=call.scratch)
-        elif backend == "chunked":
-            _chunked.launch_noncausal(*views, float(eps), call.stream, tf32=allow_tf32, dtype=call.dtype,
-                                      scratch=call.scratch)
-        else:
-            _linear.launch_linear_attention(*views, causal, float(eps), call.stream, scratch=call.scratch)
+        _linear.run_linear_attention(call, backend, out, causal, float(eps), allow_tf32)
     return call.result(out)

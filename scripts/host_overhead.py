@@ -1,5 +1,5 @@
 """Host time per public call: how long the Python side of each numba_attn function takes at sizes where the GPU
-work is negligible, with Numba's own launch, with the cached launcher (`_device.FAST_LAUNCH = True`), and with that
+work is negligible, with Numba's own launch, with the cached launcher (`_launch.FAST_LAUNCH = True`), and with that
 launcher and the decode plans (`_decode_plan.ENABLED = True`: repeated tensor-core `flash_decode` calls skip the
 checks; the other functions do not use them).
 
@@ -22,6 +22,7 @@ import numpy as np
 import numba_attn
 from numba_attn.decode import cached as _decode_plan
 from numba_attn.runtime import device as _device
+from numba_attn.runtime import launch as _launch
 
 #: (column title, FAST_LAUNCH, decode plans)
 MODES = (("numba launch", False, False), ("fast launch", True, False), ("fast + plans", True, True))
@@ -101,11 +102,11 @@ def main():
         for name, (fn, fargs, kwargs) in _cases(library).items():
             times = []
             for _, fast, plans in MODES:
-                _device.FAST_LAUNCH, _decode_plan.ENABLED = fast, plans
+                _launch.FAST_LAUNCH, _decode_plan.ENABLED = fast, plans
                 times.append(_per_call_us(fn, fargs, kwargs, args.calls, library))
             print(f"{name:40s} {library:8s}" + "".join(f" {t:11.1f} us" for t in times)
                   + f" {times[0] / times[-1]:7.2f}x", flush=True)
-        _device.FAST_LAUNCH, _decode_plan.ENABLED = True, True
+        _launch.FAST_LAUNCH, _decode_plan.ENABLED = True, True
         if args.profile:
             for name, (fn, fargs, kwargs) in _cases(library).items():
                 if name.startswith(args.profile):
@@ -119,7 +120,7 @@ def main():
                     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(18)
                     print(f"\nprofile of {args.calls} calls: {name} ({library})\n{text.getvalue()}")
                     break
-    _device.FAST_LAUNCH, _decode_plan.ENABLED = True, True
+    _launch.FAST_LAUNCH, _decode_plan.ENABLED = True, True
 
 
 if __name__ == "__main__":

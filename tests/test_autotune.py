@@ -117,14 +117,14 @@ def test_gpu_flash_forward_tunes_once_and_every_candidate_is_right(monkeypatch, 
     import cupy
     from numba import cuda
 
-    from numba_attn import api
+    from numba_attn.forward import dispatch
     from numba_attn.runtime.device import compute_capability
     from numba_attn.forward import mma as flash_mma
     from numba_attn.forward import wgmma as flash_wgmma
 
     if backend == "wgmma" and compute_capability() < flash_wgmma.MIN_COMPUTE_CAPABILITY:
         pytest.skip("wgmma needs compute capability 9.0")
-    tuner, module = {"mma": (api.FLASH_MMA_TUNER, flash_mma), "wgmma": (api.FLASH_WGMMA_TUNER, flash_wgmma)}[backend]
+    tuner, module = {"mma": (dispatch.FLASH_MMA_TUNER, flash_mma), "wgmma": (dispatch.FLASH_WGMMA_TUNER, flash_wgmma)}[backend]
     monkeypatch.setenv(_autotune.CACHE_DIR_ENV, str(tmp_path))
     monkeypatch.delenv(_autotune.ENABLE_ENV, raising=False)
     tuner.forget()

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import numba_attn
 import reference
 from numba_attn.decode import simt as decode
+from numba_attn.runtime.device import compute_capability, multiprocessor_count
 from tests.kernel_checks import TOLERANCE, assert_close_lse, rel_error, to_host
 
 DTYPES = ("float32", "float16")
@@ -320,7 +321,7 @@ def test_combine_lse_rejects_bad_input():
 
 # -- the tensor-core split kernel (decode_mma) for GQA groups -------------------------------------------
 def test_grouped_heads_view():
-    from numba_attn.runtime.arrays import grouped_heads
+    from numba_attn.runtime.views import grouped_heads
 
     x = np.arange(2 * 6 * 3 * 4, dtype=np.float32).reshape(2, 6, 3, 4)
     rows = grouped_heads(x, 2)  # group 3: row i * 3 + l of kv head g = row l of head 3g + i
@@ -334,10 +335,11 @@ def test_grouped_heads_view():
 
 
 def test_decode_takes_tensor_cores_only_where_it_applies():
-    from numba_attn import api
-    from numba_attn.runtime.arrays import attention_shape
+    from numba_attn.decode import dispatch
+    from numba_attn.runtime.attention_args import AttentionArgs
+    from numba_attn.runtime.shapes import attention_shape
 
-    if not numba_attn.SIMULATOR and api.compute_capability() < (8, 0):
+    if not numba_attn.SIMULATOR and dispatch.compute_capability() < (8, 0):
         pytest.skip("no tensor-core kernel below sm_80")
 
     def decides(dtype, heads, kv_heads, seqlen_q, causal, layout="contig"):
@@ -345,8 +347,8 @@ def test_decode_takes_tensor_cores_only_where_it_applies():
         if layout == "blhd":
             q = q.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3)
         out = np.zeros(q.shape, q.dtype)
-        args = (q, k, v, out, np.zeros(q.shape[:3], np.float32), True)
-        return api._decode_on_tensor_cores(dtype, attention_shape(q, k, v), args, causal) is not None
+        args = AttentionArgs(q, k, v, out, np.zeros(q.shape[:3], np.float32), True, 1.0, causal)
+        return dispatch.on_tensor_cores(dtype, attention_shape(q, k, v), args) is not None
 
     assert decides("float16", 8, 2, 1, True)  # one row: the mask is a no-op
     assert decides("float16", 8, 2, 3, False)
@@ -356,8 +358,8 @@ def test_decode_takes_tensor_cores_only_where_it_applies():
     assert not decides("float32", 8, 2, 1, False)
     shape = attention_shape(*_qkv(np.random.default_rng(0), 1, 8, 2, 1, 40, 16, "float16"))
     q16 = np.zeros((1, 8, 1, 16), np.uint16)
-    assert api._decode_on_tensor_cores("bfloat16", shape, (q16, None, None, q16.copy(),
-                                                           np.zeros((1, 8, 1), np.float32), True), True) is not None
+    assert dispatch.on_tensor_cores("bfloat16", shape, AttentionArgs(
+        q16, None, None, q16.copy(), np.zeros((1, 8, 1), np.float32), True, 1.0, True)) is not None
     assert not decides("float16", 8, 2, 3, False, layout="blhd")  # rows of a group not contiguous: no regrouping
 
 
@@ -399,7 +401,7 @@ def test_decode_mma_split_parts_match_reference_ranges(kv_heads, rows, seqlen_k,
     from numba_attn.decode import mma as decode_mma
     from numba_attn.core import ptx
 
-    if not numba_attn.SIMULATOR and api.compute_capability() < decode_mma.MIN_COMPUTE_CAPABILITY:
+    if not numba_attn.SIMULATOR and compute_capability() < decode_mma.MIN_COMPUTE_CAPABILITY:
         pytest.skip("no tensor-core kernel below sm_80")
     rng = np.random.default_rng(seqlen_k + rows)
     q, k, v = _qkv(rng, 1, kv_heads, kv_heads, rows, seqlen_k, head_dim, "float32")
@@ -445,7 +447,7 @@ def test_decode_mma_pooled_parts_merge_to_attention(kv_heads, rows, lead_splits,
     from numba_attn import api
     from numba_attn.decode import mma as decode_mma
 
-    if not numba_attn.SIMULATOR and api.compute_capability() < decode_mma.MIN_COMPUTE_CAPABILITY:
+    if not numba_attn.SIMULATOR and compute_capability() < decode_mma.MIN_COMPUTE_CAPABILITY:
         pytest.skip("no tensor-core kernel below sm_80")
     block_n = decode_mma.config_for(head_dim).block_n
     pool_first = lead_splits * lead_tiles * block_n
@@ -488,7 +490,7 @@ def test_decode_mma_merges_pooled_parts_in_the_kernel(kv_heads, rows, lead_split
     from numba_attn.decode import mma as decode_mma
     from numba_attn.core import ptx
 
-    if not numba_attn.SIMULATOR and api.compute_capability() < decode_mma.MIN_COMPUTE_CAPABILITY:
+    if not numba_attn.SIMULATOR and compute_capability() < decode_mma.MIN_COMPUTE_CAPABILITY:
         pytest.skip("no tensor-core kernel below sm_80")
     config = dataclasses.replace(decode_mma.config_for(head_dim), merge_weight_parts=weight_parts)
     block_n = config.block_n
@@ -627,18 +629,19 @@ def test_decode_launch_bfloat16_bit_views(num_splits, causal):
 
 def test_decode_tensor_core_path_bfloat16_bit_views():
     """The GQA tensor-core split kernel and the combine on bfloat16 bits (several splits: the combine writes)."""
-    from numba_attn import api
-    from numba_attn.runtime.arrays import attention_shape
+    from numba_attn.decode import dispatch
+    from numba_attn.runtime.attention_args import AttentionArgs
+    from numba_attn.runtime.shapes import attention_shape
     from numba_attn.decode import mma as decode_mma
 
-    if not numba_attn.SIMULATOR and api.compute_capability() < (8, 0):
+    if not numba_attn.SIMULATOR and dispatch.compute_capability() < (8, 0):
         pytest.skip("no tensor-core kernel below sm_80")
     rng = np.random.default_rng(30)
     (q, k, v), values = _bf16_inputs(rng, 1, 4, 1, 1, 45, 16)
     out = _dev(np.full(q.shape, BF16_NAN, np.uint16))
     lse = _dev(np.full(q.shape[:3], np.nan, np.float32))
     args = (_dev(q), _dev(k), _dev(v), out, lse, True)
-    grouped = api._decode_on_tensor_cores("bfloat16", attention_shape(q, k, v), args, True)
+    grouped = dispatch.on_tensor_cores("bfloat16", attention_shape(q, k, v), AttentionArgs(*args, 1.0, True))
     assert grouped is not None
     q_rows, out_rows, lse_rows = grouped
     decode_mma.launch_decode(q_rows, args[1], args[2], out_rows, lse_rows, True, 0.25, 2, 0,
@@ -950,7 +953,7 @@ def test_gpu_pooled_decode_in_graphs_with_and_without_arena(monkeypatch):
     monkeypatch.setattr(decode_mma, "POOL_COUNTERS", pool)
     rng = np.random.default_rng(44)
     shape = (2, 32, 4, 1, 6000, 128)
-    assert decode_mma.plan_splits(2, 4, 8, 6000, numba_attn.api.multiprocessor_count()).pooled
+    assert decode_mma.plan_splits(2, 4, 8, 6000, multiprocessor_count()).pooled
     tensors = tuple(torch.from_numpy(x).cuda() for x in _qkv(rng, *shape, "float16"))
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):

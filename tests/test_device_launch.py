@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from numba_attn.runtime import arrays as _arrays
+from numba_attn.runtime import views as _views
 from numba_attn.runtime import device as _device
+from numba_attn.runtime import launch as _launch
 from numba_attn.runtime.device import DeviceView
 
 
@@ -37,7 +39,7 @@ def test_view_reinterprets_only_equal_item_sizes():
 
 
 def test_unit_axes_on_a_view_have_stride_zero():
-    view = _arrays.with_unit_axes(DeviceView.of(_Foreign(4096, (3, 5), "<f4")), 0, 2)
+    view = _views.with_unit_axes(DeviceView.of(_Foreign(4096, (3, 5), "<f4")), 0, 2)
     assert view.shape == (1, 1, 3, 5) and view.strides == (0, 0, 20, 4) and view.ptr == 4096
 
 
@@ -60,7 +62,7 @@ def test_parameters_pack_in_numba_kernel_abi():
 
     compiled = _FakeCompiled([types.Array(types.float32, 2, "A"), types.int32, types.float32, types.boolean,
                               types.int64, types.uint16])
-    entry = _device._Launchable(object(), compiled, 0, fixed_signature=True)
+    entry = _launch._Launchable(object(), compiled, 0, fixed_signature=True)
     assert entry.slots == 9 + 5 and entry.handle == 0x1234
     view = DeviceView.of(_Foreign(4096, (3, 5), "<f4", strides=(40, 4)))
     buffer, pointers = entry.buffers()
@@ -83,8 +85,8 @@ def test_fixed_contiguous_signatures_are_left_to_numba():
 
     compiled = _FakeCompiled([types.Array(types.float32, 1, "C")])
     with pytest.raises(NotImplementedError):
-        _device._Launchable(object(), compiled, 0, fixed_signature=True)
-    assert _device._Launchable(object(), compiled, 0, fixed_signature=False).slots == 7
+        _launch._Launchable(object(), compiled, 0, fixed_signature=True)
+    assert _launch._Launchable(object(), compiled, 0, fixed_signature=False).slots == 7
 
 
 # -- on a GPU ------------------------------------------------------------------------------------------------------
@@ -117,7 +119,7 @@ def test_fast_launch_packs_arrays_and_scalars(fast, monkeypatch):
     out = out_base[:, ::2][:, :7]
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
-        _device.launch(kernel, 1, 32, _device.external_stream(stream.ptr), 0,
+        _launch.launch(kernel, 1, 32, _device.external_stream(stream.ptr), 0,
                        DeviceView.of(x), DeviceView.of(out), float32(1.5), int32(-3), True, int64(5 * 10**12))
     stream.synchronize()
     expected = cupy.asnumpy(x) * 1.5 - 3 + 1 + 5.0
@@ -140,7 +142,7 @@ def test_fast_launch_keeps_an_overload_per_layout(monkeypatch):
     x = cupy.arange(64, dtype=cupy.float32).reshape(8, 8)
     for source in (x, x[:, ::2], x.T):
         out = cupy.zeros(source.shape, cupy.float32)
-        _device.launch(kernel, 1, 32, 0, 0, DeviceView.of(source), DeviceView.of(out),
+        _launch.launch(kernel, 1, 32, 0, 0, DeviceView.of(source), DeviceView.of(out),
                        float32(1.0), int32(0), False, int64(0))
         np.testing.assert_array_equal(cupy.asnumpy(out), cupy.asnumpy(source))
 
@@ -156,7 +158,7 @@ def test_fast_launch_rejects_a_wrong_dtype_for_a_fixed_signature():
 
     bad = cupy.zeros(4, cupy.float64)
     with pytest.raises(TypeError, match="expected a 1-d float32 array, got 1-d float64"):
-        _device.launch(kernel, 1, 1, 0, 0, DeviceView.of(bad))
+        _launch.launch(kernel, 1, 1, 0, 0, DeviceView.of(bad))
 
 
 @pytest.mark.gpu
@@ -176,5 +178,5 @@ def test_fast_launch_raises_the_shared_memory_limit():
             out[0] = buf[25_599]
 
     out = cupy.zeros(1, cupy.float32)
-    _device.launch(kernel, 1, 128, 0, 100 * 1024, DeviceView.of(out))
+    _launch.launch(kernel, 1, 128, 0, 100 * 1024, DeviceView.of(out))
     assert float(out[0]) == 25_599.0

@@ -170,16 +170,16 @@ def test_float32_dispatch():
     # float32 defaults to the 3xTF32 tensor-core kernel on a GPU (float32 accuracy, measured faster than the SIMT
     # kernel and than torch's float32 path on an H100, 2026-11-22) and to the SIMT kernel under the simulator (no
     # MMA emulation); allow_tf32=True picks the tensor-core kernel's one-term mode; backend= forces a kernel
-    from numba_attn import api
+    from numba_attn.forward import dispatch
 
-    if not numba_attn.SIMULATOR and api.compute_capability() < flash_tf32.MIN_COMPUTE_CAPABILITY:
+    if not numba_attn.SIMULATOR and dispatch.compute_capability() < flash_tf32.MIN_COMPUTE_CAPABILITY:
         pytest.skip("no tensor-core kernel below sm_80")
-    assert api._flash_backend(None, "float32") == ("simt" if numba_attn.SIMULATOR else "mma")
-    assert api._flash_backend(None, "float32", allow_tf32=True) == "mma"
-    assert api._flash_backend("mma", "float32") == "mma"
-    assert api._flash_backend("simt", "float32", allow_tf32=True) == "simt"
-    assert api._flash_backend(None, "float16") == "mma"
-    assert api._flash_backend(None, "float16", allow_tf32=True) == "mma"
+    assert dispatch.choose_backend(None, "float32") == ("simt" if numba_attn.SIMULATOR else "mma")
+    assert dispatch.choose_backend(None, "float32", allow_tf32=True) == "mma"
+    assert dispatch.choose_backend("mma", "float32") == "mma"
+    assert dispatch.choose_backend("simt", "float32", allow_tf32=True) == "simt"
+    assert dispatch.choose_backend(None, "float16") == "mma"
+    assert dispatch.choose_backend(None, "float16", allow_tf32=True) == "mma"
 
 
 @simulator_only

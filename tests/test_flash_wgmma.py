@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import numba_attn
-from numba_attn import api
+from numba_attn.forward import dispatch
 from numba_attn.runtime.device import SIMULATOR, compute_capability, cuda
 from numba_attn.forward import wgmma as flash_wgmma
 from numba_attn.core import warpgroup as wgmma
@@ -179,5 +179,5 @@ def test_flash_forward_dispatch(monkeypatch):
             numba_attn.flash_forward(big, big, big, backend="wgmma")
     finally:
         flash_wgmma.launch = launch
-    assert api._flash_backend(None, "float16", wgmma_ok=True) == "wgmma"
-    assert api._flash_backend(None, "float16", wgmma_ok=False) == "mma"
+    assert dispatch.choose_backend(None, "float16", wgmma_ok=True) == "wgmma"
+    assert dispatch.choose_backend(None, "float16", wgmma_ok=False) == "mma"

@@ -467,12 +467,12 @@ def test_nan_inputs_stay_nan(tf32):
 
 def test_dispatch_by_length_dtype_and_state():
     """backend=None: the sequential walk for short sequences, the chunked kernel for long ones, bfloat16 and states."""
-    from numba_attn import api
+    from numba_attn.linear import dispatch
 
-    threshold = api.CHUNKED_MIN_SEQLEN
-    assert api._linear_backend(None, "float16", threshold["float16"] - 1, False) == "recurrent"
-    assert api._linear_backend(None, "float16", threshold["float16"], False) == "chunked"
-    assert api._linear_backend(None, "float32", threshold["float32"] - 1, False) == "recurrent"
-    assert api._linear_backend(None, "float32", 1, True) == "chunked"
-    assert api._linear_backend(None, "bfloat16", 1, False) == "chunked"
-    assert api._linear_backend("recurrent", "float32", 1 << 20, False) == "recurrent"
+    threshold = dispatch.CHUNKED_MIN_SEQLEN
+    assert dispatch.choose_backend(None, "float16", threshold["float16"] - 1, False) == "recurrent"
+    assert dispatch.choose_backend(None, "float16", threshold["float16"], False) == "chunked"
+    assert dispatch.choose_backend(None, "float32", threshold["float32"] - 1, False) == "recurrent"
+    assert dispatch.choose_backend(None, "float32", 1, True) == "chunked"
+    assert dispatch.choose_backend(None, "bfloat16", 1, False) == "chunked"
+    assert dispatch.choose_backend("recurrent", "float32", 1 << 20, False) == "recurrent"

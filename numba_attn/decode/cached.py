@@ -18,26 +18,27 @@ from typing import Any
 import numpy as np
 
 from ..runtime import arrays as _arrays
+from ..runtime import views as _views
+from ..runtime.cache import BoundedCache
 from ..runtime.device import DeviceView
 from . import mma as _decode_mma
 
 #: Serve repeated calls from plans (False: every call takes the checked path, for comparison and debugging).
 ENABLED = True
-#: plans by key; cleared when it grows past ``MAX_PLANS`` (a long-running server sees few kinds of call)
-_PLANS: dict = {}
-MAX_PLANS = 256
+#: plans by key (a long-running server sees few kinds of call)
+_PLANS = BoundedCache("decode plans")
 
 
 def clear() -> None:
     """Forget every plan (after changing a module-level knob that the checked path reads, such as
-    ``api._DECODE_MMA_MIN_GROUP`` or ``decode_mma.DEFAULT_CONFIG``)."""
+    ``dispatch.MMA_MIN_GROUP`` or ``decode_mma.DEFAULT_CONFIG``)."""
     _PLANS.clear()
 
 
 def _aligned_rows(layout) -> bool:
-    """``_arrays.rows_in_pieces(x, 8)`` on a fast layout: rows readable in aligned 16-byte pieces."""
+    """``_views.rows_in_pieces(x, 8)`` on a fast layout: rows readable in aligned 16-byte pieces."""
     _, _, shape, strides, ptr, dtype = layout
-    return _arrays.layout_rows_in_pieces(shape, strides, ptr, dtype.itemsize, 8)
+    return _views.layout_rows_in_pieces(shape, strides, ptr, dtype.itemsize, 8)
 
 
 def find(q: Any, k: Any, v: Any, causal, sm_scale, num_splits, return_lse):
@@ -59,9 +60,7 @@ def find(q: Any, k: Any, v: Any, causal, sm_scale, num_splits, return_lse):
 
 
 def register(key, plan: "DecodePlan") -> None:
-    if len(_PLANS) >= MAX_PLANS:
-        _PLANS.clear()
-    _PLANS[key] = plan
+    _PLANS.put(key, plan)
 
 
 class DecodePlan:

@@ -1,6 +1,6 @@
 """Split-KV decoding on tensor cores: a block of several warps shares every key tile.
 
-``flash_decode`` regroups the query rows of each GQA group into one sequence (``_arrays.grouped_heads``, no copy):
+``flash_decode`` regroups the query rows of each GQA group into one sequence (``runtime.views.grouped_heads``, no copy):
 ``(batch, kv_heads, group * seqlen_q, headdim)``, so that one 16-row MMA tile holds a whole group (8 rows for GQA 8
 and one token) and every K/V element is read once per kv head. The keys are cut into ranges (``SplitPlan``: lead
 ranges that fill one wave of blocks; then either a pool per row tile, whose tiles the row tile's blocks take one by
@@ -42,9 +42,11 @@ import numpy as np
 from numba import float32, types, uint16, uint32
 
 from ..runtime import device as _device
-from ..runtime.arrays import carve, grouped_heads
-from ..runtime.device import SIMULATOR, DeviceView, cuda, prepared
-from ..runtime.device import launch as device_launch
+from ..runtime import launch as _launch
+from ..runtime.views import carve, grouped_heads
+from ..runtime.device import SIMULATOR, DeviceView, cuda
+from ..runtime.launch import prepared
+from ..runtime.launch import launch as device_launch
 from . import simt as _decode
 from ..core import ptx
 from ..forward.mma import _bits, vector_loads_ok
@@ -689,7 +691,7 @@ class PoolCounters:
 
     def get(self, words: int, stream: int, device_id: int):
         """``words`` zeroed counters for a launch on ``stream`` (a driver handle) of device ``device_id``, or None."""
-        if _device.stream_capturing(stream):
+        if _launch.stream_capturing(stream):
             with self._lock:
                 arena = self._arenas.get(device_id)
                 if arena is None or arena[1] + words > arena[0].shape[0]:
@@ -700,7 +702,7 @@ class PoolCounters:
         arena = self._arenas.get(device_id)
         if arena is None or 2 * arena[1] > arena[0].shape[0]:  # (made outside captures, for the next ones)
             with self._lock:
-                self._arenas[device_id] = [_device.zeroed_words(self.ARENA_WORDS), 0]
+                self._arenas[device_id] = [_launch.zeroed_words(self.ARENA_WORDS), 0]
                 self._kept.append(self._arenas[device_id][0])
         thread = threading.get_ident() if stream == self.PER_THREAD_STREAM else 0
         key = (device_id, stream, thread)
@@ -709,7 +711,7 @@ class PoolCounters:
             if counters is None and len(self._streams) >= self.MAX_STREAMS:
                 return None
             with self._lock:
-                counters = _device.zeroed_words(max(words, 256))
+                counters = _launch.zeroed_words(max(words, 256))
                 self._kept.append(counters)
                 self._streams[key] = counters
         return counters
@@ -843,7 +845,7 @@ class DecodeLaunch:
         if lse_rows is None:
             lse_rows = _placeholders()[1]
         if counters is None:
-            counters = self.counters(plan, 0 if SIMULATOR else _device.stream_handle(stream))
+            counters = self.counters(plan, 0 if SIMULATOR else _launch.stream_handle(stream))
             if counters is None:
                 raise RuntimeError("no pool counters inside this capture: launch through the DecodeLaunch itself")
         device_launch(self.split_kernel, self.split_grid(plan), self.config.threads, stream, self.shared_bytes,
@@ -860,7 +862,7 @@ class DecodeLaunch:
         merges = self.merges(plan)
         num_splits = plan.num_splits
         parts_shape = (num_splits,) + (self.merged_parts_shape if merges else self.parts_shape)
-        handle = 0 if SIMULATOR else _device.stream_handle(stream)
+        handle = 0 if SIMULATOR else _launch.stream_handle(stream)
         counters = self.counters(plan, handle)
         own = self.pool_words if counters is None else 0  # no counters to share: its own, in the scratch
         # one allocation for all: a decoding step's host time is comparable to its kernels' time
@@ -868,8 +870,8 @@ class DecodeLaunch:
         buffer = scratch((size + own,))
         if own:
             counters = DeviceView(DeviceView.of(buffer).ptr + 4 * size, (own,), (4,), np.uint32, None)
-            _device.zero_words_async(counters.ptr, own, handle)
-        if not SIMULATOR and _device.FAST_LAUNCH:
+            _launch.zero_words_async(counters.ptr, own, handle)
+        if not SIMULATOR and _launch.FAST_LAUNCH:
             self._launch_prepared(q_rows, k, v, out_rows, lse_rows, handle, buffer, plan, counters, parts_shape,
                                   merges)
             return
@@ -884,7 +886,7 @@ class DecodeLaunch:
 
     def _launch_prepared(self, q_rows, k, v, out_rows, lse_rows, handle, buffer, plan: SplitPlan, counters,
                          parts_shape: tuple, merges: bool) -> None:
-        """The launches with parameters packed straight from the views (``_device.prepared``): the shapes and
+        """The launches with parameters packed straight from the views (``_launch.prepared``): the shapes and
         dtypes were settled when this kind of call was planned, so nothing is checked again."""
         if self._prepared is None:
             self._prepared = (prepared(self.split_kernel), prepared(self.combine_kernel))

@@ -50,7 +50,7 @@ import numpy as np
 from numba import float32, int64, types, uint64
 
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
-from ..runtime.device import launch as device_launch
+from ..runtime.launch import launch as device_launch
 from ..core import ptx
 from ..core.staging import device_function
 
@@ -519,7 +519,7 @@ def _scratch(shape, stream):
 
 
 def _unit_axis(view):
-    from ..runtime.arrays import with_unit_axes
+    from ..runtime.views import with_unit_axes
 
     return with_unit_axes(view, 0, 1)
 

@@ -27,7 +27,7 @@ from numba import float32
 from numba import uint32 as index  # unsigned shared-memory indices: Numba skips its negative-index wraparound code
 
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
-from ..runtime.device import launch as device_launch
+from ..runtime.launch import launch as device_launch
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453

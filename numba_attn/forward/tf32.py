@@ -70,9 +70,9 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types, uint32
 
-from ..runtime.arrays import rows_in_pieces
+from ..runtime.views import rows_in_pieces
 from ..runtime.device import SIMULATOR, cuda
-from ..runtime.device import launch as device_launch
+from ..runtime.launch import launch as device_launch
 from ..core import ptx
 from ..core.softmax import softmax_step
 from ..core.staging import device_function as _device_function

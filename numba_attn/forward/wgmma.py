@@ -44,7 +44,7 @@ import numpy as np
 from numba import float32, uint16, uint32
 
 from ..runtime.device import SIMULATOR, cuda
-from ..runtime.device import launch as device_launch
+from ..runtime.launch import launch as device_launch
 from ..core import ptx
 from ..core import warpgroup as wgmma
 from .mma import LN2, LOG2E, SIGNATURE, _bits, check_grid, vector_loads_ok

@@ -39,7 +39,7 @@ Shared memory (float32 words): ``Q [C][E + 4]``, ``K [C][E + 4]``, ``V [C][cols 
 strides chosen so that every fragment load of a warp hits 32 different banks (``K[g][t]``: stride = 4 mod 8;
 ``K[2t][g]`` and ``V[2t][g]``: stride = 4 mod 8 too; ``H[t][g]``: stride = 8 mod 32). Where it fits (E <= 128)
 ``H``'s tf32 hi and lo parts sit beside it (``presplit``), so the ``Q H`` operand needs no conversion per use. That
-is 107 KB at E = M = 64 (dynamic shared memory, attribute raised by ``_device.launch``).
+is 107 KB at E = M = 64 (dynamic shared memory, attribute raised by ``_launch.launch``).
 
 Staging. Rows arrive in pieces of 4 elements (8-byte loads of 16-bit data, 16-byte loads of float32; ``vector``,
 when every row is aligned and contiguous, else element by element), a batch of loads in flight before the first is
@@ -57,9 +57,10 @@ import numpy as np
 from numba import float32, types
 from numba import uint32
 
-from ..runtime.device import SIMULATOR, cuda, kernel_jit, multiprocessor_count, resident_blocks
-from ..runtime.arrays import rows_in_pieces, with_unit_axes
-from ..runtime.device import launch as device_launch
+from ..runtime.device import SIMULATOR, cuda, kernel_jit, multiprocessor_count
+from ..runtime.launch import resident_blocks
+from ..runtime.views import rows_in_pieces, with_unit_axes
+from ..runtime.launch import launch as device_launch
 from ..core import ptx
 
 #: Kernel modes (one body): the causal walk, the per-segment state increments, the non-causal output.

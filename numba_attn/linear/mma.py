@@ -44,9 +44,10 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types, uint16, uint32
 
-from ..runtime.arrays import rows_in_pieces
-from ..runtime.device import SIMULATOR, cuda, multiprocessor_count, resident_blocks
-from ..runtime.device import launch as device_launch
+from ..runtime.views import rows_in_pieces
+from ..runtime.device import SIMULATOR, cuda, multiprocessor_count
+from ..runtime.launch import resident_blocks
+from ..runtime.launch import launch as device_launch
 from . import chunked
 from . import mma_f32 as f32
 from .state import stage_loader, state_functions

@@ -45,7 +45,7 @@ import numpy as np
 from numba import float32
 
 from ..runtime.device import SIMULATOR, cuda, multiprocessor_count
-from ..runtime.device import launch as device_launch
+from ..runtime.launch import launch as device_launch
 
 #: Kernel modes: the causal walk, and the two passes of the non-causal layer.
 CAUSAL, REDUCE, APPLY = 0, 1, 2

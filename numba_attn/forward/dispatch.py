@@ -1,0 +1,105 @@
+"""Which forward kernel runs a ``flash_forward`` call, with which tile configuration, and its launch.
+
+Backends: "wgmma" (Hopper's warpgroup MMAs, sm_90: float16 / bfloat16, padded head dims up to 128, rows that copy
+in aligned 16-byte pieces), "mma" (tensor cores on sm_80+: float16 / bfloat16 on m16n8k16 -- any head dim up to
+256, any strides --, float32 on tf32 m16n8k8 as 3xTF32, or one tf32 term with ``allow_tf32``) and "simt" (CUDA
+cores, float16 / float32, any GPU). ``None`` picks "wgmma" where it applies, else "mma", else "simt"; under the
+simulator float32 takes "simt" (no MMA emulation, much faster there) unless ``allow_tf32`` asks for tf32.
+docs/benchmarks.md has the measurements behind the order.
+"""
+from __future__ import annotations
+
+from ..runtime import autotune as _autotune
+from ..runtime.arrays import BFLOAT16
+from ..runtime.attention_args import AttentionArgs
+from ..runtime.device import SIMULATOR, compute_capability, max_grid, multiprocessor_count
+from ..runtime.views import lift
+from . import mma as _flash_mma
+from . import simt as _flash_simt
+from . import tf32 as _flash_tf32
+from . import wgmma as _flash_wgmma
+
+BACKENDS = ("simt", "mma", "wgmma")
+
+#: tile configurations of the float16 / bfloat16 tensor-core kernels, chosen per key by timing (``autotune``)
+FLASH_MMA_TUNER = _autotune.Autotuner("flash_mma", _flash_mma.TUNING_CANDIDATES, _flash_mma.DEFAULT_CONFIG)
+FLASH_WGMMA_TUNER = _autotune.Autotuner("flash_wgmma", _flash_wgmma.TUNING_CANDIDATES, _flash_wgmma.DEFAULT_CONFIG)
+
+
+def wgmma_applies(dtype: str, head_dim: int, *arrays) -> bool:
+    """The warpgroup kernel takes these inputs on this GPU."""
+    return (dtype in _flash_wgmma.DTYPES and not SIMULATOR
+            and compute_capability() >= _flash_wgmma.MIN_COMPUTE_CAPABILITY
+            and _flash_wgmma.supports(head_dim, *arrays))
+
+
+def choose_backend(backend, dtype: str, allow_tf32: bool = False, wgmma_ok: bool = False) -> str:
+    """The kernel for ``flash_forward``; ``wgmma_ok``: the warpgroup kernel takes these inputs on this GPU."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
+    mma_ok = dtype in _flash_mma.DTYPES + _flash_tf32.DTYPES and (
+        SIMULATOR or compute_capability() >= _flash_mma.MIN_COMPUTE_CAPABILITY
+    )
+    if backend == "mma" and not mma_ok:
+        raise ValueError(
+            f"backend: 'mma' needs a GPU of compute capability >= 8.0 "
+            f"(got {dtype} on {'the simulator' if SIMULATOR else compute_capability()})"
+        )
+    if backend == "wgmma" and dtype not in _flash_wgmma.DTYPES:
+        raise ValueError(f"backend: 'wgmma' takes float16 or bfloat16, got {dtype}")
+    if backend == "wgmma" and not (SIMULATOR or compute_capability() >= _flash_wgmma.MIN_COMPUTE_CAPABILITY):
+        raise ValueError(f"backend: 'wgmma' needs a GPU of compute capability 9.0 (Hopper), got {compute_capability()}")
+    if backend == "simt" and dtype == BFLOAT16:
+        raise ValueError("backend: 'simt' does not take bfloat16; use 'mma' or None")
+    if backend is None:
+        wants_mma = dtype != "float32" or allow_tf32 or not SIMULATOR
+        backend = "wgmma" if wgmma_ok else "mma" if mma_ok and wants_mma else "simt"
+    if backend == "simt" and dtype == BFLOAT16:
+        raise TypeError("q: bfloat16 needs the tensor-core kernel, which needs a GPU of compute capability >= 8.0")
+    return backend
+
+
+def check_seqlen_q(seqlen_q: int) -> None:
+    """Query tiles go on the grid's y axis: at most ``max_grid(1)`` blocks of at least 64 rows."""
+    limit = max_grid(1) * 64
+    if seqlen_q > limit:
+        raise ValueError(f"q: seqlen_q {seqlen_q} is longer than one launch handles ({limit})")
+
+
+def backend_for(call, shape, backend, allow_tf32: bool) -> str:
+    """The backend that runs this call (``backend`` as the caller passed it; raises where it cannot)."""
+    wgmma_ok = wgmma_applies(call.dtype, shape.head_dim, *(call.inputs[name] for name in "qkv"))
+    return choose_backend(backend, call.dtype, allow_tf32, wgmma_ok)
+
+
+def run(call, shape, args: AttentionArgs, backend: str, allow_tf32: bool, lse_placeholder) -> None:
+    """Launch ``backend``'s kernel (from ``backend_for``) for ``args`` on the call's stream."""
+    if backend == "mma" and call.dtype == "float32":
+        _flash_tf32.launch(*args.launch_args(), call.stream, tf32_only=allow_tf32)
+    elif backend == "mma":
+        config = _tuned_config(FLASH_MMA_TUNER, _flash_mma.launch, args, call, shape, lse_placeholder)
+        _flash_mma.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype)
+    elif backend == "wgmma":
+        config = _tuned_config(FLASH_WGMMA_TUNER, _flash_wgmma.launch, args, call, shape, lse_placeholder)
+        _flash_wgmma.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype)
+    else:
+        _flash_simt.launch(*args.launch_args(), call.stream)
+
+
+def _tuned_config(tuner, launch, args: AttentionArgs, call, shape, lse_placeholder):
+    """The autotuner's configuration for this call (None: tuning off, the kernel's default). A new key times every
+    candidate on these inputs with ``launch``, writing into a scratch output."""
+    if not _autotune.enabled():
+        return None
+    key = (
+        "sm%d%d" % compute_capability(), multiprocessor_count(), call.dtype, _flash_mma.padded_head_dim(shape.head_dim),
+        args.causal, _autotune.size_class(shape.batch * shape.heads * shape.seqlen_q),
+        _autotune.size_class(shape.seqlen_k),
+    )
+
+    def bench(config):
+        scratch = args.writing(lift(call.scratch(shape.out_shape(), call.dtype), 4), lse_placeholder, False)
+        return _autotune.time_on_stream(
+            lambda: launch(*scratch.launch_args(), call.stream, config=config, dtype=call.dtype), call.stream)
+
+    return tuner.choose(key, bench)

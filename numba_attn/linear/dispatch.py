@@ -1,0 +1,63 @@
+"""Which kernel runs a ``causal_dot_product`` or ``linear_attention`` call, and its launch.
+
+Backends: "chunked" (tensor cores, sm_80+: float16, bfloat16, float32; a state in and out) and "recurrent" (the
+sequential walk of "Transformers are RNNs": float16, float32, any GPU). ``None`` takes the chunked kernel from
+``CHUNKED_MIN_SEQLEN`` rows on (always for bfloat16 or a state in / out); docs/benchmarks.md has the measurements
+behind the thresholds.
+"""
+from __future__ import annotations
+
+from ..runtime.arrays import BFLOAT16
+from ..runtime.device import SIMULATOR, compute_capability
+from ..runtime.views import lift
+from . import chunked as _chunked
+from . import recurrent as _linear
+
+BACKENDS = ("chunked", "recurrent")
+#: rows from which ``backend=None`` takes the chunked kernel, per input dtype
+CHUNKED_MIN_SEQLEN = {"float16": 1024, "bfloat16": 1, "float32": 2048}
+
+
+def choose_backend(backend, dtype: str, seqlen: int, stateful: bool) -> str:
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
+    chunked_ok = SIMULATOR or compute_capability() >= _chunked.MIN_COMPUTE_CAPABILITY
+    if backend == "chunked" and not chunked_ok:
+        raise ValueError(f"backend: 'chunked' needs a GPU of compute capability >= 8.0, got {compute_capability()}")
+    if backend == "recurrent" and stateful:
+        raise ValueError("backend: 'recurrent' takes no initial_state / return_state; use 'chunked' or None")
+    if backend == "recurrent" and dtype == BFLOAT16:
+        raise ValueError("backend: 'recurrent' does not take bfloat16; use 'chunked' or None")
+    if backend is None:
+        wants_chunked = stateful or seqlen >= CHUNKED_MIN_SEQLEN[dtype]
+        backend = "chunked" if chunked_ok and wants_chunked else "recurrent"
+    if backend == "recurrent" and (stateful or dtype == BFLOAT16):
+        raise TypeError("bfloat16 inputs and initial_state / return_state need a GPU of compute capability >= 8.0")
+    return backend
+
+
+def run_causal_dot_product(call, backend: str, out, final, allow_tf32: bool) -> None:
+    """Launch the causal product of ``call``'s q, k, v (and ``initial_state``) into ``out`` (and ``final``)."""
+    views = [lift(call.inputs[name], 4) for name in ("q", "k", "v")] + [lift(out.view, 4)]
+    if backend == "chunked":
+        initial = call.inputs.get("initial_state")
+        _chunked.launch_causal(
+            *views, call.stream,
+            initial_state=lift(initial, 4) if initial is not None else None,
+            final_state=lift(final.view, 4) if final is not None else None,
+            tf32=allow_tf32, dtype=call.dtype, scratch=call.scratch,
+        )
+    else:
+        _linear.launch_causal_dot_product(*views, call.stream)
+
+
+def run_linear_attention(call, backend: str, out, causal: bool, eps: float, allow_tf32: bool) -> None:
+    """Launch the normalised layer of ``call``'s q, k, v into ``out``."""
+    views = [lift(call.inputs[name], 4) for name in ("q", "k", "v")] + [lift(out.view, 4)]
+    if backend == "chunked" and causal:
+        _chunked.launch_causal(*views, call.stream, normalise=True, eps=eps, tf32=allow_tf32, dtype=call.dtype,
+                               scratch=call.scratch)
+    elif backend == "chunked":
+        _chunked.launch_noncausal(*views, eps, call.stream, tf32=allow_tf32, dtype=call.dtype, scratch=call.scratch)
+    else:
+        _linear.launch_linear_attention(*views, causal, eps, call.stream, scratch=call.scratch)

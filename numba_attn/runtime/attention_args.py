@@ -1,0 +1,36 @@
+"""The arguments every forward and decode kernel's ``launch`` takes, as one typed object instead of a tuple."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class AttentionArgs:
+    """One attention call on the device: batched views ``(batch, heads, seqlen, headdim)`` of ``q``, ``k``, ``v``
+    and ``out``, the ``(batch, heads, seqlen_q)`` lse view (a placeholder the kernels never write when
+    ``write_lse`` is False), the score scale and the mask."""
+
+    q: Any
+    k: Any
+    v: Any
+    out: Any
+    lse: Any
+    write_lse: bool
+    sm_scale: float
+    causal: bool
+
+    def __post_init__(self):
+        if type(self.write_lse) is not bool or type(self.causal) is not bool:
+            raise TypeError("write_lse, causal: expected bool")
+        if type(self.sm_scale) is not float:
+            raise TypeError(f"sm_scale: expected a float, got {type(self.sm_scale).__name__}")
+
+    def launch_args(self) -> tuple:
+        """In the order of the kernels' ``launch(q, k, v, out, lse, write_lse, sm_scale, causal, stream, ...)``."""
+        return (self.q, self.k, self.v, self.out, self.lse, self.write_lse, self.sm_scale, self.causal)
+
+    def writing(self, out, lse, write_lse: bool) -> "AttentionArgs":
+        """The same inputs into other outputs (the autotuner times candidates into scratch)."""
+        return dataclasses.replace(self, out=out, lse=lse, write_lse=write_lse)

@@ -70,14 +70,14 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-for _path in (HERE, ROOT):  # peers/ lives next to this script; numba_attn and reference at the repo root
+for _path in (HERE, ROOT):  # bench/peers/ lives next to this script; numba_attn and reference at the repo root
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
 import numba_attn  # noqa: E402  (first: decides GPU vs simulator before numba.cuda is imported)
 import reference  # noqa: E402
 
-import peers  # noqa: E402
+from bench import peers  # noqa: E402
 
 SWEEPS = ("flash", "decode", "linear")
 OURS = "numba_attn"
@@ -818,7 +818,7 @@ def _torch_only(case: Case, env: Env) -> str | None:
 
 def _naive_check(budget: float):
     def check(case: Case, env: Env) -> str | None:
-        from peers.naive import score_bytes
+        from bench.peers.naive import score_bytes
 
         need = score_bytes(case.batch, case.heads, case.seqlen_q, case.seqlen_k)
         if need > budget:
@@ -927,7 +927,7 @@ def _fla_providers(mod) -> dict:
 
 
 def _numpy_naive_providers() -> dict:
-    from peers import naive
+    from bench.peers import naive
 
     def prep_attention(case, x, env):
         bias = naive.causal_bias(np, case.seqlen_q, case.seqlen_k) if case.causal else None

@@ -1,0 +1,1 @@
+"""The benchmark sweep's package (``scripts/sweep.py``); ``peers/`` holds the outside implementations it times."""

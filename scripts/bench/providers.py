@@ -1,18 +1,22 @@
-"""The provider registry: numba_attn's variants and the installed peers, one dict of ``Provider`` per sweep."""
+"""The provider registry: numba_attn's variants and the installed peers, one dict of ``Provider`` per sweep.
+
+The peers' own providers come from their plug-in modules in ``peers/``; the checks they share are here.
+"""
 from __future__ import annotations
 
 import contextlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable
 
 import numba_attn
 
 from . import peers
 from .cases import SWEEPS, Case
 from .environment import Env
+
+if TYPE_CHECKING:
+    from .cli import Options
 
 OURS = "numba_attn"
 
@@ -97,11 +101,11 @@ def numba_attn_providers(sweep: str) -> dict:
     return providers
 
 
-def _torch_only(case: Case, env: Env) -> str | None:
+def torch_only(case: Case, env: Env) -> str | None:
     return None if env.kind == "torch" else f"needs torch tensors (arrays are {env.kind})"
 
 
-def _naive_check(budget: float):
+def naive_check(budget: float):
     def check(case: Case, env: Env) -> str | None:
         from .peers.naive import score_bytes
 
@@ -113,7 +117,7 @@ def _naive_check(budget: float):
     return check
 
 
-def _all_checks(*checks):
+def all_checks(*checks):
     def check(case, env):
         for c in checks:
             reason = c(case, env)
@@ -124,111 +128,9 @@ def _all_checks(*checks):
     return check
 
 
-def _sdpa_providers(mod, opts: Options) -> dict:
-    flash, decode = {}, {}
-    for backend in mod.BACKENDS:
-        context = mod.backend_context(backend)
-
-        def prep_flash(case, x, env, context=context):
-            return Prepared(lambda: mod.attention(x["q"], x["k"], x["v"], case.causal), context=context)
-
-        def prep_decode(case, x, env, context=context):
-            return Prepared(lambda: mod.decode(x["q"], x["k"], x["v"]), context=context)
-
-        check = _torch_only
-        if backend == "math":
-            check = _all_checks(_torch_only, _naive_check(opts.naive_mem_bytes))
-        flash[f"torch-sdpa-{backend}"] = Provider(prep_flash, check=check, note=f"SDPA, {backend} backend forced")
-        if backend != "math":
-            decode[f"torch-sdpa-{backend}"] = Provider(
-                prep_decode, check=_torch_only, note=f"SDPA, {backend} backend forced, GQA heads packed as rows")
-    return {"flash": flash, "decode": decode}
-
-
-def _triton_providers(mod) -> dict:
-    def check(case, env):
-        if env.kind != "torch":
-            return _torch_only(case, env)
-        if case.head_dim not in mod.HEAD_DIMS:
-            return f"headdim {case.head_dim} not in {mod.HEAD_DIMS}"
-        return None
-
-    def prep_flash(case, x, env):
-        return Prepared(lambda: mod.flash_forward(x["q"], x["k"], x["v"], causal=case.causal))
-
-    def prep_decode(case, x, env):
-        return Prepared(lambda: mod.flash_forward(x["q"], x["k"], x["v"], causal=False))
-
-    tf32 = ("float32",)
-    note = "peers/triton_flash.py: FA2 forward, autotuned, no split-KV"
-    return {
-        "flash": {"triton-fa2": Provider(prep_flash, check=check, tf32_dtypes=tf32, note=note)},
-        "decode": {"triton-fa2": Provider(prep_decode, check=check, tf32_dtypes=tf32, note=note)},
-    }
-
-
-def _cupy_naive_providers(naive, opts: Options) -> dict:
-    import cupy
-
-    def as_cupy(x):
-        if type(x).__module__.startswith("torch"):
-            if "bfloat16" in str(x.dtype):
-                raise TypeError("CuPy has no bfloat16")
-            return cupy.asarray(x.detach())
-        return x
-
-    def prep(case, x, env):
-        q, k, v = (as_cupy(x[n]) for n in ("q", "k", "v"))
-        bias = naive.causal_bias(cupy, case.seqlen_q, case.seqlen_k) if case.causal else None
-        return Prepared(lambda: naive.attention(cupy, q, k, v, bias=bias))
-
-    note = "materialised scores: cuBLAS in the input dtype, float32 softmax, P in the input dtype"
-    provider = Provider(prep, check=_naive_check(opts.naive_mem_bytes), note=note, graphs=False)
-    return {"flash": {"cupy-naive": provider}, "decode": {"cupy-naive": provider}}
-
-
-def _fla_providers(mod) -> dict:
-    linear = {}
-    for name, kernel in mod.KERNELS.items():
-
-        def prep(case, x, env, kernel=kernel):
-            import torch
-
-            q, k, v = (mod.to_fla_layout(x[n]) for n in ("q", "k", "v"))  # not timed: see fla_linear.py
-
-            @contextlib.contextmanager
-            def no_grad():
-                with torch.no_grad():
-                    yield
-
-            return Prepared(lambda: kernel(q, k, v), post=mod.from_fla_layout, context=no_grad)
-
-        tf32 = ("float32",) if name == "chunk" else ()
-        note = f"fla {name}_linear_attn(scale=1, normalize=False), (B,T,H,D) inputs prepared outside timing"
-        if mod.EINOPS_STUBBED:
-            note += "; einops missing, stubbed for fla's import"
-        linear[f"fla-{name}"] = Provider(prep, check=_torch_only, tf32_dtypes=tf32, note=note)
-    return {"linear": linear}
-
-
-def _numpy_naive_providers() -> dict:
-    from .peers import naive
-
-    def prep_attention(case, x, env):
-        bias = naive.causal_bias(np, case.seqlen_q, case.seqlen_k) if case.causal else None
-        return Prepared(lambda: naive.attention(np, x["q"], x["k"], x["v"], bias=bias))
-
-    def prep_linear(case, x, env):
-        return Prepared(lambda: naive.causal_dot_product(np, x["q"], x["k"], x["v"]))
-
-    note = "NumPy on the host, materialised float32 scores"
-    attention = Provider(prep_attention, note=note)
-    return {"flash": {"numpy-naive": attention}, "decode": {"numpy-naive": attention},
-            "linear": {"numpy-naive": Provider(prep_linear, note=note)}}
-
-
 def build_registry(env: Env, opts: Options) -> tuple[dict, dict]:
-    """``({sweep: {name: Provider}}, {peer: reason unavailable})`` for this environment; numba_attn first."""
+    """``({sweep: {name: Provider}}, {peer: reason unavailable})`` for this environment; numba_attn first, then each
+    peer plug-in's ``providers(opts)`` in ``peers.plugins()`` order."""
     registry = {s: numba_attn_providers(s) for s in SWEEPS}
     unavailable = {}
 
@@ -236,20 +138,16 @@ def build_registry(env: Env, opts: Options) -> tuple[dict, dict]:
         for sweep, providers in groups.items():
             registry[sweep].update(providers)
 
-    if env.kind == "numpy":
-        merge(_numpy_naive_providers())
+    if env.kind == "numpy":  # the simulator: no GPU library to load, only the host NumPy peer
+        from .peers import naive
+
+        merge(naive.numpy_providers())
         return registry, unavailable
-    loaders = {
-        "torch-sdpa": ("torch_sdpa", lambda m: _sdpa_providers(m, opts)),
-        "triton-fa2": ("triton_flash", _triton_providers),
-        "cupy-naive": ("naive", lambda m: _cupy_naive_providers(m, opts)),
-        "fla": ("fla_linear", _fla_providers),
-    }
-    for label, (module, make) in loaders.items():
+    for label, module in peers.plugins().items():
         mod, reason = peers.load(module)
         if mod is not None:
             try:
-                merge(make(mod))
+                merge(mod.providers(opts))
             except Exception as exc:  # noqa: BLE001
                 reason = f"{type(exc).__name__}: {exc}"
         if reason:

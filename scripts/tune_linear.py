@@ -98,7 +98,7 @@ def main():
     import torch
 
     try:
-        from peers import fla_linear
+        from bench.peers import fla_linear
     except Exception as exc:  # noqa: BLE001
         print(f"fla not available: {exc}")
         fla_linear = None

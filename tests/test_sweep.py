@@ -1,4 +1,4 @@
-"""The benchmark sweep (scripts/sweep.py) end to end on a tiny grid, plus its small helpers.
+"""The benchmark sweep (scripts/sweep.py, the scripts/bench package) end to end on a tiny grid, plus its helpers.
 
 The run uses tiny explicit shapes so that it takes seconds under Numba's CUDA simulator (and also works on a GPU,
 with torch arrays and CUDA-event timing). Two extra providers are injected through the registry: one that returns a
@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -51,7 +52,15 @@ def _load_sweep():
 
 @pytest.fixture(scope="module")
 def sweep():
+    """The entry point, scripts/sweep.py (it puts scripts/ on sys.path for the bench package)."""
     return _load_sweep()
+
+
+@pytest.fixture(scope="module")
+def bench(sweep):
+    """The modules of the bench package that sweep.py runs, by name (bench.cli, bench.cases, ...)."""
+    names = ("cases", "cli", "providers", "report", "runner")
+    return types.SimpleNamespace(**{n: importlib.import_module(f"bench.{n}") for n in names})
 
 
 class _Counter:
@@ -59,7 +68,7 @@ class _Counter:
         self.calls = 0
 
 
-def _wrong_provider(sweep, counter):
+def _wrong_provider(bench, counter):
     """Returns ones of the right shape: rel err ~1, far above any bound."""
 
     def prepare(case, inputs, env):
@@ -67,26 +76,27 @@ def _wrong_provider(sweep, counter):
             counter.calls += 1
             return np.ones(case.out_shape(), dtype=case.dtype)
 
-        return sweep.Prepared(fn)
+        return bench.providers.Prepared(fn)
 
-    return sweep.Provider(prepare, note="deliberately wrong")
+    return bench.providers.Provider(prepare, note="deliberately wrong")
 
 
-def _raising_provider(sweep):
+def _raising_provider(bench):
     def prepare(case, inputs, env):
         def fn():
             raise RuntimeError("boom: this provider does not support anything")
 
-        return sweep.Prepared(fn)
+        return bench.providers.Prepared(fn)
 
-    return sweep.Provider(prepare, note="always raises")
+    return bench.providers.Provider(prepare, note="always raises")
 
 
 @pytest.fixture(scope="module")
-def run(sweep, tmp_path_factory):
+def run(sweep, bench, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_out")
     counter = _Counter()
-    extra = {s: {"wrong": _wrong_provider(sweep, counter), "raises": _raising_provider(sweep)} for s in sweep.SWEEPS}
+    extra = {s: {"wrong": _wrong_provider(bench, counter), "raises": _raising_provider(bench)}
+             for s in bench.cases.SWEEPS}
     result = sweep.main(TINY + ["--out", str(out)], extra_providers=extra)
     return {"result": result, "out": out, "wrong_calls": counter.calls}
 
@@ -171,62 +181,64 @@ def test_json_and_markdown(run):
     assert "| size |" in md and "FAIL" in md and "halved for causal" in md
 
 
-def test_plot_written_when_matplotlib_is_present(sweep, run, tmp_path):
+def test_plot_written_when_matplotlib_is_present(bench, run, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "flash.png"
-    problem = sweep.write_plot(str(path), run["result"]["rows"], "flash", run["result"]["meta"])
+    problem = bench.report.write_plot(str(path), run["result"]["rows"], "flash", run["result"]["meta"])
     assert problem is None and path.stat().st_size > 0
 
 
-def test_provider_filter_and_helpers(sweep):
-    assert sweep.parse_size("4k") == 4096 and sweep.parse_size("48") == 48
-    assert sweep.size_label(16384) == "16k" and sweep.size_label(48) == "48"
-    tol = sweep._tolerances("fp16=3e-3,tf32=1e-2")
+def test_provider_filter_and_helpers(bench):
+    assert bench.cli.parse_size("4k") == 4096 and bench.cli.parse_size("48") == 48
+    assert bench.cases.size_label(16384) == "16k" and bench.cases.size_label(48) == "48"
+    tol = bench.cli._tolerances("fp16=3e-3,tf32=1e-2")
     assert tol == {"fp16": 3e-3, "tf32": 1e-2}
     registry = {"flash": {"numba_attn": 1, "torch-sdpa-flash": 2, "triton-fa2": 3}}
-    assert list(sweep.filter_registry(registry, ["numba", "triton"])["flash"]) == ["numba_attn", "triton-fa2"]
+    keep = bench.providers.filter_registry
+    assert list(keep(registry, ["numba", "triton"])["flash"]) == ["numba_attn", "triton-fa2"]
     registry["flash"]["numba_attn[mma]"] = 4
-    assert list(sweep.filter_registry(registry, ["=numba_attn", "flash"])["flash"]) == ["numba_attn", "torch-sdpa-flash"]
+    assert list(keep(registry, ["=numba_attn", "flash"])["flash"]) == ["numba_attn", "torch-sdpa-flash"]
 
 
-def test_backend_keyword_adds_providers(sweep):
+def test_backend_keyword_adds_providers(bench):
     def with_backend(q, k, v, *, causal=False, backend=None):
         return q
 
     def without_backend(q, k, v, *, causal=False):
         return q
 
-    assert sweep._backend_variants(without_backend, ("simt", "mma")) == [None]
-    assert sweep._backend_variants(with_backend, ("simt", "mma")) == [None, "simt", "mma"]
+    assert bench.providers._backend_variants(without_backend, ("simt", "mma")) == [None]
+    assert bench.providers._backend_variants(with_backend, ("simt", "mma")) == [None, "simt", "mma"]
 
 
-def test_linear_providers_cover_both_backends_and_tf32(sweep):
-    names = set(sweep.numba_attn_providers("linear"))
+def test_linear_providers_cover_both_backends_and_tf32(bench):
+    names = set(bench.providers.numba_attn_providers("linear"))
     assert {"numba_attn", "numba_attn[chunked]", "numba_attn[recurrent]", "numba_attn[tf32]"} <= names
 
 
-def test_help_documents_options(sweep):
-    text = sweep.build_parser().format_help()
+def test_help_documents_options(bench):
+    text = bench.cli.build_parser().format_help()
     for option in ("--sweeps", "--seqlens", "--dtypes", "--providers", "--batch", "--headdims", "--heads",
                    "--decode-lengths", "--reps", "--out", "--quick", "--no-plot", "--tol"):
         assert option in text
 
 
-def test_graph_times_get_their_own_tables_and_ratios(sweep):
+def test_graph_times_get_their_own_tables_and_ratios(bench):
     """CUDA graph times (decode on a GPU) are compared and tabulated apart from the queued times."""
-    case = sweep.Case("decode", "H=2 Hkv=1 D=16", "float16", 4096, 1, 2, 1, 1, 4096, 16, 16, nbytes=1e9)
-    ours = sweep.Provider(lambda *a: None, ours=True)
-    peer = sweep.Provider(lambda *a: None)
-    rows = [sweep._row(case, "numba_attn", ours, status="ok", ms=2.0, graph_ms=1.0, gbs=500.0, graph_gbs=1000.0),
-            sweep._row(case, "peer", peer, status="ok", ms=1.0, graph_ms=2.0, gbs=1000.0, graph_gbs=500.0)]
-    sweep.add_comparisons(rows, copy_gbs=2000.0)
+    case = bench.cases.Case("decode", "H=2 Hkv=1 D=16", "float16", 4096, 1, 2, 1, 1, 4096, 16, 16, nbytes=1e9)
+    ours = bench.providers.Provider(lambda *a: None, ours=True)
+    peer = bench.providers.Provider(lambda *a: None)
+    row = bench.runner._row
+    rows = [row(case, "numba_attn", ours, status="ok", ms=2.0, graph_ms=1.0, gbs=500.0, graph_gbs=1000.0),
+            row(case, "peer", peer, status="ok", ms=1.0, graph_ms=2.0, gbs=1000.0, graph_gbs=500.0)]
+    bench.report.add_comparisons(rows, copy_gbs=2000.0)
     assert rows[0]["vs_best_peer"] == 2.0 and rows[0]["graph_vs_best_peer"] == 0.5
     assert rows[0]["graph_pct_copy_bw"] == 50.0 and rows[1]["pct_copy_bw"] == 50.0
-    tables = sweep.pivot_tables(rows, "decode")
+    tables = bench.report.pivot_tables(rows, "decode")
     assert [title.endswith("(CUDA graph replays)") for title, _, _ in tables] == [False, True]
     (_, _, queued), (_, _, graph) = tables
     assert queued[0][1:4] == ["2.000 / 500.0 (25%)", "1.000 / 1000.0 (50%)", "2.00x"]
     assert graph[0][1:4] == ["1.000 / 1000.0 (50%)", "2.000 / 500.0 (25%)", "0.50x"]
     for r in rows:
         r["graph_ms"] = r["graph_gbs"] = None
-    assert len(sweep.pivot_tables(rows, "decode")) == 1
+    assert len(bench.report.pivot_tables(rows, "decode")) == 1

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["BACKENDS", "backend_context", "attention", "decode"]
+__all__ = ["BACKENDS", "backend_context", "attention", "decode", "providers"]
 
 #: provider suffix -> SDPBackend member name
 BACKENDS = {
@@ -63,3 +63,30 @@ def decode(q, k, v, sm_scale: float | None = None):
     packed = q.reshape(batch, kv_heads, (heads // kv_heads) * seqlen_q, head_dim)
     out = F.scaled_dot_product_attention(packed, k, v, is_causal=False, scale=scale)
     return out.reshape(batch, heads, seqlen_q, head_dim)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The sweep's plug-in hook (bench/peers/__init__.py)
+# --------------------------------------------------------------------------------------------------------------------
+def providers(opts) -> dict:
+    """``torch-sdpa-<backend>`` for flash and decode, one per forced backend (math: flash only, within the budget)."""
+    from ..providers import Prepared, Provider, all_checks, naive_check, torch_only  # the sweep's, not the wrappers'
+
+    flash, decode_ = {}, {}
+    for backend in BACKENDS:
+        context = backend_context(backend)
+
+        def prep_flash(case, x, env, context=context):
+            return Prepared(lambda: attention(x["q"], x["k"], x["v"], case.causal), context=context)
+
+        def prep_decode(case, x, env, context=context):
+            return Prepared(lambda: decode(x["q"], x["k"], x["v"]), context=context)
+
+        check = torch_only
+        if backend == "math":
+            check = all_checks(torch_only, naive_check(opts.naive_mem_bytes))
+        flash[f"torch-sdpa-{backend}"] = Provider(prep_flash, check=check, note=f"SDPA, {backend} backend forced")
+        if backend != "math":
+            decode_[f"torch-sdpa-{backend}"] = Provider(
+                prep_decode, check=torch_only, note=f"SDPA, {backend} backend forced, GQA heads packed as rows")
+    return {"flash": flash, "decode": decode_}

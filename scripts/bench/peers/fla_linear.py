@@ -12,10 +12,11 @@ timed region (an application using fla keeps its tensors in fla's layout), so on
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
 
-import torch  # noqa: F401  (fla needs torch: a missing torch fails this import clearly)
+import torch  # first: fla needs torch, and a missing torch fails this import clearly
 
 
 def _stub_einops_if_missing() -> bool:
@@ -47,7 +48,7 @@ EINOPS_STUBBED = _stub_einops_if_missing()
 
 from fla.ops.linear_attn import chunk_linear_attn, fused_recurrent_linear_attn  # noqa: E402
 
-__all__ = ["KERNELS", "to_fla_layout", "from_fla_layout", "EINOPS_STUBBED"]
+__all__ = ["KERNELS", "to_fla_layout", "from_fla_layout", "EINOPS_STUBBED", "providers"]
 
 
 def _chunk(q, k, v):
@@ -82,3 +83,31 @@ def version() -> str:
 
         return getattr(fla, "__version__", "?")
 
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The sweep's plug-in hook (bench/peers/__init__.py)
+# --------------------------------------------------------------------------------------------------------------------
+def providers(opts) -> dict:
+    """``fla-chunk`` and ``fla-fused-recurrent`` for the linear sweep (the chunked kernel runs float32 as TF32)."""
+    from ..providers import Prepared, Provider, torch_only  # the sweep's, not the wrappers'
+
+    linear = {}
+    for name, kernel in KERNELS.items():
+
+        def prep(case, x, env, kernel=kernel):
+            q, k, v = (to_fla_layout(x[n]) for n in ("q", "k", "v"))  # not timed: see the module docstring
+
+            @contextlib.contextmanager
+            def no_grad():
+                with torch.no_grad():
+                    yield
+
+            return Prepared(lambda: kernel(q, k, v), post=from_fla_layout, context=no_grad)
+
+        tf32 = ("float32",) if name == "chunk" else ()
+        note = f"fla {name}_linear_attn(scale=1, normalize=False), (B,T,H,D) inputs prepared outside timing"
+        if EINOPS_STUBBED:
+            note += "; einops missing, stubbed for fla's import"
+        linear[f"fla-{name}"] = Provider(prep, check=torch_only, tf32_dtypes=tf32, note=note)
+    return {"linear": linear}

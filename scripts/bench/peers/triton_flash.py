@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["flash_forward", "HEAD_DIMS", "DTYPES"]
+__all__ = ["flash_forward", "HEAD_DIMS", "DTYPES", "providers"]
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -245,3 +245,31 @@ def flash_forward(q, k, v, causal=False, sm_scale=None):
 
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     return _launch(q, k, v, out, causal, sm_scale, group)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The sweep's plug-in hook (bench/peers/__init__.py)
+# --------------------------------------------------------------------------------------------------------------------
+def providers(opts) -> dict:
+    """``triton-fa2`` for flash and decode (float32 inputs run TF32: they get the tf32 bound)."""
+    from ..providers import Prepared, Provider, torch_only  # the sweep's, not the kernel's
+
+    def check(case, env):
+        if env.kind != "torch":
+            return torch_only(case, env)
+        if case.head_dim not in HEAD_DIMS:
+            return f"headdim {case.head_dim} not in {HEAD_DIMS}"
+        return None
+
+    def prep_flash(case, x, env):
+        return Prepared(lambda: flash_forward(x["q"], x["k"], x["v"], causal=case.causal))
+
+    def prep_decode(case, x, env):
+        return Prepared(lambda: flash_forward(x["q"], x["k"], x["v"], causal=False))
+
+    tf32 = ("float32",)
+    note = "peers/triton_flash.py: FA2 forward, autotuned, no split-KV"
+    return {
+        "flash": {"triton-fa2": Provider(prep_flash, check=check, tf32_dtypes=tf32, note=note)},
+        "decode": {"triton-fa2": Provider(prep_decode, check=check, tf32_dtypes=tf32, note=note)},
+    }

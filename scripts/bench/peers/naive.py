@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["causal_bias", "attention", "causal_dot_product", "score_bytes"]
+__all__ = ["causal_bias", "attention", "causal_dot_product", "score_bytes", "providers", "numpy_providers"]
 
 
 def score_bytes(batch: int, heads: int, seqlen_q: int, seqlen_k: int) -> int:
@@ -67,3 +67,48 @@ def causal_dot_product(xp, q, k, v):
     scores = xp.matmul(q.astype(xp.float32), k.astype(xp.float32).swapaxes(-1, -2))
     scores *= xp.tril(xp.ones((seqlen, seqlen), dtype=xp.float32))
     return xp.matmul(scores, v.astype(xp.float32)).astype(v.dtype)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The sweep's plug-in hook (bench/peers/__init__.py)
+# --------------------------------------------------------------------------------------------------------------------
+def providers(opts) -> dict:
+    """``cupy-naive`` for flash and decode (GPU runs; it launches on CuPy's stream, so no CUDA graph captures it)."""
+    import cupy
+
+    from ..providers import Prepared, Provider, naive_check  # the sweep's, not the wrappers'
+
+    def as_cupy(x):
+        if type(x).__module__.startswith("torch"):
+            if "bfloat16" in str(x.dtype):
+                raise TypeError("CuPy has no bfloat16")
+            return cupy.asarray(x.detach())
+        return x
+
+    def prep(case, x, env):
+        q, k, v = (as_cupy(x[n]) for n in ("q", "k", "v"))
+        bias = causal_bias(cupy, case.seqlen_q, case.seqlen_k) if case.causal else None
+        return Prepared(lambda: attention(cupy, q, k, v, bias=bias))
+
+    note = "materialised scores: cuBLAS in the input dtype, float32 softmax, P in the input dtype"
+    provider = Provider(prep, check=naive_check(opts.naive_mem_bytes), note=note, graphs=False)
+    return {"flash": {"cupy-naive": provider}, "decode": {"cupy-naive": provider}}
+
+
+def numpy_providers() -> dict:
+    """``numpy-naive`` for every sweep: the simulator's only peer."""
+    import numpy as np
+
+    from ..providers import Prepared, Provider
+
+    def prep_attention(case, x, env):
+        bias = causal_bias(np, case.seqlen_q, case.seqlen_k) if case.causal else None
+        return Prepared(lambda: attention(np, x["q"], x["k"], x["v"], bias=bias))
+
+    def prep_linear(case, x, env):
+        return Prepared(lambda: causal_dot_product(np, x["q"], x["k"], x["v"]))
+
+    note = "NumPy on the host, materialised float32 scores"
+    attention_ = Provider(prep_attention, note=note)
+    return {"flash": {"numpy-naive": attention_}, "decode": {"numpy-naive": attention_},
+            "linear": {"numpy-naive": Provider(prep_linear, note=note)}}

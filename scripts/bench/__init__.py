@@ -1,0 +1,54 @@
+"""The benchmark sweep of numba_attn against the peers that are installed, on the same inputs (``scripts/sweep.py``).
+
+Sweeps (``--sweeps``):
+
+* ``flash``  -- ``numba_attn.flash_forward`` vs torch SDPA (flash / cuDNN / memory-efficient backends forced one at a
+  time, the math backend only where its score matrix fits the memory budget), our Triton FlashAttention-2 forward
+  (``peers/triton_flash.py``) and a naive CuPy attention, over sequence length, causal and not, per (headdim, heads)
+  configuration. Metric: TFLOP/s with FLOPs = 4 * B * H * Lq * Lk * D (two matrix products), **halved for causal**
+  (the masked half is not counted, whatever a kernel actually computes).
+* ``decode`` -- ``numba_attn.flash_decode`` (one query row against a long KV cache) vs torch SDPA and the Triton
+  kernel, plain multi-head and grouped-query. Metric: GB/s = bytes of K and V read plus q read and out written, per
+  second, and its percentage of the device-to-device copy bandwidth measured in the same run (read + written
+  bytes of a 1 GiB buffer copy).
+* ``linear`` -- ``numba_attn.causal_dot_product`` vs flash-linear-attention's chunked and fused-recurrent kernels
+  (``scale=1``, ``normalize=False``: the same unnormalised causal sum). Metric: ms only.
+
+How each (case, provider) pair is measured:
+
+1. Correctness first: the provider runs once on input set 0 and a slice of its output (batch 0, the first and last
+   heads, the last ``--check-rows`` query rows) is compared with the float64 ``reference`` package computed on the
+   same slice of the inputs (bottom-right causal alignment makes the last rows against all keys an exact
+   sub-problem). ``rel_err = ||out - ref|| / ||ref||``. Above the dtype's bound (``--tol``; providers that compute
+   float32 with TF32 tensor cores get the ``tf32`` bound) the provider is marked FAIL and not timed. A provider
+   that raises (unsupported dtype or shape, out of memory, missing kernel) is recorded as skipped with the error
+   text; nothing a provider does stops the sweep.
+2. Timing: ``--warmup`` calls, then up to ``--reps`` calls (fewer if they would exceed ``--budget`` seconds, at
+   least 3), rotating over a few freshly drawn normal random input sets (``--rotate``) so that no call finds its
+   inputs in L2. On a GPU every call is bracketed by CUDA events on one stream, the stream all providers run on
+   (torch's current stream, which CuPy and numba_attn are pointed at too); calls are queued back to back and the
+   host synchronises every few calls, so host launch overhead is only visible when it exceeds the GPU work (as it
+   would be in an application). The reported time is the median. Under the simulator, ``time.perf_counter``.
+3. Decode steps are also timed in CUDA graphs (``--graph-sweeps``, torch arrays only): ``--graph-steps`` calls over
+   the rotated input sets captured in one ``torch.cuda.CUDAGraph``, replayed ``--graph-replays`` times between
+   CUDA events; the median replay over the number of steps is the GPU time of one call without host time or
+   launch gaps, the way a serving loop runs a decoding step (queued, a short step measures the lease's CPU too:
+   a planned GQA call took 59 and 117 us of host time on two H100 leases of one day, and 16k-key steps queued at
+   228 us each on a third against 103 us in graphs). Tables and plots show both; providers that launch on a
+   stream of their own (the CuPy naive peer) are not captured.
+
+Without a GPU (``numba_attn.SIMULATOR``) the same pipeline runs a tiny grid under Numba's CUDA simulator against a
+NumPy naive peer: it checks that the sweep and the kernels work, not how fast anything is.
+
+Outputs in ``--out``: ``results.csv``, ``results.json`` (device, date, versions, command line, copy bandwidth, every
+row), ``results.md`` (markdown tables), one ``<sweep>.png`` per sweep; progress lines and a table per sweep on
+stdout. Providers are kept in a registry (``providers.build_registry``): one dict per sweep, name -> ``Provider``;
+new numba_attn backends appear automatically when the public functions grow a ``backend=`` keyword, and a new peer
+is one module in ``peers/`` (see ``peers/__init__.py``).
+
+Modules, one job each: ``cli`` (options), ``cases`` (grids and the work each case counts), ``environment`` (arrays,
+streams, device and software info), ``timing`` (how calls are timed), ``checks`` (accuracy against the reference),
+``providers`` (the registry), ``peers/`` (the outside implementations), ``runner`` (one case, every provider),
+``report`` (tables, files, plots), ``main`` (the whole run).
+"""
+import numba_attn  # noqa: F401  (first: decides GPU vs simulator before numba.cuda is imported)

@@ -1,0 +1,164 @@
+"""The provider registry: numba_attn's variants and the installed peers, one dict of ``Provider`` per sweep.
+
+The peers' own providers come from their plug-in modules in ``peers/``; the checks they share are here.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import numba_attn
+
+from . import peers
+from .cases import SWEEPS, Case
+from .environment import Env
+
+if TYPE_CHECKING:
+    from .cli import Options
+
+OURS = "numba_attn"
+
+
+@dataclass
+class Prepared:
+    """A provider bound to one input set: ``fn()`` is the timed call.
+
+    ``post`` maps fn's result to ``(batch, heads, seqlen_q, dim)`` (outside the timed region); ``context`` is entered
+    around the correctness call and around the whole timing loop (e.g. a forced SDPA backend).
+    """
+
+    fn: Callable[[], Any]
+    post: Callable[[Any], Any] = lambda out: out
+    context: Callable[[], Any] = contextlib.nullcontext
+
+
+@dataclass
+class Provider:
+    """One implementation in the registry.
+
+    ``prepare(case, inputs, env)`` turns an input set (q, k, v in the environment's library and numba_attn's layout)
+    into a ``Prepared`` call; it runs outside the timed region, so layout changes made there are not timed.
+    ``check(case, env)`` returns a reason to skip the case before anything is allocated (or None).
+    ``tf32_dtypes``: input dtypes the provider computes with TF32 tensor cores (they get the ``tf32`` bound).
+    """
+
+    prepare: Callable[[Case, dict, Env], Prepared]
+    ours: bool = False
+    check: Callable[[Case, Env], str | None] = lambda case, env: None
+    tf32_dtypes: tuple = ()
+    note: str = ""
+    graphs: bool = True  # its calls launch on the current torch stream, so a CUDA graph capture takes them
+
+
+def _backend_variants(fn, names) -> list:
+    """``[None]`` plus the backend names when ``fn`` takes ``backend=``."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return [None]
+    if "backend" not in params:
+        return [None]
+    return [None] + [str(n) for n in names]
+
+
+def _takes(fn, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _float32_only(case: Case, env: Env) -> str | None:
+    return None if case.dtype == "float32" else "tf32 applies to float32 inputs only"
+
+
+def numba_attn_providers(sweep: str) -> dict:
+    """``numba_attn`` (default dispatch), ``numba_attn[<backend>]`` for each backend the function offers, and
+    ``numba_attn[tf32]`` (float32 inputs in one tf32 term) where it offers ``allow_tf32``."""
+    fn = {"flash": numba_attn.flash_forward, "decode": numba_attn.flash_decode,
+          "linear": numba_attn.causal_dot_product}[sweep]
+    names = {"flash": getattr(numba_attn, "BACKENDS", ("simt", "mma")),
+             "linear": getattr(numba_attn, "LINEAR_BACKENDS", ())}.get(sweep, ())
+    variants = [(backend, {} if backend is None else {"backend": backend}) for backend in _backend_variants(fn, names)]
+    if _takes(fn, "allow_tf32"):
+        variants.append(("tf32", {"allow_tf32": True}))
+    providers = {}
+    for variant, kwargs in variants:
+
+        def prepare(case, x, env, kwargs=kwargs):
+            if sweep == "flash":
+                return Prepared(lambda: fn(x["q"], x["k"], x["v"], causal=case.causal, **kwargs))
+            return Prepared(lambda: fn(x["q"], x["k"], x["v"], **kwargs))
+
+        name = OURS if variant is None else f"{OURS}[{variant}]"
+        if variant == "tf32":
+            providers[name] = Provider(prepare, ours=True, check=_float32_only, tf32_dtypes=("float32",),
+                                       note=f"numba_attn.{fn.__name__}(allow_tf32=True)")
+        else:
+            providers[name] = Provider(prepare, ours=True, note=f"numba_attn.{fn.__name__}")
+    return providers
+
+
+def torch_only(case: Case, env: Env) -> str | None:
+    return None if env.kind == "torch" else f"needs torch tensors (arrays are {env.kind})"
+
+
+def naive_check(budget: float):
+    def check(case: Case, env: Env) -> str | None:
+        from .peers.naive import score_bytes
+
+        need = score_bytes(case.batch, case.heads, case.seqlen_q, case.seqlen_k)
+        if need > budget:
+            return f"materialised scores need {need / 1e9:.1f} GB > --naive-mem-gb {budget / 1e9:.1f}"
+        return None
+
+    return check
+
+
+def all_checks(*checks):
+    def check(case, env):
+        for c in checks:
+            reason = c(case, env)
+            if reason:
+                return reason
+        return None
+
+    return check
+
+
+def build_registry(env: Env, opts: Options) -> tuple[dict, dict]:
+    """``({sweep: {name: Provider}}, {peer: reason unavailable})`` for this environment; numba_attn first, then each
+    peer plug-in's ``providers(opts)`` in ``peers.plugins()`` order."""
+    registry = {s: numba_attn_providers(s) for s in SWEEPS}
+    unavailable = {}
+
+    def merge(groups: dict):
+        for sweep, providers in groups.items():
+            registry[sweep].update(providers)
+
+    if env.kind == "numpy":  # the simulator: no GPU library to load, only the host NumPy peer
+        from .peers import naive
+
+        merge(naive.numpy_providers())
+        return registry, unavailable
+    for label, module in peers.plugins().items():
+        mod, reason = peers.load(module)
+        if mod is not None:
+            try:
+                merge(mod.providers(opts))
+            except Exception as exc:  # noqa: BLE001
+                reason = f"{type(exc).__name__}: {exc}"
+        if reason:
+            unavailable[label] = reason
+    return registry, unavailable
+
+
+def filter_registry(registry: dict, patterns: list | None) -> dict:
+    if not patterns:
+        return registry
+    def keep(name: str) -> bool:
+        return any(name == pat[1:] if pat.startswith("=") else pat in name for pat in patterns)
+
+    return {s: {n: p for n, p in provs.items() if keep(n)} for s, provs in registry.items()}

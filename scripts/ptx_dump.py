@@ -31,14 +31,17 @@ def normalise(ptx: str) -> str:
 def dump(out: str) -> int:
     from numba.cuda.dispatcher import CUDADispatcher
 
+    from numba import cuda
+
+    cc = tuple(cuda.get_current_device().compute_capability)
     os.makedirs(out, exist_ok=True)
     index = []
     for obj in gc.get_objects():
-        if not isinstance(obj, CUDADispatcher) or getattr(obj, "_numba_attn_dumped", False):
-            continue
+        if not isinstance(obj, CUDADispatcher) or obj.targetoptions.get("device"):
+            continue  # device functions are inlined into the kernels that call them
         for argtypes, kernel in list(obj.overloads.items()):
             try:
-                ptx = normalise(kernel.inspect_asm())
+                ptx = normalise(kernel.inspect_asm(cc))
             except Exception as exc:  # a kernel the device cannot give PTX for: note it, go on
                 index.append({"kernel": obj.py_func.__qualname__, "args": str(argtypes), "error": repr(exc)})
                 continue

@@ -1,4 +1,4 @@
-"""The launcher of `_device`: device views and the cached cuLaunchKernel path against Numba's own launch."""
+"""The launcher of `runtime.launch` and the device views of `runtime.device`: and the cached cuLaunchKernel path against Numba's own launch."""
 from __future__ import annotations
 
 import numpy as np
@@ -110,7 +110,7 @@ def test_fast_launch_packs_arrays_and_scalars(fast, monkeypatch):
     import cupy
     from numba import float32, int32, int64
 
-    monkeypatch.setattr(_device, "FAST_LAUNCH", fast)
+    monkeypatch.setattr(_launch, "FAST_LAUNCH", fast)
     kernel = _scalars_kernel()
     rng = np.random.default_rng(1)
     base = cupy.asarray(rng.standard_normal((70, 9)).astype(np.float32))
@@ -137,7 +137,7 @@ def test_fast_launch_keeps_an_overload_per_layout(monkeypatch):
     import cupy
     from numba import float32, int32, int64
 
-    monkeypatch.setattr(_device, "FAST_LAUNCH", True)
+    monkeypatch.setattr(_launch, "FAST_LAUNCH", True)
     kernel = _scalars_kernel()
     x = cupy.arange(64, dtype=cupy.float32).reshape(8, 8)
     for source in (x, x[:, ::2], x.T):

@@ -45,6 +45,21 @@ from .cache import BoundedCache  # noqa: E402
 SIMULATOR: bool = bool(_cuda_config.ENABLE_CUDASIM)
 
 
+_libcuda = None
+
+
+def _cuda_library():
+    """The driver library, loaded once, with cuLaunchKernel's prototype set."""
+    global _libcuda
+    if _libcuda is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuLaunchKernel
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        _libcuda = lib
+    return _libcuda
+
+
 @dataclass(frozen=True)
 class DeviceProperties:
     """What kernels and planners need to know of a device, read once per device from the driver."""
@@ -78,8 +93,6 @@ def compute_capability() -> tuple[int, int]:
 def current_device_id() -> int:
     """The device of the calling thread's current CUDA context, asked of the driver directly (Numba's
     ``get_current_device`` walks its context stack: about 15 us, several times per public call)."""
-    from .launch import _cuda_library
-
     lib = _cuda_library()
     device = ctypes.c_int(-1)
     if lib.cuCtxGetDevice(ctypes.byref(device)) == 0:

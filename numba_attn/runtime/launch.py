@@ -14,7 +14,8 @@ import os
 import numpy as _np
 
 from .cache import BoundedCache
-from .device import DEFAULT_DYNAMIC_SHARED, SIMULATOR, DeviceView, cuda, current_device_id, device_properties
+from .device import (DEFAULT_DYNAMIC_SHARED, SIMULATOR, DeviceView, _cuda_library, cuda, current_device_id,
+                     device_properties)
 
 
 FAST_LAUNCH_ENV = "NUMBA_ATTN_FAST_LAUNCH"
@@ -98,21 +99,6 @@ class _Launchable:
 
 
 _launchables = BoundedCache("launchables")
-_libcuda = None
-
-
-def _cuda_library():
-    """The driver library, loaded once, with cuLaunchKernel's prototype set."""
-    global _libcuda
-    if _libcuda is None:
-        lib = ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuLaunchKernel
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        _libcuda = lib
-    return _libcuda
-
-
 def _launch_error(code: int) -> str:
     lib = _cuda_library()
     text = ctypes.c_char_p()

@@ -98,8 +98,11 @@ __all__ = [
     "ldmatrix_x4",
     "ldmatrix_x4_trans",
     "cp_async_16",
+    "cp_async_16_prefetch",
     "cp_async_commit",
     "cp_async_wait_all",
+    "cp_async_wait_group",
+    "atomic_inc_acq_rel",
     "warp_sync",
     "all_lanes",
 ]

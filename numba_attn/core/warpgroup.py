@@ -46,7 +46,9 @@ from functools import lru_cache
 import numpy as np
 
 from ..runtime.device import SIMULATOR
-from . import ptx
+from .ptx._asm import _is_int, _pointer1, _shared_address, _void_asm
+from .ptx._sim import _sim_group_gather
+from .ptx.convert import _halves
 
 #: the warpgroup: 4 warps, 64 accumulator rows
 WARPGROUP_THREADS = 128
@@ -133,7 +135,7 @@ def _sim_store(acc, d: np.ndarray, n: int):
 
 def _sim_load(acc, n: int) -> np.ndarray:
     """This warpgroup's whole accumulator, gathered from every thread's fragment."""
-    frags = ptx._sim_group_gather(np.array(acc.reshape(-1)[: n // 2], dtype=np.float64), WARPGROUP_THREADS)
+    frags = _sim_group_gather(np.array(acc.reshape(-1)[: n // 2], dtype=np.float64), WARPGROUP_THREADS)
     d = np.zeros((ROWS, n))
     for tid, frag in enumerate(frags):
         row, t = _sim_fragment_rows(tid)
@@ -144,14 +146,14 @@ def _sim_load(acc, n: int) -> np.ndarray:
 
 
 def _sim_register_a(a_regs, k_steps: int, bf16: bool) -> np.ndarray:
-    words = ptx._sim_group_gather(tuple(int(w) for w in np.asarray(a_regs).reshape(-1)[: 4 * k_steps]),
-                                  WARPGROUP_THREADS)
+    words = _sim_group_gather(tuple(int(w) for w in np.asarray(a_regs).reshape(-1)[: 4 * k_steps]),
+                              WARPGROUP_THREADS)
     a = np.zeros((ROWS, 16 * k_steps))
     for tid, regs in enumerate(words):
         row, t = _sim_fragment_rows(tid)
         for s in range(k_steps):
             for i, (dr, dc) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
-                lo, hi = ptx._halves(regs[4 * s + i], bf16)
+                lo, hi = _halves(regs[4 * s + i], bf16)
                 a[row + dr, 16 * s + 2 * t + dc] = lo
                 a[row + dr, 16 * s + 2 * t + dc + 1] = hi
     return a
@@ -172,7 +174,7 @@ if not SIMULATOR:
     def _descriptor(context, builder, aryty, ary, i_ty, i, lbo: int, sbo: int):
         """The 64-bit matrix descriptor of ``ary[i]`` (a shared array): start address, LBO and SBO in 16-byte
         units, 128-byte swizzle."""
-        addr = ptx._shared_address(builder, ptx._pointer1(context, builder, aryty, ary, i_ty, i))
+        addr = _shared_address(builder, _pointer1(context, builder, aryty, ary, i_ty, i))
         start = builder.zext(builder.and_(builder.lshr(addr, _I32(4)), _I32(0x3FFF)), _I64)
         return builder.or_(start, _I64(((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (_SWIZZLE_128B << 62)))
 
@@ -223,7 +225,7 @@ if not SIMULATOR:
 
         def typer(typingctx, acc, smem, a_offset, b_offset):
             if not (isinstance(acc, types.Array) and acc.dtype == types.float32 and isinstance(smem, types.Array)
-                    and smem.ndim == 1 and smem.dtype == types.uint16 and ptx._is_int(a_offset, b_offset)):
+                    and smem.ndim == 1 and smem.dtype == types.uint16 and _is_int(a_offset, b_offset)):
                 return None
             sig = types.void(acc, smem, a_offset, b_offset)
 
@@ -260,7 +262,7 @@ if not SIMULATOR:
         def typer(typingctx, acc, a_regs, smem, b_offset):
             if not (isinstance(acc, types.Array) and acc.dtype == types.float32 and isinstance(a_regs, types.Array)
                     and a_regs.dtype == types.uint32 and isinstance(smem, types.Array) and smem.ndim == 1
-                    and smem.dtype == types.uint16 and ptx._is_int(b_offset)):
+                    and smem.dtype == types.uint16 and _is_int(b_offset)):
                 return None
             sig = types.void(acc, a_regs, smem, b_offset)
 
@@ -317,8 +319,8 @@ if not SIMULATOR:
         sig = types.uint32(smem)
 
         def codegen(context, builder, sig, args):
-            return ptx._shared_address(builder, ptx._pointer1(context, builder, sig.args[0], args[0], types.int64,
-                                                              context.get_constant(types.int64, 0)))
+            return _shared_address(builder, _pointer1(context, builder, sig.args[0], args[0], types.int64,
+                                                      context.get_constant(types.int64, 0)))
 
         return sig, codegen
 
@@ -326,7 +328,7 @@ if not SIMULATOR:
     def fence_proxy_async(typingctx):
         """``fence.proxy.async.shared::cta``: this thread's earlier shared-memory writes (stores, landed
         ``cp.async`` copies) become visible to the tensor cores' reads after the next barrier."""
-        return ptx._void_asm("fence.proxy.async.shared::cta;")()
+        return _void_asm("fence.proxy.async.shared::cta;")()
 
 else:
 
@@ -338,7 +340,7 @@ else:
         def mma(acc, smem, a_offset, b_offset):
             a = _sim_operand(smem, a_offset, ROWS, a_layout, k_steps, False, bf16)
             b = _sim_operand(smem, b_offset, n, b_layout, k_steps, trans_b, bf16)
-            ptx._sim_group_gather(None, WARPGROUP_THREADS)  # the warpgroup moves together, as on the GPU
+            _sim_group_gather(None, WARPGROUP_THREADS)  # the warpgroup moves together, as on the GPU
             _sim_store(acc, a @ (b if trans_b else b.T), n)
 
         return mma

@@ -47,7 +47,9 @@ from ..runtime.device import SIMULATOR, cuda
 from ..runtime.launch import launch as device_launch
 from ..core import ptx
 from ..core import warpgroup as wgmma
-from .mma import LN2, LOG2E, SIGNATURE, _bits, check_grid, vector_loads_ok
+from ..core.constants import LN2, LOG2E
+from .common import bits as _bits, check_grid, vector_loads_ok
+from .mma import SIGNATURE
 from ..core.softmax import softmax_step
 from ..core.staging import device_function
 

@@ -41,16 +41,18 @@ def grid(layout: str, batch: int, heads: int, seqlen_q: int, block_m: int) -> tu
 
 
 def block_position(layout: str, block_m: int):
-    """``position(q, k, longest_first) -> (b, h, hk, m0)``: this block's batch entry, query head, kv head (grouped
-    heads: q head ``h`` reads kv head ``h // (heads // kv_heads)``) and first query row. ``longest_first`` reverses
-    the query blocks, so that under a causal mask the longest (last) blocks start first."""
+    """``position(q, k, v, out, longest_first) -> (b, h, m0, q_head, k_head, v_head, out_head)``: this block's batch
+    entry, query head and first query row, and the 2-D views of its head (two strides per access instead of four):
+    Q and O of head ``h``, K and V of its kv head (grouped heads: q head ``h`` reads kv head ``h // (heads //
+    kv_heads)``). ``longest_first`` reverses the query blocks, so that under a causal mask the longest (last)
+    blocks start first."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     BLOCK_M = block_m
     QUERIES_ON_X = layout == QUERY_MAJOR
 
     @_reads_thread_position
-    def position(q, k, longest_first):
+    def position(q, k, v, out, longest_first):
         heads = q.shape[1]
         if QUERIES_ON_X:
             m_block = cuda.blockIdx.x
@@ -64,7 +66,8 @@ def block_position(layout: str, block_m: int):
                 m_block = cuda.gridDim.y - 1 - m_block
             b = cuda.blockIdx.x // heads
             h = cuda.blockIdx.x % heads
-        return b, h, h // (heads // k.shape[1]), m_block * BLOCK_M
+        hk = h // (heads // k.shape[1])
+        return b, h, m_block * BLOCK_M, q[b, h], k[b, hk], v[b, hk], out[b, h]
 
     return position
 

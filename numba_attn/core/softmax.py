@@ -23,21 +23,33 @@ _NEG_INF = np.float32(-np.inf)
 _ZERO = np.float32(0.0)
 
 
+def fragment_clear(m_tiles: int, blocks: int):
+    """``clear(c)``: every value of an ``(m_tiles, blocks, 4)`` register array of C fragments to ``ACC_INIT``."""
+    M_TILES = m_tiles
+    BLOCKS = blocks
+
+    @device_function
+    def clear(c):
+        for mt in range(M_TILES):
+            for nb in range(BLOCKS):
+                for e in range(4):
+                    c[mt, nb, e] = ACC_INIT
+
+    return clear
+
+
 def softmax_start(m_tiles: int, o_blocks: int):
     """``start(m_run, l_run, acc)``: no key seen yet (``m = -inf``, ``l = 0``) and an empty ``(m_tiles, o_blocks,
     4)`` output accumulator."""
     M_TILES = m_tiles
-    O_BLOCKS = o_blocks
+    clear = fragment_clear(m_tiles, o_blocks)
 
     @device_function
     def start(m_run, l_run, acc):
         for i in range(2 * M_TILES):
             m_run[i] = _NEG_INF
             l_run[i] = _ZERO
-        for mt in range(M_TILES):
-            for ob in range(O_BLOCKS):
-                for e in range(4):
-                    acc[mt, ob, e] = ACC_INIT
+        clear(acc)
 
     return start
 

@@ -8,6 +8,8 @@ stream, config=None, ...)``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numba import types
 
@@ -20,6 +22,41 @@ from ..runtime.views import rows_in_pieces
 MAX_HEAD_DIM = 256
 
 _UINT16 = np.dtype(np.uint16)
+
+
+class WarpTiles:
+    """What the tensor-core kernels' configs and tiles derive from ``warps`` warps of ``m_tiles`` 16-row MMA tiles
+    (and, for the configs, the ``min_warps`` launch bound)."""
+
+    @property
+    def block_m(self) -> int:
+        """Query rows per block: each MMA tile 16 rows, ``m_tiles`` per warp."""
+        return 16 * self.m_tiles * self.warps
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def launch_bounds(self) -> tuple[int, int]:
+        """(max threads per block, min blocks per SM) for ``cuda.jit(launch_bounds=...)``: ``min_warps`` warps per
+        SM to keep resident (at least one block), which caps the registers at 64K / (32 * warps * blocks)."""
+        return self.threads, max(1, self.min_warps // self.warps)
+
+
+@dataclass(frozen=True)
+class PassTiles(WarpTiles):
+    """Compile-time shape of one tensor-core specialisation: ``block_n``-key tiles, the head dim padded to
+    ``d_pad``, output columns ``d_pass`` at a time (``passes`` passes over the keys)."""
+
+    warps: int
+    m_tiles: int
+    block_n: int
+    d_pad: int
+    d_pass: int
+
+    @property
+    def passes(self) -> int:
+        return self.d_pad // self.d_pass
 
 
 def kernel_signature(element) -> types.Signature:

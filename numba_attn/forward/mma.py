@@ -60,10 +60,9 @@ from numba import float32, uint16, uint32
 
 from ..core import ptx
 from ..core.block_info import QUERY_MAJOR, block_position, grid, key_tiles, lane_position, sequence_bounds
-from ..core.constants import ACC_INIT
 from ..core.epilogue import as_16bit, store_rows
 from ..core.mask import tile_is_partial
-from ..core.softmax import exponent_scale, softmax_start, softmax_update
+from ..core.softmax import exponent_scale, fragment_clear, softmax_start, softmax_update
 from ..core.staging import device_function, tile_loader
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
@@ -74,7 +73,7 @@ from .common import check_grid, vector_loads_ok  # noqa: F401
 
 
 @dataclass(frozen=True)
-class MmaConfig:
+class MmaConfig(common.WarpTiles):
     """Tuning knobs of the tensor-core kernel (validated where made)."""
 
     warps: int = 4  # warps per block
@@ -93,17 +92,6 @@ class MmaConfig:
                             block_n_wide=(16, None, 16), max_single_pass_dim=(16, common.MAX_HEAD_DIM, 16),
                             min_warps=(1, None, 1), stages=(2, None, 1))
 
-    @property
-    def block_m(self) -> int:
-        return 16 * self.m_tiles * self.warps
-
-    @property
-    def threads(self) -> int:
-        return 32 * self.warps
-
-    def launch_bounds(self) -> tuple[int, int]:
-        """(max threads per block, min blocks per SM) for ``cuda.jit(launch_bounds=...)``."""
-        return self.threads, max(1, self.min_warps // self.warps)
 
 
 DEFAULT_CONFIG = MmaConfig()
@@ -140,23 +128,10 @@ def padded_head_dim(head_dim: int, config: MmaConfig | None = None) -> int:
 
 
 @dataclass(frozen=True)
-class _Tiles:
+class _Tiles(common.PassTiles):
     """Compile-time shape of one specialisation (derived from the config and the padded head dim)."""
 
-    warps: int
-    m_tiles: int
-    block_n: int
-    d_pad: int
-    d_pass: int
     stages: int = 2
-
-    @property
-    def block_m(self) -> int:
-        return 16 * self.m_tiles * self.warps
-
-    @property
-    def passes(self) -> int:
-        return self.d_pad // self.d_pass
 
     @property
     def row(self) -> int:
@@ -220,6 +195,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     position = block_position(QUERY_MAJOR, BLOCK_M)
     count_tiles = key_tiles(BLOCK_M, BLOCK_N)
     partial = tile_is_partial(BLOCK_N)
+    clear_s = fragment_clear(M_TILES, S_BLOCKS)
     start = softmax_start(M_TILES, O_BLOCKS)
     online_softmax = softmax_update(M_TILES, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True)
     finish = store_rows(M_TILES, O_BLOCKS, as_16bit(bf16))
@@ -232,13 +208,10 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
 
     def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
         tid, warp, lane, g, t = lane_position()
-        b, h, hk, m0 = position(q, k, causal)  # causal: the longest (last) query blocks start first
+        # causal: the longest (last) query blocks start first
+        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal)
         seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
         head_dim = q.shape[3]
-        q_head = q[b, h]
-        k_head = k[b, hk]
-        v_head = v[b, hk]
-        out_head = out[b, h]
         warp_row = 16 * M_TILES * warp  # this warp's first row in the block; m-tile mt adds 16 mt
         row0 = m0 + warp_row + g  # rows of this thread: row0 + 16 mt and row0 + 16 mt + 8
         # ldmatrix row addresses of this lane (lane 8i + r: row r of matrix i). K, for S = Q K^T: matrices (keys
@@ -283,10 +256,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
                 commit()  # an empty group past the last tile keeps "oldest group = tile j" true
 
                 # ---- S = Q K^T: one K fragment feeds the MMAs of every m-tile ----------------------------------------
-                for mt in range(M_TILES):
-                    for nb in range(S_BLOCKS):
-                        for e in range(4):
-                            s[mt, nb, e] = ACC_INIT
+                clear_s(s)
                 for kk in range(QK_STEPS):
                     for mt in range(M_TILES):
                         q_frag[mt, 0], q_frag[mt, 1], q_frag[mt, 2], q_frag[mt, 3] = ldmatrix(

@@ -151,14 +151,9 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
         ty = cuda.threadIdx.y
         # batch * heads on x, query tiles on y, in launch order (the causal kernels' longest-first order is not
         # used here)
-        b, h, hk, m0 = position(q, k, False)
+        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, False)
         seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
         head_dim = q.shape[3]
-        # 2-D views of this (batch, head): two strides per access instead of four
-        q_head = q[b, h]
-        k_head = k[b, hk]
-        v_head = v[b, hk]
-        out_head = out[b, h]
 
         # One dynamic buffer, carved by hand:
         #   q_t[d * M_STRIDE + r]     Q^T of the block's rows, resident for the whole kernel

@@ -71,10 +71,9 @@ from numba import float32, uint32
 
 from ..core import ptx
 from ..core.block_info import HEAD_MAJOR, block_position, grid, key_tiles, lane_position, sequence_bounds
-from ..core.constants import ACC_INIT
 from ..core.epilogue import as_float32, store_rows
 from ..core.mask import tile_is_partial
-from ..core.softmax import exponent_scale, softmax_start, softmax_update
+from ..core.softmax import exponent_scale, fragment_clear, softmax_start, softmax_update
 from ..core.staging import device_function, tile_loader
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
@@ -83,7 +82,7 @@ from .common import vector_loads_ok
 
 
 @dataclass(frozen=True)
-class Tf32Config:
+class Tf32Config(common.WarpTiles):
     """Tuning knobs of the fp32 tensor-core kernel (validated where made)."""
 
     warps: int = 4  # warps per block
@@ -104,17 +103,6 @@ class Tf32Config:
                             max_pv_mmas=(1, None, 1), max_single_pass_dim=(8, common.MAX_HEAD_DIM, 8),
                             min_warps=(1, None, 1))
 
-    @property
-    def block_m(self) -> int:
-        return 16 * self.m_tiles * self.warps
-
-    @property
-    def threads(self) -> int:
-        return 32 * self.warps
-
-    def launch_bounds(self) -> tuple[int, int]:
-        """(max threads per block, min blocks per SM) for ``cuda.jit(launch_bounds=...)``."""
-        return self.threads, max(1, self.min_warps // self.warps)
 
     def replace(self, **changes) -> "Tf32Config":
         names = [field.name for field in fields(self)]
@@ -169,22 +157,8 @@ def padded_head_dim(head_dim: int, config: Tf32Config = DEFAULT_CONFIG) -> int:
 
 
 @dataclass(frozen=True)
-class _Tiles:
+class _Tiles(common.PassTiles):
     """Compile-time shape of one specialisation (derived from the config and the padded head dim)."""
-
-    warps: int
-    m_tiles: int
-    block_n: int
-    d_pad: int
-    d_pass: int
-
-    @property
-    def passes(self) -> int:
-        return self.d_pad // self.d_pass
-
-    @property
-    def block_m(self) -> int:
-        return 16 * self.m_tiles * self.warps
 
     @property
     def k_stride(self) -> int:
@@ -304,19 +278,18 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
     position = block_position(HEAD_MAJOR, BLOCK_M)
     count_tiles = key_tiles(BLOCK_M, BLOCK_N)
     partial = tile_is_partial(BLOCK_N)
+    clear_s = fragment_clear(M_TILES, S_BLOCKS)
+    clear_r = fragment_clear(M_TILES, 1)
     start = softmax_start(M_TILES, O_BLOCKS)
     online_softmax = softmax_update(M_TILES, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False)
     finish = store_rows(M_TILES, O_BLOCKS, as_float32)
 
     def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
         tid, warp, lane, g, t = lane_position()
-        b, h, hk, m0 = position(q, k, causal)  # causal: the longest (last) query blocks start first
+        # causal: the longest (last) query blocks start first
+        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal)
         seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
         head_dim = q.shape[3]
-        q_head = q[b, h]
-        k_head = k[b, hk]
-        v_head = v[b, hk]
-        out_head = out[b, h]
         warp_row = 16 * M_TILES * warp  # this warp's first row in the block; m-tile mt adds 16 mt
         row0 = m0 + warp_row + g  # rows of this thread: row0 + 16 mt and row0 + 16 mt + 8
         q_lane = (warp_row + g) * K_STRIDE + 2 * t  # this lane's Q words (row g, columns 2t, 2t + 1 of a k-step)
@@ -360,10 +333,7 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
                     commit()
 
                 # ---- S = Q K^T: one split K fragment feeds the MMAs of every m-tile -------------------------------
-                for mt in range(M_TILES):
-                    for nb in range(S_BLOCKS):
-                        for e in range(4):
-                            s[mt, nb, e] = ACC_INIT
+                clear_s(s)
                 for kk in range(QK_STEPS):
                     for mt in range(M_TILES):
                         # (a0, a2): row g, columns 2t, 2t + 1; (a1, a3): row g + 8 (A column t <-> k 2t, t + 4 <-> 2t + 1)
@@ -394,9 +364,7 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
                 # rescale): the tensor cores' float32 accumulation does not round to nearest, and with O itself as
                 # the C operand a biased error grew with the number of key tiles (docs/design.md).
                 for ob in range(O_BLOCKS):
-                    for mt in range(M_TILES):
-                        for e in range(4):
-                            r[mt, 0, e] = ACC_INIT
+                    clear_r(r)
                     for kj in range(S_BLOCKS):
                         # B fragment: V rows (keys) 8 kj + 2t and 8 kj + 2t + 1, column 8 ob + g
                         y0 = load1(smem, base + v_lane + 8 * kj * V_STRIDE + 8 * ob)

@@ -222,12 +222,10 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
 
     def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
         tid, warp, lane, g, t = lane_position()  # warp w holds rows 16 w + g and 16 w + g + 8 of the block
-        b, h, hk, m0 = position(q, k, causal)  # causal: the longest (last) query blocks start first
+        # causal: the longest (last) query blocks start first
+        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal)
         seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
         head_dim = q.shape[3]
-        k_head = k[b, hk]
-        v_head = v[b, hk]
-        out_head = out[b, h]
         row0 = m0 + 16 * warp + g  # rows of this thread: row0 and row0 + 8
 
         smem = cuda.shared.array(0, uint16)
@@ -245,7 +243,7 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
 
         k_base = q_base + Q_TILE  # K: two stages; V: three (V of tile j - 1 is still read during tile j)
         v_base = k_base + 2 * TILE
-        load_q_tile(q[b, h], smem, q_base, tid, m0, seqlen_q, head_dim)
+        load_q_tile(q_head, smem, q_base, tid, m0, seqlen_q, head_dim)
         if n_tiles > 0:
             load_tile(k_head, smem, k_base, tid, key_start, key_end, head_dim)
             load_tile(v_head, smem, v_base, tid, key_start, key_end, head_dim)

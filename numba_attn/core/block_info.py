@@ -17,6 +17,7 @@ def _reads_thread_position(fn):
     thread's ``cuda`` only to the modules of its kernels and of its simulated device functions: under it, one."""
     return cuda.jit(device=True)(fn) if SIMULATOR else device_function(fn)
 
+
 #: grid ``(query blocks, heads, batch)``: the query blocks of one head are neighbours, so the blocks resident at once
 #: share that head's K and V through L2 (docs/design.md); heads and batch then stop at ``max_grid(1)``, ``(2)``
 QUERY_MAJOR = "query blocks, heads, batch"

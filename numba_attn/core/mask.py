@@ -19,8 +19,8 @@ from .staging import device_function
 @device_function
 def hidden(key, row, key_end, causal, diag_offset):
     """True where query ``row`` must not see ``key``: past the sequence's keys, or above the causal diagonal."""
-    # one early return per clause: callers test it in an ``if``, where LLVM then keeps the branches of the inline
-    # condition (a boolean ``or`` expression became selects and more instructions)
+    # one return per clause: as one boolean ``or`` expression it compiled to selects, and more instructions, where
+    # the kernels test it (docs/design.md)
     if key >= key_end:
         return True
     if causal and key > row + diag_offset:

@@ -16,10 +16,8 @@ from numba import types
 from ..core.block_info import QUERY_MAJOR, grid
 from ..core.constants import LOG2E
 from ..runtime.device import SIMULATOR, compute_capability, max_shared_per_block
+from ..runtime.shapes import MAX_HEAD_DIM  # noqa: F401  (the kernels' bound, re-exported for them)
 from ..runtime.views import rows_in_pieces
-
-#: head dims the forward kernels take (their tiles hold at most 256 columns)
-MAX_HEAD_DIM = 256
 
 _UINT16 = np.dtype(np.uint16)
 

@@ -7,7 +7,7 @@ key_end``: today ``0 .. seqlen_k`` for every batch entry, the place where per-se
 """
 from __future__ import annotations
 
-from ..runtime.device import SIMULATOR, cuda, max_grid
+from ..runtime.device import SIMULATOR, cuda, device_properties
 from .mask import visible_end
 from .staging import device_function
 
@@ -19,7 +19,7 @@ def _reads_thread_position(fn):
 
 
 #: grid ``(query blocks, heads, batch)``: the query blocks of one head are neighbours, so the blocks resident at once
-#: share that head's K and V through L2 (docs/design.md); heads and batch then stop at ``max_grid(1)``, ``(2)``
+#: share that head's K and V through L2 (docs/design.md); heads and batch then stop at the device's grid y and z
 QUERY_MAJOR = "query blocks, heads, batch"
 #: grid ``(batch * heads, query blocks)``
 HEAD_MAJOR = "batch * heads, query blocks"
@@ -35,9 +35,10 @@ def grid(layout: str, batch: int, heads: int, seqlen_q: int, block_m: int) -> tu
         shape, names = (batch * heads, blocks), ("batch * heads", "query blocks")
     else:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    for axis, (n, name) in enumerate(zip(shape, names)):
-        if n > max_grid(axis):
-            raise ValueError(f"q: {name} ({n}) must be at most {max_grid(axis)} for one launch")
+    limits = device_properties().max_grid  # one look-up per launch
+    for n, name, limit in zip(shape, names, limits):
+        if n > limit:
+            raise ValueError(f"q: {name} ({n}) must be at most {limit} for one launch")
     return shape
 
 

@@ -19,7 +19,7 @@ import pytest
 import numba_attn
 import reference
 from kernel_checks import TOLERANCE, assert_close_lse, device_view_in_layout, rel_error
-from numba_attn.runtime.device import cuda
+from numba_attn.runtime.device import cuda, max_shared_per_block
 from numba_attn.forward import mma as flash_mma
 from numba_attn.core import ptx
 
@@ -102,7 +102,7 @@ def test_tiles_fit_shared_memory_and_reject_bad_dims():
     for head_dim in range(1, 257):
         d = flash_mma.padded_head_dim(head_dim, config)
         tiles = flash_mma.tiles_for(config, d)
-        assert d >= head_dim and tiles.shared_bytes <= flash_mma.MAX_SHARED_BYTES
+        assert d >= head_dim and tiles.shared_bytes <= max_shared_per_block()
         assert (tiles.row // 8) % 2 == 1  # an odd number of 16-byte pieces per row: ldmatrix reads conflict-free
         assert tiles.d_pass % 16 == 0  # whole ldmatrix.x4 column pairs per pass
     with pytest.raises(ValueError):
@@ -111,6 +111,14 @@ def test_tiles_fit_shared_memory_and_reject_bad_dims():
         flash_mma.tiles_for(config, 272)
     with pytest.raises(ValueError):
         flash_mma.tiles_for(config, 144)  # two passes need a multiple of 32
+
+
+def test_configs_are_validated_where_made():
+    for bad in (dict(warps=0), dict(warps=33), dict(m_tiles=0), dict(block_n=24), dict(block_n_wide=8),
+                dict(max_single_pass_dim=40), dict(max_single_pass_dim=272), dict(min_warps=0), dict(stages=1),
+                dict(warps=2.0)):
+        with pytest.raises(ValueError, match="MmaConfig"):
+            flash_mma.MmaConfig(**bad)
 
 
 # -- simulator: the real kernel code on tiny tiles --------------------------------------------------------------------
@@ -135,6 +143,14 @@ def test_simulated_two_m_tiles_per_warp():
     # each K / V fragment feeds the MMAs of two 16-row tiles; 40 query rows: the second block's tiles end mid-way
     config = flash_mma.MmaConfig(warps=1, m_tiles=2, block_n=16, block_n_wide=16, max_single_pass_dim=32)
     _check("float16", 1, 1, 1, 40, 37, 16, True, config=config)
+
+
+@simulator_only
+def test_simulated_three_m_tiles_per_warp():
+    # every m-tile gets its softmax (the kernel once ran it for m-tiles 0 and 1 only: P V of a third m-tile saw raw
+    # scores); 53 query rows: the second block's third m-tile is partly past the end
+    config = flash_mma.MmaConfig(warps=1, m_tiles=3, block_n=16, block_n_wide=16, max_single_pass_dim=32)
+    _check("float16", 1, 1, 1, 53, 37, 16, True, config=config, seed=3)
 
 
 @simulator_only

@@ -20,7 +20,8 @@ import pytest
 import numba_attn
 import reference
 from kernel_checks import TOLERANCE, assert_close_lse, device_view_in_layout, rel_error
-from numba_attn.runtime.device import cuda
+from numba_attn.runtime.device import cuda, max_shared_per_block
+from numba_attn.forward import common
 from numba_attn.forward import tf32 as flash_tf32
 
 #: plain tf32 (``allow_tf32=True``): 10 mantissa bits per operand, about 4e-4 on unit-variance inputs
@@ -82,7 +83,7 @@ def test_tiles_are_conflict_free_aligned_fit_and_unrollable():
             # cp.async writes 16-byte pieces: every row and every tile starts on 16 bytes
             for words in (tiles.k_stride, tiles.v_stride, tiles.q_tile, tiles.k_tile, tiles.stage):
                 assert words % 4 == 0
-            assert tiles.shared_bytes <= flash_tf32.MAX_SHARED_BYTES
+            assert tiles.shared_bytes <= max_shared_per_block()
             terms = 1 if tf32_only else 3
             nest = tiles.m_tiles * tiles.block_n * tiles.d_pad * terms // 64  # MMAs of S = Q K^T per tile
             assert nest <= config.max_pv_mmas or tiles.block_n == 8
@@ -95,8 +96,9 @@ def test_bad_tiles_are_rejected():
         flash_tf32.tiles_for(flash_tf32.DEFAULT_CONFIG, 264)
     with pytest.raises(ValueError, match="block_n"):
         flash_tf32.tiles_for(flash_tf32.Tf32Config(block_n=12), 64)
-    with pytest.raises(ValueError, match="shared memory"):
-        flash_tf32.tiles_for(flash_tf32.Tf32Config(warps=16, block_n=256, max_pv_mmas=10 ** 6), 256)
+    with pytest.raises(ValueError, match="shared memory"):  # checked at launch, against the device's limit
+        common.check_shared_memory(
+            flash_tf32.tiles_for(flash_tf32.Tf32Config(warps=16, block_n=256, max_pv_mmas=10 ** 6), 256).shared_bytes)
     with pytest.raises(ValueError, match="unknown knob"):
         flash_tf32.DEFAULT_CONFIG.replace(block_m=3)
 
@@ -139,6 +141,13 @@ def test_simulated_kernel_equals_reference(heads, kv_heads, seqlen_q, seqlen_k, 
 def test_simulated_two_m_tiles(heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, layout):
     config = flash_tf32.Tf32Config(warps=1, m_tiles=2, block_n=8, max_single_pass_dim=32)
     _check(1, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, layout=layout, config=config, seed=head_dim)
+
+
+@simulator_only
+def test_simulated_three_m_tiles():
+    # every m-tile gets its softmax (the kernel once ran it for m-tiles 0 and 1 only)
+    config = flash_tf32.Tf32Config(warps=1, m_tiles=3, block_n=8, max_single_pass_dim=32)
+    _check(1, 1, 1, 53, 29, 8, True, config=config, seed=6)
 
 
 @simulator_only

@@ -93,7 +93,7 @@ def test_unsupported_inputs_are_refused():
     with pytest.raises(ValueError, match="wgmma kernel needs"):
         flash_wgmma.launch(q, q, q, q, lse, False, 0.1, False, stream)
     big = cuda.to_device(np.zeros((1, 1, 4, 136), np.float16))
-    assert not flash_wgmma.supports(136, big)
+    assert not flash_wgmma.supports("float16", 136, big)
     with pytest.raises(ValueError, match="backend: 'wgmma' takes float16 or bfloat16"):
         numba_attn.flash_forward(np.zeros((4, 16), np.float32), np.zeros((4, 16), np.float32),
                                  np.zeros((4, 16), np.float32), backend="wgmma")

@@ -1,23 +1,114 @@
-"""The online-softmax step on MMA C fragments, shared by the tensor-core flash kernels (``flash_mma``, ``flash_tf32``).
+"""The online softmax on MMA C fragments, shared by the tensor-core kernels: start, one key tile's step, the end.
 
 A warp holds one 16-row m-tile of scores ``s[mt, nb, e]`` as C fragments: lane ``(g, t)`` has rows ``g`` (e = 0, 1)
 and ``g + 8`` (e = 2, 3), keys ``8 nb + 2t + e % 2``. A row's statistics live in the 4 lanes that share ``g``
-(``m_run`` / ``l_run`` entries ``2 mt`` and ``2 mt + 1``).
+(``m_run`` / ``l_run`` entries ``2 mt`` and ``2 mt + 1``; ``l_run`` holds this lane's part of the row sum until
+``row_sum``). Scores are in base 2; ``m`` is kept in the scores' units and multiplied by ``post`` (the exponent's
+scale, ``exponent_scale``) where it meets them. At the end a row's lse is ``(m post + log2 l) ln 2`` and a row
+that saw no key (``l = 0``) gives 0 and ``lse = -inf``.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from numba import float32
 
 from . import ptx
+from .constants import ACC_INIT, LN2
+from .mask import hidden
 from .staging import device_function
+
+_NEG_INF = np.float32(-np.inf)
+_ZERO = np.float32(0.0)
+
+
+def fragment_clear(m_tiles: int, blocks: int):
+    """``clear(c)``: every value of an ``(m_tiles, blocks, 4)`` register array of C fragments to ``ACC_INIT``."""
+    M_TILES = m_tiles
+    BLOCKS = blocks
+
+    @device_function
+    def clear(c):
+        for mt in range(M_TILES):
+            for nb in range(BLOCKS):
+                for e in range(4):
+                    c[mt, nb, e] = ACC_INIT
+
+    return clear
+
+
+def softmax_start(m_tiles: int, o_blocks: int):
+    """``start(m_run, l_run, acc)``: no key seen yet (``m = -inf``, ``l = 0``) and an empty ``(m_tiles, o_blocks,
+    4)`` output accumulator."""
+    M_TILES = m_tiles
+    clear = fragment_clear(m_tiles, o_blocks)
+
+    @device_function
+    def start(m_run, l_run, acc):
+        for i in range(2 * M_TILES):
+            m_run[i] = _NEG_INF
+            l_run[i] = _ZERO
+        clear(acc)
+
+    return start
+
+
+@device_function
+def exponent_scale(scale_log2, scale_first):
+    """What scores are multiplied by inside the exponent: ``scale_log2``, or 1 when they were scaled first."""
+    if scale_first:
+        return float32(1.0)
+    return scale_log2
+
+
+@device_function
+def row_sum(l_part):
+    """A row's ``l`` from the parts of its 4 lanes (they differ in the two low lane bits)."""
+    l_row = l_part + ptx.shfl_xor_f32(l_part, 1)
+    return l_row + ptx.shfl_xor_f32(l_row, 2)
+
+
+@device_function
+def log_sum_exp(m_row, l_row, post):
+    """The natural-log lse of a row with running max ``m_row`` (scores' units) and sum ``l_row``; -inf without keys."""
+    return (m_row * post + math.log2(l_row)) * LN2 if l_row > _ZERO else _NEG_INF
+
+
+def softmax_update(m_tiles: int, s_blocks: int, o_blocks: int, scale_first: bool, rescale_output: bool):
+    """``update(s, out, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post)``:
+    ``softmax_step`` for each of the ``m_tiles`` m-tiles, each call with a constant m-tile index. (As a loop over
+    m-tiles the body was too large for NVVM to unroll, and the register arrays it indexes went to local memory.)"""
+    step = softmax_step(s_blocks, o_blocks, scale_first, rescale_output)
+    update = None
+    for mt in range(m_tiles):
+        update = _and_m_tile(update, step, mt)
+    return update
+
+
+def _and_m_tile(before, step, mt: int):
+    """``before`` (None: nothing), then ``step`` on m-tile ``mt``."""
+    MT = mt
+
+    if before is None:
+        def first(s, out, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post):
+            step(s, out, m_run, l_run, MT, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post)
+
+        return device_function(first)
+
+    def then(s, out, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post):
+        before(s, out, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post)
+        step(s, out, m_run, l_run, MT, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post)
+
+    return device_function(then)
 
 
 def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output: bool):
     """``step(s, out, m_run, l_run, mt, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post)``:
     one key tile's online-softmax update of m-tile ``mt`` (base 2), for ``s_blocks`` n8 blocks of scores.
 
-    Masks keys ``>= key_end`` and, when ``causal``, keys ``> row + diag_offset`` -- only when ``needs_mask`` (tiles
-    crossing the diagonal or the end of the keys). The running max is kept in the scores' units; ``P = exp2(s * post
+    Masks the keys ``mask.hidden`` names (past ``key_end``; above the diagonal when ``causal``) -- only when
+    ``needs_mask`` (``mask.tile_is_partial``). The running max is kept in the scores' units; ``P = exp2(s * post
     - m * post)`` replaces ``s`` in place, so a positive scale folds into the exponent's FFMA (``scale_first``: the
     scores are multiplied by ``scale_log2`` first, for a scale <= 0, which does not commute with max; then
     ``post = 1``). The row sums in ``l_run`` are rescaled by ``alpha = exp2((m_old - m_new) * post)`` and grown.
@@ -29,8 +120,8 @@ def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output
     O_BLOCKS = o_blocks
     SCALE_FIRST = scale_first
     RESCALE = rescale_output
-    NEG_INF = np.float32(-np.inf)
-    ZERO = np.float32(0.0)
+    NEG_INF = _NEG_INF
+    ZERO = _ZERO
     exp2 = ptx.exp2_approx
     shfl_xor = ptx.shfl_xor_f32
     all_lanes = ptx.all_lanes
@@ -45,8 +136,7 @@ def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output
                     x *= scale_log2
                 if needs_mask:
                     key = n0 + 8 * nb + 2 * t + e % 2
-                    row = row0 + 16 * mt + 8 * (e // 2)
-                    if key >= key_end or (causal and key > row + diag_offset):
+                    if hidden(key, row0 + 16 * mt + 8 * (e // 2), key_end, causal, diag_offset):
                         x = NEG_INF
                 s[mt, nb, e] = x
             mx_0 = max(mx_0, max(s[mt, nb, 0], s[mt, nb, 1]))

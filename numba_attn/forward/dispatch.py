@@ -15,6 +15,7 @@ from ..runtime.attention_args import AttentionArgs
 from ..runtime.device import SIMULATOR, compute_capability, max_grid, multiprocessor_count
 from ..runtime.views import lift
 from . import mma as _flash_mma
+from .common import runs_here
 from . import simt as _flash_simt
 from . import tf32 as _flash_tf32
 from . import wgmma as _flash_wgmma
@@ -27,19 +28,15 @@ FLASH_WGMMA_TUNER = _autotune.Autotuner("flash_wgmma", _flash_wgmma.TUNING_CANDI
 
 
 def wgmma_applies(dtype: str, head_dim: int, *arrays) -> bool:
-    """The warpgroup kernel takes these inputs on this GPU."""
-    return (dtype in _flash_wgmma.DTYPES and not SIMULATOR
-            and compute_capability() >= _flash_wgmma.MIN_COMPUTE_CAPABILITY
-            and _flash_wgmma.supports(head_dim, *arrays))
+    """The warpgroup kernel takes these inputs on this GPU (under the simulator it runs only when asked for)."""
+    return not SIMULATOR and _flash_wgmma.supports(dtype, head_dim, *arrays)
 
 
 def choose_backend(backend, dtype: str, allow_tf32: bool = False, wgmma_ok: bool = False) -> str:
     """The kernel for ``flash_forward``; ``wgmma_ok``: the warpgroup kernel takes these inputs on this GPU."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
-    mma_ok = dtype in _flash_mma.DTYPES + _flash_tf32.DTYPES and (
-        SIMULATOR or compute_capability() >= _flash_mma.MIN_COMPUTE_CAPABILITY
-    )
+    mma_ok = dtype in _flash_mma.DTYPES + _flash_tf32.DTYPES and runs_here(_flash_mma.MIN_COMPUTE_CAPABILITY)
     if backend == "mma" and not mma_ok:
         raise ValueError(
             f"backend: 'mma' needs a GPU of compute capability >= 8.0 "
@@ -47,7 +44,7 @@ def choose_backend(backend, dtype: str, allow_tf32: bool = False, wgmma_ok: bool
         )
     if backend == "wgmma" and dtype not in _flash_wgmma.DTYPES:
         raise ValueError(f"backend: 'wgmma' takes float16 or bfloat16, got {dtype}")
-    if backend == "wgmma" and not (SIMULATOR or compute_capability() >= _flash_wgmma.MIN_COMPUTE_CAPABILITY):
+    if backend == "wgmma" and not runs_here(_flash_wgmma.MIN_COMPUTE_CAPABILITY):
         raise ValueError(f"backend: 'wgmma' needs a GPU of compute capability 9.0 (Hopper), got {compute_capability()}")
     if backend == "simt" and dtype == BFLOAT16:
         raise ValueError("backend: 'simt' does not take bfloat16; use 'mma' or None")

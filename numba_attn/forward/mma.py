@@ -1,6 +1,6 @@
 """FlashAttention-2 forward on tensor cores (``mma.sync.m16n8k16``, float32 accumulation) for float16 and bfloat16.
 
-Same interface and semantics as ``flash_simt.launch``: shapes ``(batch, heads, seqlen, headdim)``, any strides,
+Same interface and semantics as ``simt.launch``: shapes ``(batch, heads, seqlen, headdim)``, any strides,
 grouped-query heads (q head ``h`` reads kv head ``h // (heads // kv_heads)``), bottom-right causal mask (query ``i``
 sees keys ``j <= i + seqlen_k - seqlen_q``), rows that see no key give 0 and ``lse = -inf``, lse in natural log,
 float32. The inputs travel as their 16-bit patterns (uint16 views); the dtype picks the MMA and the conversions.
@@ -23,14 +23,15 @@ Pipeline per K/V tile
        read in aligned 16-byte pieces (``vector_loads_ok``: headdim % 8, a strided last axis, unaligned rows) the
        copy is element by element and synchronous, into the same layout.
     2. ``S = Q K^T``: A fragments of Q and B fragments of K by ``ldmatrix.x4`` (``ptx`` module docstring).
-    3. Online softmax on the C fragments (``online_softmax``, once per m-tile): row maxima finished with two butterfly
+    3. Online softmax on the C fragments (``core.softmax``, once per m-tile): row maxima finished with two butterfly
        shuffles (lane masks 1 and 2); base 2, with the maximum kept on the UNSCALED scores so that
        ``sm_scale * log2 e`` folds into the exponent's FFMA (a scale <= 0 compiles a variant that scales first);
-       masks only on tiles that cross the causal diagonal or the end of the keys; ``O`` is rescaled by
-       ``exp2(m_old - m_new)`` unless no row maximum of the warp moved (a warp vote).
+       masks (``core.mask``) only on tiles that cross the causal diagonal or the end of the keys; ``O`` is rescaled
+       by ``exp2(m_old - m_new)`` unless no row maximum of the warp moved (a warp vote).
     4. ``O += P V``: the probabilities are rounded to the input dtype IN REGISTERS and used directly as the A
        operand (C fragments of n8 blocks ``2j, 2j + 1`` = A fragment of k-step ``j``); ``ldmatrix.x4.trans`` reads
-       V's B fragments from the ``[key][d]`` tile, so V needs no transposed copy. One division by ``l`` at the end.
+       V's B fragments from the ``[key][d]`` tile, so V needs no transposed copy. One division by ``l`` at the end
+       (``core.epilogue``).
 
 Head dims
     Padded to a multiple of 16 inside the kernel (``padded_head_dim``). Up to ``max_single_pass_dim`` (128) the whole
@@ -44,36 +45,36 @@ scale. Causality is a run-time flag (it only changes the loop bound, the block o
 Register arrays (``cuda.local.array``) are indexed only inside loops over compile-time constants that NVVM unrolls
 fully, so they live in registers; the softmax is a device function called once per m-tile with a constant index
 because, as a loop over m-tiles, its body was too large to unroll and the accumulators went to local memory.
-``ptxas -v`` (sm_90, CUDA 13; ``scripts/check_mma.py --part correctness --compile-only``): 243-252 registers and no
-spills at padded head dims 64 and 80, 255 registers with 28-92 bytes of spills at 112 (element copies), 128 and 256.
+``scripts/check_mma.py --part correctness --compile-only`` reports registers and spills (docs/design.md).
 
 The kernel also runs under the CUDA simulator, with the ``ptx`` emulations (tiny shapes only: every thread is a
 Python thread and every MMA a block-wide barrier).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from numba import float32, types, uint16, uint32
+from numba import float32, uint16, uint32
 
-from ..runtime.views import rows_in_pieces
-from ..runtime.device import SIMULATOR, cuda
-from ..runtime.launch import launch as device_launch
 from ..core import ptx
-from ..core.softmax import softmax_step
-from ..core.staging import device_function as _device_function
-from ..core.staging import tile_loader
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+from ..core.block_info import QUERY_MAJOR, block_position, grid, key_tiles, lane_position, sequence_bounds
+from ..core.epilogue import as_16bit, store_rows
+from ..core.mask import tile_is_partial
+from ..core.softmax import exponent_scale, fragment_clear, softmax_start, softmax_update
+from ..core.staging import device_function, tile_loader
+from ..runtime.device import SIMULATOR, cuda, kernel_jit
+from ..runtime.launch import launch as device_launch
+from . import common
+# re-exported: decode.mma and older callers import these from here
+from .common import bits as _bits  # noqa: F401
+from .common import check_grid, vector_loads_ok  # noqa: F401
 
 
 @dataclass(frozen=True)
-class MmaConfig:
-    """Tuning knobs of the tensor-core kernel."""
+class MmaConfig(common.WarpTiles):
+    """Tuning knobs of the tensor-core kernel (validated where made)."""
 
     warps: int = 4  # warps per block
     m_tiles: int = 2  # 16-row MMA tiles per warp: block_m = 16 * m_tiles * warps; each K/V fragment feeds m_tiles MMAs
@@ -86,67 +87,51 @@ class MmaConfig:
     # cp.async stages of (K tile, V tile): the copies of the next ``stages - 1`` tiles run under each tile's MMAs
     stages: int = 2
 
-    @property
-    def block_m(self) -> int:
-        return 16 * self.m_tiles * self.warps
+    def __post_init__(self):
+        common.check_fields(self, warps=(1, 32, 1), m_tiles=(1, None, 1), block_n=(16, None, 16),
+                            block_n_wide=(16, None, 16), max_single_pass_dim=(16, common.MAX_HEAD_DIM, 16),
+                            min_warps=(1, None, 1), stages=(2, None, 1))
 
-    @property
-    def threads(self) -> int:
-        return 32 * self.warps
-
-    def launch_bounds(self) -> tuple[int, int]:
-        """(max threads per block, min blocks per SM) for ``cuda.jit(launch_bounds=...)``."""
-        return self.threads, max(1, self.min_warps // self.warps)
 
 
 DEFAULT_CONFIG = MmaConfig()
 #: tiles for the CUDA simulator, where every thread is a Python thread: one warp, 16-key tiles, two passes above 32
 SIMULATOR_CONFIG = MmaConfig(warps=1, m_tiles=1, block_n=16, block_n_wide=16, max_single_pass_dim=32)
-#: what ``flash_forward``'s autotuner (``numba_attn._autotune``) times per (device, dtype, head dim, causal, size
+#: what ``flash_forward``'s autotuner (``runtime.autotune``) times per (device, dtype, head dim, causal, size
 #: class): the default, 8 warps x 1 m-tile (same 128 rows, half the registers per warp for the accumulators), and
 #: 64-row blocks (twice the blocks: fills the GPU when batch * heads * seqlen_q is small)
 TUNING_CANDIDATES = (DEFAULT_CONFIG, MmaConfig(warps=8, m_tiles=1), MmaConfig(warps=4, m_tiles=1))
 #: mma.sync.m16n8k16 with f16 / bf16 operands and cvt.rn.bf16x2 need sm_80 or newer
 MIN_COMPUTE_CAPABILITY = (8, 0)
+#: dtype names the kernel takes (bfloat16 arrives as a uint16 bit view, float16 may too).
+DTYPES = ("float16", "bfloat16")
+#: one signature for every layout of the 16-bit operands
+SIGNATURE = common.kernel_signature(uint16)
 
 
 def default_config(head_dim: int = 64) -> MmaConfig:
-    """4 warps x 2 m-tiles (128 query rows), 64-key tiles, 2 blocks per SM: on an H100 at B4 N4k fp16 255 / 281
-    TFLOP/s at D 64 / 128, against 224 / 249 for 8 warps x 1 m-tile and 231 / 266 for 128 / 32-key tiles
-    (scripts/tune_flash.py --kernel mma, 2026-11-22)."""
+    """4 warps x 2 m-tiles (128 query rows), 64-key tiles, 2 blocks per SM: the fastest at head dims 64 and 128
+    against 8 warps x 1 m-tile and 128 / 32-key tiles (``scripts/tune_flash.py --kernel mma``, docs/design.md)."""
     return SIMULATOR_CONFIG if SIMULATOR else DEFAULT_CONFIG
 
 
-#: dtype names the kernel takes (bfloat16 arrives as a uint16 bit view, float16 may too).
-DTYPES = ("float16", "bfloat16")
+def supports(dtype: str, head_dim: int, *arrays) -> bool:
+    """True when this kernel takes the call on this device: float16 / bfloat16, head dims up to 256, any strides
+    (rows that cannot be copied in 16-byte pieces take the element loader), sm_80 or newer."""
+    return dtype in DTYPES and 1 <= head_dim <= common.MAX_HEAD_DIM and common.runs_here(MIN_COMPUTE_CAPABILITY)
 
 
 def padded_head_dim(head_dim: int, config: MmaConfig | None = None) -> int:
     """The head dim the kernel computes with: a multiple of 16 (one MMA k-step), and of 32 when it takes two passes
     (each pass's half is then a whole number of ``ldmatrix.x4`` column pairs)."""
-    config = config or DEFAULT_CONFIG
-    pad = -(-head_dim // 16) * 16
-    return pad if pad <= config.max_single_pass_dim else -(-head_dim // 32) * 32
+    return common.padded_head_dim(head_dim, 16, (config or DEFAULT_CONFIG).max_single_pass_dim)
 
 
 @dataclass(frozen=True)
-class _Tiles:
+class _Tiles(common.PassTiles):
     """Compile-time shape of one specialisation (derived from the config and the padded head dim)."""
 
-    warps: int
-    m_tiles: int
-    block_n: int
-    d_pad: int
-    d_pass: int
     stages: int = 2
-
-    @property
-    def block_m(self) -> int:
-        return 16 * self.m_tiles * self.warps
-
-    @property
-    def passes(self) -> int:
-        return self.d_pad // self.d_pass
 
     @property
     def row(self) -> int:
@@ -164,40 +149,17 @@ class _Tiles:
         return 2 * (self.block_m * self.row + self.stages * 2 * self.tile)
 
 
-#: the H100's (and A100's) opt-in limit of shared memory per block
-MAX_SHARED_BYTES = 227 * 1024
-
-
 @lru_cache(maxsize=None)
 def tiles_for(config: MmaConfig, head_dim_pad: int) -> _Tiles:
-    if head_dim_pad % 16 or not 16 <= head_dim_pad <= 256:
+    """The tiles of ``config`` at a padded head dim (whether they fit a device's shared memory is the launch's
+    question: ``common.check_shared_memory``)."""
+    if head_dim_pad % 16 or not 16 <= head_dim_pad <= common.MAX_HEAD_DIM:
         raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, 256], got {head_dim_pad}")
     if head_dim_pad <= config.max_single_pass_dim:
-        tiles = _Tiles(config.warps, config.m_tiles, config.block_n, head_dim_pad, head_dim_pad, config.stages)
-    elif head_dim_pad % 32:
+        return _Tiles(config.warps, config.m_tiles, config.block_n, head_dim_pad, head_dim_pad, config.stages)
+    if head_dim_pad % 32:
         raise ValueError(f"head_dim_pad above {config.max_single_pass_dim} must be a multiple of 32, got {head_dim_pad}")
-    else:
-        tiles = _Tiles(config.warps, config.m_tiles, config.block_n_wide, head_dim_pad, head_dim_pad // 2,
-                       config.stages)
-    if tiles.stages < 2:
-        raise ValueError(f"stages must be at least 2, got {tiles.stages}")
-    if tiles.block_n % 16:
-        raise ValueError(f"block_n must be a multiple of 16, got {tiles.block_n}")
-    if tiles.shared_bytes > MAX_SHARED_BYTES:
-        raise ValueError(f"tiles need {tiles.shared_bytes} bytes of shared memory, more than {MAX_SHARED_BYTES}")
-    return tiles
-
-
-_U16_4D = types.Array(types.uint16, 4, "A")
-_F32_3D = types.Array(types.float32, 3, "A")
-#: one signature for every layout (layout 'A' takes contiguous and strided views alike: one compile per shape)
-SIGNATURE = types.void(_U16_4D, _U16_4D, _U16_4D, _U16_4D, _F32_3D, types.boolean, types.boolean, types.float32)
-
-
-def _jit(launch_bounds):
-    if SIMULATOR:
-        return cuda.jit
-    return cuda.jit(SIGNATURE, launch_bounds=launch_bounds, cache=True)
+    return _Tiles(config.warps, config.m_tiles, config.block_n_wide, head_dim_pad, head_dim_pad // 2, config.stages)
 
 
 def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: bool = False):
@@ -206,7 +168,6 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     ``scale_first=False`` (for a positive scale) keeps the running max on the unscaled scores, so the scale folds
     into the exponent's one FFMA (``exp2(s * scale - m * scale)``); a scale <= 0 does not commute with max and
     multiplies every score first."""
-    WARPS = tiles.warps
     M_TILES = tiles.m_tiles
     ROW_STATS = 2 * M_TILES  # rows per thread
     BLOCK_M = tiles.block_m
@@ -222,57 +183,35 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     S_BLOCKS = BLOCK_N // 8  # n8 blocks of S
     PV_STEPS = BLOCK_N // 16  # k-steps of O += P V
     O_BLOCKS = D_PASS // 8  # n8 blocks of O
-    NEG_INF = np.float32(-np.inf)
-    ZERO = np.float32(0.0)
-    # accumulators start at -0.0, not 0.0: LLVM turns a loop of zero stores into a memset, which keeps the array in
-    # local memory (the MMAs add to it exactly as to +0.0)
-    ACC_INIT = np.float32(-0.0)
     SCALE_FIRST = scale_first
     mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
-    low_u16 = ptx.low_u16
-    high_u16 = ptx.high_u16
-    shfl_xor = ptx.shfl_xor_f32
-    store2 = ptx.store2
     ldmatrix = ptx.ldmatrix_x4
     ldmatrix_trans = ptx.ldmatrix_x4_trans
     commit = ptx.cp_async_commit
     wait_tile = ptx.cp_async_wait_group(STAGES - 2)  # the oldest group in flight (tile j's) has landed
-    load_q_tile = tile_loader(32 * WARPS, ROW, tiles.d_pad, BLOCK_M, np.uint16, vector_loads)
-    load_tile = tile_loader(32 * WARPS, ROW, tiles.d_pad, BLOCK_N, np.uint16, vector_loads)
+    load_q_tile = tile_loader(32 * tiles.warps, ROW, tiles.d_pad, BLOCK_M, np.uint16, vector_loads)
+    load_tile = tile_loader(32 * tiles.warps, ROW, tiles.d_pad, BLOCK_N, np.uint16, vector_loads)
+    position = block_position(QUERY_MAJOR, BLOCK_M)
+    count_tiles = key_tiles(BLOCK_M, BLOCK_N)
+    partial = tile_is_partial(BLOCK_N)
+    clear_s = fragment_clear(M_TILES, S_BLOCKS)
+    start = softmax_start(M_TILES, O_BLOCKS)
+    online_softmax = softmax_update(M_TILES, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True)
+    finish = store_rows(M_TILES, O_BLOCKS, as_16bit(bf16))
 
-    online_softmax = softmax_step(S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True)
-
-    @_device_function
+    @device_function
     def mma_into(c, mt, n, a0, a1, a2, a3, b0, b1):
         """``c[mt, n, :] += A B``: one MMA accumulating into the C fragment held in a register array."""
         c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3] = mma(a0, a1, a2, a3, b0, b1,
                                                                  c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3])
 
     def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
-        tid = cuda.threadIdx.x
-        warp = tid // 32
-        lane = tid % 32
-        g = lane // 4  # MMA groupID: fragment rows g and g + 8
-        t = lane % 4  # MMA threadID_in_group: fragment columns 2t, 2t + 1
-        heads = q.shape[1]
-        m_block = cuda.blockIdx.x  # grid (query blocks, heads, batch): see check_grid
-        if causal:
-            m_block = cuda.gridDim.x - 1 - m_block  # the longest (last) query blocks start first
-        h = cuda.blockIdx.y
-        b = cuda.blockIdx.z
-        m0 = m_block * BLOCK_M
-        hk = h // (heads // k.shape[1])
-        seqlen_q = q.shape[2]
-        seqlen_k = k.shape[2]
+        tid, warp, lane, g, t = lane_position()
+        # causal: the longest (last) query blocks start first
+        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal)
+        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
         head_dim = q.shape[3]
-        diag_offset = seqlen_k - seqlen_q  # query i sees keys j <= i + diag_offset
-        q_head = q[b, h]
-        k_head = k[b, hk]
-        v_head = v[b, hk]
-        key_start = 0  # this block's keys: [key_start, key_end)
-        key_end = seqlen_k
-        out_head = out[b, h]
         warp_row = 16 * M_TILES * warp  # this warp's first row in the block; m-tile mt adds 16 mt
         row0 = m0 + warp_row + g  # rows of this thread: row0 + 16 mt and row0 + 16 mt + 8
         # ldmatrix row addresses of this lane (lane 8i + r: row r of matrix i). K, for S = Q K^T: matrices (keys
@@ -289,25 +228,13 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
         m_run = cuda.local.array(ROW_STATS, float32)  # running row max (score units) of rows 2mt, 2mt + 1
         l_run = cuda.local.array(ROW_STATS, float32)  # this thread's part of the row sums
 
-        n_end = key_end
-        if causal:
-            n_end = min(key_end, max(0, m0 + BLOCK_M + diag_offset))
-        n_tiles = (n_end - key_start + BLOCK_N - 1) // BLOCK_N  # <= 0: nothing to read
-        # scores are multiplied by ``post`` inside the exponent (1 when they were scaled first); m is in their units
-        post = scale_log2
-        if SCALE_FIRST:
-            post = float32(1.0)
+        n_tiles = count_tiles(m0, key_start, key_end, causal, diag_offset)  # <= 0: nothing to read
+        post = exponent_scale(scale_log2, SCALE_FIRST)
 
         load_q_tile(q_head, smem, 0, tid, m0, seqlen_q, 0, head_dim)
         for p in range(PASSES):
             d_off = p * D_PASS  # first output column of this pass
-            for i in range(2 * M_TILES):
-                m_run[i] = NEG_INF
-                l_run[i] = ZERO
-            for mt in range(M_TILES):
-                for ob in range(O_BLOCKS):
-                    for e in range(4):
-                        acc[mt, ob, e] = ACC_INIT
+            start(m_run, l_run, acc)
 
             cuda.syncthreads()  # a previous pass is done reading its stages
             for ahead in range(STAGES - 1):  # tiles 0 .. STAGES - 2, one commit group each (the Q tile in the first)
@@ -329,10 +256,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
                 commit()  # an empty group past the last tile keeps "oldest group = tile j" true
 
                 # ---- S = Q K^T: one K fragment feeds the MMAs of every m-tile ----------------------------------------
-                for mt in range(M_TILES):
-                    for nb in range(S_BLOCKS):
-                        for e in range(4):
-                            s[mt, nb, e] = ACC_INIT
+                clear_s(s)
                 for kk in range(QK_STEPS):
                     for mt in range(M_TILES):
                         q_frag[mt, 0], q_frag[mt, 1], q_frag[mt, 2], q_frag[mt, 3] = ldmatrix(
@@ -345,14 +269,8 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
                             mma_into(s, mt, nb + 1, x0, x1, x2, x3, b2, b3)
 
                 # ---- online softmax (base 2), masks only on the diagonal / tail tiles ----------------------------
-                needs_mask = n0 + BLOCK_N > key_end
-                if causal:
-                    needs_mask = needs_mask or (n0 + BLOCK_N - 1 > m0 + diag_offset)
-                online_softmax(s, acc, m_run, l_run, 0, needs_mask, n0, row0, t, key_end, causal, diag_offset,
-                               scale_log2, post)
-                if M_TILES > 1:  # one call per m-tile, with a constant index: loops over them may stay loops
-                    online_softmax(s, acc, m_run, l_run, 1, needs_mask, n0, row0, t, key_end, causal, diag_offset,
-                                   scale_log2, post)
+                online_softmax(s, acc, m_run, l_run, partial(n0, m0, key_end, causal, diag_offset), n0, row0, t,
+                               key_end, causal, diag_offset, scale_log2, post)
 
                 # ---- O += P V: P's C fragments of n8 blocks 2kk, 2kk + 1 are the A fragment of k-step kk ----------
                 for kk in range(PV_STEPS):
@@ -366,26 +284,9 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
                             mma_into(acc, mt, ob, a0, a1, a2, a3, b0, b1)
                             mma_into(acc, mt, ob + 1, a0, a1, a2, a3, b2, b3)
 
-            # ---- epilogue: full row sums, one division per row, output in the input dtype -------------------------
-            for mt in range(M_TILES):
-                for half in range(2):
-                    row = row0 + 16 * mt + 8 * half
-                    l_row = l_run[2 * mt + half]
-                    l_row += shfl_xor(l_row, 1)
-                    l_row += shfl_xor(l_row, 2)
-                    # rows that see no key (causal, Lq > Lk) give 0 and lse = -inf, as in the reference
-                    inv = float32(1.0) / l_row if l_row > ZERO else ZERO
-                    for ob in range(O_BLOCKS):
-                        col = d_off + 8 * ob + 2 * t
-                        w = pack(acc[mt, ob, 2 * half] * inv, acc[mt, ob, 2 * half + 1] * inv)
-                        if row < seqlen_q:
-                            if col < head_dim:
-                                store2(out_head, row, col, low_u16(w))
-                            if col + 1 < head_dim:
-                                store2(out_head, row, col + 1, high_u16(w))
-                    if write_lse and p == 0 and t == 0 and row < seqlen_q:
-                        m_row = m_run[2 * mt + half]
-                        lse[b, h, row] = (m_row * post + math.log2(l_row)) * LN2 if l_row > ZERO else NEG_INF
+            # ---- epilogue: O / l in the input dtype; lse once (the first pass) -----------------------------------
+            finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, write_lse and p == 0,
+                   post)
 
     return kernel
 
@@ -394,36 +295,8 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
 def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_loads: bool, scale_first: bool = False):
     """The compiled kernel of one specialisation: tiles, padded head dim, dtype, load width and the sign of the scale
     are constants (causality is a run-time flag: it only changes the loop bound and the diagonal tiles' masks)."""
-    tiles = tiles_for(config, head_dim_pad)
-    return _jit(config.launch_bounds())(_kernel_source(tiles, bf16, vector_loads, scale_first))
-
-
-_UINT16 = np.dtype(np.uint16)
-
-
-def _bits(x, name: str):
-    """The uint16 bit view of a float16 / bfloat16 (uint16 or int16 bits) device or simulator array; no copy."""
-    if x.dtype is _UINT16:
-        return x
-    dtype = np.dtype(x.dtype)
-    if dtype.itemsize != 2 or dtype.kind not in "fiu":
-        raise TypeError(f"{name}: expected 16-bit elements (float16, or bfloat16 as uint16 / int16 bits), got {dtype}")
-    return x if dtype == np.uint16 else x.view(np.uint16)
-
-
-def check_grid(batch: int, heads: int):
-    """The forward grid is (query blocks, heads, batch): the query blocks of one head are neighbours, so the blocks
-    resident at once share that head's K and V through L2 (H100, B4 fp16, N 16k: 247 -> 281 TFLOP/s at D 64 and
-    283 -> 308 at D 128 for this kernel against (batch * heads, query blocks)). Grid y and z stop at 65535."""
-    if max(batch, heads) > 65535:
-        raise ValueError(f"q: batch ({batch}) and heads ({heads}) must each be at most 65535 for one launch")
-
-
-def vector_loads_ok(*arrays) -> bool:
-    """True when the rows of every array (Q, K and V: one loader copies them all) can be read in aligned 16-byte
-    pieces: headdim % 8 == 0, unit stride along headdim, and every row start 16-byte aligned (base address and the
-    other strides multiples of 16 bytes)."""
-    return all(rows_in_pieces(x, 8) for x in arrays)
+    source = _kernel_source(tiles_for(config, head_dim_pad), bf16, vector_loads, scale_first)
+    return kernel_jit(config.launch_bounds(), SIGNATURE)(source)
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: MmaConfig | None = None,
@@ -435,8 +308,7 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     (a float16 array or a 16-bit bit view).
     """
     config = config or default_config(q.shape[3])
-    if dtype is None:
-        dtype = "float16" if np.dtype(q.dtype) == np.float16 else "bfloat16"
+    dtype = common.sixteen_bit_dtype(q, dtype)
     if dtype not in DTYPES:
         raise TypeError(f"dtype: the tensor-core kernel takes float16 or bfloat16, got {dtype}")
     batch, heads, seqlen_q, head_dim = q.shape
@@ -444,8 +316,10 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
         return
     q, k, v, out = _bits(q, "q"), _bits(k, "k"), _bits(v, "v"), _bits(out, "out")
     head_dim_pad = padded_head_dim(head_dim, config)
-    kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads_ok(q, k, v), not sm_scale > 0)
-    check_grid(batch, heads)
-    grid = (-(-seqlen_q // config.block_m), heads, batch)
-    args = (q, k, v, out, lse, bool(write_lse), bool(causal), np.float32(sm_scale * LOG2E))
-    device_launch(kernel, grid, config.threads, stream, tiles_for(config, head_dim_pad).shared_bytes, *args)
+    tiles = tiles_for(config, head_dim_pad)
+    common.check_shared_memory(tiles.shared_bytes)
+    scale_log2, scale_first = common.scale_args(sm_scale)
+    kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads_ok(q, k, v), scale_first)
+    shape = grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m)
+    device_launch(kernel, shape, config.threads, stream, tiles.shared_bytes,
+                  q, k, v, out, lse, bool(write_lse), bool(causal), scale_log2)

@@ -26,11 +26,13 @@ import numpy as np
 from numba import float32
 from numba import uint32 as index  # unsigned shared-memory indices: Numba skips its negative-index wraparound code
 
+from ..core.block_info import HEAD_MAJOR, block_position, grid, sequence_bounds
+from ..core.mask import hidden, tile_is_partial, visible_end
+from ..core.softmax import log_sum_exp
+from ..core.staging import device_function
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+from . import common
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,12 @@ class SimtConfig:
     rows_per_thread: int = 8  # block_m = threads_y * rows_per_thread
     keys_per_thread: int = 4  # block_n = threads_x * keys_per_thread
     blocks_per_sm: int = 2  # launch bound: caps registers at 64K / (threads * blocks_per_sm)
+
+    def __post_init__(self):
+        common.check_fields(self, threads_x=(1, 1024, 1), threads_y=(1, 1024, 1), rows_per_thread=(1, None, 1),
+                            keys_per_thread=(1, None, 1), blocks_per_sm=(1, None, 1))
+        if self.threads > 1024:
+            raise ValueError(f"SimtConfig: threads_x * threads_y must be at most 1024, got {self.threads}")
 
     @property
     def block_m(self) -> int:
@@ -72,12 +80,45 @@ GPU_CONFIG_LARGE_D = SimtConfig(threads_x=16, threads_y=8, rows_per_thread=8, ke
 SIMULATOR_CONFIG = SimtConfig(threads_x=4, threads_y=4, rows_per_thread=2, keys_per_thread=2)
 
 
+#: float16 and float32 (bfloat16 needs the tensor-core kernels)
+DTYPES = ("float16", "float32")
+
+
 def default_config(head_dim: int = 128) -> SimtConfig:
     if SIMULATOR:
         return SIMULATOR_CONFIG
     if head_dim <= 64:
         return GPU_CONFIG_SMALL_D
     return GPU_CONFIG if head_dim <= 128 else GPU_CONFIG_LARGE_D
+
+
+def supports(dtype: str, head_dim: int, *arrays) -> bool:
+    """True when this kernel takes the call: float16 / float32, head dims up to 256, any strides, any GPU."""
+    return dtype in DTYPES and 1 <= head_dim <= common.MAX_HEAD_DIM
+
+
+def padded_head_dim(head_dim: int, config: SimtConfig) -> int:
+    """Head dim rounded up to a whole number of columns per thread (``threads_x`` threads share a row)."""
+    return common.padded_head_dim(head_dim, config.threads_x)
+
+
+def _tile_copy(threads_x: int, threads_y: int, rows: int, width: int, row_step: int, column_step: int):
+    """``copy(head, smem, base, n0, seqlen, head_dim, ty, tx)``: rows ``n0 .. n0 + rows`` and columns ``0 .. width``
+    of ``head`` (float32) to ``smem[base + r * row_step + d * column_step]``, zeros outside the sequence and past
+    headdim. Thread ``(ty, tx)`` takes rows ``ty + threads_y i`` and columns ``tx + threads_x j``."""
+    TX, TY, ROWS, WIDTH = threads_x, threads_y, rows, width
+    ROW_STEP, COLUMN_STEP = row_step, column_step
+
+    @device_function
+    def copy(head, smem, base, n0, seqlen, head_dim, ty, tx):
+        for r in range(ty, ROWS, TY):
+            for dd in range(tx, WIDTH, TX):
+                val = float32(0.0)
+                if n0 + r < seqlen and dd < head_dim:
+                    val = float32(head[n0 + r, dd])
+                smem[index(base + dd * COLUMN_STEP + r * ROW_STEP)] = val
+
+    return copy
 
 
 @lru_cache(maxsize=None)
@@ -98,28 +139,21 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
     P_OFFSET = KV_OFFSET + max(D_PAD * N_STRIDE, BLOCK_N * D_PAD)
     ROW_OFFSET = P_OFFSET + BLOCK_N * M_STRIDE
     NEG_INF = np.float32(-np.inf)  # a float32 constant keeps the softmax arithmetic in float32
+    position = block_position(HEAD_MAJOR, BLOCK_M)
+    partial = tile_is_partial(BLOCK_N)
+    copy_q_t = _tile_copy(TX, TY, BLOCK_M, D_PAD, 1, M_STRIDE)  # Q^T
+    copy_k_t = _tile_copy(TX, TY, BLOCK_N, D_PAD, 1, N_STRIDE)  # K^T
+    copy_v = _tile_copy(TX, TY, BLOCK_N, D_PAD, D_PAD, 1)  # V
 
     @kernel_jit(launch_bounds=(NT, config.blocks_per_sm))
     def kernel(q, k, v, out, lse, write_lse, scale_log2):
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
-        # batch * heads on x (up to 2**31 - 1 blocks), query tiles on y (up to 65535)
-        bh = cuda.blockIdx.x
-        m0 = cuda.blockIdx.y * BLOCK_M
-        heads = q.shape[1]
-        b = bh // heads
-        h = bh % heads
-        hk = h // (heads // k.shape[1])  # grouped-query attention: q heads share a kv head
-        seqlen_q = q.shape[2]
-        seqlen_k = k.shape[2]
+        # batch * heads on x, query tiles on y, in launch order (the causal kernels' longest-first order is not
+        # used here)
+        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, False)
+        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
         head_dim = q.shape[3]
-        # bottom-right aligned causal mask: query row i sees keys j <= i + diag_offset
-        diag_offset = seqlen_k - seqlen_q
-        # 2-D views of this (batch, head): two strides per access instead of four
-        q_head = q[b, h]
-        k_head = k[b, hk]
-        v_head = v[b, hk]
-        out_head = out[b, h]
 
         # One dynamic buffer, carved by hand:
         #   q_t[d * M_STRIDE + r]     Q^T of the block's rows, resident for the whole kernel
@@ -127,13 +161,7 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
         #   p_t[c * M_STRIDE + r]     P^T of the current tile
         #   row_part[r * TX + t]      per-thread partial row max / sum
         smem = cuda.shared.array(0, float32)
-
-        for r in range(ty, BLOCK_M, TY):
-            for dd in range(tx, D_PAD, TX):
-                val = float32(0.0)
-                if m0 + r < seqlen_q and dd < head_dim:
-                    val = float32(q_head[m0 + r, dd])
-                smem[index(dd * M_STRIDE + r)] = val
+        copy_q_t(q_head, smem, 0, m0, seqlen_q, head_dim, ty, tx)
 
         acc = cuda.local.array((RM, RD), float32)
         s = cuda.local.array((RM, RN), float32)
@@ -145,17 +173,10 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
             for j in range(RD):
                 acc[i, j] = 0.0
 
-        n_end = seqlen_k
-        if CAUSAL:
-            n_end = min(seqlen_k, max(0, m0 + BLOCK_M + diag_offset))
-        for n0 in range(0, n_end, BLOCK_N):
+        n_end = visible_end(m0 + BLOCK_M, key_start, key_end, CAUSAL, diag_offset)
+        for n0 in range(key_start, n_end, BLOCK_N):
             # ---- K^T tile -> shared (barrier A also publishes Q^T on the first tile) ------------------------------
-            for c in range(ty, BLOCK_N, TY):
-                for dd in range(tx, D_PAD, TX):
-                    val = float32(0.0)
-                    if n0 + c < seqlen_k and dd < head_dim:
-                        val = float32(k_head[n0 + c, dd])
-                    smem[index(KV_OFFSET + dd * N_STRIDE + c)] = val
+            copy_k_t(k_head, smem, KV_OFFSET, n0, key_end, head_dim, ty, tx)
             cuda.syncthreads()
 
             # ---- S = Q K^T in registers ------------------------------------------------------------------------
@@ -169,17 +190,14 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
                         s[i, j] += qv * smem[index(KV_OFFSET + dd * N_STRIDE + tx + TX * j)]
 
             # ---- online softmax: masks only on the tail tile and tiles that cross the diagonal ------------------
-            needs_mask = n0 + BLOCK_N > seqlen_k
-            if CAUSAL:
-                needs_mask = needs_mask or (n0 + BLOCK_N - 1 > m0 + diag_offset)
+            needs_mask = partial(n0, m0, key_end, CAUSAL, diag_offset)
             for i in range(RM):
                 row = m0 + ty + TY * i
                 tile_max = NEG_INF
                 for j in range(RN):
                     x = s[i, j] * scale_log2
                     if needs_mask:
-                        key = n0 + tx + TX * j
-                        if key >= seqlen_k or (CAUSAL and key > row + diag_offset):
+                        if hidden(n0 + tx + TX * j, row, key_end, CAUSAL, diag_offset):
                             x = NEG_INF
                     s[i, j] = x
                     tile_max = max(tile_max, x)
@@ -187,12 +205,7 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
             cuda.syncthreads()  # barrier B: row maxima visible, and every thread is done reading K^T
 
             # ---- V tile -> shared, into the words K^T used; P^T -> shared; rescale O -----------------------------
-            for c in range(ty, BLOCK_N, TY):
-                for dd in range(tx, D_PAD, TX):
-                    val = float32(0.0)
-                    if n0 + c < seqlen_k and dd < head_dim:
-                        val = float32(v_head[n0 + c, dd])
-                    smem[index(KV_OFFSET + c * D_PAD + dd)] = val
+            copy_v(v_head, smem, KV_OFFSET, n0, key_end, head_dim, ty, tx)
             for i in range(RM):
                 r = ty + TY * i
                 m_new = m_i[i]
@@ -238,10 +251,7 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
                     if d < head_dim:
                         out_head[row, d] = acc[i, j] * inv_l
                 if write_lse and tx == 0:
-                    if l > 0.0:
-                        lse[b, h, row] = (m_i[i] + math.log2(l)) * LN2
-                    else:
-                        lse[b, h, row] = NEG_INF
+                    lse[b, h, row] = log_sum_exp(m_i[i], l, float32(1.0))  # m is in scaled units already
 
     return kernel
 
@@ -250,10 +260,11 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     """Launch on device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q)."""
     batch, heads, seqlen_q, head_dim = q.shape
     config = config or default_config(head_dim)
-    head_dim_pad = -(-head_dim // config.threads_x) * config.threads_x
-    kernel = flash_forward_kernel(config, head_dim_pad, bool(causal))
-    grid = (batch * heads, -(-seqlen_q // config.block_m))
-    block = (config.threads_x, config.threads_y)
+    head_dim_pad = padded_head_dim(head_dim, config)
     shared_bytes = 4 * config.shared_words(head_dim_pad)
-    device_launch(kernel, grid, block, stream, shared_bytes,
-                  q, k, v, out, lse, write_lse, float32(sm_scale * LOG2E))
+    common.check_shared_memory(shared_bytes)
+    kernel = flash_forward_kernel(config, head_dim_pad, bool(causal))
+    shape = grid(HEAD_MAJOR, batch, heads, seqlen_q, config.block_m)
+    block = (config.threads_x, config.threads_y)
+    scale_log2, _ = common.scale_args(sm_scale)  # scores are scaled before the max here, whatever the sign
+    device_launch(kernel, shape, block, stream, shared_bytes, q, k, v, out, lse, write_lse, scale_log2)

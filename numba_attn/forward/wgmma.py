@@ -1,9 +1,9 @@
 """FlashAttention-2 forward on Hopper's warpgroup MMAs (``wgmma.mma_async``, sm_90a) for float16 and bfloat16.
 
-Same interface and semantics as ``flash_mma.launch`` (shapes ``(batch, heads, seqlen, headdim)``, GQA, bottom-right
+Same interface and semantics as ``mma.launch`` (shapes ``(batch, heads, seqlen, headdim)``, GQA, bottom-right
 causal mask, rows that see no key give 0 and ``lse = -inf``, natural-log lse); it takes the inputs whose rows copy
-in aligned 16-byte pieces (``flash_mma.vector_loads_ok``) and padded head dims up to ``MAX_HEAD_DIM``, and
-``flash_mma`` keeps the rest.
+in aligned 16-byte pieces (``common.vector_loads_ok``) and padded head dims up to ``MAX_HEAD_DIM`` (``supports``),
+and ``mma`` keeps the rest.
 
 Work split
     One thread block = one warpgroup (4 warps, 128 threads) = 64 query rows of one (batch, head): each
@@ -24,7 +24,7 @@ Pipeline per K/V tile ``j`` (tile 0 is peeled off the loop: see below)
     2. Issue ``S_j = Q K_j^T`` (``d_pad / 16`` MMAs ``m64 n(block_n) k16``, A and B from shared memory) and behind
        it ``O += P_(j-1) V_(j-1)`` (``block_n / 16`` MMAs ``m64 n(d_pad) k16``, A = P in registers), then the
        ``cp.async`` copies of tile ``j + 1``, all without waiting.
-    3. ``wait_group 1``: S_j is done (groups complete in order). The online softmax of S_j (``online_softmax``;
+    3. ``wait_group 1``: S_j is done (groups complete in order). The online softmax of S_j (``core.softmax``;
        masks only on tiles crossing the diagonal or the end of the keys; base 2 with the scale folded into the
        exponent) runs while the P V MMAs still run.
     4. ``wait_group 0``; rescale O by this tile's ``alpha`` (skipped when no row max of the warp moved); round P_j
@@ -36,20 +36,22 @@ Pipeline per K/V tile ``j`` (tile 0 is peeled off the loop: see below)
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 from numba import float32, uint16, uint32
 
-from ..runtime.device import SIMULATOR, cuda
-from ..runtime.launch import launch as device_launch
 from ..core import ptx
 from ..core import warpgroup as wgmma
-from .mma import LN2, LOG2E, SIGNATURE, _bits, check_grid, vector_loads_ok
-from ..core.softmax import softmax_step
+from ..core.block_info import QUERY_MAJOR, block_position, grid, key_tiles, lane_position, sequence_bounds
+from ..core.epilogue import as_16bit, store_rows
+from ..core.mask import tile_is_partial
+from ..core.softmax import exponent_scale, softmax_start, softmax_update
 from ..core.staging import device_function
+from ..runtime.device import SIMULATOR, cuda, kernel_jit
+from ..runtime.launch import launch as device_launch
+from . import common
 
 #: wgmma needs sm_90a (numba-cuda compiles Hopper kernels for it)
 MIN_COMPUTE_CAPABILITY = (9, 0)
@@ -61,10 +63,13 @@ THREADS = wgmma.WARPGROUP_THREADS
 
 @dataclass(frozen=True)
 class WgmmaConfig:
-    """Tuning knobs of the warpgroup kernel."""
+    """Tuning knobs of the warpgroup kernel (validated where made)."""
 
     block_n: int = 64  # keys per K/V tile (multiple of 16)
     blocks_per_sm: int = 2  # launch bound: resident blocks per SM ptxas must allow (caps the registers)
+
+    def __post_init__(self):
+        common.check_fields(self, block_n=(16, 256, 16), blocks_per_sm=(1, None, 1))
 
     @property
     def block_m(self) -> int:
@@ -75,15 +80,15 @@ class WgmmaConfig:
         return THREADS
 
 
-#: 64-key tiles, two blocks per SM (99 KB of shared memory each at head dim 128). H100, B4 fp16, N 4k / 16k,
-#: 2026-11-22 (TFLOP/s, non-causal): D 64 361 / 345 against 357 / 351 for 128-key tiles and 351 / 344 for 64-key
-#: tiles with three blocks per SM; D 128 400 / 390 against 331 / 343 for 128-key tiles (one block per SM)
+#: 64-key tiles, two blocks per SM (99 KB of shared memory each at head dim 128): the fastest at head dims 64 and
+#: 128 against 128-key tiles and three blocks per SM (docs/benchmarks.md)
 DEFAULT_CONFIG = WgmmaConfig()
 SIMULATOR_CONFIG = WgmmaConfig(block_n=16, blocks_per_sm=1)
 #: what ``flash_forward``'s autotuner times per key: 64-key tiles with two blocks per SM and 128-key tiles with two
 #: (one where they do not fit)
 TUNING_CANDIDATES = (DEFAULT_CONFIG, WgmmaConfig(block_n=128, blocks_per_sm=2))
 DTYPES = ("float16", "bfloat16")
+SIGNATURE = common.kernel_signature(uint16)
 
 
 def default_config() -> WgmmaConfig:
@@ -97,13 +102,15 @@ def shared_bytes(config: WgmmaConfig, head_dim_pad: int) -> int:
 
 
 def padded_head_dim(head_dim: int) -> int:
-    return -(-head_dim // 16) * 16
+    return common.padded_head_dim(head_dim, 16)
 
 
-def supports(head_dim: int, *arrays) -> bool:
-    """True when this kernel takes the call: a padded head dim up to ``MAX_HEAD_DIM`` and rows that copy in aligned
-    16-byte pieces (otherwise ``flash_mma`` does, with its element-wise loader)."""
-    return padded_head_dim(head_dim) <= MAX_HEAD_DIM and vector_loads_ok(*arrays)
+def supports(dtype: str, head_dim: int, *arrays) -> bool:
+    """True when this kernel takes the call on this device: float16 / bfloat16, a padded head dim up to
+    ``MAX_HEAD_DIM``, rows that copy in aligned 16-byte pieces (otherwise ``mma`` does, with its element-wise
+    loader), sm_90 (the simulator runs it too)."""
+    return (dtype in DTYPES and padded_head_dim(head_dim) <= MAX_HEAD_DIM
+            and common.runs_here(MIN_COMPUTE_CAPABILITY) and common.vector_loads_ok(*arrays))
 
 
 def tile_loader(rows: int, d_pad: int):
@@ -162,9 +169,6 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
     PV_STEPS = BLOCK_N // 16  # k-steps of O += P V
     P_WORDS = 4 * PV_STEPS  # P as the A operand: four 32-bit words per k-step
     O_BLOCKS = d_pad // 8  # n8 blocks of O
-    NEG_INF = np.float32(-np.inf)
-    ZERO = np.float32(0.0)
-    ACC_INIT = np.float32(-0.0)  # not 0.0: a loop of zero stores becomes a memset that pins the array in memory
     SCALE_FIRST = scale_first
     QK_STEPS = d_pad // 16
     q_times_k = wgmma.wgmma_ss(BLOCK_N, QK_STEPS, bf16, wgmma.k_major(BLOCK_M, QK_STEPS),
@@ -178,15 +182,16 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
     shared_address = wgmma.shared_address
     fence_proxy_async = wgmma.fence_proxy_async
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
-    low_u16 = ptx.low_u16
-    high_u16 = ptx.high_u16
-    shfl_xor = ptx.shfl_xor_f32
-    store2 = ptx.store2
     commit = ptx.cp_async_commit
     wait_all = ptx.cp_async_wait_all
     load_q_tile = tile_loader(BLOCK_M, d_pad)
     load_tile = tile_loader(BLOCK_N, d_pad)
-    online_softmax = softmax_step(S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False)
+    position = block_position(QUERY_MAJOR, BLOCK_M)
+    count_tiles = key_tiles(BLOCK_M, BLOCK_N)
+    partial = tile_is_partial(BLOCK_N)
+    start = softmax_start(1, O_BLOCKS)
+    online_softmax = softmax_update(1, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False)
+    finish = store_rows(1, O_BLOCKS, as_16bit(bf16))
 
     @device_function
     def arrive():
@@ -197,21 +202,13 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
         cuda.syncthreads()
 
     @device_function
-    def prefetch(k_head, v_head, smem, k_base, v_base, tid, j, n_tiles, seqlen_k, head_dim):
+    def prefetch(k_head, v_head, smem, k_base, v_base, tid, j, n_tiles, key_start, key_end, head_dim):
         """Start copying tile ``j + 1`` over K of tile ``j - 1`` and V of tile ``j - 2``."""
         if j + 1 < n_tiles:
-            n1 = (j + 1) * BLOCK_N
-            load_tile(k_head, smem, k_base + ((j + 1) % 2) * TILE, tid, n1, seqlen_k, head_dim)
-            load_tile(v_head, smem, v_base + ((j + 1) % 3) * TILE, tid, n1, seqlen_k, head_dim)
+            n1 = key_start + (j + 1) * BLOCK_N
+            load_tile(k_head, smem, k_base + ((j + 1) % 2) * TILE, tid, n1, key_end, head_dim)
+            load_tile(v_head, smem, v_base + ((j + 1) % 3) * TILE, tid, n1, key_end, head_dim)
             commit()
-
-    @device_function
-    def needs_mask(n0, m0, seqlen_k, causal, diag_offset):
-        """Only tiles crossing the end of the keys or the causal diagonal need masks."""
-        crosses = n0 + BLOCK_N > seqlen_k
-        if causal:
-            crosses = crosses or (n0 + BLOCK_N - 1 > m0 + diag_offset)
-        return crosses
 
     @device_function
     def probabilities(s, p):
@@ -224,27 +221,11 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
             p[4 * kk + 3] = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
 
     def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
-        tid = cuda.threadIdx.x
-        warp = tid // 32
-        lane = tid % 32
-        g = lane // 4  # fragment rows g and g + 8 of the warp's 16
-        t = lane % 4  # fragment columns 2t, 2t + 1 of each n8 block
-        # grid (query blocks, heads, batch): the blocks resident at once share their head's K and V through L2
-        m_block = cuda.blockIdx.x
-        if causal:
-            m_block = cuda.gridDim.x - 1 - m_block  # the longest (last) query blocks start first
-        m0 = m_block * BLOCK_M
-        heads = q.shape[1]
-        h = cuda.blockIdx.y
-        b = cuda.blockIdx.z
-        hk = h // (heads // k.shape[1])
-        seqlen_q = q.shape[2]
-        seqlen_k = k.shape[2]
+        tid, warp, lane, g, t = lane_position()  # warp w holds rows 16 w + g and 16 w + g + 8 of the block
+        # causal: the longest (last) query blocks start first
+        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal)
+        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
         head_dim = q.shape[3]
-        diag_offset = seqlen_k - seqlen_q  # query i sees keys j <= i + diag_offset
-        k_head = k[b, hk]
-        v_head = v[b, hk]
-        out_head = out[b, h]
         row0 = m0 + 16 * warp + g  # rows of this thread: row0 and row0 + 8
 
         smem = cuda.shared.array(0, uint16)
@@ -255,47 +236,37 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
         alpha = cuda.local.array(2, float32)  # this tile's rescale of O's two rows
         m_run = cuda.local.array(2, float32)
         l_run = cuda.local.array(2, float32)
-        for i in range(2):
-            m_run[i] = NEG_INF
-            l_run[i] = ZERO
-        for ob in range(O_BLOCKS):
-            for e in range(4):
-                acc[0, ob, e] = ACC_INIT
+        start(m_run, l_run, acc)
 
-        n_end = seqlen_k
-        if causal:
-            n_end = min(seqlen_k, max(0, m0 + BLOCK_M + diag_offset))
-        n_tiles = (n_end + BLOCK_N - 1) // BLOCK_N
-        post = scale_log2
-        if SCALE_FIRST:
-            post = float32(1.0)
+        n_tiles = count_tiles(m0, key_start, key_end, causal, diag_offset)
+        post = exponent_scale(scale_log2, SCALE_FIRST)
 
         k_base = q_base + Q_TILE  # K: two stages; V: three (V of tile j - 1 is still read during tile j)
         v_base = k_base + 2 * TILE
-        load_q_tile(q[b, h], smem, q_base, tid, m0, seqlen_q, head_dim)
+        load_q_tile(q_head, smem, q_base, tid, m0, seqlen_q, head_dim)
         if n_tiles > 0:
-            load_tile(k_head, smem, k_base, tid, 0, seqlen_k, head_dim)
-            load_tile(v_head, smem, v_base, tid, 0, seqlen_k, head_dim)
+            load_tile(k_head, smem, k_base, tid, key_start, key_end, head_dim)
+            load_tile(v_head, smem, v_base, tid, key_start, key_end, head_dim)
         commit()
         if n_tiles > 0:  # tile 0: S_0, its softmax and P_0; O += P_0 V_0 overlaps tile 1's softmax
             arrive()
             q_times_k(s, smem, q_base, k_base)
-            prefetch(k_head, v_head, smem, k_base, v_base, tid, 0, n_tiles, seqlen_k, head_dim)
+            prefetch(k_head, v_head, smem, k_base, v_base, tid, 0, n_tiles, key_start, key_end, head_dim)
             wait_s(s)
-            online_softmax(s, alpha, m_run, l_run, 0, needs_mask(0, m0, seqlen_k, causal, diag_offset), 0, row0, t,
-                           seqlen_k, causal, diag_offset, scale_log2, post)
+            online_softmax(s, alpha, m_run, l_run, partial(key_start, m0, key_end, causal, diag_offset), key_start,
+                           row0, t, key_end, causal, diag_offset, scale_log2, post)
             probabilities(s, p)  # O is still zero: nothing to rescale
         for j in range(1, n_tiles):
-            n0 = j * BLOCK_N
+            n0 = key_start + j * BLOCK_N
             arrive()
             # S_j = Q K_j^T, and behind it O += P_{j-1} V_{j-1}, whose MMAs run under the softmax of S_j; the
             # next tile's copies are issued while the MMAs run
             q_times_k(s, smem, q_base, k_base + (j % 2) * TILE)
             p_times_v(acc, p, smem, v_base + ((j - 1) % 3) * TILE)
-            prefetch(k_head, v_head, smem, k_base, v_base, tid, j, n_tiles, seqlen_k, head_dim)
+            prefetch(k_head, v_head, smem, k_base, v_base, tid, j, n_tiles, key_start, key_end, head_dim)
             wait_one(s)  # groups complete in order: S_j is done, P V may still run
-            online_softmax(s, alpha, m_run, l_run, 0, needs_mask(n0, m0, seqlen_k, causal, diag_offset), n0, row0,
-                           t, seqlen_k, causal, diag_offset, scale_log2, post)
+            online_softmax(s, alpha, m_run, l_run, partial(n0, m0, key_end, causal, diag_offset), n0, row0, t,
+                           key_end, causal, diag_offset, scale_log2, post)
             wait_o(acc)
             if not all_lanes(alpha[0] == ONE and alpha[1] == ONE):  # warp-uniform; mostly skipped after a while
                 for ob in range(O_BLOCKS):
@@ -310,23 +281,8 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
         else:
             wait_all()  # no key to see: only the Q copies are in flight; let them land before the block ends
 
-        # ---- epilogue: full row sums, one division per row, output in the input dtype ---------------------------
-        for half in range(2):
-            row = row0 + 8 * half
-            l_row = l_run[half]
-            l_row += shfl_xor(l_row, 1)
-            l_row += shfl_xor(l_row, 2)
-            inv = float32(1.0) / l_row if l_row > ZERO else ZERO
-            for ob in range(O_BLOCKS):
-                col = 8 * ob + 2 * t
-                w = pack(acc[0, ob, 2 * half] * inv, acc[0, ob, 2 * half + 1] * inv)
-                if row < seqlen_q:
-                    if col < head_dim:
-                        store2(out_head, row, col, low_u16(w))
-                    if col + 1 < head_dim:
-                        store2(out_head, row, col + 1, high_u16(w))
-            if write_lse and t == 0 and row < seqlen_q:
-                lse[b, h, row] = (m_run[half] * post + math.log2(l_row)) * LN2 if l_row > ZERO else NEG_INF
+        # ---- epilogue: O / l in the input dtype, and lse --------------------------------------------------------
+        finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post)
 
     return kernel
 
@@ -336,12 +292,8 @@ def flash_wgmma_kernel(config: WgmmaConfig, head_dim_pad: int, bf16: bool, scale
     """The compiled kernel of one specialisation (tiles, padded head dim, dtype, sign of the scale)."""
     if head_dim_pad % 16 or not 16 <= head_dim_pad <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, {MAX_HEAD_DIM}], got {head_dim_pad}")
-    if config.block_n % 16 or not 16 <= config.block_n <= 256:
-        raise ValueError(f"block_n must be a multiple of 16 in [16, 256], got {config.block_n}")
     source = _kernel_source(config, head_dim_pad, bf16, scale_first)
-    if SIMULATOR:
-        return cuda.jit(source)
-    return cuda.jit(SIGNATURE, launch_bounds=(THREADS, config.blocks_per_sm), cache=True)(source)
+    return kernel_jit((THREADS, config.blocks_per_sm), SIGNATURE)(source)
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream,
@@ -350,18 +302,20 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     heads, seqlen_q) float32. ``dtype``: ``"float16"`` or ``"bfloat16"`` (None: float16 for float16 arrays,
     bfloat16 for 16-bit bit views)."""
     config = config or default_config()
-    if dtype is None:
-        dtype = "float16" if np.dtype(q.dtype) == np.float16 else "bfloat16"
+    dtype = common.sixteen_bit_dtype(q, dtype)
     batch, heads, seqlen_q, head_dim = q.shape
     if batch * heads == 0 or seqlen_q == 0:
         return
-    q, k, v, out = _bits(q, "q"), _bits(k, "k"), _bits(v, "v"), _bits(out, "out")
-    if not supports(head_dim, q, k, v):
-        raise ValueError("q, k, v: the wgmma kernel needs 16-byte aligned rows with a unit-stride last axis, "
-                         f"headdim % 8 == 0 and a padded headdim <= {MAX_HEAD_DIM}; got headdim {head_dim}")
+    q, k, v, out = (common.bits(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out")))
+    if not supports(dtype, head_dim, q, k, v):
+        raise ValueError("q, k, v: the wgmma kernel needs float16 / bfloat16, 16-byte aligned rows with a "
+                         f"unit-stride last axis, headdim % 8 == 0 and a padded headdim <= {MAX_HEAD_DIM} on sm_90; "
+                         f"got {dtype}, headdim {head_dim}")
     d_pad = padded_head_dim(head_dim)
-    kernel = flash_wgmma_kernel(config, d_pad, dtype == "bfloat16", not sm_scale > 0)
-    check_grid(batch, heads)
-    grid = (-(-seqlen_q // BLOCK_M), heads, batch)
-    args = (q, k, v, out, lse, bool(write_lse), bool(causal), np.float32(sm_scale * LOG2E))
-    device_launch(kernel, grid, THREADS, stream, shared_bytes(config, d_pad), *args)
+    nbytes = shared_bytes(config, d_pad)
+    common.check_shared_memory(nbytes)
+    scale_log2, scale_first = common.scale_args(sm_scale)
+    kernel = flash_wgmma_kernel(config, d_pad, dtype == "bfloat16", scale_first)
+    shape = grid(QUERY_MAJOR, batch, heads, seqlen_q, BLOCK_M)
+    device_launch(kernel, shape, THREADS, stream, nbytes, q, k, v, out, lse, bool(write_lse), bool(causal),
+                  scale_log2)

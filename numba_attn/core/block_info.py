@@ -1,0 +1,107 @@
+"""Where a thread block of an attention kernel works: its (batch, head, kv head), its query rows, its key tiles.
+
+Two grid layouts (``QUERY_MAJOR``, ``HEAD_MAJOR``); ``grid`` builds either on the host and checks it against the
+device's limits, ``block_position`` reads it back on the device. ``key_tiles`` gives the key tiles a block of query
+rows walks (``mask.visible_end``: causal blocks stop at the diagonal). A sequence's keys are ``key_start ..
+key_end``: today ``0 .. seqlen_k`` for every batch entry, the place where per-sequence lengths would come in.
+"""
+from __future__ import annotations
+
+from ..runtime.device import SIMULATOR, cuda, device_properties
+from .mask import visible_end
+from .staging import device_function
+
+
+def _reads_thread_position(fn):
+    """``device_function`` for code that reads ``cuda.threadIdx`` and the like. The simulator shows the running
+    thread's ``cuda`` only to the modules of its kernels and of its simulated device functions: under it, one."""
+    return cuda.jit(device=True)(fn) if SIMULATOR else device_function(fn)
+
+
+#: grid ``(query blocks, heads, batch)``: the query blocks of one head are neighbours, so the blocks resident at once
+#: share that head's K and V through L2 (docs/design.md); heads and batch then stop at the device's grid y and z
+QUERY_MAJOR = "query blocks, heads, batch"
+#: grid ``(batch * heads, query blocks)``
+HEAD_MAJOR = "batch * heads, query blocks"
+LAYOUTS = (QUERY_MAJOR, HEAD_MAJOR)
+
+
+def grid(layout: str, batch: int, heads: int, seqlen_q: int, block_m: int) -> tuple:
+    """The launch grid of ``layout`` for ``block_m``-row query blocks; ValueError past the device's grid limits."""
+    blocks = -(-seqlen_q // block_m)
+    if layout == QUERY_MAJOR:
+        shape, names = (blocks, heads, batch), ("query blocks", "heads", "batch")
+    elif layout == HEAD_MAJOR:
+        shape, names = (batch * heads, blocks), ("batch * heads", "query blocks")
+    else:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    limits = device_properties().max_grid  # one look-up per launch
+    for n, name, limit in zip(shape, names, limits):
+        if n > limit:
+            raise ValueError(f"q: {name} ({n}) must be at most {limit} for one launch")
+    return shape
+
+
+def block_position(layout: str, block_m: int):
+    """``position(q, k, v, out, longest_first) -> (b, h, m0, q_head, k_head, v_head, out_head)``: this block's batch
+    entry, query head and first query row, and the 2-D views of its head (two strides per access instead of four):
+    Q and O of head ``h``, K and V of its kv head (grouped heads: q head ``h`` reads kv head ``h // (heads //
+    kv_heads)``). ``longest_first`` reverses the query blocks, so that under a causal mask the longest (last)
+    blocks start first."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    BLOCK_M = block_m
+    QUERIES_ON_X = layout == QUERY_MAJOR
+
+    @_reads_thread_position
+    def position(q, k, v, out, longest_first):
+        heads = q.shape[1]
+        if QUERIES_ON_X:
+            m_block = cuda.blockIdx.x
+            if longest_first:
+                m_block = cuda.gridDim.x - 1 - m_block
+            h = cuda.blockIdx.y
+            b = cuda.blockIdx.z
+        else:
+            m_block = cuda.blockIdx.y
+            if longest_first:
+                m_block = cuda.gridDim.y - 1 - m_block
+            b = cuda.blockIdx.x // heads
+            h = cuda.blockIdx.x % heads
+        hk = h // (heads // k.shape[1])
+        return b, h, m_block * BLOCK_M, q[b, h], k[b, hk], v[b, hk], out[b, h]
+
+    return position
+
+
+@_reads_thread_position
+def lane_position():
+    """``(tid, warp, lane, g, t)`` of this thread; for the MMA fragments ``g = lane // 4`` (groupID: rows ``g`` and
+    ``g + 8``) and ``t = lane % 4`` (threadID_in_group: columns ``2t``, ``2t + 1``)."""
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    return tid, tid // 32, lane, lane // 4, lane % 4
+
+
+@device_function
+def sequence_bounds(q, k, b):
+    """``(seqlen_q, key_start, key_end, diag_offset)`` of batch entry ``b``: its query rows, the keys ``key_start ..
+    key_end`` of its sequence and the causal diagonal's offset (query ``i`` sees keys ``j <= i + diag_offset``).
+    Every entry has the arrays' full lengths today."""
+    seqlen_q = q.shape[2]
+    seqlen_k = k.shape[2]
+    return seqlen_q, 0, seqlen_k, seqlen_k - seqlen_q
+
+
+def key_tiles(block_m: int, block_n: int):
+    """``tiles(m0, key_start, key_end, causal, diag_offset) -> n_tiles``: the ``block_n``-key tiles from
+    ``key_start`` that rows ``m0 .. m0 + block_m - 1`` walk (0 or less: none)."""
+    BLOCK_M = block_m
+    BLOCK_N = block_n
+
+    @device_function
+    def tiles(m0, key_start, key_end, causal, diag_offset):
+        n_end = visible_end(m0 + BLOCK_M, key_start, key_end, causal, diag_offset)
+        return (n_end - key_start + BLOCK_N - 1) // BLOCK_N
+
+    return tiles

@@ -1,0 +1,65 @@
+"""The end of the tensor-core kernels: each row's output divided by its sum and stored, and its lse.
+
+The output accumulator ``acc[mt, ob, e]`` is in the C-fragment layout of ``softmax`` (lane ``(g, t)``: rows ``row0 +
+16 mt`` for e = 0, 1 and ``+ 8`` for e = 2, 3; columns ``8 ob + 2t + e % 2`` of the pass's first column ``d_off``).
+Only rows below ``seqlen_q`` and columns below ``head_dim`` are written: what lies past them belongs to the caller.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import float32
+
+from . import ptx
+from .softmax import log_sum_exp, row_sum
+from .staging import device_function
+
+_ZERO = np.float32(0.0)
+
+
+def as_16bit(bf16: bool):
+    """``convert(x0, x1) -> (w0, w1)``: two float32 values rounded to float16 (or bfloat16) bit patterns."""
+    pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
+    low_u16 = ptx.low_u16
+    high_u16 = ptx.high_u16
+
+    @device_function
+    def convert(x0, x1):
+        w = pack(x0, x1)
+        return low_u16(w), high_u16(w)
+
+    return convert
+
+
+@device_function
+def as_float32(x0, x1):
+    """``convert`` for float32 outputs: the values themselves."""
+    return x0, x1
+
+
+def store_rows(m_tiles: int, o_blocks: int, convert):
+    """``finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post)``: full
+    row sums (``softmax.row_sum``), one division per row, ``convert``ed pairs stored to ``out_head[row, col]``; when
+    ``lse_now``, lane ``t = 0`` of each row stores ``lse[b, h, row]``. A row that saw no key gives 0 and -inf."""
+    M_TILES = m_tiles
+    O_BLOCKS = o_blocks
+    store2 = ptx.store2
+
+    @device_function
+    def finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post):
+        for mt in range(M_TILES):
+            for half in range(2):
+                row = row0 + 16 * mt + 8 * half
+                l_row = row_sum(l_run[2 * mt + half])
+                inv = float32(1.0) / l_row if l_row > _ZERO else _ZERO
+                if row < seqlen_q:
+                    for ob in range(O_BLOCKS):
+                        col = d_off + 8 * ob + 2 * t
+                        w0, w1 = convert(acc[mt, ob, 2 * half] * inv, acc[mt, ob, 2 * half + 1] * inv)
+                        if col < head_dim:
+                            store2(out_head, row, col, w0)
+                        if col + 1 < head_dim:
+                            store2(out_head, row, col + 1, w1)
+                if lse_now and t == 0 and row < seqlen_q:
+                    lse[b, h, row] = log_sum_exp(m_run[2 * mt + half], l_row, post)
+
+    return finish

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 
 import numpy as _np
 
@@ -98,6 +99,7 @@ class _Launchable:
 
 
 _launchables = BoundedCache("launchables")
+_SIMULATOR_LOCK = threading.Lock()
 _libcuda = None
 
 
@@ -165,7 +167,7 @@ def launch(kernel, grid, block, stream, shared_bytes: int, *args) -> None:
     ``FAST_LAUNCH = False`` or for argument types the fast path does not pack, Numba launches it.
     """
     if SIMULATOR:
-        kernel[grid, block, stream, shared_bytes](*args)
+        _simulated_launch(kernel, grid, block, stream, shared_bytes, args)
         return
     entry = _launchable(kernel, args) if FAST_LAUNCH else None
     if entry is None:
@@ -184,6 +186,21 @@ def launch(kernel, grid, block, stream, shared_bytes: int, *args) -> None:
             raise TypeError(f"kernel argument: expected a {spec[1]}-d {spec[0]} array, got {view.ndim}-d {view.dtype}")
         values.extend(view.params)
     entry.launch(_grid3(grid), _grid3(block), shared_bytes, stream_handle(stream), values)
+
+
+def _simulated_launch(kernel, grid, block, stream, shared_bytes: int, args) -> None:
+    """A launch under the simulator, which runs like a GPU's: arguments are memory, never copies.
+
+    NumPy arrays go in as the simulator's device arrays over the same memory: left to the simulator they would be
+    copied in before the launch and copied back after it (which needs contiguous, writeable arrays, turns two views
+    of one buffer into two buffers, and costs time). One simulated kernel runs at a time in the whole process: the
+    simulator swaps module globals for the duration of a launch and refuses concurrent ones (threads queue here).
+    """
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    args = tuple(FakeCUDAArray(a) if isinstance(a, _np.ndarray) else a for a in args)
+    with _SIMULATOR_LOCK:
+        kernel[grid, block, stream, shared_bytes](*args)
 
 
 def stream_handle(stream) -> int:

@@ -48,10 +48,19 @@ def _library_of(x: Any) -> str:
         library = "cupy"
     elif hasattr(x, "__cuda_array_interface__"):
         return "numba"  # any object with the interface: by object, not by type
+    elif SIMULATOR and _is_simulated_device_array(x):
+        library = "numba"
     else:
         return "unknown"
     _LIBRARY_OF_TYPE[type(x)] = library
     return library
+
+
+def _is_simulated_device_array(x: Any) -> bool:
+    """A Numba device array of the simulator (``cuda.to_device`` there), which has no ``__cuda_array_interface__``."""
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    return isinstance(x, FakeCUDAArray)
 
 
 def _dtype_name(x: Any, library: str) -> str:
@@ -126,6 +135,7 @@ class Call:
     dtype: str  # float16, float32 or bfloat16
     stream: Any
     inputs: dict = field(default_factory=dict)
+    host_inputs: dict = field(default_factory=dict)  # host callers: the caller's arrays (NumPy), before any copy
 
     # -- outputs -------------------------------------------------------------------------------------------------
     def output(self, shape: tuple, dtype: str | None = None, out: Any = None, name: str = "out") -> "Output":
@@ -141,15 +151,32 @@ class Call:
                 view = cuda.device_array(shape, dtype=_storage_dtype(dtype), stream=self.stream)
             return Output(view=view, obj=out)
         if out is not None:
-            return Output(view=self._device_view(name, out, _placement(name, out)), obj=out)
+            view = self._device_view(name, out, _placement(name, out))
+            self.check_writes(name, view)
+            return Output(view=view, obj=out)
         if self.kind == _CUPY:
             arr = fast_library("cupy").empty(shape, dtype, self.device_id)
             return Output(view=_device_view_of_cupy(arr), obj=arr)
         if self.kind == _TORCH:
             arr = fast_library("torch").empty(shape, dtype, self.device_id)
             return Output(view=_device_view_of_torch(arr), obj=arr)
-        view = cuda.device_array(shape, dtype=_storage_dtype(dtype), stream=self.stream)
-        return Output(view=view, obj=view)
+        arr = cuda.device_array(shape, dtype=_storage_dtype(dtype), stream=self.stream)
+        return Output(view=arr._ary if SIMULATOR else arr, obj=arr)
+
+    def check_writes(self, name: str, view: Any) -> None:
+        """Raise unless the output ``view`` (the memory written, a device view or a host caller's NumPy array) can
+        be written as the kernels do: its elements distinct (no zero or overlapping strides) and none of them in
+        an input's memory (the kernels read inputs while other blocks write outputs, in no order that would make
+        in-place work come out right; host callers get the same rule, so that code moves to the GPU unchanged)."""
+        if not _elements_distinct(view):
+            raise ValueError(f"{name}: its elements overlap (a zero or overlapping stride, as from expand or "
+                             f"broadcast_to, shape {tuple(view.shape)}, strides {tuple(view.strides)}); pass an "
+                             "array whose elements are distinct")
+        inputs = self.host_inputs if self.kind == _HOST else self.inputs
+        for input_name, x in inputs.items():
+            if _overlap(view, x):
+                raise ValueError(f"{name}: shares memory with {input_name}; outputs must not overlap the inputs "
+                                 "(pass a separate array)")
 
     def scratch(self, shape: tuple, dtype: str = "float32"):
         """A temporary device array for a kernel's intermediate results (split-KV parts, partial states).
@@ -176,6 +203,8 @@ class Call:
             raise ValueError(f"{name}: expected dtype {dtype}, got {_dtype_name(out, placement.library)}")
         if placement.kind == _HOST and placement.library == "numpy" and not out.flags.writeable:
             raise ValueError(f"{name}: must be writeable")
+        if placement.kind == _HOST:  # (device outputs are checked in ``output``)
+            self.check_writes(name, out.detach().numpy() if placement.library == "torch" else out)
 
     def result(self, output: "Output"):
         """What the caller gets back: the output array of its kind (copied to the host for host callers)."""
@@ -199,22 +228,86 @@ class Call:
         if placement.library == "cupy":
             return _device_view_of_cupy(x)
         if SIMULATOR:
-            if cuda.is_cuda_array(x) and hasattr(x, "gpu_data"):
-                return x  # already a (simulated) Numba device array
-            return cuda.as_cuda_array(x, sync=False)
+            return x._ary  # the simulated device array's memory: kernels under the simulator take NumPy arrays
         return DeviceView.of(x)
 
     def add_input(self, name: str, x: Any, placement: _Placement):
         if self.kind == _HOST:
             host = x.detach().numpy() if placement.library == "torch" else x
+            self.host_inputs[name] = host
             if SIMULATOR:
-                # the simulator only takes contiguous host buffers
-                self.inputs[name] = np.ascontiguousarray(host)
+                # the caller's memory itself (``launch`` hands it to the simulator without copies); read-only
+                # arrays (np.load(mmap_mode="r"), np.frombuffer) are fine: inputs are never written
+                self.inputs[name] = host
             else:
                 # one contiguous host buffer per input: the copy to the device is a copy anyway
                 self.inputs[name] = cuda.to_device(np.ascontiguousarray(host), stream=self.stream)
         else:
             self.inputs[name] = self._device_view(name, x, placement)
+
+
+# -- memory overlap ---------------------------------------------------------------------------------------------------
+def _layout(x: Any) -> tuple:
+    """``(address, shape, byte strides, item size)`` of a device view, NumPy array or CUDA-array-interface object."""
+    if isinstance(x, DeviceView):
+        return x.ptr, x.shape, x.strides, x.dtype.itemsize
+    if isinstance(x, np.ndarray):
+        return x.__array_interface__["data"][0], x.shape, x.strides, x.itemsize
+    if hasattr(x, "__cuda_array_interface__"):
+        view = DeviceView.of(x)
+        return view.ptr, view.shape, view.strides, view.dtype.itemsize
+    if SIMULATOR and _is_simulated_device_array(x):
+        return _layout(x._ary)
+    raise TypeError(f"no memory layout for {type(x).__name__}")
+
+
+def _span(layout: tuple) -> tuple | None:
+    """The byte range ``[first, last)`` that the elements of ``layout`` lie in; None when it has no element."""
+    ptr, shape, strides, itemsize = layout
+    if any(n == 0 for n in shape):
+        return None
+    low = high = ptr
+    for n, stride in zip(shape, strides):
+        if stride < 0:
+            low += (n - 1) * stride
+        else:
+            high += (n - 1) * stride
+    return low, high + itemsize
+
+
+class _Addresses:
+    """An array over addresses only, for ``np.shares_memory``'s exact overlap test: NumPy never reads through it."""
+
+    def __init__(self, layout: tuple):
+        ptr, shape, strides, itemsize = layout
+        self.__array_interface__ = {"data": (ptr, True), "shape": tuple(shape), "strides": tuple(strides),
+                                    "typestr": f"|V{itemsize}", "version": 3}
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    """Whether some element of ``a`` and some element of ``b`` share a byte (exact, for any strides; where the
+    exact test would take too long, overlapping spans count as overlap)."""
+    la, lb = _layout(a), _layout(b)
+    sa, sb = _span(la), _span(lb)
+    if sa is None or sb is None or sa[1] <= sb[0] or sb[1] <= sa[0]:
+        return False
+    try:
+        return bool(np.shares_memory(np.asarray(_Addresses(la)), np.asarray(_Addresses(lb)), max_work=100_000))
+    except np.exceptions.TooHardError:
+        return True
+
+
+def _elements_distinct(x: Any) -> bool:
+    """Whether no two elements of ``x`` share a byte, i.e. writing every element loses nothing. Sufficient test:
+    the axes of more than one element, sorted by stride, each step over all the smaller axes' span. Layouts that
+    interleave axes without overlap fail it too; no array library makes those."""
+    _, shape, strides, itemsize = _layout(x)
+    span = itemsize
+    for n, stride in sorted(((n, abs(s)) for n, s in zip(shape, strides) if n > 1), key=lambda a: a[1]):
+        if stride < span:
+            return False
+        span = stride * (n - 1) + span
+    return True
 
 
 def _storage_dtype(dtype: str):

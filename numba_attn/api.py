@@ -14,9 +14,6 @@ Every function takes NumPy arrays, CuPy arrays, Numba device arrays or torch ten
 from __future__ import annotations
 
 import math
-import numbers
-
-import numpy as np
 
 from .decode import cached as _decode_plan
 from .decode import dispatch as _decode
@@ -26,25 +23,18 @@ from .forward.dispatch import BACKENDS
 from .linear import dispatch as _linear
 from .linear.dispatch import BACKENDS as LINEAR_BACKENDS
 from .runtime import views as _views
+from .runtime.arguments import check_backend, check_eps, check_flag, check_num_splits, check_sm_scale
 from .runtime.arrays import prepare
 from .runtime.attention_args import AttentionArgs
 from .runtime.cache import BoundedCache
 from .runtime.device import SIMULATOR, cuda
-from .runtime.shapes import attention_shape, linear_shape
+from .runtime.shapes import attention_shape, check_array, linear_shape
 from .runtime.views import lift
 
 __all__ = [
     "flash_forward", "flash_decode", "combine_lse", "causal_dot_product", "linear_attention", "BACKENDS",
     "LINEAR_BACKENDS",
 ]
-
-
-def _check_sm_scale(sm_scale, head_dim: int) -> float:
-    if sm_scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    if not isinstance(sm_scale, numbers.Real) or not math.isfinite(float(sm_scale)):
-        raise ValueError(f"sm_scale: expected a finite real number or None, got {sm_scale!r}")
-    return float(sm_scale)
 
 
 _LSE_PLACEHOLDERS = BoundedCache("lse placeholders", 64)
@@ -85,8 +75,9 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
     Returns:
         ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key give 0 and ``lse = -inf``.
     """
-    return _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits=None, decode=False, backend=backend,
-                      allow_tf32=_check_flag(allow_tf32, "allow_tf32"))
+    return _attention(q, k, v, check_flag(causal, "causal"), check_sm_scale(sm_scale),
+                      check_flag(return_lse, "return_lse"), out, num_splits=None, decode=False,
+                      backend=check_backend(backend, BACKENDS), allow_tf32=check_flag(allow_tf32, "allow_tf32"))
 
 
 def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, return_lse=False):
@@ -108,17 +99,13 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
     change --, query strides, alignment, options) skip the argument checks after the first (``_decode_plan``). A
     decoding step can also be captured in a torch CUDA graph after one call outside the capture.
     """
-    if num_splits is not None and (
-        isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits < 1
-    ):
-        raise ValueError(f"num_splits: expected an integer >= 1 or None, got {num_splits!r}")
-    key = None
-    if sm_scale is None or (isinstance(sm_scale, numbers.Real) and not isinstance(sm_scale, bool)):
-        key, plan, layouts = _decode_plan.find(q, k, v, causal, sm_scale, num_splits, return_lse)
-        if plan is not None:
-            result = plan.run(q, k, v, layouts)
-            if result is not None:
-                return result
+    causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
+    sm_scale, num_splits = check_sm_scale(sm_scale), check_num_splits(num_splits)
+    key, plan, layouts = _decode_plan.find(q, k, v, causal, sm_scale, num_splits, return_lse)
+    if plan is not None:
+        result = plan.run(q, k, v, layouts)
+        if result is not None:
+            return result
     return _attention(q, k, v, causal, sm_scale, return_lse, None, num_splits=num_splits, decode=True, backend=None,
                       plan_key=key)
 
@@ -126,7 +113,8 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
 def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, backend, allow_tf32=False,
                plan_key=None):
     shape = attention_shape(q, k, v)
-    sm_scale = _check_sm_scale(sm_scale, shape.head_dim)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(shape.head_dim)
     if not decode:
         _forward.check_seqlen_q(shape.seqlen_q)
     call = prepare({"q": q, "k": k, "v": v})
@@ -139,7 +127,7 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
     if shape.seqlen_q > 0 and shape.batch * shape.heads > 0:
         args = AttentionArgs(
             lift(call.inputs["q"], 4), lift(call.inputs["k"], 4), lift(call.inputs["v"], 4), lift(out.view, 4),
-            lift(lse.view, 3) if return_lse else _lse_placeholder(call), bool(return_lse), sm_scale, bool(causal))
+            lift(lse.view, 3) if return_lse else _lse_placeholder(call), return_lse, sm_scale, causal)
         if decode:
             _decode.run(call, shape, args, num_splits, plan_key)
         else:
@@ -162,6 +150,8 @@ def combine_lse(o_parts, lse_parts):
         ``(out, lse)``: ``out = sum_s exp(lse_s - lse) o_s`` in o_parts' dtype and ``lse = log(sum_s exp(lse_s))``
         float32. If every part is empty: 0 and ``-inf``, never NaN.
     """
+    check_array("o_parts", o_parts)
+    check_array("lse_parts", lse_parts)
     o_ndim = len(o_parts.shape)
     if o_ndim not in (3, 5):
         raise ValueError(
@@ -194,12 +184,6 @@ def combine_lse(o_parts, lse_parts):
     return call.result(out), call.result(lse)
 
 
-def _check_flag(value, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected True or False, got {value!r}")
-    return bool(value)
-
-
 def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow_tf32=False, backend=None):
     """``out_i = sum_{j <= i} (q_i . k_j) v_j  (+ q_i^T S_0)``, the causal numerator of linear attention
     ("Transformers are RNNs"); fla's ``chunk_linear_attn`` with ``scale=1, normalize=False``.
@@ -219,8 +203,9 @@ def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow
     Returns:
         ``out`` ``(batch, heads, seqlen, M)`` in the inputs' dtype, or ``(out, final_state)``.
     """
-    return_state = _check_flag(return_state, "return_state")
-    allow_tf32 = _check_flag(allow_tf32, "allow_tf32")
+    return_state = check_flag(return_state, "return_state")
+    allow_tf32 = check_flag(allow_tf32, "allow_tf32")
+    backend = check_backend(backend, LINEAR_BACKENDS)
     shape = linear_shape(q, k, v)
     state_shape = shape.state_shape()
     arrays = {"q": q, "k": k, "v": v}
@@ -243,7 +228,7 @@ def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow
     return call.result(out)
 
 
-def linear_attention(q, k, v, *, causal=True, eps=1e-6, allow_tf32=False, backend=None):
+def linear_attention(q, k, v, *, causal=False, eps=1e-6, allow_tf32=False, backend=None):
     """The linear-attention layer of "Transformers are RNNs" with the ``elu(x) + 1`` feature map ``phi``.
 
     ``out_i = phi(q_i)^T S_i / (phi(q_i) . z_i + eps)`` with ``S_i = sum_j phi(k_j) v_j^T`` and
@@ -258,14 +243,14 @@ def linear_attention(q, k, v, *, causal=True, eps=1e-6, allow_tf32=False, backen
     Returns:
         ``(batch, heads, seqlen, M)`` in the inputs' dtype.
     """
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(float(eps)) or eps < 0:
-        raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
-    causal = _check_flag(causal, "causal")
-    allow_tf32 = _check_flag(allow_tf32, "allow_tf32")
-    shape = linear_shape(q, k, v)
+    eps = check_eps(eps)
+    causal = check_flag(causal, "causal")
+    allow_tf32 = check_flag(allow_tf32, "allow_tf32")
+    backend = check_backend(backend, LINEAR_BACKENDS)
+    shape = linear_shape(q, k, v, same_length=causal)
     call = prepare({"q": q, "k": k, "v": v})
-    backend = _linear.choose_backend(backend, call.dtype, shape.seqlen, False)
+    backend = _linear.choose_backend(backend, call.dtype, max(shape.seqlen, shape.seqlen_k), False)
     out = call.output(shape.out_shape())
     if shape.seqlen > 0 and shape.batch * shape.heads > 0:
-        _linear.run_linear_attention(call, backend, out, causal, float(eps), allow_tf32)
+        _linear.run_linear_attention(call, backend, out, causal, eps, allow_tf32)
     return call.result(out)

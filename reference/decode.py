@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._shapes import check_positive_int, finish, prepare_qkv, resolve_sm_scale, to_float64
+from ._shapes import check_flag, check_positive_int, finish, prepare_qkv, resolve_sm_scale, to_float64
 from .attention import _full_mask, _masked_attention
 from .softmax import _shifted_exp
 
@@ -66,6 +66,7 @@ def split_kv_attention(q, k, v, num_splits, causal=False, sm_scale=None, dtype=N
     """
     q, k, v, unbatched = prepare_qkv(q, k, v)
     num_splits = check_positive_int(num_splits, "num_splits")
+    causal = check_flag(causal, "causal")
     sm_scale = resolve_sm_scale(sm_scale, q.shape[-1])
     seqlen_q, seqlen_k = q.shape[2], k.shape[2]
     visible = _full_mask(seqlen_q, seqlen_k, causal)
@@ -127,7 +128,9 @@ def combine_lse(o_parts, lse_parts, dtype=None):
         lse = np.where(np.isneginf(lse_max), 0.0, lse_max) + np.log(
             np.sum(_shifted_exp(lse_parts, lse_max), axis=0)
         )
-    weights = _shifted_exp(lse_parts, lse)
-    out = np.sum(weights[..., None] * o_parts, axis=0)
+    with np.errstate(invalid="ignore"):
+        weights = _shifted_exp(lse_parts, lse)
+        # an empty part (lse = -inf) is not read at all: its o may hold anything, NaN included
+        out = np.sum(np.where(np.isneginf(lse_parts)[..., None], 0.0, weights[..., None] * o_parts), axis=0)
     dtype = np.float64 if dtype is None else dtype
     return np.asarray(out, dtype=dtype), np.asarray(lse, dtype=dtype)

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 
 
+@functools.lru_cache(maxsize=None)
 def _driver_sees_a_gpu() -> bool:
     """Ask the CUDA driver directly (no Numba import) whether at least one device is usable."""
     for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
@@ -43,6 +44,16 @@ from .cache import BoundedCache  # noqa: E402
 
 #: True when kernels run under Numba's CUDA simulator (on the CPU).
 SIMULATOR: bool = bool(_cuda_config.ENABLE_CUDASIM)
+
+if not SIMULATOR and "NUMBA_ENABLE_CUDASIM" not in os.environ and not _driver_sees_a_gpu():
+    # numba.cuda was imported before us (its choice is made at its import): without a GPU every call would fail
+    # later with CudaSupportError. Say now what to do instead.
+    raise ImportError(
+        "numba_attn: no CUDA GPU is visible and numba.cuda was imported before numba_attn, so the CUDA simulator "
+        "fallback could not be switched on (Numba decides when numba.cuda is first imported). Either import "
+        "numba_attn before numba.cuda, or set NUMBA_ENABLE_CUDASIM=1 in the environment before Python imports "
+        "numba (kernels then run, slowly, on the CPU)."
+    )
 
 
 @dataclass(frozen=True)

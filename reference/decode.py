@@ -105,8 +105,10 @@ def combine_lse(o_parts, lse_parts, dtype=None):
             lse     = lse_max + log(sum_s exp(lse_s - lse_max))
             out     = sum_s exp(lse_s - lse) * o_s
 
-        Parts with ``lse = -inf`` get weight 0. If every part of a row is
-        ``-inf`` (or there are no parts) that row gives ``out = 0``, ``lse = -inf``.
+        Parts with ``lse = -inf`` get weight 0 (their ``o`` must be finite:
+        ``0 * NaN`` is NaN). If every part of a row is ``-inf`` (or there are no
+        parts) that row gives ``out = 0``, ``lse = -inf``. A NaN or ``+inf`` lse
+        makes the row's ``out`` and ``lse`` NaN (``+inf - +inf``).
         The merge is order-independent, and a merged ``(out, lse)`` can itself
         be merged again as a single part.
     """
@@ -128,9 +130,9 @@ def combine_lse(o_parts, lse_parts, dtype=None):
         lse = np.where(np.isneginf(lse_max), 0.0, lse_max) + np.log(
             np.sum(_shifted_exp(lse_parts, lse_max), axis=0)
         )
-    with np.errstate(invalid="ignore"):
-        weights = _shifted_exp(lse_parts, lse)
-        # an empty part (lse = -inf) is not read at all: its o may hold anything, NaN included
-        out = np.sum(np.where(np.isneginf(lse_parts)[..., None], 0.0, weights[..., None] * o_parts), axis=0)
+    weights = _shifted_exp(lse_parts, lse)
+    # IEEE products: an empty part (lse = -inf) has weight 0, and 0 * NaN = NaN, so its o must be finite (the
+    # parts of split_kv_attention and of the kernels are 0 there)
+    out = np.sum(weights[..., None] * o_parts, axis=0)
     dtype = np.float64 if dtype is None else dtype
     return np.asarray(out, dtype=dtype), np.asarray(lse, dtype=dtype)

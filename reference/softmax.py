@@ -51,11 +51,13 @@ def _shifted_exp(x, m, exp=np.exp):
 
 
 def _safe_divide(numerator, denominator):
-    """``numerator / denominator`` where a zero denominator (nothing seen) gives 0.
+    """``numerator / denominator`` where a zero denominator (nothing seen) gives exactly 0.
 
-    A zero denominator only arises when every term of the numerator is zero too.
+    A zero denominator arises when every weight of the numerator is zero (no key seen, every score ``-inf``):
+    such a row is 0 whatever the values hold, NaN included (``0 * NaN`` terms are not summed).
     """
-    return numerator / np.where(denominator == 0, 1.0, denominator)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denominator == 0, 0.0, numerator / np.where(denominator == 0, 1.0, denominator))
 
 
 def _product(weights, values):

@@ -13,6 +13,7 @@ Every function takes NumPy arrays, CuPy arrays, Numba device arrays or torch ten
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from .decode import cached as _decode_plan
@@ -28,6 +29,7 @@ from .runtime.arrays import prepare
 from .runtime.attention_args import AttentionArgs
 from .runtime.cache import BoundedCache
 from .runtime.device import SIMULATOR, cuda
+from .runtime.launch import SIMULATOR_LOCK
 from .runtime.shapes import attention_shape, check_array, linear_shape
 from .runtime.views import lift
 
@@ -35,6 +37,21 @@ __all__ = [
     "flash_forward", "flash_decode", "combine_lse", "causal_dot_product", "linear_attention", "BACKENDS",
     "LINEAR_BACKENDS",
 ]
+
+
+def _one_call_at_a_time_under_the_simulator(fn):
+    """Under the simulator, one public call runs at a time in the process (``launch.SIMULATOR_LOCK``): while a
+    simulated kernel runs, its module's ``cuda`` is the simulator's fake module, so a call in another thread that
+    builds a kernel there would fail. The simulator runs one kernel at a time anyway. On a GPU: ``fn`` itself."""
+    if not SIMULATOR:
+        return fn
+
+    @functools.wraps(fn)
+    def serialised(*args, **kwargs):
+        with SIMULATOR_LOCK:
+            return fn(*args, **kwargs)
+
+    return serialised
 
 
 _LSE_PLACEHOLDERS = BoundedCache("lse placeholders", 64)
@@ -48,6 +65,7 @@ def _lse_placeholder(call):
     return _LSE_PLACEHOLDERS.get_or_make(max(call.device_id, 0), lambda: cuda.device_array((1, 1, 1), "float32"))
 
 
+@_one_call_at_a_time_under_the_simulator
 def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out=None, backend=None,
                   allow_tf32=False):
     """Exact attention ``softmax(sm_scale * q k^T) v`` without materialising the scores.
@@ -80,6 +98,7 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
                       backend=check_backend(backend, BACKENDS), allow_tf32=check_flag(allow_tf32, "allow_tf32"))
 
 
+@_one_call_at_a_time_under_the_simulator
 def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, return_lse=False):
     """Attention for a few query rows against a long key/value sequence (the KV-cache case), split over keys.
 
@@ -137,6 +156,7 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
     return call.result(out)
 
 
+@_one_call_at_a_time_under_the_simulator
 def combine_lse(o_parts, lse_parts):
     """Merge partial attention results computed over disjoint key sets (split-K, ring / context parallelism).
 
@@ -184,6 +204,7 @@ def combine_lse(o_parts, lse_parts):
     return call.result(out), call.result(lse)
 
 
+@_one_call_at_a_time_under_the_simulator
 def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow_tf32=False, backend=None):
     """``out_i = sum_{j <= i} (q_i . k_j) v_j  (+ q_i^T S_0)``, the causal numerator of linear attention
     ("Transformers are RNNs"); fla's ``chunk_linear_attn`` with ``scale=1, normalize=False``.
@@ -228,6 +249,7 @@ def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow
     return call.result(out)
 
 
+@_one_call_at_a_time_under_the_simulator
 def linear_attention(q, k, v, *, causal=False, eps=1e-6, allow_tf32=False, backend=None):
     """The linear-attention layer of "Transformers are RNNs" with the ``elu(x) + 1`` feature map ``phi``.
 

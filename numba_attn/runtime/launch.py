@@ -99,7 +99,10 @@ class _Launchable:
 
 
 _launchables = BoundedCache("launchables")
-_SIMULATOR_LOCK = threading.Lock()
+#: Held by every simulated launch and, under the simulator, by every public call (``api``): the simulator swaps the
+#: ``cuda`` global of a kernel's module for its fake module while the kernel runs, so another thread building a
+#: kernel in that module meanwhile would find no ``cuda.jit`` there. Reentrant: a call launches several kernels.
+SIMULATOR_LOCK = threading.RLock()
 _libcuda = None
 
 
@@ -193,13 +196,14 @@ def _simulated_launch(kernel, grid, block, stream, shared_bytes: int, args) -> N
 
     NumPy arrays go in as the simulator's device arrays over the same memory: left to the simulator they would be
     copied in before the launch and copied back after it (which needs contiguous, writeable arrays, turns two views
-    of one buffer into two buffers, and costs time). One simulated kernel runs at a time in the whole process: the
-    simulator swaps module globals for the duration of a launch and refuses concurrent ones (threads queue here).
+    of one buffer into two buffers, and costs time). One simulated kernel runs at a time in the whole process
+    (``SIMULATOR_LOCK``): the simulator swaps module globals for the duration of a launch and refuses concurrent
+    ones.
     """
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
     args = tuple(FakeCUDAArray(a) if isinstance(a, _np.ndarray) else a for a in args)
-    with _SIMULATOR_LOCK:
+    with SIMULATOR_LOCK:
         kernel[grid, block, stream, shared_bytes](*args)
 
 

@@ -123,6 +123,8 @@ def linear_shape(q: Any, k: Any, v: Any, max_dim: int = MAX_HEAD_DIM, same_lengt
         if ks[:2] != qs[:2]:
             raise ValueError(f"k: (batch, heads) must equal q's {qs[:2]}, got {ks[:2]}")
         if vs[:3] != ks[:3]:
+            if vs[:3] == qs[:3]:  # k is the odd one out
+                raise ValueError(f"k: (batch, heads, seqlen) must equal v's {vs[:3]}, got {ks[:3]}")
             raise ValueError(f"v: (batch, heads, seqlen) must equal k's {ks[:3]}, got {vs[:3]}")
     if ks[3] != qs[3]:
         raise ValueError(f"k: feature dim E must equal q's {qs[3]}, got {ks[3]}")

@@ -28,7 +28,7 @@ from .runtime.arguments import check_backend, check_eps, check_flag, check_num_s
 from .runtime.arrays import prepare
 from .runtime.attention_args import AttentionArgs
 from .runtime.cache import BoundedCache
-from .runtime.device import SIMULATOR, cuda
+from .runtime.device import SIMULATOR, cuda, current_device_id, on_device
 from .runtime.launch import SIMULATOR_LOCK
 from .runtime.shapes import attention_shape, check_array, linear_shape
 from .runtime.views import lift
@@ -59,10 +59,11 @@ _LSE_PLACEHOLDERS = BoundedCache("lse placeholders", 64)
 
 def _lse_placeholder(call):
     """A one-element lse array for kernels launched without ``return_lse`` (they never write it), made once per
-    device: allocating it on every call would cost more host time than some kernels take."""
+    device (the current one: the arrays' device, ``on_device``, or the one host arrays were copied to): allocating
+    it on every call would cost more host time than some kernels take."""
     if SIMULATOR:
         return _LSE_PLACEHOLDERS.get_or_make(0, lambda: call.scratch((1, 1, 1), "float32"))
-    return _LSE_PLACEHOLDERS.get_or_make(max(call.device_id, 0), lambda: cuda.device_array((1, 1, 1), "float32"))
+    return _LSE_PLACEHOLDERS.get_or_make(current_device_id(), lambda: cuda.device_array((1, 1, 1), "float32"))
 
 
 @_one_call_at_a_time_under_the_simulator
@@ -122,7 +123,8 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
     sm_scale, num_splits = check_sm_scale(sm_scale), check_num_splits(num_splits)
     key, plan, layouts = _decode_plan.find(q, k, v, causal, sm_scale, num_splits, return_lse)
     if plan is not None:
-        result = plan.run(q, k, v, layouts)
+        with on_device(layouts[0][1]):  # (q's device)
+            result = plan.run(q, k, v, layouts)
         if result is not None:
             return result
     return _attention(q, k, v, causal, sm_scale, return_lse, None, num_splits=num_splits, decode=True, backend=None,
@@ -137,6 +139,13 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
     if not decode:
         _forward.check_seqlen_q(shape.seqlen_q)
     call = prepare({"q": q, "k": k, "v": v})
+    with on_device(call.device_id):
+        return _run_attention(call, shape, causal, sm_scale, return_lse, out, num_splits, decode, backend,
+                              allow_tf32, plan_key)
+
+
+def _run_attention(call, shape, causal, sm_scale, return_lse, out, num_splits, decode, backend, allow_tf32,
+                   plan_key):
     out = call.output(shape.out_shape(), out=out)
     lse = call.output(shape.lse_shape(), "float32") if return_lse else None
     if decode:
@@ -190,9 +199,14 @@ def combine_lse(o_parts, lse_parts):
         dtypes=("float16", "float32"),
         own_dtype={"lse_parts": ("float32",)},
     )
-    out = call.output(tuple(o_parts.shape[1:]))
-    lse = call.output(tuple(lse_parts.shape[1:]), "float32")
-    if math.prod(o_parts.shape[1:]) > 0:
+    with on_device(call.device_id):
+        return _run_combine(call, o_parts.shape, o_ndim)
+
+
+def _run_combine(call, parts_shape: tuple, o_ndim: int):
+    out = call.output(tuple(parts_shape[1:]))
+    lse = call.output(tuple(parts_shape[1:-1]), "float32")
+    if math.prod(parts_shape[1:]) > 0:
         unit_axes = 2 if o_ndim == 3 else 0  # (num_splits, seqlen, d) -> (num_splits, 1, 1, seqlen, d)
         _decode_simt.launch_combine(
             _views.with_unit_axes(call.inputs["o_parts"], 1, unit_axes),
@@ -238,7 +252,13 @@ def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow
                              f"got {tuple(initial_state.shape)}")
         arrays["initial_state"] = initial_state
     call = prepare(arrays, own_dtype={"initial_state": ("float32",)})
-    stateful = initial_state is not None or return_state
+    with on_device(call.device_id):
+        return _run_causal_dot_product(call, shape, initial_state is not None, return_state, allow_tf32, backend)
+
+
+def _run_causal_dot_product(call, shape, has_initial_state: bool, return_state: bool, allow_tf32: bool, backend):
+    state_shape = shape.state_shape()
+    stateful = has_initial_state or return_state
     backend = _linear.choose_backend(backend, call.dtype, shape.seqlen, stateful)
     out = call.output(shape.out_shape())
     final = call.output(state_shape, "float32", name="final_state") if return_state else None
@@ -271,6 +291,11 @@ def linear_attention(q, k, v, *, causal=False, eps=1e-6, allow_tf32=False, backe
     backend = check_backend(backend, LINEAR_BACKENDS)
     shape = linear_shape(q, k, v, same_length=causal)
     call = prepare({"q": q, "k": k, "v": v})
+    with on_device(call.device_id):
+        return _run_linear_attention(call, shape, causal, eps, allow_tf32, backend)
+
+
+def _run_linear_attention(call, shape, causal: bool, eps: float, allow_tf32: bool, backend):
     backend = _linear.choose_backend(backend, call.dtype, max(shape.seqlen, shape.seqlen_k), False)
     out = call.output(shape.out_shape())
     if shape.seqlen > 0 and shape.batch * shape.heads > 0:

@@ -301,3 +301,90 @@ def test_numba_cuda_imported_first_without_a_gpu_says_what_to_do():
     ok = subprocess.run([sys.executable, "-c", "from numba import cuda; import numba_attn"],
                         env=dict(env, NUMBA_ENABLE_CUDASIM="1"), capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
+
+
+# -- several libraries, several devices (GPU) -------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_device_arrays_of_two_libraries_are_rejected():
+    torch = pytest.importorskip("torch")
+    cupy = pytest.importorskip("cupy")
+    q, k, v = _arrays((1, 2, 4, 8), (1, 2, 5, 8), (1, 2, 5, 8))
+    with pytest.raises(ValueError, match="k: is a torch tensor but q is a CuPy array"):
+        numba_attn.flash_forward(cupy.asarray(q), torch.from_numpy(k).cuda(), torch.from_numpy(v).cuda())
+    with pytest.raises(ValueError, match="initial_state: is a CuPy array but q is a torch tensor"):
+        numba_attn.causal_dot_product(*(torch.from_numpy(x).cuda() for x in (q, q, q)),
+                                      initial_state=cupy.zeros((1, 2, 8, 8), cupy.float32))
+    # host arrays may mix (they are copied): NumPy q, torch CPU k and v
+    out = numba_attn.flash_forward(q, torch.from_numpy(k), torch.from_numpy(v))
+    assert _rel(out, reference.attention(q, k, v)) < 1e-5
+
+
+def _five_calls(to_device, to_host):
+    """Every public function on arrays made by ``to_device``; relative errors against reference."""
+    q, k, v = _arrays((1, 4, 16, 32), (1, 2, 64, 32), (1, 2, 64, 32), dtype=np.float16)
+    dq, dk, dv = (to_device(x) for x in (q, k, v))
+    errors = {"flash_forward": _rel(to_host(numba_attn.flash_forward(dq, dk, dv, causal=True)),
+                                    reference.attention(q, k, v, causal=True))}
+    for repeat in range(2):  # the second call takes the cached plan
+        out, lse = numba_attn.flash_decode(dq[:, :, -1:], dk, dv, return_lse=True)
+        ref_out, ref_lse = reference.attention(q[:, :, -1:], k, v, return_lse=True)
+        errors[f"flash_decode {repeat}"] = max(_rel(to_host(out), ref_out), _rel(to_host(lse), ref_lse))
+    o_parts, lse_parts = reference.split_kv_attention(q, k, v, 3, dtype=np.float32)
+    out, lse = numba_attn.combine_lse(to_device(o_parts), to_device(lse_parts))
+    ref_out, ref_lse = reference.combine_lse(o_parts, lse_parts)
+    errors["combine_lse"] = max(_rel(to_host(out), ref_out), _rel(to_host(lse), ref_lse))
+    lq, lk, lv = (to_device(x) for x in _arrays((1, 2, 64, 32), (1, 2, 64, 32), (1, 2, 64, 16), seed=3))
+    hq, hk, hv = (to_host(x) for x in (lq, lk, lv))
+    state = to_device(np.ones((1, 2, 32, 16), np.float32))
+    out, final = numba_attn.causal_dot_product(lq, lk, lv, initial_state=state, return_state=True)
+    ref_out, ref_final = reference.causal_dot_product(hq, hk, hv, initial_state=np.ones((1, 2, 32, 16)),
+                                                      return_state=True)
+    errors["causal_dot_product"] = max(_rel(to_host(out), ref_out), _rel(to_host(final), ref_final))
+    errors["linear_attention"] = _rel(to_host(numba_attn.linear_attention(lq, lk, lv, causal=True)),
+                                      reference.linear_attention(hq, hk, hv, causal=True))
+    return errors
+
+
+@pytest.mark.gpu
+def test_arrays_on_another_device_than_the_current_one():
+    """Arrays on GPU 1 while GPU 0 is current: every call runs on GPU 1 (scratch, placeholders, pool counters,
+    launchers and raised shared-memory limits of that device) and GPU 0 stays current."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    from numba_attn.runtime.device import current_device_id
+
+    for first, second in ((0, 1), (1, 0)):  # each device current while the arrays live on the other
+        torch.cuda.set_device(first)
+        numba_attn.flash_forward(*(torch.zeros((1, 1, 4, 8), device=f"cuda:{first}") for _ in range(3)))
+        errors = _five_calls(lambda x: torch.from_numpy(np.ascontiguousarray(x)).to(f"cuda:{second}"),
+                             lambda t: t.float().cpu().numpy())
+        assert current_device_id() == first and torch.cuda.current_device() == first
+        assert all(error < 5e-3 for error in errors.values()), errors
+
+
+@pytest.mark.gpu
+def test_calls_from_a_thread_without_a_current_context():
+    """A fresh thread has no current CUDA context: the call makes the arrays' device current for itself."""
+    cupy = pytest.importorskip("cupy")
+    import threading
+
+    from numba_attn.runtime import device
+
+    q, k, v = _arrays((1, 4, 16, 32), (1, 2, 64, 32), (1, 2, 64, 32), dtype=np.float16)
+    dq, dk, dv = (cupy.asarray(x) for x in (q, k, v))
+    cupy.cuda.get_current_stream().synchronize()
+    found = {}
+
+    def work():
+        found["before"] = device._driver_current_device()
+        found["out"] = numba_attn.flash_forward(dq, dk, dv)
+        found["decoded"] = numba_attn.flash_decode(dq[:, :, -1:], dk, dv)
+        cupy.cuda.Device(0).synchronize()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert found["before"] == -1
+    assert _rel(cupy.asnumpy(found["out"]), reference.attention(q, k, v)) < 5e-3
+    assert _rel(cupy.asnumpy(found["decoded"]), reference.attention(q[:, :, -1:], k, v)) < 5e-3

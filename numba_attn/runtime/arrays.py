@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from .device import SIMULATOR, DeviceView, cuda, current_device_id, default_stream, external_stream
+from .device import (SIMULATOR, DeviceView, cuda, current_device_id, default_stream, external_stream,
+                     pointer_device)
 
 _HOST, _CUPY, _TORCH, _NUMBA = "host", "cupy", "torch", "numba"
 
@@ -82,6 +83,8 @@ class _Placement:
 
 
 _TORCH_CUDA_PLACEMENTS: dict = {}
+_LIBRARY_NAMES = {"numpy": "NumPy array", "torch": "torch tensor", "cupy": "CuPy array",
+                  "numba": "Numba device array"}
 
 
 def _placement(name: str, x: Any) -> _Placement:
@@ -101,7 +104,11 @@ def _placement(name: str, x: Any) -> _Placement:
     if library == "cupy":
         return _Placement(_CUPY, "cupy", x.device.id)
     if library == "numba":
-        return _Placement(_NUMBA, "numba", current_device_id() if not SIMULATOR else 0)
+        if SIMULATOR:
+            return _Placement(_NUMBA, "numba", 0)
+        # the device that holds the memory (the current one for an empty array, whose pointer may be null)
+        device = pointer_device(DeviceView.of(x).ptr)
+        return _Placement(_NUMBA, "numba", device if device >= 0 else current_device_id())
     raise TypeError(
         f"{name}: expected a NumPy array, CuPy array, Numba device array or torch tensor, got {type(x).__name__}"
     )
@@ -323,15 +330,22 @@ def _torch_storage_dtypes() -> dict:
             torch.bfloat16: np.dtype(np.uint16), torch.float64: np.dtype(np.float64)}
 
 
-_TORCH_DTYPES: dict = {}
+_TORCH_DTYPES: dict | None = None
+
+
+def _torch_dtypes() -> dict:
+    """``_torch_storage_dtypes()``, made once (assigned whole: a thread never sees it half filled)."""
+    global _TORCH_DTYPES
+    dtypes = _TORCH_DTYPES
+    if dtypes is None:
+        dtypes = _TORCH_DTYPES = _torch_storage_dtypes()
+    return dtypes
 
 
 def _device_view_of_torch(t: Any) -> DeviceView:
     # read straight from the tensor: its __cuda_array_interface__ (and a Numba array made from it) costs tens of
     # microseconds per array, more than a small kernel runs
-    if not _TORCH_DTYPES:
-        _TORCH_DTYPES.update(_torch_storage_dtypes())
-    dtype = _TORCH_DTYPES.get(t.dtype)
+    dtype = _torch_dtypes().get(t.dtype)
     if dtype is None:
         return DeviceView.of(t)
     itemsize = dtype.itemsize
@@ -347,9 +361,7 @@ def fast_layout(x: Any):
     with a few attribute lookups (``_decode_plan``'s keys); None for anything else."""
     library = _library_of(x)
     if library == "torch":
-        if not _TORCH_DTYPES:
-            _TORCH_DTYPES.update(_torch_storage_dtypes())
-        storage = _TORCH_DTYPES.get(x.dtype)
+        storage = _torch_dtypes().get(x.dtype)
         if storage is None or not x.is_cuda:
             return None
         itemsize = storage.itemsize
@@ -446,7 +458,7 @@ def _caller_stream(kind: str, device_id: int):
     else:
         return cuda.default_stream()
     # ptr 0 is the legacy default stream; Numba's default stream object is that stream
-    return external_stream(ptr) if ptr else default_stream(device_id)
+    return external_stream(ptr, device_id) if ptr else default_stream(device_id)
 
 
 def prepare(
@@ -480,6 +492,14 @@ def prepare(
                     f"{name}: is on the {'host' if placement.kind == _HOST else 'GPU'} but {first_name} is on the "
                     f"{'host' if first_placement.kind == _HOST else 'GPU'}; pass all arrays from one place"
                 )
+            if placement.kind != _HOST and placement.library != first_placement.library:
+                raise ValueError(
+                    f"{name}: is a {_LIBRARY_NAMES[placement.library]} but {first_name} is a "
+                    f"{_LIBRARY_NAMES[first_placement.library]}; pass the device arrays of one call from one "
+                    "library (the kernels run on the first array's library's current stream, which does not wait "
+                    "for work queued on another library's stream); torch.as_tensor(x, device='cuda') and "
+                    "cupy.asarray(x) convert without a copy"
+                )
             if placement.device_id != first_placement.device_id:
                 raise ValueError(
                     f"{name}: is on GPU {placement.device_id} but {first_name} is on GPU {first_placement.device_id}"
@@ -488,7 +508,8 @@ def prepare(
                 raise TypeError(f"{name}: dtype {dtype} differs from {first_name}'s {common_dtype}; cast them to one")
         placements[name] = placement
 
-    # Several device libraries at once (say CuPy q, torch k) are allowed; outputs follow the first array's library.
+    # Device arrays come from one library (checked above); host arrays may mix NumPy and torch CPU tensors (they are
+    # copied anyway), and the outputs follow the first array's library.
     kind = first_placement.kind
     library = first_placement.library
     call = Call(

@@ -139,7 +139,9 @@ def _launchable(kernel, args) -> "_Launchable | None":
     specialized = getattr(kernel, "specialized", False) and len(kernel.overloads) == 1
     # a fixed signature takes every argument of the right dtype and rank (layout "A"); a lazily compiled kernel
     # has one overload per Numba type, which the dtype, shape and strides of each array determine
-    key = (id(kernel),) if specialized else (id(kernel),) + tuple(_arg_key(a) for a in args)
+    # per device: a kernel's module, its function handle and its raised shared-memory limit belong to one device
+    device_id = current_device_id()
+    key = (id(kernel), device_id) if specialized else (id(kernel), device_id) + tuple(_arg_key(a) for a in args)
     entry = _launchables.get(key)
     if entry is None or (entry and entry.kernel is not kernel):
         try:
@@ -147,7 +149,7 @@ def _launchable(kernel, args) -> "_Launchable | None":
                 compiled = next(iter(kernel.overloads.values()))
             else:
                 compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
-            entry = _Launchable(kernel, compiled, current_device_id(), specialized)
+            entry = _Launchable(kernel, compiled, device_id, specialized)
         except NotImplementedError:
             entry = False
         _launchables.put(key, entry)
@@ -244,12 +246,13 @@ def resident_blocks(kernel, threads: int, shared_bytes: int) -> int | None:
     (the driver's occupancy calculator), for a kernel compiled for one signature; None where unknown (simulator)."""
     if SIMULATOR or len(kernel.overloads) != 1:
         return None
-    key = (id(kernel), threads, shared_bytes)
+    device_id = current_device_id()
+    key = (id(kernel), device_id, threads, shared_bytes)
     held = _resident.get(key)
     if held is None or held[0] is not kernel:
         handle = next(iter(kernel.overloads.values()))._codelibrary.get_cufunc().handle
         if shared_bytes > DEFAULT_DYNAMIC_SHARED:
-            _raise_shared_limit(handle, shared_bytes, current_device_id())
+            _raise_shared_limit(handle, shared_bytes, device_id)
         lib = _cuda_library()
         function, blocks = ctypes.c_void_p(), ctypes.c_int(0)
         # the handle is a CUkernel (library loading); the calculator wants the context's CUfunction

@@ -10,6 +10,19 @@
 
 Every function takes NumPy arrays, CuPy arrays, Numba device arrays or torch tensors and returns the same kind
 (see ``runtime.arrays``); device inputs are used in place and kernels run on the caller's current stream.
+
+The contract, in full in README.md ("Contract"):
+
+* inputs of any strides, read-only ones included (never written); the device arrays of a call from one library,
+  on one device (the call runs there, whichever device is current);
+* float16 / float32 (bfloat16 as torch tensors), one dtype per call, float32 accumulation;
+* flags are ``bool``, numbers real numbers (``runtime.arguments``): a wrong type is a ``TypeError`` (also a
+  ``ValueError``), a bad value a ``ValueError``, each naming the argument; defaults equal ``reference``'s;
+* ``out=`` shares no memory with the inputs and has distinct elements;
+* safe to call from several threads at once;
+* NaN and inf as in ``reference``: a NaN or +inf score makes a row NaN (output and lse), -inf scores weigh 0, a
+  row with no key (or only -inf scores) gives 0 and lse -inf; non-finite values at keys a row does not see may
+  reach it (the kernels multiply whole tiles).
 """
 from __future__ import annotations
 
@@ -77,10 +90,12 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
         k, v: ``(batch, kv_heads, seqlen_k, headdim)``; ``heads`` must be a multiple of ``kv_heads``
             (grouped-query attention: q head ``h`` reads kv head ``h // (heads // kv_heads)``).
         causal: mask aligned bottom-right, query ``i`` sees keys ``j <= i + seqlen_k - seqlen_q``.
-        sm_scale: score scale, default ``1 / sqrt(headdim)``.
+        sm_scale: score scale, default ``1 / sqrt(headdim)``; a finite real number with ``sm_scale * log2(e)``
+            finite in float32.
         return_lse: also return ``lse``, the natural-log log-sum-exp of each row's scaled scores,
             ``(batch, heads, seqlen_q)`` float32.
-        out: optional output array of q's shape, dtype and kind.
+        out: optional output array of q's shape, dtype and kind (and device), with distinct elements and no
+            memory shared with q, k or v.
         backend: ``"wgmma"`` (Hopper's warpgroup MMAs, compute capability 9.0: float16 / bfloat16, headdim up to
             128 with headdim % 8 == 0, a unit-stride last axis and 16-byte aligned rows), ``"mma"`` (tensor
             cores, GPUs of compute capability >= 8.0: float16 / bfloat16 products, any headdim up to 256 and any
@@ -92,7 +107,8 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
             throughout.
 
     Returns:
-        ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key give 0 and ``lse = -inf``.
+        ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key (or whose scores are all -inf) give 0
+        and ``lse = -inf``; a NaN or +inf score gives the row NaN output and lse.
     """
     return _attention(q, k, v, check_flag(causal, "causal"), check_sm_scale(sm_scale),
                       check_flag(return_lse, "return_lse"), out, num_splits=None, decode=False,
@@ -177,7 +193,8 @@ def combine_lse(o_parts, lse_parts):
 
     Returns:
         ``(out, lse)``: ``out = sum_s exp(lse_s - lse) o_s`` in o_parts' dtype and ``lse = log(sum_s exp(lse_s))``
-        float32. If every part is empty: 0 and ``-inf``, never NaN.
+        float32. If every part is empty: 0 and ``-inf``, never NaN. A NaN or +inf part lse gives the row NaN; an
+        empty part has weight 0, so its o must be finite (0 * NaN is NaN), as ``reference.combine_lse``.
     """
     check_array("o_parts", o_parts)
     check_array("lse_parts", lse_parts)
@@ -277,13 +294,15 @@ def linear_attention(q, k, v, *, causal=False, eps=1e-6, allow_tf32=False, backe
     ``z_i = sum_j phi(k_j)``, the sums over ``j <= i`` when ``causal`` and over all ``j`` otherwise.
 
     Args:
-        q, k: ``(batch, heads, seqlen, E)``; v: ``(batch, heads, seqlen, M)`` (or without batch, heads);
-            float16, bfloat16 (torch tensors) or float32.
-        eps: added to the normaliser's denominator.
+        q: ``(batch, heads, seqlen_q, E)``; k: ``(batch, heads, seqlen_k, E)``; v: ``(batch, heads, seqlen_k, M)``
+            (or without batch, heads); ``seqlen_k == seqlen_q`` when causal; float16, bfloat16 (torch tensors) or
+            float32.
+        causal: sums over ``j <= i`` (default False, as ``reference.linear_attention``).
+        eps: added to the normaliser's denominator; a finite number >= 0.
         allow_tf32, backend: as :func:`causal_dot_product`.
 
     Returns:
-        ``(batch, heads, seqlen, M)`` in the inputs' dtype.
+        ``(batch, heads, seqlen_q, M)`` in the inputs' dtype.
     """
     eps = check_eps(eps)
     causal = check_flag(causal, "causal")

@@ -21,6 +21,9 @@ Conventions every kernel in the project follows:
 * A query row that sees no key at all (causal with ``seqlen_q > seqlen_k``, or
   ``seqlen_k == 0``) has output exactly 0 and ``lse = -inf``; never NaN.
   ``seqlen_q == 0`` gives empty outputs.
+* NaN and inf follow the rules in :mod:`reference`'s docstring: a NaN or
+  ``+inf`` score makes the row NaN (output and lse), ``-inf`` scores weigh 0,
+  and keys a row does not see never affect it (``_visible_matmul``).
 * Everything is computed in float64; ``dtype`` casts the returned arrays
   (output and lse alike).
 """

@@ -388,3 +388,15 @@ def test_calls_from_a_thread_without_a_current_context():
     assert found["before"] == -1
     assert _rel(cupy.asnumpy(found["out"]), reference.attention(q, k, v)) < 5e-3
     assert _rel(cupy.asnumpy(found["decoded"]), reference.attention(q[:, :, -1:], k, v)) < 5e-3
+
+
+# -- 11. the README's first example runs anywhere ---------------------------------------------------------------------
+def test_readme_numpy_example_runs(capsys):
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    example = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    assert "cupy" not in example and "torch" not in example  # the first example needs no GPU library
+    exec(compile(example, "README.md", "exec"), {})
+    assert float(capsys.readouterr().out) < 1e-5

@@ -74,6 +74,21 @@ def test_read_only_combine_lse_and_initial_state_are_accepted(tmp_path):
     assert _rel(out, ref_out) < 1e-5 and _rel(final, ref_final) < 1e-5
 
 
+def test_torch_cpu_bfloat16_tensors_are_accepted():
+    """torch CPU bfloat16 tensors (which have no NumPy dtype) travel as their bits; the result is bfloat16 again.
+    (Crashed with torch's 'Got unsupported ScalarType BFloat16' before.)"""
+    torch = pytest.importorskip("torch")
+    q, k, v = _arrays((1, 1, 3, 8), (1, 1, 5, 8), (1, 1, 5, 8))
+    tq, tk, tv = (torch.from_numpy(x).to(torch.bfloat16) for x in (q, k, v))
+    out = numba_attn.flash_forward(tq, tk, tv)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16 and out.device.type == "cpu"
+    exact = [x.float().numpy() for x in (tq, tk, tv)]
+    assert _rel(out.float().numpy(), reference.attention(*exact)) < 1e-2
+    into = torch.empty_like(tq)
+    assert numba_attn.flash_forward(tq, tk, tv, out=into) is into
+    assert torch.equal(into, out)
+
+
 # -- 2. outputs that overlap inputs or themselves ---------------------------------------------------------------------
 def _device(x):
     from numba import cuda
@@ -127,6 +142,14 @@ def test_out_with_overlapping_elements_is_rejected(kind, strides):
         q, k, v, base = (_device(x) for x in (q, k, v, base))
     out = _strided_like(base, (1, 1, 4, 8), strides)
     with pytest.raises(ValueError, match="out: its elements overlap"):
+        numba_attn.flash_forward(q, k, v, out=out)
+
+
+def test_read_only_host_out_is_rejected():
+    q, k, v = _arrays((1, 1, 4, 8), (1, 1, 4, 8), (1, 1, 4, 8))
+    out = np.empty_like(q)
+    out.setflags(write=False)
+    with pytest.raises(ValueError, match="out: must be writeable"):
         numba_attn.flash_forward(q, k, v, out=out)
 
 

@@ -120,12 +120,29 @@ class Output:
 
     view: Any
     obj: Any = None
+    dtype: str | None = None  # of the values (bfloat16 views hold uint16 bits)
 
 
-def _torch_from_numpy(host: np.ndarray):
+def _torch_from_numpy(host: np.ndarray, dtype: str | None = None):
+    """The torch CPU tensor over ``host``'s memory; ``dtype`` bfloat16: ``host`` holds its bits (uint16)."""
     import torch
 
+    if dtype == BFLOAT16:
+        return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(host)
+
+
+def _host_numpy(x: Any, library: str) -> np.ndarray:
+    """A host array (NumPy, or a torch CPU tensor) as NumPy over the same memory; bfloat16 tensors, which NumPy
+    cannot hold, as their bits (uint16)."""
+    if library != "torch":
+        return x
+    x = x.detach()
+    if _dtype_name(x, "torch") == BFLOAT16:
+        import torch
+
+        return x.view(torch.int16).numpy().view(np.uint16)
+    return x.numpy()
 
 
 @dataclass
@@ -156,7 +173,7 @@ class Call:
                 view = np.empty(shape, dtype=_storage_dtype(dtype))
             else:
                 view = cuda.device_array(shape, dtype=_storage_dtype(dtype), stream=self.stream)
-            return Output(view=view, obj=out)
+            return Output(view=view, obj=out, dtype=dtype)
         if out is not None:
             view = self._device_view(name, out, _placement(name, out))
             self.check_writes(name, view)
@@ -211,7 +228,7 @@ class Call:
         if placement.kind == _HOST and placement.library == "numpy" and not out.flags.writeable:
             raise ValueError(f"{name}: must be writeable")
         if placement.kind == _HOST:  # (device outputs are checked in ``output``)
-            self.check_writes(name, out.detach().numpy() if placement.library == "torch" else out)
+            self.check_writes(name, _host_numpy(out, placement.library))
 
     def result(self, output: "Output"):
         """What the caller gets back: the output array of its kind (copied to the host for host callers)."""
@@ -224,9 +241,9 @@ class Call:
             self.stream.synchronize()
         if output.obj is not None:
             if output.obj is not host:
-                output.obj[...] = host if self.library == "numpy" else _torch_from_numpy(host)
+                output.obj[...] = host if self.library == "numpy" else _torch_from_numpy(host, output.dtype)
             return output.obj
-        return _torch_from_numpy(host) if self.library == "torch" else host
+        return _torch_from_numpy(host, output.dtype) if self.library == "torch" else host
 
     # -- inputs --------------------------------------------------------------------------------------------------
     def _device_view(self, name: str, x: Any, placement: _Placement):
@@ -240,7 +257,7 @@ class Call:
 
     def add_input(self, name: str, x: Any, placement: _Placement):
         if self.kind == _HOST:
-            host = x.detach().numpy() if placement.library == "torch" else x
+            host = _host_numpy(x, placement.library)
             self.host_inputs[name] = host
             if SIMULATOR:
                 # the caller's memory itself (``launch`` hands it to the simulator without copies); read-only

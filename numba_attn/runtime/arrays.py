@@ -299,6 +299,9 @@ def _span(layout: tuple) -> tuple | None:
     return low, high + itemsize
 
 
+_TOO_HARD = getattr(getattr(np, "exceptions", np), "TooHardError", RuntimeError)  # (np.TooHardError before 1.25)
+
+
 class _Addresses:
     """An array over addresses only, for ``np.shares_memory``'s exact overlap test: NumPy never reads through it."""
 
@@ -317,7 +320,7 @@ def _overlap(a: Any, b: Any) -> bool:
         return False
     try:
         return bool(np.shares_memory(np.asarray(_Addresses(la)), np.asarray(_Addresses(lb)), max_work=100_000))
-    except np.exceptions.TooHardError:
+    except _TOO_HARD:
         return True
 
 

@@ -58,8 +58,9 @@ def _xfail(kernel_change):
     return pytest.mark.xfail(strict=True, reason=f"needs kernel change: {kernel_change}")
 
 
-LSE_FINALISE = ("rows whose l is NaN must give lse NaN, not -inf: finalise lse as -inf only where the row's max "
-                "m is -inf (no key seen), else (m + log2(l)) * ln2, instead of `... if l_row > 0 else -inf`")
+LSE_FINALISE = ("the lse finalisation `(m + log2(l)) * ln2 if l > 0 else -inf` maps a NaN l (a NaN or +inf "
+                "score) to -inf beside a NaN output: give -inf only where m == -inf (no key seen), else "
+                "(m + log2(l)) * ln2, which is NaN for a NaN l")
 TF32_SPLIT = ("3xTF32 splits x into hi = tf32(x) and lo = x - hi; for x = +-inf, lo = inf - inf = NaN: take lo = 0 "
               "where hi is not finite (forward/tf32.py split of q, k, p and v)")
 DECODE_SPLIT_TAIL = ("the SIMT split kernel multiplies p = 0 by the values of keys past its range (keys of the next "
@@ -81,11 +82,12 @@ ATTENTION_PATHS = {
     "decode-fp32-3-splits": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True, num_splits=3),
                              np.float32, [_xfail(DECODE_SPLIT_TAIL)], []),
     "decode-fp16": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True), np.float16, [],
-                    [_xfail("decode/mma.py (split kernel's parts and its in-kernel merge): " + LSE_FINALISE)]),
+                    [_xfail("decode/mma.py split kernel, the parts' `lse_row = ... if l_all > ZERO else NEG_INF`: "
+                            + LSE_FINALISE)]),
     "decode-fp16-3-splits": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True, num_splits=3),
                              np.float16, [],
-                             [_xfail("decode/mma.py split kernel: parts of NaN rows must have lse NaN (the "
-                                         "combine then propagates it); " + LSE_FINALISE)]),
+                             [_xfail("decode/mma.py split kernel, the parts' `lse_row = ... if l_all > ZERO else "
+                                     "NEG_INF` (the combine then propagates a NaN part): " + LSE_FINALISE)]),
 }
 
 
@@ -171,9 +173,11 @@ def test_combine_lse_nonfinite(dtype):
     assert_same_nonfinite(merged, ref_lse, 1e-5, what="lse")
 
 
-@pytest.mark.xfail(strict=True, reason="needs kernel change: decode/simt.py combine kernel (and the lse merge of "
-                   "decode/mma.py's in-kernel merge): a part with lse = +inf must give NaN out and lse, as the max "
-                   "shift +inf - +inf does in reference; today +inf parts come out as lse -inf and +-inf / NaN out")
+@pytest.mark.xfail(strict=True, reason="needs kernel change: a part with lse = +inf must make out and lse NaN "
+                   "(reference: +inf - +inf); merge_lse_states gives m = +inf, ssum = NaN, and `total = m + "
+                   "log(ssum) if m != NEG_INF and ssum > ZERO else NEG_INF` turns that into -inf: use `NEG_INF if "
+                   "m == NEG_INF else m + log(ssum)` in decode/simt.py's combine kernel and decode/mma.py's "
+                   "in-kernel merge (`lse_row = ...`)")
 def test_combine_lse_plus_inf_part():
     o = np.random.default_rng(6).standard_normal((3, 1, 4)).astype(np.float32)
     lse = np.array([[0.5], [np.inf], [-1.0]], np.float32)

@@ -61,8 +61,9 @@ def _xfail(kernel_change):
 LSE_FINALISE = ("the lse finalisation `(m + log2(l)) * ln2 if l > 0 else -inf` maps a NaN l (a NaN or +inf "
                 "score) to -inf beside a NaN output: give -inf only where m == -inf (no key seen), else "
                 "(m + log2(l)) * ln2, which is NaN for a NaN l")
-TF32_SPLIT = ("3xTF32 splits x into hi = tf32(x) and lo = x - hi; for x = +-inf, lo = inf - inf = NaN: take lo = 0 "
-              "where hi is not finite (forward/tf32.py split of q, k, p and v)")
+TF32_SPLIT = ("forward/tf32.py `_split_and_mma.split3`: lo = x - hi is inf - inf = NaN for x = +-inf, so a -inf "
+              "score (weight 0) or a +-inf value turns into NaN where the SIMT kernel and reference keep it: take "
+              "lo = 0 where x is +-inf (e.g. `d = x - bits_float(hi); lo = d if d == d or x != x else 0`)")
 DECODE_SPLIT_TAIL = ("the SIMT split kernel multiplies p = 0 by the values of keys past its range (keys of the next "
                      "split, which the row sees): acc += p * v gives 0 * inf = NaN; skip keys with key > last_key[r] "
                      "in the accumulation (decode/simt.py, split kernel) or load 0 for them")

@@ -153,6 +153,20 @@ def test_read_only_host_out_is_rejected():
         numba_attn.flash_forward(q, k, v, out=out)
 
 
+def test_numba_device_arrays_in_give_numba_device_arrays_out():
+    """The device-array path (used in place, outputs of the same kind) runs under the simulator too."""
+    q, k, v = _arrays((1, 2, 3, 8), (1, 1, 5, 8), (1, 1, 5, 8))
+    out, lse = numba_attn.flash_decode(_device(q), _device(k), _device(v), return_lse=True)
+    ref_out, ref_lse = reference.attention(q, k, v, return_lse=True)
+    assert _rel(out.copy_to_host(), ref_out) < 1e-5 and _rel(lse.copy_to_host(), ref_lse) < 1e-5
+    o_parts, lse_parts = reference.split_kv_attention(q, k, v, 2, dtype=np.float32)
+    out, lse = numba_attn.combine_lse(_device(o_parts), _device(lse_parts))
+    assert _rel(out.copy_to_host(), ref_out) < 1e-5 and _rel(lse.copy_to_host(), ref_lse) < 1e-5
+    lq, lk, lv = _arrays((1, 2, 3, 4), (1, 2, 3, 4), (1, 2, 3, 4), seed=1)
+    out = numba_attn.causal_dot_product(_device(lq), _device(lk), _device(lv))
+    assert _rel(out.copy_to_host(), reference.causal_dot_product(lq, lk, lv)) < 1e-5
+
+
 # -- 4. flags are bools, numbers are real numbers ---------------------------------------------------------------------
 def _small():
     return _arrays((1, 1, 2, 4), (1, 1, 3, 4), (1, 1, 3, 4))

@@ -10,13 +10,24 @@
 
 Every function takes NumPy arrays, CuPy arrays, Numba device arrays or torch tensors and returns the same kind
 (see ``runtime.arrays``); device inputs are used in place and kernels run on the caller's current stream.
+
+The contract, in full in README.md ("Contract"):
+
+* inputs of any strides, read-only ones included (never written); the device arrays of a call from one library,
+  on one device (the call runs there, whichever device is current);
+* float16 / float32 (bfloat16 as torch tensors), one dtype per call, float32 accumulation;
+* flags are ``bool``, numbers real numbers (``runtime.arguments``): a wrong type is a ``TypeError`` (also a
+  ``ValueError``), a bad value a ``ValueError``, each naming the argument; defaults equal ``reference``'s;
+* ``out=`` shares no memory with the inputs and has distinct elements;
+* safe to call from several threads at once;
+* NaN and inf as in ``reference``: a NaN or +inf score makes a row NaN (output and lse), -inf scores weigh 0, a
+  row with no key (or only -inf scores) gives 0 and lse -inf; non-finite values at keys a row does not see may
+  reach it (the kernels multiply whole tiles).
 """
 from __future__ import annotations
 
+import functools
 import math
-import numbers
-
-import numpy as np
 
 from .decode import cached as _decode_plan
 from .decode import dispatch as _decode
@@ -26,11 +37,13 @@ from .forward.dispatch import BACKENDS
 from .linear import dispatch as _linear
 from .linear.dispatch import BACKENDS as LINEAR_BACKENDS
 from .runtime import views as _views
+from .runtime.arguments import check_backend, check_eps, check_flag, check_num_splits, check_sm_scale
 from .runtime.arrays import prepare
 from .runtime.attention_args import AttentionArgs
 from .runtime.cache import BoundedCache
-from .runtime.device import SIMULATOR, cuda
-from .runtime.shapes import attention_shape, linear_shape
+from .runtime.device import SIMULATOR, cuda, current_device_id, on_device
+from .runtime.launch import SIMULATOR_LOCK
+from .runtime.shapes import attention_shape, check_array, linear_shape
 from .runtime.views import lift
 
 __all__ = [
@@ -39,12 +52,19 @@ __all__ = [
 ]
 
 
-def _check_sm_scale(sm_scale, head_dim: int) -> float:
-    if sm_scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    if not isinstance(sm_scale, numbers.Real) or not math.isfinite(float(sm_scale)):
-        raise ValueError(f"sm_scale: expected a finite real number or None, got {sm_scale!r}")
-    return float(sm_scale)
+def _one_call_at_a_time_under_the_simulator(fn):
+    """Under the simulator, one public call runs at a time in the process (``launch.SIMULATOR_LOCK``): while a
+    simulated kernel runs, its module's ``cuda`` is the simulator's fake module, so a call in another thread that
+    builds a kernel there would fail. The simulator runs one kernel at a time anyway. On a GPU: ``fn`` itself."""
+    if not SIMULATOR:
+        return fn
+
+    @functools.wraps(fn)
+    def serialised(*args, **kwargs):
+        with SIMULATOR_LOCK:
+            return fn(*args, **kwargs)
+
+    return serialised
 
 
 _LSE_PLACEHOLDERS = BoundedCache("lse placeholders", 64)
@@ -52,12 +72,14 @@ _LSE_PLACEHOLDERS = BoundedCache("lse placeholders", 64)
 
 def _lse_placeholder(call):
     """A one-element lse array for kernels launched without ``return_lse`` (they never write it), made once per
-    device: allocating it on every call would cost more host time than some kernels take."""
+    device (the current one: the arrays' device, ``on_device``, or the one host arrays were copied to): allocating
+    it on every call would cost more host time than some kernels take."""
     if SIMULATOR:
         return _LSE_PLACEHOLDERS.get_or_make(0, lambda: call.scratch((1, 1, 1), "float32"))
-    return _LSE_PLACEHOLDERS.get_or_make(max(call.device_id, 0), lambda: cuda.device_array((1, 1, 1), "float32"))
+    return _LSE_PLACEHOLDERS.get_or_make(current_device_id(), lambda: cuda.device_array((1, 1, 1), "float32"))
 
 
+@_one_call_at_a_time_under_the_simulator
 def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out=None, backend=None,
                   allow_tf32=False):
     """Exact attention ``softmax(sm_scale * q k^T) v`` without materialising the scores.
@@ -68,10 +90,12 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
         k, v: ``(batch, kv_heads, seqlen_k, headdim)``; ``heads`` must be a multiple of ``kv_heads``
             (grouped-query attention: q head ``h`` reads kv head ``h // (heads // kv_heads)``).
         causal: mask aligned bottom-right, query ``i`` sees keys ``j <= i + seqlen_k - seqlen_q``.
-        sm_scale: score scale, default ``1 / sqrt(headdim)``.
+        sm_scale: score scale, default ``1 / sqrt(headdim)``; a finite real number with ``sm_scale * log2(e)``
+            finite in float32.
         return_lse: also return ``lse``, the natural-log log-sum-exp of each row's scaled scores,
             ``(batch, heads, seqlen_q)`` float32.
-        out: optional output array of q's shape, dtype and kind.
+        out: optional output array of q's shape, dtype and kind (and device), with distinct elements and no
+            memory shared with q, k or v.
         backend: ``"wgmma"`` (Hopper's warpgroup MMAs, compute capability 9.0: float16 / bfloat16, headdim up to
             128 with headdim % 8 == 0, a unit-stride last axis and 16-byte aligned rows), ``"mma"`` (tensor
             cores, GPUs of compute capability >= 8.0: float16 / bfloat16 products, any headdim up to 256 and any
@@ -83,12 +107,15 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
             throughout.
 
     Returns:
-        ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key give 0 and ``lse = -inf``.
+        ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key (or whose scores are all -inf) give 0
+        and ``lse = -inf``; a NaN or +inf score gives the row NaN output and lse.
     """
-    return _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits=None, decode=False, backend=backend,
-                      allow_tf32=_check_flag(allow_tf32, "allow_tf32"))
+    return _attention(q, k, v, check_flag(causal, "causal"), check_sm_scale(sm_scale),
+                      check_flag(return_lse, "return_lse"), out, num_splits=None, decode=False,
+                      backend=check_backend(backend, BACKENDS), allow_tf32=check_flag(allow_tf32, "allow_tf32"))
 
 
+@_one_call_at_a_time_under_the_simulator
 def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, return_lse=False):
     """Attention for a few query rows against a long key/value sequence (the KV-cache case), split over keys.
 
@@ -108,17 +135,14 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
     change --, query strides, alignment, options) skip the argument checks after the first (``_decode_plan``). A
     decoding step can also be captured in a torch CUDA graph after one call outside the capture.
     """
-    if num_splits is not None and (
-        isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits < 1
-    ):
-        raise ValueError(f"num_splits: expected an integer >= 1 or None, got {num_splits!r}")
-    key = None
-    if sm_scale is None or (isinstance(sm_scale, numbers.Real) and not isinstance(sm_scale, bool)):
-        key, plan, layouts = _decode_plan.find(q, k, v, causal, sm_scale, num_splits, return_lse)
-        if plan is not None:
+    causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
+    sm_scale, num_splits = check_sm_scale(sm_scale), check_num_splits(num_splits)
+    key, plan, layouts = _decode_plan.find(q, k, v, causal, sm_scale, num_splits, return_lse)
+    if plan is not None:
+        with on_device(layouts[0][1]):  # (q's device)
             result = plan.run(q, k, v, layouts)
-            if result is not None:
-                return result
+        if result is not None:
+            return result
     return _attention(q, k, v, causal, sm_scale, return_lse, None, num_splits=num_splits, decode=True, backend=None,
                       plan_key=key)
 
@@ -126,10 +150,18 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
 def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, backend, allow_tf32=False,
                plan_key=None):
     shape = attention_shape(q, k, v)
-    sm_scale = _check_sm_scale(sm_scale, shape.head_dim)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(shape.head_dim)
     if not decode:
         _forward.check_seqlen_q(shape.seqlen_q)
     call = prepare({"q": q, "k": k, "v": v})
+    with on_device(call.device_id):
+        return _run_attention(call, shape, causal, sm_scale, return_lse, out, num_splits, decode, backend,
+                              allow_tf32, plan_key)
+
+
+def _run_attention(call, shape, causal, sm_scale, return_lse, out, num_splits, decode, backend, allow_tf32,
+                   plan_key):
     out = call.output(shape.out_shape(), out=out)
     lse = call.output(shape.lse_shape(), "float32") if return_lse else None
     if decode:
@@ -139,7 +171,7 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
     if shape.seqlen_q > 0 and shape.batch * shape.heads > 0:
         args = AttentionArgs(
             lift(call.inputs["q"], 4), lift(call.inputs["k"], 4), lift(call.inputs["v"], 4), lift(out.view, 4),
-            lift(lse.view, 3) if return_lse else _lse_placeholder(call), bool(return_lse), sm_scale, bool(causal))
+            lift(lse.view, 3) if return_lse else _lse_placeholder(call), return_lse, sm_scale, causal)
         if decode:
             _decode.run(call, shape, args, num_splits, plan_key)
         else:
@@ -149,6 +181,7 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
     return call.result(out)
 
 
+@_one_call_at_a_time_under_the_simulator
 def combine_lse(o_parts, lse_parts):
     """Merge partial attention results computed over disjoint key sets (split-K, ring / context parallelism).
 
@@ -160,8 +193,11 @@ def combine_lse(o_parts, lse_parts):
 
     Returns:
         ``(out, lse)``: ``out = sum_s exp(lse_s - lse) o_s`` in o_parts' dtype and ``lse = log(sum_s exp(lse_s))``
-        float32. If every part is empty: 0 and ``-inf``, never NaN.
+        float32. If every part is empty: 0 and ``-inf``, never NaN. A NaN or +inf part lse gives the row NaN; an
+        empty part has weight 0, so its o must be finite (0 * NaN is NaN), as ``reference.combine_lse``.
     """
+    check_array("o_parts", o_parts)
+    check_array("lse_parts", lse_parts)
     o_ndim = len(o_parts.shape)
     if o_ndim not in (3, 5):
         raise ValueError(
@@ -180,9 +216,14 @@ def combine_lse(o_parts, lse_parts):
         dtypes=("float16", "float32"),
         own_dtype={"lse_parts": ("float32",)},
     )
-    out = call.output(tuple(o_parts.shape[1:]))
-    lse = call.output(tuple(lse_parts.shape[1:]), "float32")
-    if math.prod(o_parts.shape[1:]) > 0:
+    with on_device(call.device_id):
+        return _run_combine(call, o_parts.shape, o_ndim)
+
+
+def _run_combine(call, parts_shape: tuple, o_ndim: int):
+    out = call.output(tuple(parts_shape[1:]))
+    lse = call.output(tuple(parts_shape[1:-1]), "float32")
+    if math.prod(parts_shape[1:]) > 0:
         unit_axes = 2 if o_ndim == 3 else 0  # (num_splits, seqlen, d) -> (num_splits, 1, 1, seqlen, d)
         _decode_simt.launch_combine(
             _views.with_unit_axes(call.inputs["o_parts"], 1, unit_axes),
@@ -194,12 +235,7 @@ def combine_lse(o_parts, lse_parts):
     return call.result(out), call.result(lse)
 
 
-def _check_flag(value, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected True or False, got {value!r}")
-    return bool(value)
-
-
+@_one_call_at_a_time_under_the_simulator
 def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow_tf32=False, backend=None):
     """``out_i = sum_{j <= i} (q_i . k_j) v_j  (+ q_i^T S_0)``, the causal numerator of linear attention
     ("Transformers are RNNs"); fla's ``chunk_linear_attn`` with ``scale=1, normalize=False``.
@@ -219,8 +255,9 @@ def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow
     Returns:
         ``out`` ``(batch, heads, seqlen, M)`` in the inputs' dtype, or ``(out, final_state)``.
     """
-    return_state = _check_flag(return_state, "return_state")
-    allow_tf32 = _check_flag(allow_tf32, "allow_tf32")
+    return_state = check_flag(return_state, "return_state")
+    allow_tf32 = check_flag(allow_tf32, "allow_tf32")
+    backend = check_backend(backend, LINEAR_BACKENDS)
     shape = linear_shape(q, k, v)
     state_shape = shape.state_shape()
     arrays = {"q": q, "k": k, "v": v}
@@ -232,7 +269,13 @@ def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow
                              f"got {tuple(initial_state.shape)}")
         arrays["initial_state"] = initial_state
     call = prepare(arrays, own_dtype={"initial_state": ("float32",)})
-    stateful = initial_state is not None or return_state
+    with on_device(call.device_id):
+        return _run_causal_dot_product(call, shape, initial_state is not None, return_state, allow_tf32, backend)
+
+
+def _run_causal_dot_product(call, shape, has_initial_state: bool, return_state: bool, allow_tf32: bool, backend):
+    state_shape = shape.state_shape()
+    stateful = has_initial_state or return_state
     backend = _linear.choose_backend(backend, call.dtype, shape.seqlen, stateful)
     out = call.output(shape.out_shape())
     final = call.output(state_shape, "float32", name="final_state") if return_state else None
@@ -243,29 +286,37 @@ def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow
     return call.result(out)
 
 
-def linear_attention(q, k, v, *, causal=True, eps=1e-6, allow_tf32=False, backend=None):
+@_one_call_at_a_time_under_the_simulator
+def linear_attention(q, k, v, *, causal=False, eps=1e-6, allow_tf32=False, backend=None):
     """The linear-attention layer of "Transformers are RNNs" with the ``elu(x) + 1`` feature map ``phi``.
 
     ``out_i = phi(q_i)^T S_i / (phi(q_i) . z_i + eps)`` with ``S_i = sum_j phi(k_j) v_j^T`` and
     ``z_i = sum_j phi(k_j)``, the sums over ``j <= i`` when ``causal`` and over all ``j`` otherwise.
 
     Args:
-        q, k: ``(batch, heads, seqlen, E)``; v: ``(batch, heads, seqlen, M)`` (or without batch, heads);
-            float16, bfloat16 (torch tensors) or float32.
-        eps: added to the normaliser's denominator.
+        q: ``(batch, heads, seqlen_q, E)``; k: ``(batch, heads, seqlen_k, E)``; v: ``(batch, heads, seqlen_k, M)``
+            (or without batch, heads); ``seqlen_k == seqlen_q`` when causal; float16, bfloat16 (torch tensors) or
+            float32.
+        causal: sums over ``j <= i`` (default False, as ``reference.linear_attention``).
+        eps: added to the normaliser's denominator; a finite number >= 0.
         allow_tf32, backend: as :func:`causal_dot_product`.
 
     Returns:
-        ``(batch, heads, seqlen, M)`` in the inputs' dtype.
+        ``(batch, heads, seqlen_q, M)`` in the inputs' dtype.
     """
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(float(eps)) or eps < 0:
-        raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
-    causal = _check_flag(causal, "causal")
-    allow_tf32 = _check_flag(allow_tf32, "allow_tf32")
-    shape = linear_shape(q, k, v)
+    eps = check_eps(eps)
+    causal = check_flag(causal, "causal")
+    allow_tf32 = check_flag(allow_tf32, "allow_tf32")
+    backend = check_backend(backend, LINEAR_BACKENDS)
+    shape = linear_shape(q, k, v, same_length=causal)
     call = prepare({"q": q, "k": k, "v": v})
-    backend = _linear.choose_backend(backend, call.dtype, shape.seqlen, False)
+    with on_device(call.device_id):
+        return _run_linear_attention(call, shape, causal, eps, allow_tf32, backend)
+
+
+def _run_linear_attention(call, shape, causal: bool, eps: float, allow_tf32: bool, backend):
+    backend = _linear.choose_backend(backend, call.dtype, max(shape.seqlen, shape.seqlen_k), False)
     out = call.output(shape.out_shape())
     if shape.seqlen > 0 and shape.batch * shape.heads > 0:
-        _linear.run_linear_attention(call, backend, out, causal, float(eps), allow_tf32)
+        _linear.run_linear_attention(call, backend, out, causal, eps, allow_tf32)
     return call.result(out)

@@ -5,6 +5,30 @@ function also takes ``(seqlen, headdim)`` inputs. See the module docstrings of
 :mod:`reference.attention` and :mod:`reference.decode` for the conventions the
 kernels share (bottom-right causal mask, grouped-query heads, rows that see no
 key give output 0 and ``lse = -inf``, the split-KV partition rule).
+
+Arguments: flags (``causal``, ``return_lse``, ``return_state``) must be
+``bool`` (NumPy bools too) and numbers (``sm_scale``, ``eps``) real numbers;
+a wrong type raises ``ArgumentTypeError`` (a ``TypeError`` and a
+``ValueError``), every other bad argument a ``ValueError`` naming it. The
+defaults are those of ``numba_attn``'s functions of the same name.
+
+NaN and inf, the rules every kernel follows too (scores
+``s_ij = sm_scale * q_i . k_j``, IEEE arithmetic everywhere else):
+
+* a NaN or ``+inf`` score makes that row's output and lse NaN;
+* a ``-inf`` score is a key of weight 0; a row whose scores are all ``-inf``
+  (or that sees no key) gives exactly 0 and ``lse = -inf``, whatever ``v`` holds;
+* NaN in ``v`` gives NaN in its column; ``+-inf`` gives ``+-inf`` where its
+  weight is positive and NaN where the weight is 0 or ``+inf`` meets ``-inf``;
+* keys a row does not see (causal mask, later positions of the causal linear
+  functions) never affect it, whatever they hold (the kernels promise this only
+  for finite values: they multiply whole tiles, and ``0 * NaN`` is NaN);
+* :func:`combine_lse`: a NaN or ``+inf`` part lse makes the row NaN; parts with
+  ``lse = -inf`` have weight 0 (their ``o`` must be finite); all ``-inf``: 0
+  and ``-inf``;
+* linear attention: a NaN reaches exactly the outputs that depend on it; an
+  inf gives ``+-inf`` or NaN there, depending on the order of the sums (the
+  quadratic form ``(q . k) v`` and the state form ``q . (k v^T)`` differ).
 """
 
 from .attention import attention, flash_attention_v1, flash_attention_v2

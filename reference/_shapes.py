@@ -13,6 +13,9 @@ import numbers
 import numpy as np
 
 __all__ = [
+    "ArgumentTypeError",
+    "check_flag",
+    "check_real",
     "to_float64",
     "check_positive_int",
     "prepare_qkv",
@@ -21,6 +24,32 @@ __all__ = [
     "causal_mask",
     "finish",
 ]
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type: a flag that is not a bool, a number that is not a real number.
+
+    A ``TypeError``, and a ``ValueError`` like every other bad argument here. ``numba_attn`` raises its own class
+    of the same name and bases for the same mistakes."""
+
+
+def check_flag(value, name: str) -> bool:
+    """``value`` as a bool: ``True``, ``False`` or a NumPy bool. Any other value (``"no"``, ``1``, None) is a
+    mistake, never taken for its truth value."""
+    if value is True or value is False:
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise ArgumentTypeError(f"{name} must be True or False; got {value!r}")
+
+
+def check_real(value, name: str, allow_none: bool = False):
+    """``value`` as a float if it is a real number (not a bool, not a string); None passes when allowed."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"{name} must be a real number{' or None' if allow_none else ''}; got {value!r}")
+    return float(value)
 
 
 def to_float64(x, name: str) -> np.ndarray:
@@ -92,10 +121,13 @@ def prepare_qkv(q, k, v):
 
 
 def resolve_sm_scale(sm_scale, headdim: int) -> float:
-    """The softmax scale: ``1/sqrt(headdim)`` unless the caller chose one."""
+    """The softmax scale: ``1/sqrt(headdim)`` unless the caller chose one (a finite real number)."""
     if sm_scale is None:
         return 1.0 / np.sqrt(headdim)
-    return float(sm_scale)
+    scale = check_real(sm_scale, "sm_scale")
+    if not np.isfinite(scale):
+        raise ValueError(f"sm_scale must be finite; got {sm_scale!r}")
+    return scale
 
 
 def kv_head_for_q_head(heads_q: int, heads_kv: int) -> np.ndarray:

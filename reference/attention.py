@@ -21,6 +21,9 @@ Conventions every kernel in the project follows:
 * A query row that sees no key at all (causal with ``seqlen_q > seqlen_k``, or
   ``seqlen_k == 0``) has output exactly 0 and ``lse = -inf``; never NaN.
   ``seqlen_q == 0`` gives empty outputs.
+* NaN and inf follow the rules in :mod:`reference`'s docstring: a NaN or
+  ``+inf`` score makes the row NaN (output and lse), ``-inf`` scores weigh 0,
+  and keys a row does not see never affect it (``_visible_matmul``).
 * Everything is computed in float64; ``dtype`` casts the returned arrays
   (output and lse alike).
 """
@@ -31,13 +34,14 @@ import numpy as np
 
 from ._shapes import (
     causal_mask,
+    check_flag,
     check_positive_int,
     finish,
     kv_head_for_q_head,
     prepare_qkv,
     resolve_sm_scale,
 )
-from .softmax import _safe_divide, _shifted_exp
+from .softmax import _safe_divide, _shifted_exp, _visible_matmul
 
 __all__ = ["attention", "flash_attention_v1", "flash_attention_v2"]
 
@@ -60,7 +64,7 @@ def _masked_attention(q, k, v, visible, sm_scale):
     row_max = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
     unnormalised = _shifted_exp(scores, row_max)
     row_sum = np.sum(unnormalised, axis=-1, keepdims=True)
-    out = _safe_divide(np.einsum("bhgqk,bhkd->bhgqd", unnormalised, v), row_sum)
+    out = _safe_divide(_visible_matmul(unnormalised, v[:, :, None], visible), row_sum)
     with np.errstate(divide="ignore"):
         # log(0) = -inf is exactly the lse of a row that sees no key.
         lse = np.log(row_sum[..., 0]) + np.where(np.isneginf(row_max[..., 0]), 0.0, row_max[..., 0])
@@ -72,6 +76,10 @@ def _full_mask(seqlen_q, seqlen_k, causal):
     if causal:
         return causal_mask(np.arange(seqlen_q), np.arange(seqlen_k), seqlen_q, seqlen_k)
     return np.ones((seqlen_q, seqlen_k), dtype=bool)
+
+
+def _check_flags(causal, return_lse):
+    return check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
 
 
 def _return(out, lse, unbatched, return_lse, dtype):
@@ -105,6 +113,7 @@ def attention(q, k, v, causal=False, sm_scale=None, return_lse=False, dtype=None
         have ``out = 0`` and ``lse = -inf``.
     """
     q, k, v, unbatched = prepare_qkv(q, k, v)
+    causal, return_lse = _check_flags(causal, return_lse)
     sm_scale = resolve_sm_scale(sm_scale, q.shape[-1])
     seqlen_q, seqlen_k = q.shape[2], k.shape[2]
     if rows is None:
@@ -156,6 +165,7 @@ def flash_attention_v1(
     the zero-output / ``-inf``-lse convention are those of :func:`attention`.
     """
     q, k, v, unbatched = prepare_qkv(q, k, v)
+    causal, return_lse = _check_flags(causal, return_lse)
     block_r = check_positive_int(block_r, "block_r")
     block_c = check_positive_int(block_c, "block_c")
     sm_scale = resolve_sm_scale(sm_scale, q.shape[-1])
@@ -179,6 +189,7 @@ def flash_attention_v1(
             m_i = m[:, :, q_start:q_end]
 
             s_ij = sm_scale * (q_i @ k_j.swapaxes(-1, -2))
+            visible = None
             if causal:
                 visible = causal_mask(
                     np.arange(q_start, q_end), np.arange(kv_start, kv_end), seqlen_q, seqlen_k
@@ -195,7 +206,8 @@ def flash_attention_v1(
             l_new = old_weight * l_i + block_weight * l_tilde
 
             o[:, :, q_start:q_end] = _safe_divide(
-                (l_i * old_weight)[..., None] * o_i + block_weight[..., None] * (p_tilde @ v_j),
+                (l_i * old_weight)[..., None] * o_i
+                + block_weight[..., None] * _visible_matmul(p_tilde, v_j, visible),
                 l_new[..., None],
             )
             l[:, :, q_start:q_end] = l_new
@@ -242,6 +254,7 @@ def flash_attention_v2(
     :func:`attention`.
     """
     q, k, v, unbatched = prepare_qkv(q, k, v)
+    causal, return_lse = _check_flags(causal, return_lse)
     block_m = check_positive_int(block_m, "block_m")
     block_n = check_positive_int(block_n, "block_n")
     sm_scale = resolve_sm_scale(sm_scale, q.shape[-1])
@@ -275,6 +288,7 @@ def flash_attention_v2(
 
             s_ij = score_scale * (q_i @ k_j.swapaxes(-1, -2))
             straddles_diagonal = causal and kv_end - 1 > q_start + diagonal_offset
+            visible = None
             if straddles_diagonal:
                 visible = causal_mask(
                     np.arange(q_start, q_end), np.arange(kv_start, kv_end), seqlen_q, seqlen_k
@@ -285,7 +299,7 @@ def flash_attention_v2(
             p_ij = _shifted_exp(s_ij, m_new[..., None], exp=np.exp2)
             rescale = _shifted_exp(m, m_new, exp=np.exp2)
             l = rescale * l + np.sum(p_ij, axis=-1)
-            accumulator = rescale[..., None] * accumulator + p_ij @ v_j
+            accumulator = rescale[..., None] * accumulator + _visible_matmul(p_ij, v_j, visible)
             m = m_new
 
         out[:, :, q_start:q_end] = _safe_divide(accumulator, l[..., None])

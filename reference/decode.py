@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._shapes import check_positive_int, finish, prepare_qkv, resolve_sm_scale, to_float64
+from ._shapes import check_flag, check_positive_int, finish, prepare_qkv, resolve_sm_scale, to_float64
 from .attention import _full_mask, _masked_attention
 from .softmax import _shifted_exp
 
@@ -66,6 +66,7 @@ def split_kv_attention(q, k, v, num_splits, causal=False, sm_scale=None, dtype=N
     """
     q, k, v, unbatched = prepare_qkv(q, k, v)
     num_splits = check_positive_int(num_splits, "num_splits")
+    causal = check_flag(causal, "causal")
     sm_scale = resolve_sm_scale(sm_scale, q.shape[-1])
     seqlen_q, seqlen_k = q.shape[2], k.shape[2]
     visible = _full_mask(seqlen_q, seqlen_k, causal)
@@ -104,8 +105,10 @@ def combine_lse(o_parts, lse_parts, dtype=None):
             lse     = lse_max + log(sum_s exp(lse_s - lse_max))
             out     = sum_s exp(lse_s - lse) * o_s
 
-        Parts with ``lse = -inf`` get weight 0. If every part of a row is
-        ``-inf`` (or there are no parts) that row gives ``out = 0``, ``lse = -inf``.
+        Parts with ``lse = -inf`` get weight 0 (their ``o`` must be finite:
+        ``0 * NaN`` is NaN). If every part of a row is ``-inf`` (or there are no
+        parts) that row gives ``out = 0``, ``lse = -inf``. A NaN or ``+inf`` lse
+        makes the row's ``out`` and ``lse`` NaN (``+inf - +inf``).
         The merge is order-independent, and a merged ``(out, lse)`` can itself
         be merged again as a single part.
     """
@@ -128,6 +131,8 @@ def combine_lse(o_parts, lse_parts, dtype=None):
             np.sum(_shifted_exp(lse_parts, lse_max), axis=0)
         )
     weights = _shifted_exp(lse_parts, lse)
+    # IEEE products: an empty part (lse = -inf) has weight 0, and 0 * NaN = NaN, so its o must be finite (the
+    # parts of split_kv_attention and of the kernels are 0 there)
     out = np.sum(weights[..., None] * o_parts, axis=0)
     dtype = np.float64 if dtype is None else dtype
     return np.asarray(out, dtype=dtype), np.asarray(lse, dtype=dtype)

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._shapes import check_positive_int, to_float64
-from .softmax import _safe_divide
+from ._shapes import check_flag, check_positive_int, check_real, to_float64
+from .softmax import _safe_divide, _visible_matmul
 
 __all__ = [
     "elu_feature_map",
@@ -80,6 +80,7 @@ def _prepare_causal_inputs(q, k, v, initial_state):
 
 
 def _finish(out, state, return_state, dtype):
+    return_state = check_flag(return_state, "return_state")
     dtype = np.float64 if dtype is None else dtype
     out = np.asarray(out, dtype=dtype)
     if return_state:
@@ -96,9 +97,9 @@ def causal_dot_product_quadratic(q, k, v, initial_state=None, return_state=False
     """
     q, k, v, initial_state = _prepare_causal_inputs(q, k, v, initial_state)
     seqlen = q.shape[-2]
-    lower_triangle = np.tril(np.ones((seqlen, seqlen)))
-    scores = (q @ k.swapaxes(-1, -2)) * lower_triangle
-    out = scores @ v + q @ initial_state
+    lower_triangle = np.tril(np.ones((seqlen, seqlen), dtype=bool))
+    # masked, not multiplied by 0: a later key holding NaN or inf must not reach an earlier row
+    out = _visible_matmul(q @ k.swapaxes(-1, -2), v, lower_triangle) + q @ initial_state
     final_state = initial_state + k.swapaxes(-1, -2) @ v
     return _finish(out, final_state, return_state, dtype)
 
@@ -141,8 +142,8 @@ def causal_dot_product_chunked(
     for start in range(0, seqlen, chunk_size):
         end = min(start + chunk_size, seqlen)
         q_c, k_c, v_c = q[..., start:end, :], k[..., start:end, :], v[..., start:end, :]
-        lower_triangle = np.tril(np.ones((end - start, end - start)))
-        intra_chunk = ((q_c @ k_c.swapaxes(-1, -2)) * lower_triangle) @ v_c
+        lower_triangle = np.tril(np.ones((end - start, end - start), dtype=bool))
+        intra_chunk = _visible_matmul(q_c @ k_c.swapaxes(-1, -2), v_c, lower_triangle)
         out[..., start:end, :] = intra_chunk + q_c @ state
         state = state + k_c.swapaxes(-1, -2) @ v_c
     return _finish(out, state, return_state, dtype)
@@ -206,6 +207,10 @@ def linear_attention(q, k, v, causal=False, eps=1e-6, feature_map=elu_feature_ma
     q = to_float64(q, "q")
     k = to_float64(k, "k")
     v = to_float64(v, "v")
+    causal = check_flag(causal, "causal")
+    eps = check_real(eps, "eps")
+    if not np.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a finite number >= 0; got {eps!r}")
     if q.ndim < 2:
         raise ValueError(f"q must have shape (batch, heads, seqlen, E) or (seqlen, E); got {q.shape}")
     if k.ndim != q.ndim or k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1]:

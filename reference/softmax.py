@@ -51,11 +51,50 @@ def _shifted_exp(x, m, exp=np.exp):
 
 
 def _safe_divide(numerator, denominator):
-    """``numerator / denominator`` where a zero denominator (nothing seen) gives 0.
+    """``numerator / denominator`` where a zero denominator (nothing seen) gives exactly 0.
 
-    A zero denominator only arises when every term of the numerator is zero too.
+    A zero denominator arises when every weight of the numerator is zero (no key seen, every score ``-inf``):
+    such a row is 0 whatever the values hold, NaN included (``0 * NaN`` terms are not summed).
     """
-    return numerator / np.where(denominator == 0, 1.0, denominator)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denominator == 0, 0.0, numerator / np.where(denominator == 0, 1.0, denominator))
+
+
+def _product(weights, values):
+    # einsum, not matmul: each row's sum then does not depend on how many rows there are (BLAS blocks by size),
+    # so a subset of the rows gives bit-identical results
+    return np.einsum("...qk,...kd->...qd", weights, values)
+
+
+def _visible_matmul(weights, values, visible=None):
+    """``weights @ values`` summed over the visible terms only: ``sum_j [visible_ij] w_ij v_jd``.
+
+    The terms that are summed follow IEEE arithmetic (``0 * inf`` is NaN, NaN propagates); the terms of keys a
+    row does not see are not there at all, whatever their weight and value hold. ``visible`` is a boolean array
+    that broadcasts to ``weights`` (None: every term is visible). A plain product would let an unseen NaN or inf
+    through ``0 * NaN = NaN``. Shapes as ``np.matmul``: ``(..., q, k) @ (..., k, d)``.
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    values = np.asarray(values, dtype=np.float64)
+    visible = np.ones(weights.shape[-2:], dtype=bool) if visible is None else np.asarray(visible, dtype=bool)
+    visible = np.broadcast_to(visible, np.broadcast_shapes(visible.shape, weights.shape))
+    masked = np.where(visible, weights, 0.0)
+    finite = np.isfinite(values)
+    if finite.all():
+        return _product(masked, values)  # masked terms are 0 * finite = 0
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = _product(masked, np.where(finite, values, 0.0))
+
+        def hits(rows, cols):  # whether some visible term has both properties
+            return (rows.astype(np.float64) @ cols.astype(np.float64)) > 0
+
+        positive, negative = visible & (weights > 0), visible & (weights < 0)
+        plus = hits(positive, np.isposinf(values)) | hits(negative, np.isneginf(values))
+        minus = hits(positive, np.isneginf(values)) | hits(negative, np.isposinf(values))
+        nan = hits(visible, np.isnan(values)) | hits(visible & (weights == 0), np.isinf(values))
+        out = np.where(plus, out + np.inf, out)
+        out = np.where(minus, out - np.inf, out)  # +inf and -inf terms: NaN, as their sum
+        return np.where(nan, np.nan, out)
 
 
 def naive_softmax(x, axis: int = -1, dtype=None) -> np.ndarray:

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from .device import SIMULATOR, DeviceView, cuda, current_device_id, default_stream, external_stream
+from .device import (SIMULATOR, DeviceView, cuda, current_device_id, default_stream, external_stream,
+                     pointer_device)
 
 _HOST, _CUPY, _TORCH, _NUMBA = "host", "cupy", "torch", "numba"
 
@@ -48,10 +49,19 @@ def _library_of(x: Any) -> str:
         library = "cupy"
     elif hasattr(x, "__cuda_array_interface__"):
         return "numba"  # any object with the interface: by object, not by type
+    elif SIMULATOR and _is_simulated_device_array(x):
+        library = "numba"
     else:
         return "unknown"
     _LIBRARY_OF_TYPE[type(x)] = library
     return library
+
+
+def _is_simulated_device_array(x: Any) -> bool:
+    """A Numba device array of the simulator (``cuda.to_device`` there), which has no ``__cuda_array_interface__``."""
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    return isinstance(x, FakeCUDAArray)
 
 
 def _dtype_name(x: Any, library: str) -> str:
@@ -73,6 +83,8 @@ class _Placement:
 
 
 _TORCH_CUDA_PLACEMENTS: dict = {}
+_LIBRARY_NAMES = {"numpy": "NumPy array", "torch": "torch tensor", "cupy": "CuPy array",
+                  "numba": "Numba device array"}
 
 
 def _placement(name: str, x: Any) -> _Placement:
@@ -92,7 +104,11 @@ def _placement(name: str, x: Any) -> _Placement:
     if library == "cupy":
         return _Placement(_CUPY, "cupy", x.device.id)
     if library == "numba":
-        return _Placement(_NUMBA, "numba", current_device_id() if not SIMULATOR else 0)
+        if SIMULATOR:
+            return _Placement(_NUMBA, "numba", 0)
+        # the device that holds the memory (the current one for an empty array, whose pointer may be null)
+        device = pointer_device(DeviceView.of(x).ptr)
+        return _Placement(_NUMBA, "numba", device if device >= 0 else current_device_id())
     raise TypeError(
         f"{name}: expected a NumPy array, CuPy array, Numba device array or torch tensor, got {type(x).__name__}"
     )
@@ -104,12 +120,29 @@ class Output:
 
     view: Any
     obj: Any = None
+    dtype: str | None = None  # of the values (bfloat16 views hold uint16 bits)
 
 
-def _torch_from_numpy(host: np.ndarray):
+def _torch_from_numpy(host: np.ndarray, dtype: str | None = None):
+    """The torch CPU tensor over ``host``'s memory; ``dtype`` bfloat16: ``host`` holds its bits (uint16)."""
     import torch
 
+    if dtype == BFLOAT16:
+        return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(host)
+
+
+def _host_numpy(x: Any, library: str) -> np.ndarray:
+    """A host array (NumPy, or a torch CPU tensor) as NumPy over the same memory; bfloat16 tensors, which NumPy
+    cannot hold, as their bits (uint16)."""
+    if library != "torch":
+        return x
+    x = x.detach()
+    if _dtype_name(x, "torch") == BFLOAT16:
+        import torch
+
+        return x.view(torch.int16).numpy().view(np.uint16)
+    return x.numpy()
 
 
 @dataclass
@@ -126,6 +159,7 @@ class Call:
     dtype: str  # float16, float32 or bfloat16
     stream: Any
     inputs: dict = field(default_factory=dict)
+    host_inputs: dict = field(default_factory=dict)  # host callers: the caller's arrays (NumPy), before any copy
 
     # -- outputs -------------------------------------------------------------------------------------------------
     def output(self, shape: tuple, dtype: str | None = None, out: Any = None, name: str = "out") -> "Output":
@@ -139,17 +173,34 @@ class Call:
                 view = np.empty(shape, dtype=_storage_dtype(dtype))
             else:
                 view = cuda.device_array(shape, dtype=_storage_dtype(dtype), stream=self.stream)
-            return Output(view=view, obj=out)
+            return Output(view=view, obj=out, dtype=dtype)
         if out is not None:
-            return Output(view=self._device_view(name, out, _placement(name, out)), obj=out)
+            view = self._device_view(name, out, _placement(name, out))
+            self.check_writes(name, view)
+            return Output(view=view, obj=out)
         if self.kind == _CUPY:
             arr = fast_library("cupy").empty(shape, dtype, self.device_id)
             return Output(view=_device_view_of_cupy(arr), obj=arr)
         if self.kind == _TORCH:
             arr = fast_library("torch").empty(shape, dtype, self.device_id)
             return Output(view=_device_view_of_torch(arr), obj=arr)
-        view = cuda.device_array(shape, dtype=_storage_dtype(dtype), stream=self.stream)
-        return Output(view=view, obj=view)
+        arr = cuda.device_array(shape, dtype=_storage_dtype(dtype), stream=self.stream)
+        return Output(view=arr._ary if SIMULATOR else arr, obj=arr)
+
+    def check_writes(self, name: str, view: Any) -> None:
+        """Raise unless the output ``view`` (the memory written, a device view or a host caller's NumPy array) can
+        be written as the kernels do: its elements distinct (no zero or overlapping strides) and none of them in
+        an input's memory (the kernels read inputs while other blocks write outputs, in no order that would make
+        in-place work come out right; host callers get the same rule, so that code moves to the GPU unchanged)."""
+        if not _elements_distinct(view):
+            raise ValueError(f"{name}: its elements overlap (a zero or overlapping stride, as from expand or "
+                             f"broadcast_to, shape {tuple(view.shape)}, strides {tuple(view.strides)}); pass an "
+                             "array whose elements are distinct")
+        inputs = self.host_inputs if self.kind == _HOST else self.inputs
+        for input_name, x in inputs.items():
+            if _overlap(view, x):
+                raise ValueError(f"{name}: shares memory with {input_name}; outputs must not overlap the inputs "
+                                 "(pass a separate array)")
 
     def scratch(self, shape: tuple, dtype: str = "float32"):
         """A temporary device array for a kernel's intermediate results (split-KV parts, partial states).
@@ -176,6 +227,8 @@ class Call:
             raise ValueError(f"{name}: expected dtype {dtype}, got {_dtype_name(out, placement.library)}")
         if placement.kind == _HOST and placement.library == "numpy" and not out.flags.writeable:
             raise ValueError(f"{name}: must be writeable")
+        if placement.kind == _HOST:  # (device outputs are checked in ``output``)
+            self.check_writes(name, _host_numpy(out, placement.library))
 
     def result(self, output: "Output"):
         """What the caller gets back: the output array of its kind (copied to the host for host callers)."""
@@ -188,9 +241,9 @@ class Call:
             self.stream.synchronize()
         if output.obj is not None:
             if output.obj is not host:
-                output.obj[...] = host if self.library == "numpy" else _torch_from_numpy(host)
+                output.obj[...] = host if self.library == "numpy" else _torch_from_numpy(host, output.dtype)
             return output.obj
-        return _torch_from_numpy(host) if self.library == "torch" else host
+        return _torch_from_numpy(host, output.dtype) if self.library == "torch" else host
 
     # -- inputs --------------------------------------------------------------------------------------------------
     def _device_view(self, name: str, x: Any, placement: _Placement):
@@ -199,22 +252,89 @@ class Call:
         if placement.library == "cupy":
             return _device_view_of_cupy(x)
         if SIMULATOR:
-            if cuda.is_cuda_array(x) and hasattr(x, "gpu_data"):
-                return x  # already a (simulated) Numba device array
-            return cuda.as_cuda_array(x, sync=False)
+            return x._ary  # the simulated device array's memory: kernels under the simulator take NumPy arrays
         return DeviceView.of(x)
 
     def add_input(self, name: str, x: Any, placement: _Placement):
         if self.kind == _HOST:
-            host = x.detach().numpy() if placement.library == "torch" else x
+            host = _host_numpy(x, placement.library)
+            self.host_inputs[name] = host
             if SIMULATOR:
-                # the simulator only takes contiguous host buffers
-                self.inputs[name] = np.ascontiguousarray(host)
+                # the caller's memory itself (``launch`` hands it to the simulator without copies); read-only
+                # arrays (np.load(mmap_mode="r"), np.frombuffer) are fine: inputs are never written
+                self.inputs[name] = host
             else:
                 # one contiguous host buffer per input: the copy to the device is a copy anyway
                 self.inputs[name] = cuda.to_device(np.ascontiguousarray(host), stream=self.stream)
         else:
             self.inputs[name] = self._device_view(name, x, placement)
+
+
+# -- memory overlap ---------------------------------------------------------------------------------------------------
+def _layout(x: Any) -> tuple:
+    """``(address, shape, byte strides, item size)`` of a device view, NumPy array or CUDA-array-interface object."""
+    if isinstance(x, DeviceView):
+        return x.ptr, x.shape, x.strides, x.dtype.itemsize
+    if isinstance(x, np.ndarray):
+        return x.__array_interface__["data"][0], x.shape, x.strides, x.itemsize
+    if hasattr(x, "__cuda_array_interface__"):
+        view = DeviceView.of(x)
+        return view.ptr, view.shape, view.strides, view.dtype.itemsize
+    if SIMULATOR and _is_simulated_device_array(x):
+        return _layout(x._ary)
+    raise TypeError(f"no memory layout for {type(x).__name__}")
+
+
+def _span(layout: tuple) -> tuple | None:
+    """The byte range ``[first, last)`` that the elements of ``layout`` lie in; None when it has no element."""
+    ptr, shape, strides, itemsize = layout
+    if any(n == 0 for n in shape):
+        return None
+    low = high = ptr
+    for n, stride in zip(shape, strides):
+        if stride < 0:
+            low += (n - 1) * stride
+        else:
+            high += (n - 1) * stride
+    return low, high + itemsize
+
+
+_TOO_HARD = getattr(getattr(np, "exceptions", np), "TooHardError", RuntimeError)  # (np.TooHardError before 1.25)
+
+
+class _Addresses:
+    """An array over addresses only, for ``np.shares_memory``'s exact overlap test: NumPy never reads through it."""
+
+    def __init__(self, layout: tuple):
+        ptr, shape, strides, itemsize = layout
+        self.__array_interface__ = {"data": (ptr, True), "shape": tuple(shape), "strides": tuple(strides),
+                                    "typestr": f"|V{itemsize}", "version": 3}
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    """Whether some element of ``a`` and some element of ``b`` share a byte (exact, for any strides; where the
+    exact test would take too long, overlapping spans count as overlap)."""
+    la, lb = _layout(a), _layout(b)
+    sa, sb = _span(la), _span(lb)
+    if sa is None or sb is None or sa[1] <= sb[0] or sb[1] <= sa[0]:
+        return False
+    try:
+        return bool(np.shares_memory(np.asarray(_Addresses(la)), np.asarray(_Addresses(lb)), max_work=100_000))
+    except _TOO_HARD:
+        return True
+
+
+def _elements_distinct(x: Any) -> bool:
+    """Whether no two elements of ``x`` share a byte, i.e. writing every element loses nothing. Sufficient test:
+    the axes of more than one element, sorted by stride, each step over all the smaller axes' span. Layouts that
+    interleave axes without overlap fail it too; no array library makes those."""
+    _, shape, strides, itemsize = _layout(x)
+    span = itemsize
+    for n, stride in sorted(((n, abs(s)) for n, s in zip(shape, strides) if n > 1), key=lambda a: a[1]):
+        if stride < span:
+            return False
+        span = stride * (n - 1) + span
+    return True
 
 
 def _storage_dtype(dtype: str):
@@ -230,15 +350,22 @@ def _torch_storage_dtypes() -> dict:
             torch.bfloat16: np.dtype(np.uint16), torch.float64: np.dtype(np.float64)}
 
 
-_TORCH_DTYPES: dict = {}
+_TORCH_DTYPES: dict | None = None
+
+
+def _torch_dtypes() -> dict:
+    """``_torch_storage_dtypes()``, made once (assigned whole: a thread never sees it half filled)."""
+    global _TORCH_DTYPES
+    dtypes = _TORCH_DTYPES
+    if dtypes is None:
+        dtypes = _TORCH_DTYPES = _torch_storage_dtypes()
+    return dtypes
 
 
 def _device_view_of_torch(t: Any) -> DeviceView:
     # read straight from the tensor: its __cuda_array_interface__ (and a Numba array made from it) costs tens of
     # microseconds per array, more than a small kernel runs
-    if not _TORCH_DTYPES:
-        _TORCH_DTYPES.update(_torch_storage_dtypes())
-    dtype = _TORCH_DTYPES.get(t.dtype)
+    dtype = _torch_dtypes().get(t.dtype)
     if dtype is None:
         return DeviceView.of(t)
     itemsize = dtype.itemsize
@@ -254,9 +381,7 @@ def fast_layout(x: Any):
     with a few attribute lookups (``_decode_plan``'s keys); None for anything else."""
     library = _library_of(x)
     if library == "torch":
-        if not _TORCH_DTYPES:
-            _TORCH_DTYPES.update(_torch_storage_dtypes())
-        storage = _TORCH_DTYPES.get(x.dtype)
+        storage = _torch_dtypes().get(x.dtype)
         if storage is None or not x.is_cuda:
             return None
         itemsize = storage.itemsize
@@ -353,7 +478,7 @@ def _caller_stream(kind: str, device_id: int):
     else:
         return cuda.default_stream()
     # ptr 0 is the legacy default stream; Numba's default stream object is that stream
-    return external_stream(ptr) if ptr else default_stream(device_id)
+    return external_stream(ptr, device_id) if ptr else default_stream(device_id)
 
 
 def prepare(
@@ -387,6 +512,14 @@ def prepare(
                     f"{name}: is on the {'host' if placement.kind == _HOST else 'GPU'} but {first_name} is on the "
                     f"{'host' if first_placement.kind == _HOST else 'GPU'}; pass all arrays from one place"
                 )
+            if placement.kind != _HOST and placement.library != first_placement.library:
+                raise ValueError(
+                    f"{name}: is a {_LIBRARY_NAMES[placement.library]} but {first_name} is a "
+                    f"{_LIBRARY_NAMES[first_placement.library]}; pass the device arrays of one call from one "
+                    "library (the kernels run on the first array's library's current stream, which does not wait "
+                    "for work queued on another library's stream); torch.as_tensor(x, device='cuda') and "
+                    "cupy.asarray(x) convert without a copy"
+                )
             if placement.device_id != first_placement.device_id:
                 raise ValueError(
                     f"{name}: is on GPU {placement.device_id} but {first_name} is on GPU {first_placement.device_id}"
@@ -395,7 +528,8 @@ def prepare(
                 raise TypeError(f"{name}: dtype {dtype} differs from {first_name}'s {common_dtype}; cast them to one")
         placements[name] = placement
 
-    # Several device libraries at once (say CuPy q, torch k) are allowed; outputs follow the first array's library.
+    # Device arrays come from one library (checked above); host arrays may mix NumPy and torch CPU tensors (they are
+    # copied anyway), and the outputs follow the first array's library.
     kind = first_placement.kind
     library = first_placement.library
     call = Call(

@@ -7,6 +7,7 @@ Set ``NUMBA_ENABLE_CUDASIM`` yourself (to 0 or 1) to take the decision out of ou
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -14,6 +15,7 @@ import sys
 from dataclasses import dataclass
 
 
+@functools.lru_cache(maxsize=None)
 def _driver_sees_a_gpu() -> bool:
     """Ask the CUDA driver directly (no Numba import) whether at least one device is usable."""
     for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
@@ -43,6 +45,16 @@ from .cache import BoundedCache  # noqa: E402
 
 #: True when kernels run under Numba's CUDA simulator (on the CPU).
 SIMULATOR: bool = bool(_cuda_config.ENABLE_CUDASIM)
+
+if not SIMULATOR and "NUMBA_ENABLE_CUDASIM" not in os.environ and not _driver_sees_a_gpu():
+    # numba.cuda was imported before us (its choice is made at its import): without a GPU every call would fail
+    # later with CudaSupportError. Say now what to do instead.
+    raise ImportError(
+        "numba_attn: no CUDA GPU is visible and numba.cuda was imported before numba_attn, so the CUDA simulator "
+        "fallback could not be switched on (Numba decides when numba.cuda is first imported). Either import "
+        "numba_attn before numba.cuda, or set NUMBA_ENABLE_CUDASIM=1 in the environment before Python imports "
+        "numba (kernels then run, slowly, on the CPU)."
+    )
 
 
 _libcuda = None
@@ -93,17 +105,53 @@ def compute_capability() -> tuple[int, int]:
 def current_device_id() -> int:
     """The device of the calling thread's current CUDA context, asked of the driver directly (Numba's
     ``get_current_device`` walks its context stack: about 15 us, several times per public call)."""
-    lib = _cuda_library()
-    device = ctypes.c_int(-1)
-    if lib.cuCtxGetDevice(ctypes.byref(device)) == 0:
-        return device.value
+    device = _driver_current_device()
+    if device >= 0:
+        return device
     return cuda.get_current_device().id  # no context yet: Numba makes one
+
+
+def _driver_current_device() -> int:
+    """The device of the thread's current context, -1 where the thread has none."""
+    device = ctypes.c_int(-1)
+    if _cuda_library().cuCtxGetDevice(ctypes.byref(device)) == 0:
+        return device.value
+    return -1
+
+
+_NOTHING = contextlib.nullcontext()
+
+
+def on_device(device_id: int):
+    """A context manager under which ``device_id``'s primary context is current: a public call runs on its arrays'
+    device, whichever device the caller's thread has current (torch and CuPy run an operation on its tensors'
+    device too). Its scratch, placeholders, counters, stream handles and launches then all belong to that device.
+    Costs one driver query where the device is current already (the usual case); nothing for host arrays (-1) and
+    under the simulator."""
+    if SIMULATOR or device_id < 0 or _driver_current_device() == device_id:
+        return _NOTHING
+    return cuda.gpus[device_id]  # pushes the device's primary context, pops it on exit
+
+
+def pointer_device(ptr: int) -> int:
+    """The device that holds the device memory at ``ptr`` (-1 where the driver cannot tell: a null pointer)."""
+    if SIMULATOR or not ptr:
+        return -1
+    device = ctypes.c_int(-1)
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+    if _cuda_library().cuPointerGetAttribute(ctypes.byref(device), CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                             ctypes.c_uint64(ptr)) == 0:
+        return device.value
+    return -1
 
 
 @functools.lru_cache(maxsize=None)
 def _device_properties(device_id: int) -> DeviceProperties:
-    # read once per device: every public call asks, and the driver queries cost microseconds each
-    device = cuda.get_current_device()
+    # read once per device: every public call asks, and the driver queries cost microseconds each; the device
+    # asked for, not the current one (they differ when a limit is raised for another device)
+    from numba.cuda.cudadrv.driver import driver
+
+    device = driver.get_device(device_id)
     return DeviceProperties(
         device.MULTIPROCESSOR_COUNT, tuple(device.compute_capability), device.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         (device.MAX_GRID_DIM_X, device.MAX_GRID_DIM_Y, device.MAX_GRID_DIM_Z),
@@ -124,15 +172,27 @@ _EXTERNAL_STREAMS = BoundedCache("external streams", 64)
 _DEFAULT_STREAMS = BoundedCache("default streams", 64)
 
 
-def external_stream(ptr: int):
-    """Numba's handle on a stream someone else created (CuPy's, torch's), made once per stream pointer."""
-    return _EXTERNAL_STREAMS.get_or_make(ptr, lambda: cuda.external_stream(ptr))
+def external_stream(ptr: int, device_id: int | None = None):
+    """Numba's handle on a stream someone else created (CuPy's, torch's) on ``device_id`` (None: the current
+    device), made once per device and stream pointer, in that device's context."""
+    if device_id is None:
+        device_id = current_device_id()
+
+    def make():
+        with on_device(device_id):
+            return cuda.external_stream(ptr)
+
+    return _EXTERNAL_STREAMS.get_or_make((device_id, ptr), make)
 
 
 def default_stream(device_id: int):
     """Numba's default-stream object, made once per device (``cuda.default_stream()`` checks the context first,
     some microseconds on every call)."""
-    return _DEFAULT_STREAMS.get_or_make(device_id, cuda.default_stream)
+    def make():
+        with on_device(device_id):
+            return cuda.default_stream()
+
+    return _DEFAULT_STREAMS.get_or_make(device_id, make)
 
 
 def kernel_jit(launch_bounds=None, signature=None, **options):

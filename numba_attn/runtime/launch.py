@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 
 import numpy as _np
 
@@ -99,6 +100,12 @@ class _Launchable:
 
 
 _launchables = BoundedCache("launchables")
+#: Held by every simulated launch and, under the simulator, by every public call (``api``): the simulator swaps the
+#: ``cuda`` global of a kernel's module for its fake module while the kernel runs, so another thread building a
+#: kernel in that module meanwhile would find no ``cuda.jit`` there. Reentrant: a call launches several kernels.
+SIMULATOR_LOCK = threading.RLock()
+
+
 def _launch_error(code: int) -> str:
     lib = _cuda_library()
     text = ctypes.c_char_p()
@@ -120,7 +127,9 @@ def _launchable(kernel, args) -> "_Launchable | None":
     specialized = getattr(kernel, "specialized", False) and len(kernel.overloads) == 1
     # a fixed signature takes every argument of the right dtype and rank (layout "A"); a lazily compiled kernel
     # has one overload per Numba type, which the dtype, shape and strides of each array determine
-    key = (id(kernel),) if specialized else (id(kernel),) + tuple(_arg_key(a) for a in args)
+    # per device: a kernel's module, its function handle and its raised shared-memory limit belong to one device
+    device_id = current_device_id()
+    key = (id(kernel), device_id) if specialized else (id(kernel), device_id) + tuple(_arg_key(a) for a in args)
     entry = _launchables.get(key)
     if entry is None or (entry and entry.kernel is not kernel):
         try:
@@ -128,7 +137,7 @@ def _launchable(kernel, args) -> "_Launchable | None":
                 compiled = next(iter(kernel.overloads.values()))
             else:
                 compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
-            entry = _Launchable(kernel, compiled, current_device_id(), specialized)
+            entry = _Launchable(kernel, compiled, device_id, specialized)
         except NotImplementedError:
             entry = False
         _launchables.put(key, entry)
@@ -151,7 +160,7 @@ def launch(kernel, grid, block, stream, shared_bytes: int, *args) -> None:
     ``FAST_LAUNCH = False`` or for argument types the fast path does not pack, Numba launches it.
     """
     if SIMULATOR:
-        kernel[grid, block, stream, shared_bytes](*args)
+        _simulated_launch(kernel, grid, block, stream, shared_bytes, args)
         return
     entry = _launchable(kernel, args) if FAST_LAUNCH else None
     if entry is None:
@@ -170,6 +179,22 @@ def launch(kernel, grid, block, stream, shared_bytes: int, *args) -> None:
             raise TypeError(f"kernel argument: expected a {spec[1]}-d {spec[0]} array, got {view.ndim}-d {view.dtype}")
         values.extend(view.params)
     entry.launch(_grid3(grid), _grid3(block), shared_bytes, stream_handle(stream), values)
+
+
+def _simulated_launch(kernel, grid, block, stream, shared_bytes: int, args) -> None:
+    """A launch under the simulator, which runs like a GPU's: arguments are memory, never copies.
+
+    NumPy arrays go in as the simulator's device arrays over the same memory: left to the simulator they would be
+    copied in before the launch and copied back after it (which needs contiguous, writeable arrays, turns two views
+    of one buffer into two buffers, and costs time). One simulated kernel runs at a time in the whole process
+    (``SIMULATOR_LOCK``): the simulator swaps module globals for the duration of a launch and refuses concurrent
+    ones.
+    """
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    args = tuple(FakeCUDAArray(a) if isinstance(a, _np.ndarray) else a for a in args)
+    with SIMULATOR_LOCK:
+        kernel[grid, block, stream, shared_bytes](*args)
 
 
 def stream_handle(stream) -> int:
@@ -209,12 +234,13 @@ def resident_blocks(kernel, threads: int, shared_bytes: int) -> int | None:
     (the driver's occupancy calculator), for a kernel compiled for one signature; None where unknown (simulator)."""
     if SIMULATOR or len(kernel.overloads) != 1:
         return None
-    key = (id(kernel), threads, shared_bytes)
+    device_id = current_device_id()
+    key = (id(kernel), device_id, threads, shared_bytes)
     held = _resident.get(key)
     if held is None or held[0] is not kernel:
         handle = next(iter(kernel.overloads.values()))._codelibrary.get_cufunc().handle
         if shared_bytes > DEFAULT_DYNAMIC_SHARED:
-            _raise_shared_limit(handle, shared_bytes, current_device_id())
+            _raise_shared_limit(handle, shared_bytes, device_id)
         lib = _cuda_library()
         function, blocks = ctypes.c_void_p(), ctypes.c_int(0)
         # the handle is a CUkernel (library loading); the calculator wants the context's CUfunction

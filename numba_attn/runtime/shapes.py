@@ -11,8 +11,13 @@ from .arrays import _placement
 MAX_HEAD_DIM = 256
 
 
+def check_array(name: str, x: Any) -> None:
+    """A TypeError naming the argument when ``x`` is not an array of a kind the package takes."""
+    _placement(name, x)
+
+
 def check_rank(name: str, x: Any) -> int:
-    _placement(name, x)  # not an array at all: a TypeError naming the argument
+    check_array(name, x)
     ndim = len(x.shape)
     if ndim not in (2, 4):
         raise ValueError(f"{name}: expected shape (batch, heads, seqlen, headdim) or (seqlen, headdim), got {tuple(x.shape)}")
@@ -81,10 +86,15 @@ def attention_shape(q: Any, k: Any, v: Any) -> AttentionShape:
 class LinearShape:
     batch: int
     heads: int
-    seqlen: int
+    seqlen: int  # of q (and of the output)
     key_dim: int  # E
     value_dim: int  # M
     ndim: int
+    seqlen_k: int = -1  # of k and v; -1: seqlen
+
+    def __post_init__(self):
+        if self.seqlen_k < 0:
+            self.seqlen_k = self.seqlen
 
     def out_shape(self) -> tuple:
         if self.ndim == 2:
@@ -98,17 +108,28 @@ class LinearShape:
         return (self.batch, self.heads, self.key_dim, self.value_dim)
 
 
-def linear_shape(q: Any, k: Any, v: Any, max_dim: int = MAX_HEAD_DIM) -> LinearShape:
-    """Check q, k ``(batch, heads, seqlen, E)`` and v ``(batch, heads, seqlen, M)`` (or the same without batch, heads)."""
+def linear_shape(q: Any, k: Any, v: Any, max_dim: int = MAX_HEAD_DIM, same_length: bool = True) -> LinearShape:
+    """Check q, k ``(batch, heads, seqlen, E)`` and v ``(batch, heads, seqlen, M)`` (or the same without batch, heads).
+
+    ``same_length=False`` (non-causal linear attention): k and v may have a seqlen of their own, the same for both.
+    """
     qs, ks, vs, ndim = _batched_shapes(q, k, v)
-    if ks[:3] != qs[:3]:
-        raise ValueError(f"k: (batch, heads, seqlen) must equal q's {qs[:3]}, got {ks[:3]}")
-    if vs[:3] != qs[:3]:
-        raise ValueError(f"v: (batch, heads, seqlen) must equal q's {qs[:3]}, got {vs[:3]}")
+    if same_length:
+        if ks[:3] != qs[:3]:
+            raise ValueError(f"k: (batch, heads, seqlen) must equal q's {qs[:3]}, got {ks[:3]}")
+        if vs[:3] != qs[:3]:
+            raise ValueError(f"v: (batch, heads, seqlen) must equal q's {qs[:3]}, got {vs[:3]}")
+    else:
+        if ks[:2] != qs[:2]:
+            raise ValueError(f"k: (batch, heads) must equal q's {qs[:2]}, got {ks[:2]}")
+        if vs[:3] != ks[:3]:
+            if vs[:3] == qs[:3]:  # k is the odd one out
+                raise ValueError(f"k: (batch, heads, seqlen) must equal v's {vs[:3]}, got {ks[:3]}")
+            raise ValueError(f"v: (batch, heads, seqlen) must equal k's {ks[:3]}, got {vs[:3]}")
     if ks[3] != qs[3]:
         raise ValueError(f"k: feature dim E must equal q's {qs[3]}, got {ks[3]}")
     if not (1 <= qs[3] <= max_dim):
         raise ValueError(f"q: feature dim E must be between 1 and {max_dim}, got {qs[3]}")
     if not (1 <= vs[3] <= max_dim):
         raise ValueError(f"v: value dim M must be between 1 and {max_dim}, got {vs[3]}")
-    return LinearShape(qs[0], qs[1], qs[2], qs[3], vs[3], ndim)
+    return LinearShape(qs[0], qs[1], qs[2], qs[3], vs[3], ndim, ks[2])

@@ -1,0 +1,248 @@
+"""NaN and inf: every path gives what `reference` gives (issue #26 item 6; the rules are in README.md, "Contract").
+
+One call per kernel path: the scenarios sit in separate heads (a NaN key poisons its whole head). Paths that break
+a rule today are strict xfails naming the kernel change they need; the fix turns them into failures (XPASS) so the
+marker goes with it.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+import pytest
+
+import numba_attn
+import reference
+
+
+def assert_same_nonfinite(actual, expected, rtol, specified=None, what="out"):
+    """NaN, +inf and -inf exactly where ``expected`` has them; finite values close. ``specified``: a boolean mask
+    of the elements the contract defines (the others are not compared)."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    mask = np.ones(expected.shape, bool) if specified is None else np.broadcast_to(specified, expected.shape)
+    for kind in (np.isnan, np.isposinf, np.isneginf):
+        wrong = (kind(actual) != kind(expected)) & mask
+        assert not wrong.any(), (
+            f"{what}: {kind.__name__} differs at {np.argwhere(wrong).tolist()[:6]}: "
+            f"got {actual[wrong][:6]}, expected {expected[wrong][:6]}")
+    finite = np.isfinite(expected) & mask
+    if finite.any():
+        error = np.abs(actual[finite] - expected[finite]).max() / max(1.0, np.abs(expected[finite]).max())
+        assert error <= rtol, f"{what}: error {error}"
+
+
+# -- attention --------------------------------------------------------------------------------------------------------
+def attention_scenarios(dtype):
+    """(1, 3, 2, 8) queries against 5 keys:
+
+    head 0: NaN in query row 0 (row 0: NaN out, NaN lse); row 1 scores all -inf (q = [inf, 0...], k[:, 0] < 0:
+            0 and lse -inf, like a row that sees no key);
+    head 1: NaN in a key (every row NaN, lse NaN);
+    head 2: NaN in value column 3 and +inf in value column 2 (those columns NaN / +inf, lse finite).
+    """
+    rng = np.random.default_rng(7)
+    q, k, v = rng.standard_normal((1, 3, 2, 8)), rng.standard_normal((1, 3, 5, 8)), rng.standard_normal((1, 3, 5, 8))
+    q[0, 0, 0, 3] = np.nan
+    q[0, 0, 1] = 0.0
+    q[0, 0, 1, 0] = np.inf
+    k[0, 0, :, 0] = -1.0 - np.abs(k[0, 0, :, 0])
+    k[0, 1, 2, 1] = np.nan
+    v[0, 2, 2, 3] = np.nan
+    v[0, 2, 1, 2] = np.inf
+    return tuple(x.astype(dtype) for x in (q, k, v))
+
+
+def _xfail(kernel_change):
+    return pytest.mark.xfail(strict=True, reason=f"needs kernel change: {kernel_change}")
+
+
+LSE_FINALISE = ("the lse finalisation `(m + log2(l)) * ln2 if l > 0 else -inf` maps a NaN l (a NaN or +inf "
+                "score) to -inf beside a NaN output: give -inf only where m == -inf (no key seen), else "
+                "(m + log2(l)) * ln2, which is NaN for a NaN l")
+TF32_SPLIT = ("forward/tf32.py `_split_and_mma.split3`: lo = x - hi is inf - inf = NaN for x = +-inf, so a -inf "
+              "score (weight 0) or a +-inf value turns into NaN where the SIMT kernel and reference keep it: take "
+              "lo = 0 where x is +-inf (e.g. `d = x - bits_float(hi); lo = d if d == d or x != x else 0`)")
+DECODE_SPLIT_TAIL = ("the SIMT split kernel multiplies p = 0 by the values of keys past its range (keys of the next "
+                     "split, which the row sees): acc += p * v gives 0 * inf = NaN; skip keys with key > last_key[r] "
+                     "in the accumulation (decode/simt.py, split kernel) or load 0 for them")
+
+ATTENTION_PATHS = {
+    # name: (call, dtype, out marks, lse marks)
+    "forward-simt-fp32": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="simt"),
+                          np.float32, [], [_xfail("forward/simt.py: " + LSE_FINALISE)]),
+    "forward-mma-fp16": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="mma"),
+                         np.float16, [], [_xfail("forward/mma.py: " + LSE_FINALISE)]),
+    "forward-3xtf32-fp32": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="mma"),
+                            np.float32, [_xfail(TF32_SPLIT)], [_xfail("forward/tf32.py: " + LSE_FINALISE)]),
+    "forward-wgmma-fp16": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="wgmma"),
+                           np.float16, [pytest.mark.gpu], [pytest.mark.gpu,
+                                                           _xfail("forward/wgmma.py: " + LSE_FINALISE)]),
+    "decode-fp32": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True), np.float32, [], []),
+    "decode-fp32-3-splits": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True, num_splits=3),
+                             np.float32, [_xfail(DECODE_SPLIT_TAIL)], []),
+    "decode-fp16": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True), np.float16, [],
+                    [_xfail("decode/mma.py split kernel, the parts' `lse_row = ... if l_all > ZERO else NEG_INF`: "
+                            + LSE_FINALISE)]),
+    "decode-fp16-3-splits": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True, num_splits=3),
+                             np.float16, [],
+                             [_xfail("decode/mma.py split kernel, the parts' `lse_row = ... if l_all > ZERO else "
+                                     "NEG_INF` (the combine then propagates a NaN part): " + LSE_FINALISE)]),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _attention_result(path):
+    call, dtype, _, _ = ATTENTION_PATHS[path]
+    q, k, v = attention_scenarios(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the simulator computes NaN and inf in NumPy
+        out, lse = call(q, k, v)
+    ref_out, ref_lse = reference.attention(q, k, v, return_lse=True)
+    return out, lse, ref_out, ref_lse, 2e-3 if dtype == np.float16 else 1e-5
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=m[2]) for p, m in ATTENTION_PATHS.items()])
+def test_attention_out_nonfinite(path):
+    out, _, ref_out, _, rtol = _attention_result(path)
+    assert_same_nonfinite(out, ref_out, rtol)
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=m[3]) for p, m in ATTENTION_PATHS.items()])
+def test_attention_lse_nonfinite(path):
+    _, lse, _, ref_lse, _ = _attention_result(path)
+    assert_same_nonfinite(lse, ref_lse, 1e-4, what="lse")
+
+
+def test_reference_attention_rules():
+    """The rules themselves, on the float64 reference."""
+    q, k, v = attention_scenarios(np.float64)
+    out, lse = reference.attention(q, k, v, return_lse=True)
+    assert np.isnan(out[0, 0, 0]).all() and np.isnan(lse[0, 0, 0])
+    assert (out[0, 0, 1] == 0).all() and lse[0, 0, 1] == -np.inf
+    assert np.isnan(out[0, 1]).all() and np.isnan(lse[0, 1]).all()
+    assert np.isnan(out[0, 2, :, 3]).all() and np.isposinf(out[0, 2, :, 2]).all() and np.isfinite(lse[0, 2]).all()
+    others = np.delete(out[0, 2], [2, 3], axis=-1)
+    assert np.isfinite(others).all()
+    # a +inf score: NaN row and lse
+    q2 = q[:, 2:].copy()
+    q2[0, 0, 0] = 0.0
+    q2[0, 0, 0, 0] = np.inf
+    k2 = np.abs(k[:, 2:]) + 1.0
+    out, lse = reference.attention(q2, k2, np.ones_like(k2), return_lse=True)
+    assert np.isnan(out[0, 0, 0]).all() and np.isnan(lse[0, 0, 0]) and np.isfinite(out[0, 0, 1]).all()
+
+
+def test_reference_unseen_keys_never_reach_a_row():
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((4, 3)) for _ in range(3))
+    k[3, 0], v[3, 1] = np.nan, np.inf  # the last key: only the last query row sees it (causal)
+    clean = reference.attention(q[:3], k[:3], v[:3], causal=True)
+    for fn, kwargs in [(reference.attention, {}), (reference.flash_attention_v1, {"block_r": 2, "block_c": 2}),
+                       (reference.flash_attention_v2, {"block_m": 2, "block_n": 2})]:
+        out = fn(q, k, v, causal=True, **kwargs)
+        np.testing.assert_allclose(out[:3], clean, rtol=1e-12)
+        assert np.isnan(out[3]).all()
+    for method in ("quadratic", "recurrent", "chunked"):
+        out = reference.causal_dot_product(q, k, v, method=method, chunk_size=2)
+        np.testing.assert_allclose(out[:3], reference.causal_dot_product(q[:3], k[:3], v[:3]), rtol=1e-12)
+
+
+# -- combine_lse ------------------------------------------------------------------------------------------------------
+def combine_scenarios(dtype):
+    """Three parts of 4 rows: row 0 one part's lse NaN (NaN out and lse); row 1 every part empty (0, -inf);
+    row 2 an empty part whose o is NaN (weight 0 * NaN: NaN out, finite lse); row 3 NaN in column 1 of a part's o
+    (that column NaN)."""
+    rng = np.random.default_rng(5)
+    o, lse = rng.standard_normal((3, 4, 4)), rng.standard_normal((3, 4))
+    lse[0, 0] = np.nan
+    lse[:, 1] = -np.inf
+    lse[1, 2], o[1, 2] = -np.inf, np.nan
+    o[2, 3, 1] = np.nan
+    return o.astype(dtype), lse.astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_combine_lse_nonfinite(dtype):
+    o, lse = combine_scenarios(dtype)
+    out, merged = numba_attn.combine_lse(o, lse)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref_out, ref_lse = reference.combine_lse(o, lse)
+    assert_same_nonfinite(out, ref_out, 2e-3 if dtype == np.float16 else 1e-5)
+    assert_same_nonfinite(merged, ref_lse, 1e-5, what="lse")
+
+
+@pytest.mark.xfail(strict=True, reason="needs kernel change: a part with lse = +inf must make out and lse NaN "
+                   "(reference: +inf - +inf); merge_lse_states gives m = +inf, ssum = NaN, and `total = m + "
+                   "log(ssum) if m != NEG_INF and ssum > ZERO else NEG_INF` turns that into -inf: use `NEG_INF if "
+                   "m == NEG_INF else m + log(ssum)` in decode/simt.py's combine kernel and decode/mma.py's "
+                   "in-kernel merge (`lse_row = ...`)")
+def test_combine_lse_plus_inf_part():
+    o = np.random.default_rng(6).standard_normal((3, 1, 4)).astype(np.float32)
+    lse = np.array([[0.5], [np.inf], [-1.0]], np.float32)
+    out, merged = numba_attn.combine_lse(o, lse)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref_out, ref_lse = reference.combine_lse(o, lse)
+    assert np.isnan(ref_out).all() and np.isnan(ref_lse).all()
+    assert_same_nonfinite(out, ref_out, 1e-5)
+    assert_same_nonfinite(merged, ref_lse, 1e-5, what="lse")
+
+
+# -- linear attention -------------------------------------------------------------------------------------------------
+def linear_scenarios():
+    """(3, 1, 5, 4): head 0 NaN in q row 1; head 1 NaN in k at position 2; head 2 NaN in v (position 3,
+    column 1) and +inf in v (position 1, column 3)."""
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((3, 1, 5, 4)).astype(np.float32) for _ in range(3))
+    q[0, 0, 1, 2] = np.nan
+    k[1, 0, 2, 0] = np.nan
+    v[2, 0, 3, 1] = np.nan
+    v[2, 0, 1, 3] = np.inf
+    return q, k, v
+
+
+def _unseen(causal):
+    """Elements that an unseen non-finite input may reach in a kernel (rows before it, causal): not compared."""
+    unseen = np.zeros((3, 1, 5, 4), bool)
+    if causal:
+        unseen[1, 0, :2] = True  # before the NaN key at 2
+        unseen[2, 0, :3] = True  # before the NaN value at 3 (and the inf at 1 for row 0)
+    return unseen
+
+
+LINEAR_CALLS = {
+    "causal_dot_product": (numba_attn.causal_dot_product, reference.causal_dot_product, True),
+    "linear_attention": (numba_attn.linear_attention, reference.linear_attention, False),
+    "linear_attention-causal": (lambda *a, **kw: numba_attn.linear_attention(*a, causal=True, **kw),
+                                lambda *a: reference.linear_attention(*a, causal=True), True),
+}
+
+
+def _check_linear(name, backend):
+    fn, ref, causal = LINEAR_CALLS[name]
+    q, k, v = linear_scenarios()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = np.asarray(fn(q, k, v, backend=backend), np.float64)
+        expected = ref(q, k, v)
+    specified = ~_unseen(causal)
+    # NaN where reference has NaN; where an inf meets the sums the order decides between +-inf and NaN: any
+    # non-finite value there, every other element close
+    inf_reached = np.isinf(expected) & specified
+    assert not np.isfinite(out[inf_reached]).any()
+    assert_same_nonfinite(np.where(inf_reached, np.nan, out), np.where(inf_reached, np.nan, expected), 1e-5,
+                          specified=specified)
+
+
+@pytest.mark.parametrize("name", list(LINEAR_CALLS))
+def test_linear_nonfinite_recurrent(name):
+    _check_linear(name, "recurrent")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(LINEAR_CALLS))
+def test_linear_nonfinite_chunked(name):
+    _check_linear(name, "chunked")

@@ -71,14 +71,13 @@ DECODE_SPLIT_TAIL = ("the SIMT split kernel multiplies p = 0 by the values of ke
 ATTENTION_PATHS = {
     # name: (call, dtype, out marks, lse marks)
     "forward-simt-fp32": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="simt"),
-                          np.float32, [], [_xfail("forward/simt.py: " + LSE_FINALISE)]),
+                          np.float32, [], []),
     "forward-mma-fp16": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="mma"),
-                         np.float16, [], [_xfail("forward/mma.py: " + LSE_FINALISE)]),
+                         np.float16, [], []),
     "forward-3xtf32-fp32": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="mma"),
-                            np.float32, [_xfail(TF32_SPLIT)], [_xfail("forward/tf32.py: " + LSE_FINALISE)]),
+                            np.float32, [_xfail(TF32_SPLIT)], [_xfail(TF32_SPLIT)]),
     "forward-wgmma-fp16": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="wgmma"),
-                           np.float16, [pytest.mark.gpu], [pytest.mark.gpu,
-                                                           _xfail("forward/wgmma.py: " + LSE_FINALISE)]),
+                           np.float16, [pytest.mark.gpu], [pytest.mark.gpu]),
     "decode-fp32": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True), np.float32, [], []),
     "decode-fp32-3-splits": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True, num_splits=3),
                              np.float32, [_xfail(DECODE_SPLIT_TAIL)], []),

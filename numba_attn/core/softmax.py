@@ -71,8 +71,9 @@ def row_sum(l_part):
 
 @device_function
 def log_sum_exp(m_row, l_row, post):
-    """The natural-log lse of a row with running max ``m_row`` (scores' units) and sum ``l_row``; -inf without keys."""
-    return (m_row * post + math.log2(l_row)) * LN2 if l_row > _ZERO else _NEG_INF
+    """The natural-log lse of a row with running max ``m_row`` (scores' units) and sum ``l_row``: -inf exactly where
+    the row saw no key (``l`` stayed 0), NaN where a NaN or +inf score made ``l`` NaN."""
+    return _NEG_INF if l_row == _ZERO else (m_row * post + math.log2(l_row)) * LN2
 
 
 def softmax_update(m_tiles: int, s_blocks: int, o_blocks: int, scale_first: bool, rescale_output: bool):

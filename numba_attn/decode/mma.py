@@ -47,14 +47,12 @@ from ..runtime.views import carve, grouped_heads
 from ..runtime.device import SIMULATOR, DeviceView, cuda
 from ..runtime.launch import prepared
 from ..runtime.launch import launch as device_launch
-from . import simt as _decode
+from . import combine as _combine
+from .combine import LN2, LOG2E
 from ..core import ptx
 from ..forward.mma import _bits, vector_loads_ok
 from ..core.softmax import softmax_step
 from ..core.staging import device_function, tile_loader
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 
 @dataclass(frozen=True)
@@ -323,9 +321,9 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
         ssum = ZERO
         if r < tile_rows:
             for s in range(j, num_splits, LSE_LANES):
-                m, ssum = _decode.merge_lse_states(m, ssum, lse_parts[s, b, h, m0 + r], ONE)
+                m, ssum = _combine.merge_lse_states(m, ssum, lse_parts[s, b, h, m0 + r], ONE)
         for mask in LSE_MASKS:
-            m, ssum = _decode.merge_lse_states(m, ssum, shfl_xor(m, mask), shfl_xor(ssum, mask))
+            m, ssum = _combine.merge_lse_states(m, ssum, shfl_xor(m, mask), shfl_xor(ssum, mask))
         lse_row = m  # NaN stays NaN
         if m == m:
             lse_row = m + math.log(ssum) if m != NEG_INF and ssum > ZERO else NEG_INF
@@ -767,7 +765,7 @@ class DecodeLaunch:
         layout = layout_for(config, padded_head_dim(head_dim))
         self.split_kernel = split_kernel(config, layout.d_pad, dtype == "bfloat16", vector_loads, not sm_scale > 0)
         self.shared_bytes = layout.shared_bytes
-        self.combine_kernel, self.combine_block = _decode.combine_launch(head_dim, "float32",
+        self.combine_kernel, self.combine_block = _combine.combine_launch(head_dim, "float32",
                                                                          np.dtype(out_rows.dtype).name)
         self.scale_log2 = np.float32(sm_scale * LOG2E)
         self.write_lse, self.num_splits, self.sm_count = bool(write_lse), num_splits, sm_count
@@ -882,7 +880,7 @@ class DecodeLaunch:
             return
         self.launch_split(q_rows, k, v, o_parts, lse_parts, stream, plan, counters)
         device_launch(self.combine_kernel, self.combine_grid, self.combine_block, stream, 0,
-                      *(_decode.kernel_arg(x) for x in (o_parts, lse_parts, out_rows, lse_rows)), self.write_lse)
+                      *(_combine.kernel_arg(x) for x in (o_parts, lse_parts, out_rows, lse_rows)), self.write_lse)
 
     def _launch_prepared(self, q_rows, k, v, out_rows, lse_rows, handle, buffer, plan: SplitPlan, counters,
                          parts_shape: tuple, merges: bool) -> None:

@@ -1,0 +1,237 @@
+"""The log-sum-exp merge of split-KV parts: the combine kernel, the device functions the split kernels share with
+it (``merge_lse_states``, ``converters``) and its launch.
+
+**Combine kernel.** One block per query row, ``split_groups`` groups of ``threads_x`` threads (columns interleaved,
+coalesced), each summing every ``split_groups``-th part with the weight ``exp(lse_s - lse)``; every group reduces
+``lse = max + log(sum_s exp(lse_s - max))`` itself across its lanes while its first part is on the way from L2, and
+one barrier joins the groups' sums. Every part ``-inf`` gives 0 and ``-inf``; NaN in an lse or a value propagates,
+as in ``reference.combine_lse``.
+
+Under ``NUMBA_ENABLE_CUDASIM=1``, which has no warp shuffles, the lanes merge through shared memory instead
+(``USE_SHUFFLES``), and ``SIMULATOR_CONFIG`` keeps blocks tiny.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numba import float32, types
+
+from ..runtime.device import SIMULATOR, cuda, kernel_jit
+from ..runtime.launch import launch as device_launch
+from ..core import ptx
+from ..core.staging import device_function
+
+#: The decode family's one definition of these (forward/ keeps its own until they move to core): the kernels run
+#: the softmax in base 2 (``exp2``), and every lse they write is a natural log.
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+#: Warp shuffles exist only on a real GPU; the simulator takes the shared-memory path.
+USE_SHUFFLES = not SIMULATOR
+FULL_MASK = 0xFFFFFFFF
+WARP = 32
+_NEG_INF = float32(-math.inf)
+_ZERO = float32(0.0)
+
+
+def _plain_value(x):
+    return float32(x)
+
+
+def _bf16_bits(x):  # float32 -> bfloat16 bits (round to nearest even), for uint16 views of bfloat16 outputs
+    return ptx.low_u16(ptx.pack_bf16x2(x, float32(0.0)))
+
+
+@cuda.jit(device=True, inline=True)
+def merge_lse_states(m, s, m2, s2):
+    """Two (max, sum of exp(x - max)) states as one; a NaN makes it NaN (as in the reference), two empty states
+    (max -inf) stay empty."""
+    if m != m or m2 != m2:
+        return m + m2, s + s2
+    mx = max(m, m2)
+    if mx == _NEG_INF:
+        return _NEG_INF, _ZERO
+    return mx, s * math.exp(m - mx) + s2 * math.exp(m2 - mx)
+
+
+@lru_cache(maxsize=None)
+def converters(bf16_in: bool, bf16_out: bool):
+    """``(load, store)`` device functions: element of q / k / v -> float32, float32 -> element of the output.
+    bfloat16 travels as uint16 bit views (CuPy has no bfloat16), so its conversions are explicit; other dtypes
+    convert by assignment."""
+    load = ptx.bf16_to_float if bf16_in else device_function(_plain_value)
+    store = device_function(_bf16_bits) if bf16_out else device_function(_plain_value)
+    return load, store
+
+
+@dataclass(frozen=True)
+class CombineConfig:
+    """Block shape of the combine kernel (its block is one query row)."""
+
+    threads_x: int = 32  # threads along the head dim of the row
+    split_groups: int = 8  # groups of those threads, each summing every split_groups-th part
+
+    def __post_init__(self):
+        if self.threads_x < 1 or self.split_groups < 1 or self.threads_x * self.split_groups > 1024:
+            raise ValueError(f"threads_x ({self.threads_x}) and split_groups ({self.split_groups}): at least 1 each, "
+                             "and a block of at most 1024 threads")
+
+
+#: Default block on a GPU, and a tiny one for the simulator (every thread is a Python thread there).
+GPU_CONFIG = CombineConfig()
+SIMULATOR_CONFIG = CombineConfig(threads_x=4, split_groups=2)
+
+
+def default_config() -> CombineConfig:
+    return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
+
+
+@lru_cache(maxsize=None)
+def combine_kernel(config: CombineConfig, cols: int, parts_dtype: str = "float32", out_dtype: str = "float32"):
+    """Combine kernel specialised on the head-dim columns per thread ``cols`` and the dtypes of ``o_parts``
+    (float16 or float32) and ``out`` (float16, float32, or uint16: the bits of a bfloat16 out); compiled for that
+    one signature.
+
+    One block per query row, ``threads_x x split_groups`` threads. The parts of a row were just written by the split
+    kernel and sit in L2, so the kernel is latency-bound: what counts is how many dependent L2 round trips and
+    barriers lie between its start and its store. Each group of ``threads_x`` threads (a warp on a GPU) sums every
+    ``split_groups``-th part over its interleaved columns. It starts the loads of its first part and that part's lse
+    at once, then reduces the row's lse itself: lane ``l`` merges the ``(max, sum of exp)`` of parts
+    ``l, l + threads_x, ...`` and the lanes merge by a shuffle butterfly (every group gets the same lse, no barrier).
+    Then the weights ``exp(lse_s - lse)``, the group's sums, and one barrier before the groups' sums are added: an
+    earlier version that reduced the lse through shared-memory trees over the whole block (16 barriers) before it
+    loaded any part was slower (design.md, "A combine with one barrier")."""
+    _, to_output = converters(False, out_dtype == "uint16")
+    signature = types.void(types.Array(getattr(types, parts_dtype), 5, "A"), types.Array(float32, 4, "A"),
+                           types.Array(getattr(types, out_dtype), 4, "A"), types.Array(float32, 3, "A"), types.boolean)
+    CX = config.threads_x
+    CS = config.split_groups
+    THREADS = CX * CS
+    # the lanes of a group merge by shuffles when the group is a warp; otherwise (the simulator, which has no
+    # shuffles, or narrower groups) every lane merges the group's states from shared memory
+    SHUFFLES = USE_SHUFFLES and CX == WARP
+    LANE_MASKS = tuple(CX >> (k + 1) for k in range(CX.bit_length() - 1)) if SHUFFLES else ()
+    STATE_LANES = 1 if SHUFFLES else CX
+    CJ = cols
+    SUM_COLS = CX * CJ
+    NEG_INF = float32(-math.inf)
+    ZERO = float32(0.0)
+    ONE = float32(1.0)
+
+    @kernel_jit(signature=signature)
+    def kernel(o_parts, lse_parts, out, lse, write_lse):
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * CX + tx
+        row = cuda.blockIdx.x
+        num_splits = o_parts.shape[0]
+        heads = o_parts.shape[2]
+        seqlen_q = o_parts.shape[3]
+        head_dim = o_parts.shape[4]
+        i = row % seqlen_q
+        h = (row // seqlen_q) % heads
+        b = row // (seqlen_q * heads)
+        states = cuda.shared.array((2, CS, STATE_LANES), float32)
+        sums = cuda.shared.array((CS, SUM_COLS), float32)
+
+        # this group's first part and its lse, loaded before the weight is known: the round trip to L2 overlaps
+        # the lse reduction's
+        first = cuda.local.array(CJ, float32)
+        has_first = ty < num_splits
+        lse_first = NEG_INF
+        if has_first:
+            lse_first = lse_parts[ty, b, h, i]
+        for j in range(CJ):
+            c = tx + CX * j
+            first[j] = ZERO
+            if has_first and c < head_dim:
+                first[j] = float32(o_parts[ty, b, h, i, c])
+
+        # the row's lse, in every group: lanes over the parts, then across the lanes
+        m = NEG_INF
+        ssum = ZERO
+        for t in range(tx, num_splits, CX):
+            m, ssum = merge_lse_states(m, ssum, lse_parts[t, b, h, i], ONE)
+        if SHUFFLES:
+            for mask in LANE_MASKS:
+                m, ssum = merge_lse_states(m, ssum, cuda.shfl_xor_sync(FULL_MASK, m, mask),
+                                cuda.shfl_xor_sync(FULL_MASK, ssum, mask))
+        else:
+            states[0, ty, tx] = m
+            states[1, ty, tx] = ssum
+            cuda.syncthreads()
+            m = NEG_INF
+            ssum = ZERO
+            for lane in range(CX):
+                m, ssum = merge_lse_states(m, ssum, states[0, ty, lane], states[1, ty, lane])
+        total = m  # NaN stays NaN
+        if m == m:
+            total = m + math.log(ssum) if m != NEG_INF and ssum > ZERO else NEG_INF
+        # every part empty: weights exp(-inf - 0) = 0, so out is 0 (not exp(-inf + inf) = NaN)
+        t_use = total if total != NEG_INF else ZERO
+
+        acc = cuda.local.array(CJ, float32)
+        w = math.exp(lse_first - t_use)
+        for j in range(CJ):
+            acc[j] = w * first[j] if has_first else ZERO
+        for s in range(ty + CS, num_splits, CS):
+            w = math.exp(lse_parts[s, b, h, i] - t_use)
+            for j in range(CJ):
+                c = tx + CX * j
+                if c < head_dim:
+                    acc[j] += w * float32(o_parts[s, b, h, i, c])
+        for j in range(CJ):
+            sums[ty, tx + CX * j] = acc[j]
+        cuda.syncthreads()
+        for c in range(tid, head_dim, THREADS):
+            x = ZERO
+            for g in range(CS):
+                x += sums[g, c]
+            out[b, h, i, c] = to_output(x)
+        if write_lse and tid == 0:
+            lse[b, h, i] = total
+
+    return kernel
+
+
+def kernel_arg(x):
+    """Under the simulator, hand NumPy arrays over without a copy (the simulator's own transfer insists on
+    contiguous buffers and would copy every argument in and out of each launch)."""
+    if SIMULATOR and isinstance(x, np.ndarray):
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return FakeCUDAArray(x)
+    return x
+
+
+def combine_launch(head_dim: int, parts_dtype: str, out_dtype: str, config: CombineConfig | None = None):
+    """(kernel, block) of the combine for these dtypes (out "uint16": bfloat16 bits); its grid is one block per
+    query row."""
+    config = config or default_config()
+    kernel = combine_kernel(config, -(-head_dim // config.threads_x), parts_dtype, out_dtype)
+    return kernel, (config.threads_x, config.split_groups)
+
+
+def launch(o_parts, lse_parts, out, lse, write_lse: bool, stream, config: CombineConfig | None = None,
+           bf16_out: bool = False):
+    """Merge ``o_parts (num_splits, batch, heads, seqlen_q, d)`` by ``lse_parts`` into ``out`` (a uint16 view of
+    bfloat16 with ``bf16_out``) and, with ``write_lse``, ``lse``."""
+    _, batch, heads, seqlen_q, head_dim = o_parts.shape
+    rows = batch * heads * seqlen_q
+    if rows == 0 or head_dim == 0:
+        return
+    out_dtype = np.dtype(out.dtype)
+    if bf16_out != (out_dtype == np.uint16):
+        raise TypeError(f"out: a bfloat16 output travels as uint16 bits, got {out_dtype} (bf16_out={bf16_out})")
+    kernel, block = combine_launch(head_dim, np.dtype(o_parts.dtype).name, out_dtype.name, config)
+    device_launch(kernel, rows, block, stream, 0, *(kernel_arg(x) for x in (o_parts, lse_parts, out, lse)),
+                  bool(write_lse))
+
+
+def launch_combine(o_parts, lse_parts, out, lse, stream, config: CombineConfig | None = None):
+    """Merge o_parts (num_splits, batch, heads, seqlen_q, d) by lse_parts into out (batch, heads, seqlen_q, d) and
+    lse (batch, heads, seqlen_q)."""
+    launch(o_parts, lse_parts, out, lse, True, stream, config)

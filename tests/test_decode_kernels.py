@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 
 import numba_attn
 import reference
+from numba_attn.decode import launch as decode_launch
+from numba_attn.decode import plan as split_plan
+from numba_attn.decode import pool as decode_pool
 from numba_attn.decode import simt as decode
 from numba_attn.runtime.device import compute_capability, multiprocessor_count
 from tests.kernel_checks import TOLERANCE, assert_close_lse, rel_error, to_host
@@ -411,14 +414,14 @@ def test_decode_mma_split_parts_match_reference_ranges(kv_heads, rows, seqlen_k,
     else:
         q, k, v = (x.astype(np.float16) for x in (q, k, v))
         values = [x.astype(np.float64) for x in (q, k, v)]
-    launch = decode_mma.DecodeLaunch(q, q, True, sm_scale, num_splits, 1, dtype=dtype,
-                                     vector_loads=decode_mma.vector_loads_ok(q, k, v))
+    launch = decode_launch.DecodeLaunch(q, q, True, sm_scale, num_splits, 1, dtype=dtype,
+                                     vector_loads=decode_launch.vector_loads_ok(q, k, v))
     block_n = launch.config.block_n
     if tail is None:
-        plan = decode_mma.uniform_plan(seqlen_k, num_splits, block_n)
+        plan = split_plan.uniform_plan(seqlen_k, num_splits, block_n)
     else:
         lead_splits, lead_tiles, tail_tiles = tail
-        plan = decode_mma.SplitPlan(lead_splits, lead_tiles * block_n, tail_tiles * block_n, num_splits)
+        plan = split_plan.SplitPlan(lead_splits, lead_tiles * block_n, tail_tiles * block_n, num_splits)
     starts, ends = plan.ranges(seqlen_k)
     assert ends.max() == seqlen_k, "the case's ranges must reach the end of the keys"
     o_parts = _dev(np.full((num_splits,) + q.shape, np.nan, np.float32))
@@ -454,9 +457,9 @@ def test_decode_mma_pooled_parts_merge_to_attention(kv_heads, rows, lead_splits,
     seqlen_k = pool_first + int(pool_tiles * block_n)
     rng = np.random.default_rng(seqlen_k + rows)
     q, k, v = (x.astype(np.float16) for x in _qkv(rng, 1, kv_heads, kv_heads, rows, seqlen_k, head_dim, "float32"))
-    launch = decode_mma.DecodeLaunch(q, q, True, 0.3, None, 1, dtype="float16",
-                                     vector_loads=decode_mma.vector_loads_ok(q, k, v))
-    plan = decode_mma.SplitPlan(lead_splits, lead_tiles * block_n, lead_tiles * block_n, lead_splits, pool_first)
+    launch = decode_launch.DecodeLaunch(q, q, True, 0.3, None, 1, dtype="float16",
+                                     vector_loads=decode_launch.vector_loads_ok(q, k, v))
+    plan = split_plan.SplitPlan(lead_splits, lead_tiles * block_n, lead_tiles * block_n, lead_splits, pool_first)
     counters = launch.counters(plan, 0)
     expected = reference.attention(*(x.astype(np.float64) for x in (q, k, v)), sm_scale=0.3, return_lse=True)
     for _ in range(2):
@@ -507,9 +510,9 @@ def test_decode_mma_merges_pooled_parts_in_the_kernel(kv_heads, rows, lead_split
         q, k, v = (x.astype(np.float16) for x in (q, k, v))
         values = [x.astype(np.float64) for x in (q, k, v)]
         poison = np.float16(np.nan)
-    launch = decode_mma.DecodeLaunch(q, q, write_lse, 0.3, None, 1, config=config, dtype=dtype,
-                                     vector_loads=decode_mma.vector_loads_ok(q, k, v))
-    plan = decode_mma.SplitPlan(lead_splits, 2 * block_n, 2 * block_n, lead_splits, pool_first)
+    launch = decode_launch.DecodeLaunch(q, q, write_lse, 0.3, None, 1, config=config, dtype=dtype,
+                                     vector_loads=decode_launch.vector_loads_ok(q, k, v))
+    plan = split_plan.SplitPlan(lead_splits, 2 * block_n, 2 * block_n, lead_splits, pool_first)
     assert launch.merges(plan)
     expected_out, expected_lse = reference.attention(*values, sm_scale=0.3, return_lse=True)
     for _ in range(2):
@@ -540,7 +543,7 @@ def test_plan_splits_cuts_every_key_once(batch, kv_heads, rows, seqlen_k, sm_cou
 
     config = {"default": decode_mma.DEFAULT_CONFIG, "wide": decode_mma.WIDE_CONFIG,
               "no pool": dataclasses.replace(decode_mma.DEFAULT_CONFIG, key_pool=False)}[kind]
-    plan = decode_mma.plan_splits(batch, kv_heads, rows, seqlen_k, sm_count, config)
+    plan = split_plan.plan_splits(batch, kv_heads, rows, seqlen_k, sm_count, config)
     starts, ends = plan.ranges(seqlen_k)
     assert 1 <= plan.lead_splits <= plan.num_splits <= 65535
     assert starts[0] == 0 and (starts[1:] == starts[:-1] + np.where(
@@ -556,19 +559,19 @@ def test_plan_splits_cuts_every_key_once(batch, kv_heads, rows, seqlen_k, sm_cou
         assert plan.lead_keys >= 2 * config.block_n  # every block asks for pool tiles in time
         pool_share = (seqlen_k - plan.pool_first) / seqlen_k
         event(f"pool share {round(pool_share, 1)}")
-        assert pool_share <= decode_mma.POOL_FRACTION + (plan.lead_splits + 1) * config.block_n / seqlen_k
-        assert plan.pool_first + plan.lead_splits * config.block_n >= seqlen_k * (1 - decode_mma.POOL_FRACTION)
+        assert pool_share <= split_plan.POOL_FRACTION + (plan.lead_splits + 1) * config.block_n / seqlen_k
+        assert plan.pool_first + plan.lead_splits * config.block_n >= seqlen_k * (1 - split_plan.POOL_FRACTION)
         return
     assert ends[-1] == seqlen_k and (ends[:-1] <= starts[1:]).all()
     nonempty = starts < ends
     assert nonempty.any() and (ends[nonempty][:-1] == starts[nonempty][1:]).all()
     if plan.lead_splits > 1:
-        assert plan.lead_keys >= decode_mma.MIN_KEYS_PER_SPLIT
+        assert plan.lead_keys >= split_plan.MIN_KEYS_PER_SPLIT
     if plan.num_splits > plan.lead_splits:  # tail ranges: a share of the keys, behind long lead ranges
-        assert plan.lead_keys >= decode_mma.MIN_LEAD_TILES * config.block_n
+        assert plan.lead_keys >= split_plan.MIN_LEAD_TILES * config.block_n
         tail_share = (seqlen_k - plan.lead_splits * plan.lead_keys) / seqlen_k
         event(f"tail share {round(tail_share, 1)}")
-        assert 0 < tail_share <= decode_mma.TAIL_FRACTION + (plan.lead_splits + 1) * config.block_n / seqlen_k
+        assert 0 < tail_share <= split_plan.TAIL_FRACTION + (plan.lead_splits + 1) * config.block_n / seqlen_k
 
 
 def test_plan_splits_examples():
@@ -577,18 +580,18 @@ def test_plan_splits_examples():
     from numba_attn.decode import mma as dm
 
     # GQA 8 (B8 Hkv4, 8 rows) on 132 SMs: 8 lead ranges per row tile, the last fifth of the keys their pool
-    assert dm.plan_splits(8, 4, 8, 65536, 132) == dm.SplitPlan(8, 102 * 64, 102 * 64, 8, 8 * 102 * 64)
-    assert dm.plan_splits(8, 4, 8, 16384, 132) == dm.SplitPlan(8, 25 * 64, 25 * 64, 8, 8 * 25 * 64)
+    assert split_plan.plan_splits(8, 4, 8, 65536, 132) == split_plan.SplitPlan(8, 102 * 64, 102 * 64, 8, 8 * 102 * 64)
+    assert split_plan.plan_splits(8, 4, 8, 16384, 132) == split_plan.SplitPlan(8, 25 * 64, 25 * 64, 8, 8 * 25 * 64)
     # short cache: lead ranges of about MIN_KEYS_PER_SPLIT keys, pool included
-    assert dm.plan_splits(8, 4, 8, 2048, 132) == dm.SplitPlan(4, 6 * 64, 6 * 64, 4, 4 * 6 * 64)
+    assert split_plan.plan_splits(8, 4, 8, 2048, 132) == split_plan.SplitPlan(4, 6 * 64, 6 * 64, 4, 4 * 6 * 64)
     # one lead range per row tile (multi-head): no pool to share; tail ranges balance the end
-    plan = dm.plan_splits(8, 32, 1, 16384, 132)
+    plan = split_plan.plan_splits(8, 32, 1, 16384, 132)
     assert plan.lead_splits == 1 and plan.num_splits > 1 and not plan.pooled
     # without the pool: equal ranges, or lead and tail ranges where the lead ranges are long
     no_pool = dataclasses.replace(dm.DEFAULT_CONFIG, key_pool=False)
-    assert dm.plan_splits(8, 4, 8, 65536, 132, no_pool) == dm.SplitPlan(8, 102 * 64, 7 * 64, 8 + 30)
-    assert dm.plan_splits(8, 4, 8, 16384, 132, no_pool) == dm.uniform_plan(16384, 8, 64)
-    assert dm.plan_splits(8, 4, 8, 2048, 132, no_pool) == dm.uniform_plan(2048, 4, 64)
+    assert split_plan.plan_splits(8, 4, 8, 65536, 132, no_pool) == split_plan.SplitPlan(8, 102 * 64, 7 * 64, 8 + 30)
+    assert split_plan.plan_splits(8, 4, 8, 16384, 132, no_pool) == split_plan.uniform_plan(16384, 8, 64)
+    assert split_plan.plan_splits(8, 4, 8, 2048, 132, no_pool) == split_plan.uniform_plan(2048, 4, 64)
 
 
 # -- bfloat16 (uint16 bit views, the way torch's bfloat16 travels) -------------------------------------------------
@@ -644,7 +647,7 @@ def test_decode_tensor_core_path_bfloat16_bit_views():
     grouped = dispatch.on_tensor_cores("bfloat16", attention_shape(q, k, v), AttentionArgs(*args, 1.0, True))
     assert grouped is not None
     q_rows, out_rows, lse_rows = grouped
-    decode_mma.launch_decode(q_rows, args[1], args[2], out_rows, lse_rows, True, 0.25, 2, 0,
+    decode_launch.launch_decode(q_rows, args[1], args[2], out_rows, lse_rows, True, 0.25, 2, 0,
                             lambda shape: decode._scratch(shape, 0), 1, dtype="bfloat16")
     ref_out, ref_lse = reference.attention(*values, causal=True, sm_scale=0.25, return_lse=True)
     got = _bf16_values(out)
@@ -949,11 +952,11 @@ def test_gpu_pooled_decode_in_graphs_with_and_without_arena(monkeypatch):
 
     from numba_attn.decode import mma as decode_mma
 
-    pool = decode_mma.PoolCounters()
-    monkeypatch.setattr(decode_mma, "POOL_COUNTERS", pool)
+    pool = decode_pool.PoolCounters()
+    monkeypatch.setattr(decode_pool, "POOL_COUNTERS", pool)
     rng = np.random.default_rng(44)
     shape = (2, 32, 4, 1, 6000, 128)
-    assert decode_mma.plan_splits(2, 4, 8, 6000, multiprocessor_count()).pooled
+    assert split_plan.plan_splits(2, 4, 8, 6000, multiprocessor_count()).pooled
     tensors = tuple(torch.from_numpy(x).cuda() for x in _qkv(rng, *shape, "float16"))
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):

@@ -15,6 +15,7 @@ from numba_attn.decode import dispatch
 from numba_attn.decode import launch as decode_launch
 from numba_attn.decode import mma as decode_mma
 from numba_attn.decode import plan as split_plan
+from numba_attn.decode import pool as decode_pool
 from numba_attn.decode import simt as decode
 from numba_attn.runtime.attention_args import AttentionArgs
 from numba_attn.runtime.device import compute_capability
@@ -230,3 +231,40 @@ def test_decode_tensor_core_path_bfloat16_bit_views():
     assert not np.isnan(got).any()
     assert rel_error(got, ref_out) <= TOLERANCE["bfloat16"]
     assert_close_lse(lse, ref_lse)
+
+
+def test_pool_counters_are_zero_after_an_interrupted_launch(monkeypatch):
+    """A pooled launch that stops part-way (here: the first block to arrive raises) has drawn tickets from the
+    stream's shared counters; they must be back at zero, or the next call on that stream skips pool tiles."""
+    if not numba_attn.SIMULATOR:
+        pytest.skip("stops a kernel part-way, which only the simulator can do")
+    pool = decode_pool.PoolCounters()
+    monkeypatch.setattr(decode_pool, "POOL_COUNTERS", pool)
+    block_n = decode_mma.config_for(16).block_n
+    pool_first = 2 * 2 * block_n
+    rng = np.random.default_rng(50)
+    q, k, v = (x.astype(np.float16) for x in qkv(rng, 1, 1, 1, 3, pool_first + 2 * block_n + 5, 16, "float32"))
+    launch = decode_launch.DecodeLaunch(q, q, True, 0.3, None, 1, dtype="float16",
+                                        vector_loads=decode_launch.vector_loads_ok(q, k, v))
+    plan = split_plan.SplitPlan(2, 2 * block_n, 2 * block_n, 2, pool_first)
+    assert launch.merges(plan)
+    expected_out, expected_lse = reference.attention(*(x.astype(np.float64) for x in (q, k, v)), sm_scale=0.3,
+                                                     return_lse=True)
+
+    def interrupted(*args):
+        raise RuntimeError("interrupted")
+
+    def run():
+        out = dev(np.full(q.shape, np.nan, q.dtype))
+        lse = dev(np.full(q.shape[:3], np.nan, np.float32))
+        launch(dev(q), dev(k), dev(v), out, lse, 0, lambda shape: decode._scratch(shape, 0), plan=plan)
+        return out, lse
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ptx, "atomic_inc_acq_rel", interrupted)
+        with pytest.raises(RuntimeError, match="interrupted"):
+            run()
+    assert (to_host(launch.counters(plan, 0))[:launch.pool_words] == 0).all()
+    out, lse = run()
+    assert rel_error(to_host(out), expected_out) <= TOLERANCE["float16"]
+    assert_close_lse(to_host(lse), expected_lse)

@@ -158,7 +158,7 @@ def combine_kernel(config: CombineConfig, cols: int, parts_dtype: str = "float32
         if SHUFFLES:
             for mask in LANE_MASKS:
                 m, ssum = merge_lse_states(m, ssum, cuda.shfl_xor_sync(FULL_MASK, m, mask),
-                                cuda.shfl_xor_sync(FULL_MASK, ssum, mask))
+                                           cuda.shfl_xor_sync(FULL_MASK, ssum, mask))
         else:
             states[0, ty, tx] = m
             states[1, ty, tx] = ssum

@@ -151,9 +151,14 @@ class DecodeLaunch:
             counters = self.counters(plan, 0 if SIMULATOR else _launch.stream_handle(stream))
             if counters is None:
                 raise RuntimeError("no pool counters inside this capture: launch through the DecodeLaunch itself")
-        device_launch(self.split_kernel, self.split_grid(plan), self.config.threads, stream, self.shared_bytes,
-                      _bits(q_rows, "q"), _bits(k, "k"), _bits(v, "v"), o_parts, lse_parts, self.scale_log2,
-                      *plan.params, counters, _bits(out_rows, "out"), lse_rows, finish)
+        try:
+            device_launch(self.split_kernel, self.split_grid(plan), self.config.threads, stream, self.shared_bytes,
+                          _bits(q_rows, "q"), _bits(k, "k"), _bits(v, "v"), o_parts, lse_parts, self.scale_log2,
+                          *plan.params, counters, _bits(out_rows, "out"), lse_rows, finish)
+        except BaseException:
+            if plan.pooled:
+                _pool.POOL_COUNTERS.reset(counters, self.pool_words, 0 if SIMULATOR else _launch.stream_handle(stream))
+            raise
 
     def __call__(self, q_rows, k, v, out_rows, lse_rows, stream, scratch, plan: SplitPlan | None = None) -> None:
         """Attention of ``q_rows`` over the cache into ``out_rows`` (and ``lse_rows`` with ``write_lse``); ``plan``
@@ -207,10 +212,15 @@ class DecodeLaunch:
         o_params, lse_params = (p[:4] + (base + p[4],) + p[5:] for p in parts)
         view = DeviceView.of  # (returns a DeviceView itself: the plan's views cost nothing here)
         out_params, lse_rows_params = view(out_rows).params, view(lse_rows).params
-        split_entry.launch(self.split_grid(plan), (self.config.threads, 1, 1),
-                           self.shared_bytes, handle, view(q_rows).params + view(k).params + view(v).params
-                           + o_params + lse_params + (self.scale_log2,) + plan.params + counters.params
-                           + out_params + lse_rows_params + (self.finish if merges else FINISH_PARTS,))
+        try:
+            split_entry.launch(self.split_grid(plan), (self.config.threads, 1, 1),
+                               self.shared_bytes, handle, view(q_rows).params + view(k).params + view(v).params
+                               + o_params + lse_params + (self.scale_log2,) + plan.params + counters.params
+                               + out_params + lse_rows_params + (self.finish if merges else FINISH_PARTS,))
+        except BaseException:
+            if plan.pooled:
+                _pool.POOL_COUNTERS.reset(counters, self.pool_words, handle)
+            raise
         if not merges:
             combine_entry.launch((self.combine_grid, 1, 1), self.combine_block + (1,), 0, handle,
                                  o_params + lse_params + out_params + lse_rows_params + (self.write_lse,))

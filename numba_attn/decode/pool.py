@@ -12,13 +12,14 @@ from ..runtime.device import SIMULATOR, DeviceView, cuda
 
 class PoolCounters:
     """The counters of pooled launches: ``2 * row tiles`` uint32s per launch (tiles handed out, blocks arrived),
-    zero when a launch starts and left at zero by it (its last block resets them).
+    zero when a launch starts and left at zero by it (its last block resets them). A launch that fails part-way
+    (the simulator stops a kernel at a Python exception) leaves them as it got them: the launcher calls ``reset``.
 
     Launches that may run at the same time must not share counters. Plain launches on one stream run one after
     the other, so they share one buffer per (device, stream), and per thread on the per-thread default stream. A
     launch captured into a CUDA graph runs whenever the graph is replayed, on any stream, so it gets counters of its
     own: a slice of an arena zeroed before the capture (zeroing them inside the graph would add a memset node to
-    every replay, about 1.8 us at 16k keys). ``get`` returns None when a capture finds no arena space, or when
+    every replay). ``get`` returns None when a capture finds no arena space, or when
     ``MAX_STREAMS`` streams already have counters (a program that makes a stream per request would otherwise keep
     a buffer for each); the caller then zeroes counters in its scratch with a memset on the stream."""
 
@@ -38,6 +39,15 @@ class PoolCounters:
         if self._unused is None:
             self._unused = cuda.to_device(np.zeros(1, np.uint32))
         return self._unused
+
+    def reset(self, counters, words: int, stream: int) -> None:
+        """Zero the first ``words`` of ``counters`` after a launch on ``stream`` (a driver handle) failed: it may have
+        drawn tiles or counted arrivals without its last block zeroing them. In stream order on a GPU (where a
+        launch that fails has not run); a capture's counters are its own and go with the failed capture."""
+        if SIMULATOR:
+            counters[:words] = 0
+        elif not _launch.stream_capturing(stream):
+            _launch.zero_words_async(DeviceView.of(counters).ptr, words, stream)
 
     def get(self, words: int, stream: int, device_id: int):
         """``words`` zeroed counters for a launch on ``stream`` (a driver handle) of device ``device_id``, or None."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -100,3 +101,16 @@ def test_plan_splits_examples():
     assert split_plan.plan_splits(8, 4, 8, 65536, 132, no_pool) == split_plan.SplitPlan(8, 102 * 64, 7 * 64, 8 + 30)
     assert split_plan.plan_splits(8, 4, 8, 16384, 132, no_pool) == split_plan.uniform_plan(16384, 8, 64)
     assert split_plan.plan_splits(8, 4, 8, 2048, 132, no_pool) == split_plan.uniform_plan(2048, 4, 64)
+
+
+@pytest.mark.parametrize("max_splits", [1, 2, 3, 7, 40])
+@pytest.mark.parametrize("key_pool", [True, False])
+def test_plan_splits_stays_within_max_splits(max_splits, key_pool):
+    """At most ``max_splits`` ranges (the device's grid z), every key still in one range or in the pool."""
+    config = dataclasses.replace(decode_mma.DEFAULT_CONFIG, key_pool=key_pool)
+    for batch, kv_heads, rows, seqlen_k, sm_count in ((8, 4, 8, 65536, 132), (8, 32, 1, 16384, 132),
+                                                      (1, 1, 1, 1 << 22, 200)):
+        plan = split_plan.plan_splits(batch, kv_heads, rows, seqlen_k, sm_count, config, max_splits)
+        assert 1 <= plan.num_splits <= max_splits
+        starts, ends = plan.ranges(seqlen_k)
+        assert starts[0] == 0 and (ends[-1] == seqlen_k or plan.pool_first == ends[-1])

@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types
 
-from ..runtime.device import SIMULATOR, cuda, kernel_jit
+from ..runtime.device import SIMULATOR, cuda, kernel_jit, max_grid
 from ..runtime.launch import launch as device_launch
 from ..core import ptx
 from ..core.staging import device_function
@@ -197,6 +197,11 @@ def combine_kernel(config: CombineConfig, cols: int, parts_dtype: str = "float32
     return kernel
 
 
+def supports(rows: int) -> bool:
+    """Whether one launch merges ``rows`` query rows (``batch * heads * seqlen_q``): a block each, on grid x."""
+    return rows <= max_grid(0)
+
+
 def kernel_arg(x):
     """Under the simulator, hand NumPy arrays over without a copy (the simulator's own transfer insists on
     contiguous buffers and would copy every argument in and out of each launch)."""
@@ -223,6 +228,9 @@ def launch(o_parts, lse_parts, out, lse, write_lse: bool, stream, config: Combin
     rows = batch * heads * seqlen_q
     if rows == 0 or head_dim == 0:
         return
+    if not supports(rows):
+        raise ValueError(f"o_parts: {rows} query rows (batch * heads * seqlen_q), more than one launch merges "
+                         f"({max_grid(0)})")
     out_dtype = np.dtype(out.dtype)
     if bf16_out != (out_dtype == np.uint16):
         raise TypeError(f"out: a bfloat16 output travels as uint16 bits, got {out_dtype} (bf16_out={bf16_out})")

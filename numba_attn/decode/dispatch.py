@@ -11,6 +11,7 @@ from ..runtime.arrays import BFLOAT16
 from ..runtime.attention_args import AttentionArgs
 from ..runtime.device import SIMULATOR, compute_capability, multiprocessor_count
 from . import cached as _decode_plan
+from . import combine as _combine
 from . import launch as _decode_launch
 from . import mma as _decode_mma
 from . import simt as _decode
@@ -28,10 +29,11 @@ def check_dtype(dtype: str) -> None:
 
 def on_tensor_cores(dtype: str, shape, args: AttentionArgs):
     """The regrouped ``(q, out, lse)`` views when ``flash_decode`` takes the tensor-core kernel, else None."""
-    if dtype not in ("float16", "bfloat16") or shape.heads // shape.kv_heads < MMA_MIN_GROUP:
+    group = shape.heads // shape.kv_heads
+    if group < MMA_MIN_GROUP or not _decode_mma.supports(dtype, shape.batch, shape.kv_heads, group * shape.seqlen_q):
         return None
-    if not (SIMULATOR or compute_capability() >= _decode_mma.MIN_COMPUTE_CAPABILITY):
-        return None
+    if not _combine.supports(shape.batch * shape.heads * shape.seqlen_q):
+        return None  # (the SIMT path takes any rows with one split)
     return _decode_launch.grouped_views(args.q, args.out, args.lse, args.write_lse, shape.kv_heads, args.causal)
 
 

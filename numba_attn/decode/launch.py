@@ -17,7 +17,7 @@ import numpy as np
 
 from ..runtime import device as _device
 from ..runtime import launch as _launch
-from ..runtime.device import SIMULATOR, DeviceView
+from ..runtime.device import SIMULATOR, DeviceView, max_grid
 from ..runtime.launch import launch as device_launch
 from ..runtime.launch import prepared
 from ..runtime.views import carve, grouped_heads
@@ -65,6 +65,13 @@ class DecodeLaunch:
                  config: DecodeMmaConfig | None = None, dtype: str | None = None, vector_loads: bool = True,
                  device_id: int | None = None):
         self.batch, self.kv_heads, self.rows, head_dim = q_rows.shape
+        grid = (self.batch * self.kv_heads, -(-self.rows // 16), self.batch * self.kv_heads * self.rows)
+        limits = (max_grid(0), max_grid(1), max_grid(0))
+        if any(n > limit for n, limit in zip(grid, limits)):
+            raise ValueError(f"q: {grid[0]} (batch, kv head) pairs of {self.rows} query rows need the grids "
+                             f"{grid[:2]} (split kernel, x and y) and {grid[2]} (combine), more than one launch takes "
+                             f"({limits})")
+        self.max_splits = max_grid(2)
         self.config = config = config or config_for(head_dim)
         dtype = dtype or ("float16" if np.dtype(q_rows.dtype) == np.float16 else "bfloat16")
         layout = layout_for(config, padded_head_dim(head_dim))
@@ -96,10 +103,11 @@ class DecodeLaunch:
             self._plans.clear()
         batch, kv_heads, rows, _ = self.parts_shape
         if self.num_splits is None:
-            plan = plan_splits(batch, kv_heads, rows, seqlen_k, self.sm_count, self.config)
+            plan = plan_splits(batch, kv_heads, rows, seqlen_k, self.sm_count, self.config, self.max_splits)
         else:
             block_n = self.config.block_n
-            plan = uniform_plan(seqlen_k, max(1, min(int(self.num_splits), -(-seqlen_k // block_n), 65535)), block_n)
+            splits = max(1, min(int(self.num_splits), -(-seqlen_k // block_n), self.max_splits))
+            plan = uniform_plan(seqlen_k, splits, block_n)
         self._plans[seqlen_k] = plan
         return plan
 

@@ -35,7 +35,7 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types, uint16, uint32
 
-from ..runtime.device import SIMULATOR, cuda
+from ..runtime.device import SIMULATOR, compute_capability, cuda, max_grid
 from . import combine as _combine
 from .combine import LN2
 from ..core import ptx
@@ -78,6 +78,15 @@ def config_for(head_dim: int) -> DecodeMmaConfig:
     if SIMULATOR:
         return SIMULATOR_CONFIG
     return DEFAULT_CONFIG if padded_head_dim(head_dim) <= 128 else WIDE_CONFIG
+
+
+def supports(dtype: str, batch: int, kv_heads: int, rows: int) -> bool:
+    """Whether the split kernel takes ``rows`` regrouped query rows of each (batch, kv head) of ``dtype``: 16-bit
+    inputs on sm_80+ (or the simulator), and a grid ``(batch * kv_heads, row tiles, splits)`` that the device takes
+    (the splits are planned within its z limit)."""
+    if dtype not in ("float16", "bfloat16") or not (SIMULATOR or compute_capability() >= MIN_COMPUTE_CAPABILITY):
+        return False
+    return batch * kv_heads <= max_grid(0) and -(-rows // 16) <= max_grid(1)
 
 
 def padded_head_dim(head_dim: int) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..runtime.device import max_grid
 from . import mma as _mma
 from .mma import DecodeMmaConfig
 
@@ -83,7 +84,7 @@ def uniform_plan(seqlen_k: int, num_splits: int, block_n: int) -> SplitPlan:
 
 
 def plan_splits(batch: int, kv_heads: int, rows: int, seqlen_k: int, sm_count: int,
-                config: DecodeMmaConfig | None = None) -> SplitPlan:
+                config: DecodeMmaConfig | None = None, max_splits: int | None = None) -> SplitPlan:
     """The key ranges of a decoding step when the caller does not choose them.
 
     Lead ranges: about ``config.blocks_per_sm`` blocks per SM in one wave (rounded down to whole ranges per row
@@ -95,13 +96,16 @@ def plan_splits(batch: int, kv_heads: int, rows: int, seqlen_k: int, sm_count: i
     - otherwise, where the lead ranges are long (at least ``MIN_LEAD_TILES`` tiles), ``TAIL_FRACTION`` of every row
       tile's keys go to short tail ranges that lie behind the lead ranges on the grid: the block scheduler starts
       them on the SMs that finish their lead range first (their length: about ``TAIL_RANGES_PER_SLOT`` of them per
-      resident block)."""
+      resident block).
+
+    At most ``max_splits`` ranges (default: the blocks the current device's grid takes along z)."""
     config = config or _mma.DEFAULT_CONFIG
+    max_splits = max_grid(2) if max_splits is None else max_splits
     block_n = config.block_n
     tiles = -(-seqlen_k // block_n)
     base = max(1, batch * kv_heads * -(-rows // 16))
     slots = config.blocks_per_sm * max(1, sm_count)
-    lead = max(1, min(slots // base, seqlen_k // MIN_KEYS_PER_SPLIT, 65535))
+    lead = max(1, min(slots // base, seqlen_k // MIN_KEYS_PER_SPLIT, max_splits))
     if config.key_pool and lead >= 2:
         lead_tiles = int(tiles * (1.0 - POOL_FRACTION)) // lead
         if lead_tiles >= 2:  # (a block asks for pool tiles from its second tile on)
@@ -112,7 +116,7 @@ def plan_splits(batch: int, kv_heads: int, rows: int, seqlen_k: int, sm_count: i
     pool = tiles - lead * lead_tiles  # tiles per row tile left to the tail ranges
     tail_tiles = min(lead_tiles, max(1, -(-(base * pool) // (slots * TAIL_RANGES_PER_SLOT))))
     tail = -(-pool // tail_tiles)
-    if lead + tail > 65535:
+    if lead + tail > max_splits:
         return uniform_plan(seqlen_k, lead, block_n)
     return SplitPlan(lead, lead_tiles * block_n, tail_tiles * block_n, lead + tail)
 

@@ -45,13 +45,13 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, int64, uint64
 
-from ..runtime.device import SIMULATOR, cuda, kernel_jit
+from ..runtime.device import SIMULATOR, cuda, kernel_jit, max_grid
 from ..runtime.launch import launch as device_launch
 from . import combine as _combine
 from .combine import FULL_MASK, LN2, LOG2E, USE_SHUFFLES, WARP, converters, kernel_arg
 from .combine import launch_combine  # noqa: F401  (api.combine_lse launches it from here)
 
-#: Splits that ``launch`` accepts at most (grid y is limited to 65535; more would only waste scratch memory).
+#: Splits that ``launch`` takes at most (more would only waste scratch memory; the grid's y limit is far above).
 MAX_SPLITS = 1024
 #: ``choose_num_splits``: keys a split keeps at least, and how many blocks per SM it aims for.
 MIN_KEYS_PER_SPLIT = 256
@@ -359,8 +359,9 @@ def _unit_axis(view):
 
 
 def clamp_num_splits(num_splits: int, seqlen_k: int) -> int:
-    """More splits than keys would only produce empty parts; more than MAX_SPLITS only waste scratch memory."""
-    return max(1, min(int(num_splits), seqlen_k, MAX_SPLITS))
+    """More splits than keys would only produce empty parts; more than MAX_SPLITS only waste scratch memory; one
+    launch takes at most ``max_grid(1)``."""
+    return max(1, min(int(num_splits), seqlen_k, MAX_SPLITS, max_grid(1)))
 
 
 def launch_split(q, k, v, o_dst, lse_dst, write_lse: bool, sm_scale: float, causal: bool, stream,
@@ -375,8 +376,11 @@ def launch_split(q, k, v, o_dst, lse_dst, write_lse: bool, sm_scale: float, caus
     batch, heads, seqlen_q, head_dim = q.shape
     kv_heads = k.shape[1]
     num_splits = o_dst.shape[0]
-    if not 1 <= num_splits <= 65535:
-        raise ValueError(f"num_splits: must be between 1 and 65535 for one launch, got {num_splits}")
+    if not 1 <= num_splits <= max_grid(1):
+        raise ValueError(f"num_splits: must be between 1 and {max_grid(1)} for one launch, got {num_splits}")
+    if batch * kv_heads > max_grid(0):
+        raise ValueError(f"k: batch * kv_heads = {batch * kv_heads} blocks per split, more than one launch takes "
+                         f"({max_grid(0)})")
     lanes, cols = key_group_layout(config, head_dim)
     # rows per pass: all of the group's rows if they fit, rounded up to a power of two (fewer compiled variants;
     # the spare rows cost a few FMAs on zeros)
@@ -404,6 +408,8 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, nu
     scratch = scratch or (lambda shape: _scratch(shape, stream))
     batch, heads, seqlen_q, head_dim = q.shape
     num_splits = clamp_num_splits(num_splits, k.shape[2])
+    if not _combine.supports(batch * heads * seqlen_q):
+        num_splits = 1  # (the combine takes a block per query row; one split writes out itself, for any rows)
     if num_splits == 1:
         launch_split(q, k, v, _unit_axis(out), _unit_axis(lse), write_lse, sm_scale, causal, stream, config, bf16)
         return

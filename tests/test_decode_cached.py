@@ -173,7 +173,7 @@ def test_gpu_pooled_decode_in_graphs_with_and_without_arena(monkeypatch):
     with torch.cuda.stream(stream):
         numba_attn.flash_decode(*tensors)
     torch.cuda.synchronize()
-    counters = pool._streams[(torch.cuda.current_device(), stream.cuda_stream, 0)]
+    counters = pool._streams.get((torch.cuda.current_device(), stream.cuda_stream, 0))
     assert (to_host(counters) == 0).all()
     graphs, outs = [], []
     for exhausted in (False, True):

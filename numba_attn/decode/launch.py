@@ -11,12 +11,14 @@ itself; otherwise ``decode.combine``'s kernel merges them.
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
 
 from ..runtime import device as _device
 from ..runtime import launch as _launch
+from ..runtime.cache import BoundedCache
 from ..runtime.device import SIMULATOR, DeviceView, max_grid
 from ..runtime.launch import launch as device_launch
 from ..runtime.launch import prepared
@@ -52,6 +54,24 @@ def grouped_views(q, out, lse, write_lse: bool, kv_heads: int, causal: bool):
     return q_rows, out_rows, lse_rows
 
 
+class _Step:
+    """A launch for one cache length, worked out once: the plan, whether the split kernel merges the parts, their
+    shape and scratch size, the split kernel's grid, and (on a GPU) their parameter templates, pointers relative to the scratch."""
+
+    __slots__ = ("plan", "merges", "grid", "parts_shape", "size", "parts_params")
+
+    def __init__(self, launch: "DecodeLaunch", plan: SplitPlan):
+        self.plan, self.merges, self.grid = plan, launch.merges(plan), launch.split_grid(plan)
+        # pooled plans merge in the kernel, which reads whole 16-byte column groups: parts as wide as d_pad
+        self.parts_shape = (plan.num_splits,) + (launch.merged_parts_shape if self.merges else launch.parts_shape)
+        self.size = math.prod(self.parts_shape[:-1]) * (self.parts_shape[-1] + 1)  # the parts and their lse
+        self.parts_params = None
+        if not SIMULATOR:
+            template = DeviceView(0, (self.size,), (4,), np.float32, None)
+            self.parts_params = tuple(view.params for view in carve(template, [self.parts_shape,
+                                                                               self.parts_shape[:-1]]))
+
+
 class DecodeLaunch:
     """Split-KV attention for few query rows, on the views of ``grouped_views``: the split kernel over
     key ranges (``plan_splits`` per cache length when ``num_splits`` is None), then ``decode.combine``'s kernel, or,
@@ -82,25 +102,25 @@ class DecodeLaunch:
         self.scale_log2 = np.float32(sm_scale * LOG2E)
         self.write_lse, self.num_splits, self.sm_count = bool(write_lse), num_splits, sm_count
         self.parts_shape = (self.batch, self.kv_heads, self.rows, head_dim)
-        # pooled plans merge in the kernel, which reads whole 16-byte column groups: parts as wide as d_pad
         self.merged_parts_shape = (self.batch, self.kv_heads, self.rows, layout.d_pad)
         self.merges_in_kernel = config.key_pool and config.merge_in_kernel
         self.finish = FINISH_OUT_LSE if write_lse else FINISH_OUT
         self.pool_words = 2 * self.batch * self.kv_heads * -(-self.rows // 16)  # a pooled launch's counters
         self.device_id = device_id  # None: the current device, asked at every pooled launch
         self.combine_grid = self.batch * self.kv_heads * self.rows  # one block per query row
-        self._parts = {}  # (num_splits, width) -> parameter templates of the parts (pointers relative to the scratch)
         self._prepared = None  # the two kernels' launchables, made at the first call on a GPU
-        self._plans = {}  # seqlen_k -> SplitPlan (every layer of a decoding step asks for the same length)
+        # seqlen_k -> _Step: every layer of a decoding step asks for the same length
+        self._steps = BoundedCache("decode launch steps")
 
     def plan(self, seqlen_k: int) -> SplitPlan:
         """The key ranges for a cache of ``seqlen_k`` keys: ``plan_splits``, or the caller's ``num_splits`` equal
         ranges (at most one per tile)."""
-        plan = self._plans.get(seqlen_k)
-        if plan is not None:
-            return plan
-        if len(self._plans) >= 4096:
-            self._plans.clear()
+        return self._step(seqlen_k).plan
+
+    def _step(self, seqlen_k: int) -> _Step:
+        step = self._steps.get(seqlen_k)
+        if step is not None:
+            return step
         batch, kv_heads, rows, _ = self.parts_shape
         if self.num_splits is None:
             plan = plan_splits(batch, kv_heads, rows, seqlen_k, self.sm_count, self.config, self.max_splits)
@@ -108,8 +128,9 @@ class DecodeLaunch:
             block_n = self.config.block_n
             splits = max(1, min(int(self.num_splits), -(-seqlen_k // block_n), self.max_splits))
             plan = uniform_plan(seqlen_k, splits, block_n)
-        self._plans[seqlen_k] = plan
-        return plan
+        step = _Step(self, plan)
+        self._steps.put(seqlen_k, step)
+        return step
 
     def split_grid(self, plan: SplitPlan) -> tuple:
         """Range ``z`` of every (batch, kv head) and row tile is grid slice ``z``: the block scheduler starts the
@@ -174,25 +195,21 @@ class DecodeLaunch:
         batch, kv_heads, rows, _ = self.parts_shape
         if batch * kv_heads == 0 or rows == 0:
             return
-        plan = plan or self.plan(k.shape[2])
-        merges = self.merges(plan)
-        num_splits = plan.num_splits
-        parts_shape = (num_splits,) + (self.merged_parts_shape if merges else self.parts_shape)
+        step = self._step(k.shape[2]) if plan is None else _Step(self, plan)
+        plan = step.plan
         handle = 0 if SIMULATOR else _launch.stream_handle(stream)
         counters = self.counters(plan, handle)
         own = self.pool_words if counters is None else 0  # no counters to share: its own, in the scratch
         # one allocation for all: a decoding step's host time is comparable to its kernels' time
-        size = num_splits * batch * kv_heads * rows * (parts_shape[-1] + 1)
-        buffer = scratch((size + own,))
+        buffer = scratch((step.size + own,))
         if own:
-            counters = DeviceView(DeviceView.of(buffer).ptr + 4 * size, (own,), (4,), np.uint32, None)
+            counters = DeviceView(DeviceView.of(buffer).ptr + 4 * step.size, (own,), (4,), np.uint32, None)
             _launch.zero_words_async(counters.ptr, own, handle)
         if not SIMULATOR and _launch.FAST_LAUNCH:
-            self._launch_prepared(q_rows, k, v, out_rows, lse_rows, handle, buffer, plan, counters, parts_shape,
-                                  merges)
+            self._launch_prepared(q_rows, k, v, out_rows, lse_rows, handle, buffer, step, counters)
             return
-        o_parts, lse_parts = carve(buffer, [parts_shape, parts_shape[:-1]])
-        if merges:
+        o_parts, lse_parts = carve(buffer, [step.parts_shape, step.parts_shape[:-1]])
+        if step.merges:
             self.launch_split(q_rows, k, v, o_parts, lse_parts, stream, plan, counters, out_rows,
                               lse_rows if self.write_lse else None)
             return
@@ -200,28 +217,19 @@ class DecodeLaunch:
         device_launch(self.combine_kernel, self.combine_grid, self.combine_block, stream, 0,
                       *(_combine.kernel_arg(x) for x in (o_parts, lse_parts, out_rows, lse_rows)), self.write_lse)
 
-    def _launch_prepared(self, q_rows, k, v, out_rows, lse_rows, handle, buffer, plan: SplitPlan, counters,
-                         parts_shape: tuple, merges: bool) -> None:
+    def _launch_prepared(self, q_rows, k, v, out_rows, lse_rows, handle, buffer, step: _Step, counters) -> None:
         """The launches with parameters packed straight from the views (``_launch.prepared``): the shapes and
         dtypes were settled when this kind of call was planned, so nothing is checked again."""
         if self._prepared is None:
             self._prepared = (prepared(self.split_kernel), prepared(self.combine_kernel))
         split_entry, combine_entry = self._prepared
-        key = parts_shape[0], parts_shape[-1]
-        parts = self._parts.get(key)
-        if parts is None:
-            if len(self._parts) >= 256:  # a growing cache meets a new tail-range count now and then
-                self._parts.clear()
-            size = int(np.prod(parts_shape))
-            template = DeviceView(0, (size + size // parts_shape[-1],), (4,), np.float32, None)
-            parts = self._parts[key] = tuple(view.params for view in carve(template, [parts_shape,
-                                                                                      parts_shape[:-1]]))
+        plan, merges = step.plan, step.merges
         base = DeviceView.of(buffer).ptr
-        o_params, lse_params = (p[:4] + (base + p[4],) + p[5:] for p in parts)
+        o_params, lse_params = (p[:4] + (base + p[4],) + p[5:] for p in step.parts_params)
         view = DeviceView.of  # (returns a DeviceView itself: the plan's views cost nothing here)
         out_params, lse_rows_params = view(out_rows).params, view(lse_rows).params
         try:
-            split_entry.launch(self.split_grid(plan), (self.config.threads, 1, 1),
+            split_entry.launch(step.grid, (self.config.threads, 1, 1),
                                self.shared_bytes, handle, view(q_rows).params + view(k).params + view(v).params
                                + o_params + lse_params + (self.scale_log2,) + plan.params + counters.params
                                + out_params + lse_rows_params + (self.finish if merges else FINISH_PARTS,))

@@ -7,6 +7,7 @@ import threading
 import numpy as np
 
 from ..runtime import launch as _launch
+from ..runtime.cache import BoundedCache
 from ..runtime.device import SIMULATOR, DeviceView, cuda
 
 
@@ -29,8 +30,9 @@ class PoolCounters:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._streams = {}  # (device, stream, thread) -> counters of plain launches
-        self._arenas = {}  # device -> [zeroed words, words taken]
+        # (device, stream, thread) -> counters of plain launches; never full enough to evict (see get)
+        self._streams = BoundedCache("decode pool counters per stream", self.MAX_STREAMS)
+        self._arenas = {}  # device -> [zeroed words, words taken]: the arenas' state, not a cache
         self._kept = []  # every buffer ever made: launches and graphs may still use the ones replaced
         self._unused = DeviceView(0, (0,), (4,), np.uint32, None) if not SIMULATOR else None
 
@@ -73,7 +75,7 @@ class PoolCounters:
             with self._lock:
                 counters = _launch.zeroed_words(max(words, 256))
                 self._kept.append(counters)
-                self._streams[key] = counters
+                self._streams.put(key, counters)
         return counters
 
 

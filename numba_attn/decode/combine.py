@@ -1,5 +1,6 @@
-"""The log-sum-exp merge of split-KV parts: the combine kernel, the device functions the split kernels share with
-it (``merge_lse_states``, ``converters``) and its launch.
+"""The log-sum-exp merge of split-KV parts: the combine kernel and its launch, the same merge for the tensor-core
+split kernel's last block of a pooled row tile (``tile_merger``), and the device functions the split kernels share
+with them (``merge_lse_states``, ``converters``).
 
 **Combine kernel.** One block per query row, ``split_groups`` groups of ``threads_x`` threads (columns interleaved,
 coalesced), each summing every ``split_groups``-th part with the weight ``exp(lse_s - lse)``; every group reduces
@@ -55,6 +56,13 @@ def merge_lse_states(m, s, m2, s2):
     if mx == _NEG_INF:
         return _NEG_INF, _ZERO
     return mx, s * math.exp(m - mx) + s2 * math.exp(m2 - mx)
+
+
+def _exported_device_function(fn):
+    """``core.staging.device_function`` for a device function that uses ``cuda.*`` and is called by a kernel of
+    another module: under the simulator it needs the simulator's wrapper, which swaps in its ``cuda`` module for
+    this module's globals while the function runs."""
+    return cuda.jit(device=True)(fn) if SIMULATOR else device_function(fn)
 
 
 @lru_cache(maxsize=None)
@@ -195,6 +203,113 @@ def combine_kernel(config: CombineConfig, cols: int, parts_dtype: str = "float32
             lse[b, h, i] = total
 
     return kernel
+
+
+def tile_merger(threads: int, d_pad: int, weights_at: int, weight_parts: int, merge_loads: int, bf16: bool):
+    """``merge_parts(o_parts, lse_parts, out_rows, lse_rows, write_lse, merge, b, h, m0, tile_rows, tid)``: the
+    parts of the 16 rows from ``m0`` merged into 16-bit output rows (and, with ``write_lse``, their lse) by a block of
+    ``threads`` threads, for the split kernel's last block of a pooled row tile (``decode.mma``). The parts are
+    float32 rows ``d_pad`` wide, read 16 bytes at a time; ``merge`` is float32 shared memory whose ``weights_at ..``
+    holds the weights of ``weight_parts`` parts per row at a time.
+
+    The lse of a row over ``threads // 16`` lanes of one warp (a butterfly, as in the combine kernel), then 4-column
+    groups of the 16 rows per thread, ``ROUND`` parts of each loaded at a time: about ``merge_loads`` 16-byte loads
+    in flight per thread, a power of two that divides ``weight_parts`` so that rounds never straddle the weights in
+    shared memory."""
+    THREADS = threads
+    QUADS = d_pad // 4  # 4-column groups of an output row
+    LSE_LANES = THREADS // 16
+    LSE_MASKS = tuple(LSE_LANES >> (n + 1) for n in range(LSE_LANES.bit_length() - 1))
+    ITEMS = -(-16 * QUADS // THREADS)
+    WEIGHT_PARTS = weight_parts
+    ROUND = min(WEIGHT_PARTS, 1 << (max(1, merge_loads // ITEMS).bit_length() - 1))
+    WEIGHTS = weights_at  # weight of part s of row r at WEIGHTS + r * WEIGHT_PARTS + s % WEIGHT_PARTS
+    NEG_INF = np.float32(-np.inf)
+    ZERO = np.float32(0.0)
+    ONE = np.float32(1.0)
+    load_part_quad = ptx.load_f32x4
+    low_u16, high_u16 = ptx.low_u16, ptx.high_u16
+    pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
+    shfl_xor = ptx.shfl_xor_f32
+    store2 = ptx.store2
+
+    @device_function
+    def load_round(o_parts, b, h, m0, s0, num_splits, tile_rows, tid, values):
+        """Parts ``s0 .. s0 + ROUND`` of this thread's column groups into ``values`` (0 past the parts / rows)."""
+        for it in range(ITEMS):
+            item = tid + THREADS * it
+            r = item // QUADS
+            c = 4 * (item - r * QUADS)
+            for u in range(ROUND):
+                if r < tile_rows and s0 + u < num_splits:
+                    values[it, u, 0], values[it, u, 1], values[it, u, 2], values[it, u, 3] = load_part_quad(
+                        o_parts[s0 + u, b, h], m0 + r, c)
+                else:
+                    for e in range(4):
+                        values[it, u, e] = ZERO
+
+    @_exported_device_function
+    def merge_parts(o_parts, lse_parts, out_rows, lse_rows, write_lse, merge, b, h, m0, tile_rows, tid):
+        """The row tile's parts (all written, seen through the acquire of the arrival) merged like the combine
+        kernel merges them: ``lse = log sum_s exp(lse_s)``, ``out = sum_s exp(lse_s - lse) part_s``."""
+        num_splits = cuda.gridDim.z
+        values = cuda.local.array((ITEMS, ROUND, 4), float32)
+        total = cuda.local.array((ITEMS, 4), float32)
+        load_round(o_parts, b, h, m0, 0, num_splits, tile_rows, tid, values)  # in flight under the lse reduction
+        # row r's lse: lane j of its LSE_LANES merges parts j, j + LSE_LANES, ..., then a butterfly
+        r = tid // LSE_LANES
+        j = tid % LSE_LANES
+        m = NEG_INF
+        ssum = ZERO
+        if r < tile_rows:
+            for s in range(j, num_splits, LSE_LANES):
+                m, ssum = merge_lse_states(m, ssum, lse_parts[s, b, h, m0 + r], ONE)
+        for mask in LSE_MASKS:
+            m, ssum = merge_lse_states(m, ssum, shfl_xor(m, mask), shfl_xor(ssum, mask))
+        lse_row = m  # NaN stays NaN
+        if m == m:
+            lse_row = m + math.log(ssum) if m != NEG_INF and ssum > ZERO else NEG_INF
+        shift = lse_row if lse_row != NEG_INF else ZERO  # every part empty: weights 0, out 0
+        if write_lse and j == 0 and r < tile_rows:
+            lse_rows[b, h, m0 + r] = lse_row
+        for it in range(ITEMS):
+            for e in range(4):
+                total[it, e] = ZERO
+        for first in range(0, num_splits, WEIGHT_PARTS):
+            last = min(num_splits, first + WEIGHT_PARTS)
+            if first > 0:
+                cuda.syncthreads()  # everyone is done with the previous weights
+            if r < tile_rows:
+                for s in range(first + j, last, LSE_LANES):
+                    merge[WEIGHTS + r * WEIGHT_PARTS + s - first] = math.exp(lse_parts[s, b, h, m0 + r] - shift)
+            cuda.syncthreads()
+            for s0 in range(first, last, ROUND):
+                if s0 > 0:
+                    load_round(o_parts, b, h, m0, s0, num_splits, tile_rows, tid, values)
+                for it in range(ITEMS):
+                    item = tid + THREADS * it
+                    row = item // QUADS
+                    if row < tile_rows:
+                        for u in range(ROUND):
+                            if s0 + u < last:
+                                weight = merge[WEIGHTS + row * WEIGHT_PARTS + s0 + u - first]
+                                for e in range(4):
+                                    total[it, e] += weight * values[it, u, e]
+        out = out_rows[b, h]
+        head_dim = out_rows.shape[3]
+        for it in range(ITEMS):
+            item = tid + THREADS * it
+            row = item // QUADS
+            c = 4 * (item - row * QUADS)
+            if row < tile_rows:
+                for e in range(0, 4, 2):
+                    word = pack(total[it, e], total[it, e + 1])
+                    if c + e < head_dim:
+                        store2(out, m0 + row, c + e, low_u16(word))
+                    if c + e + 1 < head_dim:
+                        store2(out, m0 + row, c + e + 1, high_u16(word))
+
+    return merge_parts
 
 
 def supports(rows: int) -> bool:

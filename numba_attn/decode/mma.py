@@ -5,7 +5,7 @@ block of the grid ``(batch * kv_heads, row tiles, num_splits)``, and the key ran
 lead ranges, then either tail ranges or, in a pooled plan, a pool per row tile whose tiles the row tile's blocks take
 one by one after their own range through an atomic counter (``decode.pool``). Each block writes its normalised
 float32 part and its lse; in a pooled plan the row tile's last block to finish merges the parts into the output
-itself (an arrival count, ``merge_parts``); otherwise ``decode.combine``'s kernel merges them.
+itself (an arrival count; ``decode.combine.tile_merger``); otherwise ``decode.combine``'s kernel merges them.
 
 Work split inside a block
     All ``warps`` warps hold the same 16 query rows. The block copies K/V tiles of ``block_n`` keys into shared
@@ -199,19 +199,9 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
     ACC_INIT = np.float32(-0.0)  # not 0.0: LLVM turns zero stores into a memset, which keeps the array in local memory
     SCALE_FIRST = scale_first
     KEY_POOL = config.key_pool
-    # the in-kernel merge of pooled plans (``merge_parts``): the lse of a row over LSE_LANES lanes of one warp, then
-    # ITEMS 4-column groups of the 16 rows per thread, ROUND parts of each loaded at a time (a power of two that
-    # divides WEIGHT_PARTS, so rounds never straddle the weights in shared memory)
+    # the in-kernel merge of pooled plans: the weights of the parts in the stages' memory, from MERGE on
     MERGE_IN_KERNEL = KEY_POOL and config.merge_in_kernel
-    LSE_LANES = THREADS // 16
-    LSE_MASKS = tuple(LSE_LANES >> (n + 1) for n in range(LSE_LANES.bit_length() - 1))
-    ITEMS = -(-16 * QUADS // THREADS)
-    WEIGHT_PARTS = config.merge_weight_parts
-    ROUND = min(WEIGHT_PARTS, 1 << (max(1, config.merge_loads // ITEMS).bit_length() - 1))
-    WEIGHTS = MERGE  # weight of part s of row r at WEIGHTS + r * WEIGHT_PARTS + s % WEIGHT_PARTS
-    ONE = np.float32(1.0)
-    load_part_quad = ptx.load_f32x4
-    low_u16, high_u16 = ptx.low_u16, ptx.high_u16
+    merge_parts = _combine.tile_merger(THREADS, D_PAD, MERGE, config.merge_weight_parts, config.merge_loads, bf16)
     mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
     exp2 = ptx.exp2_approx
@@ -268,82 +258,6 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
                 b0, b1, b2, b3 = ldmatrix_trans(smem, base + TILE + v_lane + 16 * kk * ROW + 8 * ob)
                 mma_into(acc, ob, a0, a1, a2, a3, b0, b1)
                 mma_into(acc, ob + 1, a0, a1, a2, a3, b2, b3)
-
-    @device_function
-    def load_round(o_parts, b, h, m0, s0, num_splits, tile_rows, tid, values):
-        """Parts ``s0 .. s0 + ROUND`` of this thread's column groups into ``values`` (0 past the parts / rows)."""
-        for it in range(ITEMS):
-            item = tid + THREADS * it
-            r = item // QUADS
-            c = 4 * (item - r * QUADS)
-            for u in range(ROUND):
-                if r < tile_rows and s0 + u < num_splits:
-                    values[it, u, 0], values[it, u, 1], values[it, u, 2], values[it, u, 3] = load_part_quad(
-                        o_parts[s0 + u, b, h], m0 + r, c)
-                else:
-                    for e in range(4):
-                        values[it, u, e] = ZERO
-
-    @device_function
-    def merge_parts(o_parts, lse_parts, out_rows, lse_rows, write_lse, merge, b, h, m0, tile_rows, tid):
-        """The row tile's parts (all written, seen through the acquire of the arrival) merged like the combine
-        kernel merges them: ``lse = log sum_s exp(lse_s)``, ``out = sum_s exp(lse_s - lse) part_s``."""
-        num_splits = cuda.gridDim.z
-        values = cuda.local.array((ITEMS, ROUND, 4), float32)
-        total = cuda.local.array((ITEMS, 4), float32)
-        load_round(o_parts, b, h, m0, 0, num_splits, tile_rows, tid, values)  # in flight under the lse reduction
-        # row r's lse: lane j of its LSE_LANES merges parts j, j + LSE_LANES, ..., then a butterfly
-        r = tid // LSE_LANES
-        j = tid % LSE_LANES
-        m = NEG_INF
-        ssum = ZERO
-        if r < tile_rows:
-            for s in range(j, num_splits, LSE_LANES):
-                m, ssum = _combine.merge_lse_states(m, ssum, lse_parts[s, b, h, m0 + r], ONE)
-        for mask in LSE_MASKS:
-            m, ssum = _combine.merge_lse_states(m, ssum, shfl_xor(m, mask), shfl_xor(ssum, mask))
-        lse_row = m  # NaN stays NaN
-        if m == m:
-            lse_row = m + math.log(ssum) if m != NEG_INF and ssum > ZERO else NEG_INF
-        shift = lse_row if lse_row != NEG_INF else ZERO  # every part empty: weights 0, out 0
-        if write_lse and j == 0 and r < tile_rows:
-            lse_rows[b, h, m0 + r] = lse_row
-        for it in range(ITEMS):
-            for e in range(4):
-                total[it, e] = ZERO
-        for first in range(0, num_splits, WEIGHT_PARTS):
-            last = min(num_splits, first + WEIGHT_PARTS)
-            if first > 0:
-                cuda.syncthreads()  # everyone is done with the previous weights
-            if r < tile_rows:
-                for s in range(first + j, last, LSE_LANES):
-                    merge[WEIGHTS + r * WEIGHT_PARTS + s - first] = math.exp(lse_parts[s, b, h, m0 + r] - shift)
-            cuda.syncthreads()
-            for s0 in range(first, last, ROUND):
-                if s0 > 0:
-                    load_round(o_parts, b, h, m0, s0, num_splits, tile_rows, tid, values)
-                for it in range(ITEMS):
-                    item = tid + THREADS * it
-                    row = item // QUADS
-                    if row < tile_rows:
-                        for u in range(ROUND):
-                            if s0 + u < last:
-                                weight = merge[WEIGHTS + row * WEIGHT_PARTS + s0 + u - first]
-                                for e in range(4):
-                                    total[it, e] += weight * values[it, u, e]
-        out = out_rows[b, h]
-        head_dim = out_rows.shape[3]
-        for it in range(ITEMS):
-            item = tid + THREADS * it
-            row = item // QUADS
-            c = 4 * (item - row * QUADS)
-            if row < tile_rows:
-                for e in range(0, 4, 2):
-                    word = pack(total[it, e], total[it, e + 1])
-                    if c + e < head_dim:
-                        store2(out, m0 + row, c + e, low_u16(word))
-                    if c + e + 1 < head_dim:
-                        store2(out, m0 + row, c + e + 1, high_u16(word))
 
     def kernel(q, k, v, o_parts, lse_parts, scale_log2, lead_splits, lead_keys, tail_keys, pool_first, counters,
                out_rows, lse_rows, finish):

@@ -65,6 +65,17 @@ def _exported_device_function(fn):
     return cuda.jit(device=True)(fn) if SIMULATOR else device_function(fn)
 
 
+@cuda.jit(device=True, inline=True)
+def lse_and_shift(m, s):
+    """``(lse, shift)`` of a merged ``(max, sum of exp)`` state: ``lse = m + log(s)`` (NaN stays NaN, a state
+    with no key gives -inf), and the shift of the weights ``exp(lse_s - shift)``: 0 where every part is empty, so
+    that the weights are 0 and not ``exp(-inf + inf) = NaN``."""
+    lse = m
+    if m == m:
+        lse = m + math.log(s) if m != _NEG_INF and s > _ZERO else _NEG_INF
+    return lse, (lse if lse != _NEG_INF else _ZERO)
+
+
 @lru_cache(maxsize=None)
 def converters(bf16_in: bool, bf16_out: bool):
     """``(load, store)`` device functions: element of q / k / v -> float32, float32 -> element of the output.
@@ -175,11 +186,7 @@ def combine_kernel(config: CombineConfig, cols: int, parts_dtype: str = "float32
             ssum = ZERO
             for lane in range(CX):
                 m, ssum = merge_lse_states(m, ssum, states[0, ty, lane], states[1, ty, lane])
-        total = m  # NaN stays NaN
-        if m == m:
-            total = m + math.log(ssum) if m != NEG_INF and ssum > ZERO else NEG_INF
-        # every part empty: weights exp(-inf - 0) = 0, so out is 0 (not exp(-inf + inf) = NaN)
-        t_use = total if total != NEG_INF else ZERO
+        total, t_use = lse_and_shift(m, ssum)
 
         acc = cuda.local.array(CJ, float32)
         w = math.exp(lse_first - t_use)
@@ -266,10 +273,7 @@ def tile_merger(threads: int, d_pad: int, weights_at: int, weight_parts: int, me
                 m, ssum = merge_lse_states(m, ssum, lse_parts[s, b, h, m0 + r], ONE)
         for mask in LSE_MASKS:
             m, ssum = merge_lse_states(m, ssum, shfl_xor(m, mask), shfl_xor(ssum, mask))
-        lse_row = m  # NaN stays NaN
-        if m == m:
-            lse_row = m + math.log(ssum) if m != NEG_INF and ssum > ZERO else NEG_INF
-        shift = lse_row if lse_row != NEG_INF else ZERO  # every part empty: weights 0, out 0
+        lse_row, shift = lse_and_shift(m, ssum)
         if write_lse and j == 0 and r < tile_rows:
             lse_rows[b, h, m0 + r] = lse_row
         for it in range(ITEMS):

@@ -299,18 +299,14 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
                         for j in range(DPL):
                             acc[r, j] += cuda.shfl_xor_sync(FULL_MASK, acc[r, j], offset)
                     offset *= 2
-                if tid % WARP < G:  # the warp's first key group now holds the warp's sums
-                    for r in range(R):
-                        for j in range(DPL):
-                            o_red[warp, r, lane_g + G * j] = acc[r, j]
-                        if lane_g == 0:
-                            l_red[warp, r] = l_i[r]
-            else:
+            # with shuffles the warp's first key group now holds the warp's sums; without, every group has a slot
+            if not SHUFFLES or tid % WARP < G:
+                slot = warp if SHUFFLES else grp
                 for r in range(R):
                     for j in range(DPL):
-                        o_red[grp, r, lane_g + G * j] = acc[r, j]
+                        o_red[slot, r, lane_g + G * j] = acc[r, j]
                     if lane_g == 0:
-                        l_red[grp, r] = l_i[r]
+                        l_red[slot, r] = l_i[r]
             cuda.syncthreads()
 
             # ---- normalise and write: consecutive threads take consecutive columns (coalesced stores) ----------

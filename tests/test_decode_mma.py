@@ -11,6 +11,7 @@ import pytest
 import numba_attn
 import reference
 from numba_attn.core import ptx
+from numba_attn.decode import combine as decode_combine
 from numba_attn.decode import dispatch
 from numba_attn.decode import launch as decode_launch
 from numba_attn.decode import mma as decode_mma
@@ -268,3 +269,19 @@ def test_pool_counters_are_zero_after_an_interrupted_launch(monkeypatch):
     out, lse = run()
     assert rel_error(to_host(out), expected_out) <= TOLERANCE["float16"]
     assert_close_lse(to_host(lse), expected_lse)
+
+
+@pytest.mark.parametrize("change", [dict(block_n=40), dict(warps=3, block_n=48), dict(stages=1), dict(stages=3),
+                                    dict(merge_loads=0), dict(merge_weight_parts=3), dict(blocks_per_sm=0)])
+def test_configs_are_checked_when_made(change):
+    with pytest.raises(ValueError):
+        dataclasses.replace(decode_mma.DEFAULT_CONFIG, **change)
+    # what only a pooled kernel with the in-kernel merge needs
+    if change in (dict(stages=3), dict(warps=3, block_n=48)):
+        dataclasses.replace(decode_mma.DEFAULT_CONFIG, key_pool=False, **change)
+    with pytest.raises(ValueError, match="d_pad"):
+        decode_mma.layout_for(decode_mma.DEFAULT_CONFIG, 24)
+    with pytest.raises(ValueError):
+        dataclasses.replace(decode.GPU_CONFIG, rows=0)
+    with pytest.raises(ValueError):
+        decode_combine.CombineConfig(threads_x=64, split_groups=32)

@@ -59,6 +59,24 @@ class DecodeMmaConfig:
     merge_loads: int = 32  # the in-kernel merge: 16-byte part loads in flight per thread ...
     merge_weight_parts: int = 32  # ... and the parts per row whose weights sit in shared memory at a time
 
+    def __post_init__(self):
+        warp_keys, rest = divmod(self.block_n, self.warps) if self.warps > 0 else (0, 1)
+        if rest or warp_keys % 16 or warp_keys == 0:
+            raise ValueError(f"block_n ({self.block_n}) must give every one of {self.warps} warps a multiple of 16 "
+                             "keys")
+        if self.stages < 2:
+            raise ValueError(f"stages must be at least 2, got {self.stages}")
+        if self.key_pool and self.stages != 2:
+            raise ValueError(f"key_pool takes tiles one ahead: it needs 2 stages, got {self.stages}")
+        if self.key_pool and self.merge_in_kernel and (self.warps & (self.warps - 1) or self.warps > 16):
+            raise ValueError(f"the in-kernel merge reduces a row's lse over 2 * warps lanes of one warp: warps must be "
+                             f"a power of two <= 16, got {self.warps}")
+        if self.blocks_per_sm < 1 or self.merge_loads < 1:
+            raise ValueError(f"blocks_per_sm ({self.blocks_per_sm}) and merge_loads ({self.merge_loads}) must be at "
+                             "least 1")
+        if self.merge_weight_parts < 1 or self.merge_weight_parts & (self.merge_weight_parts - 1):
+            raise ValueError(f"merge_weight_parts must be a power of two, got {self.merge_weight_parts}")
+
     @property
     def threads(self) -> int:
         return 32 * self.warps
@@ -128,26 +146,13 @@ class _Layout:
 
 
 def layout_for(config: DecodeMmaConfig, d_pad: int) -> _Layout:
-    warp_keys, rest = divmod(config.block_n, config.warps)
-    if rest or warp_keys % 16 or warp_keys == 0:
-        raise ValueError(f"block_n ({config.block_n}) must give every one of {config.warps} warps a multiple of 16 "
-                         "keys")
-    if config.stages < 2:
-        raise ValueError(f"stages must be at least 2, got {config.stages}")
-    if config.key_pool and config.stages != 2:
-        raise ValueError(f"key_pool takes tiles one ahead: it needs 2 stages, got {config.stages}")
+    """The shared memory of ``config`` at head dim ``d_pad`` (what the configuration alone decides is checked when
+    it is made)."""
     if d_pad % 16 or not 16 <= d_pad <= 256:
         raise ValueError(f"d_pad must be a multiple of 16 in [16, 256], got {d_pad}")
-    if config.key_pool and config.merge_in_kernel and (config.warps & (config.warps - 1) or config.warps > 16):
-        raise ValueError(f"the in-kernel merge reduces a row's lse over 2 * warps lanes of one warp: warps must be a "
-                         f"power of two <= 16, got {config.warps}")
-    if config.merge_loads < 1:
-        raise ValueError(f"merge_loads must be at least 1, got {config.merge_loads}")
-    weight_parts = config.merge_weight_parts
-    if weight_parts < 1 or weight_parts & (weight_parts - 1) or 16 * weight_parts > config.stages * config.block_n * (
-            d_pad + 8):
-        raise ValueError(f"merge_weight_parts must be a power of two whose 16 rows of float32 fit in the stages' "
-                         f"memory, got {weight_parts}")
+    if 16 * config.merge_weight_parts > config.stages * config.block_n * (d_pad + 8):
+        raise ValueError(f"merge_weight_parts ({config.merge_weight_parts}): 16 rows of that many float32 weights "
+                         "must fit in the stages' memory")
     return _Layout(config, d_pad)
 
 

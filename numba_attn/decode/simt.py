@@ -67,6 +67,10 @@ class DecodeConfig:
     rows: int = 8  # query rows held in registers per pass (q and the accumulator are rows * DPL each)
     keys_per_lane: int = 2  # keys each key group loads per iteration: loads in flight
 
+    def __post_init__(self):
+        if min(self.threads, self.cols_per_lane, self.rows, self.keys_per_lane) < 1:
+            raise ValueError(f"threads, cols_per_lane, rows and keys_per_lane must be at least 1, got {self}")
+
 
 #: Default configuration on a GPU, and a tiny one for the simulator (every thread is a Python thread there).
 GPU_CONFIG = DecodeConfig()
@@ -75,6 +79,11 @@ SIMULATOR_CONFIG = DecodeConfig(threads=8, cols_per_lane=2, rows=2, keys_per_lan
 
 def default_config() -> DecodeConfig:
     return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
+
+
+def supports(batch: int, kv_heads: int) -> bool:
+    """Whether one launch takes these blocks per split (any query rows: a block loops over them)."""
+    return batch * kv_heads <= max_grid(0)
 
 
 def key_group_layout(config: DecodeConfig, head_dim: int) -> tuple[int, int]:
@@ -374,7 +383,7 @@ def launch_split(q, k, v, o_dst, lse_dst, write_lse: bool, sm_scale: float, caus
     num_splits = o_dst.shape[0]
     if not 1 <= num_splits <= max_grid(1):
         raise ValueError(f"num_splits: must be between 1 and {max_grid(1)} for one launch, got {num_splits}")
-    if batch * kv_heads > max_grid(0):
+    if not supports(batch, kv_heads):
         raise ValueError(f"k: batch * kv_heads = {batch * kv_heads} blocks per split, more than one launch takes "
                          f"({max_grid(0)})")
     lanes, cols = key_group_layout(config, head_dim)

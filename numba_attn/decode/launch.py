@@ -55,8 +55,9 @@ def grouped_views(q, out, lse, write_lse: bool, kv_heads: int, causal: bool):
 
 
 class _Step:
-    """A launch for one cache length, worked out once: the plan, whether the split kernel merges the parts, their
-    shape and scratch size, the split kernel's grid, and (on a GPU) their parameter templates, pointers relative to the scratch."""
+    """A launch for one cache length, worked out once: the plan, whether the split kernel merges the parts, the
+    split kernel's grid, the parts' shape and scratch size and (on a GPU) their parameter templates, pointers
+    relative to the scratch."""
 
     __slots__ = ("plan", "merges", "grid", "parts_shape", "size", "parts_params")
 

@@ -1,7 +1,8 @@
 """How a decoding step cuts the keys of every row tile into ranges for the tensor-core split kernel.
 
 ``plan_splits`` fills one wave of blocks with lead ranges, then balances the end of the step: the SMs stream at
-rates that differ by up to 20 % (set by where they sit on the chip), so equal ranges end over a spread of the step.
+different rates (set by where they sit on the chip; design.md, "Tail ranges"), so equal ranges end over a spread of
+the step.
 Where a row tile has several lead ranges, the last keys form its pool, which its blocks take tile by tile after their
 own range (``SplitPlan.pool_first``, the counters of ``decode.pool``); otherwise, for long caches, short tail ranges
 lie behind the lead ranges on the grid and go to the SMs that finish first.

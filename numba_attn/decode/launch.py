@@ -140,8 +140,9 @@ class DecodeLaunch:
         return (batch * kv_heads, -(-rows // 16), plan.num_splits)
 
     def counters(self, plan: SplitPlan, stream: int):
-        """The pool's counters for a launch of ``plan`` on ``stream`` (a driver handle): ``decode.pool.POOL_COUNTERS``', the
-        placeholder of a plan without a pool, or None where a capture must zero its own."""
+        """The pool's counters for a launch of ``plan`` on ``stream`` (a driver handle): those of
+        ``decode.pool.POOL_COUNTERS``, the placeholder of a plan without a pool, or None where a capture must zero its
+        own."""
         if not plan.pooled:
             return _pool.POOL_COUNTERS.unused()
         device_id = self.device_id

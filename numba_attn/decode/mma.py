@@ -24,7 +24,8 @@ only on tiles that cross the end of the range), ``O += P V_w`` with P packed in 
 elements: the 8 row addresses of an ``ldmatrix`` fall in 8 different bank groups).
 
 No mask but the end of the keys: one query row sees every key under the bottom-right causal mask, and several rows
-come here only without one (``decode.launch.grouped_views``). Rows that see no key (an empty split) give 0 and ``lse = -inf``.
+come here only without one (``decode.launch.grouped_views``). Rows that see no key (an empty split) give 0 and
+``lse = -inf``.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Times ``flash_decode``'s key-range plans against each other and against torch SDPA, in one process.
 
-A plan is ``decode_mma.plan_splits`` with its knobs set: ``POOL_FRACTION`` (``pF``: share of every row tile's keys
+A plan is ``decode.plan.plan_splits`` with its knobs set: ``POOL_FRACTION`` (``pF``: share of every row tile's keys
 in the pool its blocks take tile by tile; used where a row tile has several lead ranges), ``TAIL_FRACTION`` (share
 of every row tile's keys cut into short tail ranges that the block scheduler hands to the SMs that finish their lead
 range first; for the plans without a pool) and ``TAIL_RANGES_PER_SLOT`` (how many tail ranges per resident block,
@@ -33,6 +33,7 @@ import numba_attn
 import reference
 from numba_attn.decode import cached as _decode_plan
 from numba_attn.decode import mma as decode_mma
+from numba_attn.decode import plan as split_plan
 
 
 _DEFAULT_CONFIG = decode_mma.DEFAULT_CONFIG
@@ -47,20 +48,20 @@ def parse_variant(text: str) -> tuple:
         field, _, value = change.partition("=")
         kind = type(getattr(_DEFAULT_CONFIG, field))
         config[field] = bool(int(value)) if kind is bool else kind(value)
-    pool = decode_mma.POOL_FRACTION
+    pool = split_plan.POOL_FRACTION
     if text.startswith("p"):  # pF: pooled plans with a pool of share F (the kernel's key_pool on)
         config["key_pool"], pool, text = True, float(text[1:]), "0"
     config = tuple(sorted(config.items()))
     if text.startswith("n"):
-        return (0.0, decode_mma.TAIL_RANGES_PER_SLOT, int(text[1:]), config, pool)
+        return (0.0, split_plan.TAIL_RANGES_PER_SLOT, int(text[1:]), config, pool)
     fraction, _, per_slot = text.partition(":")
-    return float(fraction), int(per_slot or decode_mma.TAIL_RANGES_PER_SLOT), None, config, pool
+    return float(fraction), int(per_slot or split_plan.TAIL_RANGES_PER_SLOT), None, config, pool
 
 
 def set_variant(variant) -> None:
-    knobs = (decode_mma.TAIL_FRACTION, decode_mma.TAIL_RANGES_PER_SLOT, decode_mma.POOL_FRACTION)
-    decode_mma.TAIL_FRACTION, decode_mma.TAIL_RANGES_PER_SLOT = variant[:2]
-    decode_mma.POOL_FRACTION = variant[4]
+    knobs = (split_plan.TAIL_FRACTION, split_plan.TAIL_RANGES_PER_SLOT, split_plan.POOL_FRACTION)
+    split_plan.TAIL_FRACTION, split_plan.TAIL_RANGES_PER_SLOT = variant[:2]
+    split_plan.POOL_FRACTION = variant[4]
     if knobs != variant[:2] + (variant[4],):
         _decode_plan.clear()  # (each launch keeps its plans per cache length)
     config = dataclasses.replace(_DEFAULT_CONFIG, **dict(variant[3]))
@@ -211,7 +212,7 @@ def main() -> None:
     parser.add_argument("--kernels", action="store_true", help="also per-kernel GPU times (torch profiler)")
     parser.add_argument("--host", type=int, default=0, help="first profile the host time of this many calls")
     parser.add_argument("--min-lead-tiles", type=int, default=None,
-                        help="decode_mma.MIN_LEAD_TILES for the tail variants (default: the module's)")
+                        help="split_plan.MIN_LEAD_TILES for the tail variants (default: the module's)")
     parser.add_argument("--json")
     args = parser.parse_args()
 
@@ -220,7 +221,7 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if args.min_lead_tiles is not None:
-        decode_mma.MIN_LEAD_TILES = args.min_lead_tiles
+        split_plan.MIN_LEAD_TILES = args.min_lead_tiles
     if args.host:
         host_profile(args.host)
     lengths = [int(x[:-1]) * 1024 if x.endswith("k") else int(x) for x in args.lengths.split(",")]
@@ -254,8 +255,8 @@ def main() -> None:
                 if var is not None:
                     set_variant(var)
                     config = decode_mma.DEFAULT_CONFIG
-                    plan = (decode_mma.uniform_plan(seqlen_k, var[2], config.block_n) if var[2]
-                            else decode_mma.plan_splits(b, kv_heads, h // kv_heads, seqlen_k, sms, config))
+                    plan = (split_plan.uniform_plan(seqlen_k, var[2], config.block_n) if var[2]
+                            else split_plan.plan_splits(b, kv_heads, h // kv_heads, seqlen_k, sms, config))
                     results[name]["plan"] = plan.__dict__
                 out = fn()
                 torch.cuda.synchronize()
@@ -281,7 +282,7 @@ def main() -> None:
                 plan = r.get("plan")
                 plan_text = (f"{plan['lead_splits']}x{plan['lead_keys']} + {plan['num_splits'] - plan['lead_splits']}"
                              f"x{plan['tail_keys']}" if plan else "")
-                if plan and plan["pool_first"] != decode_mma.NO_POOL:
+                if plan and plan["pool_first"] != split_plan.NO_POOL:
                     plan_text += f", pool from key {plan['pool_first']}"
                 print(f"  {name:40s} graph {g:7.1f} us ({nbytes / g / 1e3 / copy:5.1%} of copy)  queued {qd:7.1f} us "
                       f"({nbytes / qd / 1e3 / copy:5.1%})  err {r['error']:.1e}  {plan_text}  "

@@ -1,0 +1,7 @@
+"""Decoding: split-KV attention of a few query rows over a long KV cache (``flash_decode``), and the LSE merge of
+parts (``combine_lse``).
+
+``dispatch`` picks the kernel of a call and ``cached`` keeps plans for repeated calls; ``simt`` (SIMT split kernel)
+and ``mma`` (tensor-core split kernel) stream the keys, ``plan`` cuts them into ranges, ``pool`` holds the counters of
+pooled launches, ``launch`` launches the tensor-core path, and ``combine`` merges the parts.
+"""

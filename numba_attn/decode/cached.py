@@ -21,7 +21,7 @@ from ..runtime import arrays as _arrays
 from ..runtime import views as _views
 from ..runtime.cache import BoundedCache
 from ..runtime.device import DeviceView
-from . import mma as _decode_mma
+from . import launch as _decode_launch
 
 #: Serve repeated calls from plans (False: every call takes the checked path, for comparison and debugging).
 ENABLED = True
@@ -31,7 +31,7 @@ _PLANS = BoundedCache("decode plans")
 
 def clear() -> None:
     """Forget every plan (after changing a module-level knob that the checked path reads, such as
-    ``dispatch.MMA_MIN_GROUP`` or ``decode_mma.DEFAULT_CONFIG``)."""
+    ``dispatch.MMA_MIN_GROUP`` or ``decode.mma.DEFAULT_CONFIG``)."""
     _PLANS.clear()
 
 
@@ -65,10 +65,10 @@ def register(key, plan: "DecodePlan") -> None:
 
 class DecodePlan:
     """What the checked path worked out for one kind of call: the query-row, output and lse views (templates: only
-    their pointers change), the output kind, and the ``decode_mma.DecodeLaunch`` with the kernels."""
+    their pointers change), the output kind, and the ``decode.launch.DecodeLaunch`` with the kernels."""
 
     def __init__(self, call, out_shape: tuple, lse_shape: tuple | None, q_rows: DeviceView, out_rows: DeviceView,
-                 lse_rows, launch: _decode_mma.DecodeLaunch):
+                 lse_rows, launch: _decode_launch.DecodeLaunch):
         self.library = _arrays.fast_library(call.library)
         self.device_id, self.dtype = call.device_id, call.dtype
         self.out_shape, self.lse_shape = out_shape, lse_shape

@@ -1,6 +1,6 @@
 """Which split-KV kernel runs a ``flash_decode`` call, and the launch of the combine for ``combine_lse``.
 
-float16 / bfloat16 on sm_80+ (and the simulator) take the tensor-core split kernel (``mma.DecodeLaunch``) whenever
+float16 / bfloat16 on sm_80+ (and the simulator) take the tensor-core split kernel (``launch.DecodeLaunch``) whenever
 the query rows of a GQA group regroup into one sequence without a copy; everything else takes the SIMT split kernel
 and the combine kernel (``simt``). A tensor-core call of torch or CuPy arrays leaves a plan (``cached``) that later
 calls of the same kind take without the checks.
@@ -11,6 +11,8 @@ from ..runtime.arrays import BFLOAT16
 from ..runtime.attention_args import AttentionArgs
 from ..runtime.device import SIMULATOR, compute_capability, multiprocessor_count
 from . import cached as _decode_plan
+from . import combine as _combine
+from . import launch as _decode_launch
 from . import mma as _decode_mma
 from . import simt as _decode
 
@@ -27,11 +29,12 @@ def check_dtype(dtype: str) -> None:
 
 def on_tensor_cores(dtype: str, shape, args: AttentionArgs):
     """The regrouped ``(q, out, lse)`` views when ``flash_decode`` takes the tensor-core kernel, else None."""
-    if dtype not in ("float16", "bfloat16") or shape.heads // shape.kv_heads < MMA_MIN_GROUP:
+    group = shape.heads // shape.kv_heads
+    if group < MMA_MIN_GROUP or not _decode_mma.supports(dtype, shape.batch, shape.kv_heads, group * shape.seqlen_q):
         return None
-    if not (SIMULATOR or compute_capability() >= _decode_mma.MIN_COMPUTE_CAPABILITY):
-        return None
-    return _decode_mma.grouped_views(args.q, args.out, args.lse, args.write_lse, shape.kv_heads, args.causal)
+    if not _combine.supports(shape.batch * shape.heads * shape.seqlen_q):
+        return None  # (the SIMT path takes any rows with one split)
+    return _decode_launch.grouped_views(args.q, args.out, args.lse, args.write_lse, shape.kv_heads, args.causal)
 
 
 def run(call, shape, args: AttentionArgs, num_splits, plan_key=None) -> None:
@@ -44,9 +47,9 @@ def run(call, shape, args: AttentionArgs, num_splits, plan_key=None) -> None:
         _decode.launch(*args.launch_args(), num_splits, call.stream, scratch=call.scratch, dtype=call.dtype)
         return
     q_rows, out_rows, lse_rows = grouped
-    launch = _decode_mma.DecodeLaunch(
+    launch = _decode_launch.DecodeLaunch(
         q_rows, out_rows, args.write_lse, args.sm_scale, num_splits, multiprocessor_count(), dtype=call.dtype,
-        vector_loads=_decode_mma.vector_loads_ok(q_rows, args.k, args.v),
+        vector_loads=_decode_launch.vector_loads_ok(q_rows, args.k, args.v),
         device_id=call.device_id if call.device_id >= 0 else None)
     launch(q_rows, args.k, args.v, out_rows, lse_rows, call.stream, call.scratch)
     if plan_key is not None and shape.seqlen_k > 0:  # later calls like this one skip the checks

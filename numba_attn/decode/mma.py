@@ -1,14 +1,11 @@
-"""Split-KV decoding on tensor cores: a block of several warps shares every key tile.
+"""Split-KV decoding on tensor cores: the split kernel, a block of several warps sharing every key tile.
 
-``flash_decode`` regroups the query rows of each GQA group into one sequence (``runtime.views.grouped_heads``, no copy):
-``(batch, kv_heads, group * seqlen_q, headdim)``, so that one 16-row MMA tile holds a whole group (8 rows for GQA 8
-and one token) and every K/V element is read once per kv head. The keys are cut into ranges (``SplitPlan``: lead
-ranges that fill one wave of blocks; then either a pool per row tile, whose tiles the row tile's blocks take one by
-one after their own range through an atomic counter (``PoolCounters``), or, for long caches with one lead range per
-row tile, short tail ranges that the block scheduler starts on the SMs that finish first); each block of the grid
-``(batch * kv_heads, row tiles, num_splits)`` streams its keys and writes its normalised float32 part and its lse.
-In a pooled plan the row tile's last block to finish merges the parts into the output itself (an arrival count,
-``merge_parts``); otherwise ``decode``'s combine kernel merges them.
+The kernel takes the query rows of a GQA group as one sequence (``decode.launch.grouped_views``), a 16-row tile per
+block of the grid ``(batch * kv_heads, row tiles, num_splits)``, and the key ranges of a ``decode.plan.SplitPlan``:
+lead ranges, then either tail ranges or, in a pooled plan, a pool per row tile whose tiles the row tile's blocks take
+one by one after their own range through an atomic counter (``decode.pool``). Each block writes its normalised
+float32 part and its lse; in a pooled plan the row tile's last block to finish merges the parts into the output
+itself (an arrival count; ``decode.combine.tile_merger``); otherwise ``decode.combine``'s kernel merges them.
 
 Work split inside a block
     All ``warps`` warps hold the same 16 query rows. The block copies K/V tiles of ``block_n`` keys into shared
@@ -17,10 +14,8 @@ Work split inside a block
     ``P V``) and keeps its own online softmax (``m``, ``l``, un-normalised ``O``) over them. After the range the warps
     merge through shared memory exactly as splits merge: ``m = max_w m_w``, weights ``2^(m_w - m)``, one division by
     ``l``. Why several warps: the split variant of the forward kernel that decoding used before had one warp per
-    block, which issued every copy, every MMA and the softmax of a tile in sequence; a block that read one tile still
-    took 8 us (design.md, "Where the fixed cost of a GQA step goes"). H100, B8 H32 Hkv4 D128 fp16, split kernel +
-    combine in CUDA graphs, 4k / 16k / 32k keys: 32.7 / 101.0 / 192.3 us against 35.1 / 103.9 / 198.7 us for the
-    one-warp block (design.md, "Decoding with four warps per split block").
+    block, which issued every copy, every MMA and the softmax of a tile in sequence (design.md, "Where the fixed cost
+    of a GQA step goes", and "Decoding with four warps per split block").
 
 Per tile, warp ``w``: ``S = Q K_w^T`` (Q's A fragments stay in registers for head dims <= 128, read once;
 ``ldmatrix.x4`` for K), the online softmax of ``online_softmax.softmax_step`` on its ``block_n / warps`` keys (masks
@@ -29,32 +24,24 @@ only on tiles that cross the end of the range), ``O += P V_w`` with P packed in 
 elements: the 8 row addresses of an ``ldmatrix`` fall in 8 different bank groups).
 
 No mask but the end of the keys: one query row sees every key under the bottom-right causal mask, and several rows
-come here only without one (``grouped_views``). Rows that see no key (an empty split) give 0 and ``lse = -inf``.
+come here only without one (``decode.launch.grouped_views``). Rows that see no key (an empty split) give 0 and
+``lse = -inf``.
 """
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 from numba import float32, types, uint16, uint32
 
-from ..runtime import device as _device
-from ..runtime import launch as _launch
-from ..runtime.views import carve, grouped_heads
-from ..runtime.device import SIMULATOR, DeviceView, cuda
-from ..runtime.launch import prepared
-from ..runtime.launch import launch as device_launch
-from . import simt as _decode
+from ..runtime.device import SIMULATOR, compute_capability, cuda, max_grid
+from . import combine as _combine
+from .combine import LN2
 from ..core import ptx
-from ..forward.mma import _bits, vector_loads_ok
 from ..core.softmax import softmax_step
 from ..core.staging import device_function, tile_loader
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 
 @dataclass(frozen=True)
@@ -73,6 +60,24 @@ class DecodeMmaConfig:
     merge_loads: int = 32  # the in-kernel merge: 16-byte part loads in flight per thread ...
     merge_weight_parts: int = 32  # ... and the parts per row whose weights sit in shared memory at a time
 
+    def __post_init__(self):
+        warp_keys, rest = divmod(self.block_n, self.warps) if self.warps > 0 else (0, 1)
+        if rest or warp_keys % 16 or warp_keys == 0:
+            raise ValueError(f"block_n ({self.block_n}) must give every one of {self.warps} warps a multiple of 16 "
+                             "keys")
+        if self.stages < 2:
+            raise ValueError(f"stages must be at least 2, got {self.stages}")
+        if self.key_pool and self.stages != 2:
+            raise ValueError(f"key_pool takes tiles one ahead: it needs 2 stages, got {self.stages}")
+        if self.key_pool and self.merge_in_kernel and (self.warps & (self.warps - 1) or self.warps > 16):
+            raise ValueError(f"the in-kernel merge reduces a row's lse over 2 * warps lanes of one warp: warps must be "
+                             f"a power of two <= 16, got {self.warps}")
+        if self.blocks_per_sm < 1 or self.merge_loads < 1:
+            raise ValueError(f"blocks_per_sm ({self.blocks_per_sm}) and merge_loads ({self.merge_loads}) must be at "
+                             "least 1")
+        if self.merge_weight_parts < 1 or self.merge_weight_parts & (self.merge_weight_parts - 1):
+            raise ValueError(f"merge_weight_parts must be a power of two, got {self.merge_weight_parts}")
+
     @property
     def threads(self) -> int:
         return 32 * self.warps
@@ -84,25 +89,6 @@ DEFAULT_CONFIG = DecodeMmaConfig()
 WIDE_CONFIG = DecodeMmaConfig(warps=2, block_n=32)
 #: the CUDA simulator runs every thread as a Python thread: 2 warps x 16 keys
 SIMULATOR_CONFIG = DecodeMmaConfig(warps=2, block_n=32)
-#: at least this many keys per lead range (each range writes float32 parts that the combine reads back)
-MIN_KEYS_PER_SPLIT = 512
-#: Balancing the end of long steps (``plan_splits``; design.md, "Tail ranges"): the SMs stream at rates that differ
-#: by up to 20 % (set by where they sit on the chip), so equal ranges end over a spread of the step. This share of
-#: every row tile's keys goes to short tail ranges that the block scheduler hands to the SMs that finish first ...
-TAIL_FRACTION = 0.2
-#: ... about this many per resident block (more: finer balance, more parts for the combine) ...
-TAIL_RANGES_PER_SLOT = 4
-#: ... where the lead ranges keep at least this many tiles. H100, B8 H32 D128 fp16, CUDA graphs: multi-head caches
-#: of 16k-64k keys (lead ranges of 204-819 tiles) 1.2-1.9 % faster, GQA 8 at 64k (102 tiles) 0.5-1 %; GQA 8 at
-#: 16k / 32k (25 / 51 tiles) 1-3 % slower: a tail block's start and its part cost more than the balance gains.
-MIN_LEAD_TILES = 96
-#: Pooled plans (``key_pool``, where a row tile has several lead ranges): this share of every row tile's keys is its
-#: pool, taken tile by tile by the row tile's blocks after their own ranges, so the blocks on faster SMs take more.
-#: H100, B8 H32 Hkv4 D128 fp16, CUDA graphs (design.md, "A key pool per row tile"): 16k / 32k / 64k keys 100.3 /
-#: 189.1 / 366.9 us against 100.8 / 189.7 / 373.5 with equal ranges (16k, 32k) and tail ranges (64k).
-POOL_FRACTION = 0.2
-#: ``SplitPlan.pool_first`` of a plan without a pool
-NO_POOL = 1 << 62
 #: mma.sync.m16n8k16 with f16 / bf16 operands and cvt.rn.bf16x2 need sm_80 or newer
 MIN_COMPUTE_CAPABILITY = (8, 0)
 
@@ -111,6 +97,15 @@ def config_for(head_dim: int) -> DecodeMmaConfig:
     if SIMULATOR:
         return SIMULATOR_CONFIG
     return DEFAULT_CONFIG if padded_head_dim(head_dim) <= 128 else WIDE_CONFIG
+
+
+def supports(dtype: str, batch: int, kv_heads: int, rows: int) -> bool:
+    """Whether the split kernel takes ``rows`` regrouped query rows of each (batch, kv head) of ``dtype``: 16-bit
+    inputs on sm_80+ (or the simulator), and a grid ``(batch * kv_heads, row tiles, splits)`` that the device takes
+    (the splits are planned within its z limit)."""
+    if dtype not in ("float16", "bfloat16") or not (SIMULATOR or compute_capability() >= MIN_COMPUTE_CAPABILITY):
+        return False
+    return batch * kv_heads <= max_grid(0) and -(-rows // 16) <= max_grid(1)
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -152,26 +147,13 @@ class _Layout:
 
 
 def layout_for(config: DecodeMmaConfig, d_pad: int) -> _Layout:
-    warp_keys, rest = divmod(config.block_n, config.warps)
-    if rest or warp_keys % 16 or warp_keys == 0:
-        raise ValueError(f"block_n ({config.block_n}) must give every one of {config.warps} warps a multiple of 16 "
-                         "keys")
-    if config.stages < 2:
-        raise ValueError(f"stages must be at least 2, got {config.stages}")
-    if config.key_pool and config.stages != 2:
-        raise ValueError(f"key_pool takes tiles one ahead: it needs 2 stages, got {config.stages}")
+    """The shared memory of ``config`` at head dim ``d_pad`` (what the configuration alone decides is checked when
+    it is made)."""
     if d_pad % 16 or not 16 <= d_pad <= 256:
         raise ValueError(f"d_pad must be a multiple of 16 in [16, 256], got {d_pad}")
-    if config.key_pool and config.merge_in_kernel and (config.warps & (config.warps - 1) or config.warps > 16):
-        raise ValueError(f"the in-kernel merge reduces a row's lse over 2 * warps lanes of one warp: warps must be a "
-                         f"power of two <= 16, got {config.warps}")
-    if config.merge_loads < 1:
-        raise ValueError(f"merge_loads must be at least 1, got {config.merge_loads}")
-    weight_parts = config.merge_weight_parts
-    if weight_parts < 1 or weight_parts & (weight_parts - 1) or 16 * weight_parts > config.stages * config.block_n * (
-            d_pad + 8):
-        raise ValueError(f"merge_weight_parts must be a power of two whose 16 rows of float32 fit in the stages' "
-                         f"memory, got {weight_parts}")
+    if 16 * config.merge_weight_parts > config.stages * config.block_n * (d_pad + 8):
+        raise ValueError(f"merge_weight_parts ({config.merge_weight_parts}): 16 rows of that many float32 weights "
+                         "must fit in the stages' memory")
     return _Layout(config, d_pad)
 
 
@@ -223,19 +205,9 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
     ACC_INIT = np.float32(-0.0)  # not 0.0: LLVM turns zero stores into a memset, which keeps the array in local memory
     SCALE_FIRST = scale_first
     KEY_POOL = config.key_pool
-    # the in-kernel merge of pooled plans (``merge_parts``): the lse of a row over LSE_LANES lanes of one warp, then
-    # ITEMS 4-column groups of the 16 rows per thread, ROUND parts of each loaded at a time (a power of two that
-    # divides WEIGHT_PARTS, so rounds never straddle the weights in shared memory)
+    # the in-kernel merge of pooled plans: the weights of the parts in the stages' memory, from MERGE on
     MERGE_IN_KERNEL = KEY_POOL and config.merge_in_kernel
-    LSE_LANES = THREADS // 16
-    LSE_MASKS = tuple(LSE_LANES >> (n + 1) for n in range(LSE_LANES.bit_length() - 1))
-    ITEMS = -(-16 * QUADS // THREADS)
-    WEIGHT_PARTS = config.merge_weight_parts
-    ROUND = min(WEIGHT_PARTS, 1 << (max(1, config.merge_loads // ITEMS).bit_length() - 1))
-    WEIGHTS = MERGE  # weight of part s of row r at WEIGHTS + r * WEIGHT_PARTS + s % WEIGHT_PARTS
-    ONE = np.float32(1.0)
-    load_part_quad = ptx.load_f32x4
-    low_u16, high_u16 = ptx.low_u16, ptx.high_u16
+    merge_parts = _combine.tile_merger(THREADS, D_PAD, MERGE, config.merge_weight_parts, config.merge_loads, bf16)
     mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
     exp2 = ptx.exp2_approx
@@ -292,82 +264,6 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
                 b0, b1, b2, b3 = ldmatrix_trans(smem, base + TILE + v_lane + 16 * kk * ROW + 8 * ob)
                 mma_into(acc, ob, a0, a1, a2, a3, b0, b1)
                 mma_into(acc, ob + 1, a0, a1, a2, a3, b2, b3)
-
-    @device_function
-    def load_round(o_parts, b, h, m0, s0, num_splits, tile_rows, tid, values):
-        """Parts ``s0 .. s0 + ROUND`` of this thread's column groups into ``values`` (0 past the parts / rows)."""
-        for it in range(ITEMS):
-            item = tid + THREADS * it
-            r = item // QUADS
-            c = 4 * (item - r * QUADS)
-            for u in range(ROUND):
-                if r < tile_rows and s0 + u < num_splits:
-                    values[it, u, 0], values[it, u, 1], values[it, u, 2], values[it, u, 3] = load_part_quad(
-                        o_parts[s0 + u, b, h], m0 + r, c)
-                else:
-                    for e in range(4):
-                        values[it, u, e] = ZERO
-
-    @device_function
-    def merge_parts(o_parts, lse_parts, out_rows, lse_rows, write_lse, merge, b, h, m0, tile_rows, tid):
-        """The row tile's parts (all written, seen through the acquire of the arrival) merged like the combine
-        kernel merges them: ``lse = log sum_s exp(lse_s)``, ``out = sum_s exp(lse_s - lse) part_s``."""
-        num_splits = cuda.gridDim.z
-        values = cuda.local.array((ITEMS, ROUND, 4), float32)
-        total = cuda.local.array((ITEMS, 4), float32)
-        load_round(o_parts, b, h, m0, 0, num_splits, tile_rows, tid, values)  # in flight under the lse reduction
-        # row r's lse: lane j of its LSE_LANES merges parts j, j + LSE_LANES, ..., then a butterfly
-        r = tid // LSE_LANES
-        j = tid % LSE_LANES
-        m = NEG_INF
-        ssum = ZERO
-        if r < tile_rows:
-            for s in range(j, num_splits, LSE_LANES):
-                m, ssum = _decode.merge_lse_states(m, ssum, lse_parts[s, b, h, m0 + r], ONE)
-        for mask in LSE_MASKS:
-            m, ssum = _decode.merge_lse_states(m, ssum, shfl_xor(m, mask), shfl_xor(ssum, mask))
-        lse_row = m  # NaN stays NaN
-        if m == m:
-            lse_row = m + math.log(ssum) if m != NEG_INF and ssum > ZERO else NEG_INF
-        shift = lse_row if lse_row != NEG_INF else ZERO  # every part empty: weights 0, out 0
-        if write_lse and j == 0 and r < tile_rows:
-            lse_rows[b, h, m0 + r] = lse_row
-        for it in range(ITEMS):
-            for e in range(4):
-                total[it, e] = ZERO
-        for first in range(0, num_splits, WEIGHT_PARTS):
-            last = min(num_splits, first + WEIGHT_PARTS)
-            if first > 0:
-                cuda.syncthreads()  # everyone is done with the previous weights
-            if r < tile_rows:
-                for s in range(first + j, last, LSE_LANES):
-                    merge[WEIGHTS + r * WEIGHT_PARTS + s - first] = math.exp(lse_parts[s, b, h, m0 + r] - shift)
-            cuda.syncthreads()
-            for s0 in range(first, last, ROUND):
-                if s0 > 0:
-                    load_round(o_parts, b, h, m0, s0, num_splits, tile_rows, tid, values)
-                for it in range(ITEMS):
-                    item = tid + THREADS * it
-                    row = item // QUADS
-                    if row < tile_rows:
-                        for u in range(ROUND):
-                            if s0 + u < last:
-                                weight = merge[WEIGHTS + row * WEIGHT_PARTS + s0 + u - first]
-                                for e in range(4):
-                                    total[it, e] += weight * values[it, u, e]
-        out = out_rows[b, h]
-        head_dim = out_rows.shape[3]
-        for it in range(ITEMS):
-            item = tid + THREADS * it
-            row = item // QUADS
-            c = 4 * (item - row * QUADS)
-            if row < tile_rows:
-                for e in range(0, 4, 2):
-                    word = pack(total[it, e], total[it, e + 1])
-                    if c + e < head_dim:
-                        store2(out, m0 + row, c + e, low_u16(word))
-                    if c + e + 1 < head_dim:
-                        store2(out, m0 + row, c + e + 1, high_u16(word))
 
     def kernel(q, k, v, o_parts, lse_parts, scale_log2, lead_splits, lead_keys, tail_keys, pool_first, counters,
                out_rows, lse_rows, finish):
@@ -571,353 +467,3 @@ def split_kernel(config: DecodeMmaConfig, d_pad: int, bf16: bool, vector_loads: 
     if SIMULATOR:
         return cuda.jit(source)
     return cuda.jit(SIGNATURE, launch_bounds=(config.threads, config.blocks_per_sm), cache=True)(source)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Launching
-# ---------------------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SplitPlan:
-    """How the keys of every row tile are cut: ``lead_splits`` ranges of ``lead_keys`` keys from key 0, then
-    ranges of ``tail_keys`` keys up to the end (the last ranges may be short or empty). Range ``z`` is grid slice
-    ``z``; all lengths are whole ``block_n`` tiles.
-
-    A pooled plan (``pool_first`` < the cache length) has lead ranges only, ending at ``pool_first``; the keys from
-    there on are the row tile's pool, whose tiles its blocks take one by one after their own range (so a part covers
-    its range and whichever pool tiles its block took)."""
-
-    lead_splits: int
-    lead_keys: int
-    tail_keys: int
-    num_splits: int
-    pool_first: int = NO_POOL
-
-    @property
-    def params(self) -> tuple:
-        """The kernel's parameters after the scale."""
-        return (self.lead_splits, self.lead_keys, self.tail_keys, self.pool_first)
-
-    @property
-    def pooled(self) -> bool:
-        return self.pool_first != NO_POOL
-
-    def ranges(self, seqlen_k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(starts, ends)`` of the key ranges exactly as the kernel takes them (an empty range has start >= end);
-        for a pooled plan, the blocks' own ranges (the pool comes on top)."""
-        z = np.arange(self.num_splits, dtype=np.int64)
-        lead = np.minimum(z, self.lead_splits)
-        starts = lead * self.lead_keys + (z - lead) * self.tail_keys
-        lengths = np.where(z < self.lead_splits, self.lead_keys, self.tail_keys)
-        return starts, np.minimum(starts + lengths, seqlen_k)
-
-    def boundaries(self, seqlen_k: int) -> np.ndarray:
-        """The ranges as key offsets ``[0, ..., seqlen_k]`` (``reference.split_kv_attention``'s ``boundaries``)."""
-        if self.pooled:
-            raise ValueError("the parts of a pooled plan cover key sets chosen at run time, not fixed ranges")
-        starts, ends = self.ranges(seqlen_k)
-        return np.append(np.minimum(starts, seqlen_k), seqlen_k)
-
-
-def uniform_plan(seqlen_k: int, num_splits: int, block_n: int) -> SplitPlan:
-    """``num_splits`` ranges of equal whole tiles (the caller's ``num_splits``)."""
-    tiles = -(-seqlen_k // block_n)
-    per = max(1, -(-tiles // num_splits)) * block_n
-    return SplitPlan(num_splits, per, per, num_splits)
-
-
-def plan_splits(batch: int, kv_heads: int, rows: int, seqlen_k: int, sm_count: int,
-                config: DecodeMmaConfig | None = None) -> SplitPlan:
-    """The key ranges of a decoding step when the caller does not choose them.
-
-    Lead ranges: about ``config.blocks_per_sm`` blocks per SM in one wave (rounded down to whole ranges per row
-    tile), each with at least ``MIN_KEYS_PER_SPLIT`` keys. The SMs stream at different rates, so the end of the
-    step is balanced:
-
-    - with several lead ranges per row tile (and ``config.key_pool``): ``POOL_FRACTION`` of the row tile's keys
-      form its pool, which its blocks take tile by tile after their own range (``SplitPlan.pool_first``);
-    - otherwise, where the lead ranges are long (at least ``MIN_LEAD_TILES`` tiles), ``TAIL_FRACTION`` of every row
-      tile's keys go to short tail ranges that lie behind the lead ranges on the grid: the block scheduler starts
-      them on the SMs that finish their lead range first (their length: about ``TAIL_RANGES_PER_SLOT`` of them per
-      resident block)."""
-    config = config or DEFAULT_CONFIG
-    block_n = config.block_n
-    tiles = -(-seqlen_k // block_n)
-    base = max(1, batch * kv_heads * -(-rows // 16))
-    slots = config.blocks_per_sm * max(1, sm_count)
-    lead = max(1, min(slots // base, seqlen_k // MIN_KEYS_PER_SPLIT, 65535))
-    if config.key_pool and lead >= 2:
-        lead_tiles = int(tiles * (1.0 - POOL_FRACTION)) // lead
-        if lead_tiles >= 2:  # (a block asks for pool tiles from its second tile on)
-            return SplitPlan(lead, lead_tiles * block_n, lead_tiles * block_n, lead, lead * lead_tiles * block_n)
-    lead_tiles = int(tiles * (1.0 - TAIL_FRACTION)) // lead
-    if TAIL_FRACTION <= 0 or lead_tiles < MIN_LEAD_TILES:
-        return uniform_plan(seqlen_k, lead, block_n)
-    pool = tiles - lead * lead_tiles  # tiles per row tile left to the tail ranges
-    tail_tiles = min(lead_tiles, max(1, -(-(base * pool) // (slots * TAIL_RANGES_PER_SLOT))))
-    tail = -(-pool // tail_tiles)
-    if lead + tail > 65535:
-        return uniform_plan(seqlen_k, lead, block_n)
-    return SplitPlan(lead, lead_tiles * block_n, tail_tiles * block_n, lead + tail)
-
-
-class PoolCounters:
-    """The counters of pooled launches: ``2 * row tiles`` uint32s per launch (tiles handed out, blocks arrived),
-    zero when a launch starts and left at zero by it (its last block resets them).
-
-    Launches that may run at the same time must not share counters. Plain launches on one stream run one after
-    the other, so they share one buffer per (device, stream), and per thread on the per-thread default stream. A
-    launch captured into a CUDA graph runs whenever the graph is replayed, on any stream, so it gets counters of its
-    own: a slice of an arena zeroed before the capture (zeroing them inside the graph would add a memset node to
-    every replay, about 1.8 us at 16k keys). ``get`` returns None when a capture finds no arena space, or when
-    ``MAX_STREAMS`` streams already have counters (a program that makes a stream per request would otherwise keep
-    a buffer for each); the caller then zeroes counters in its scratch with a memset on the stream."""
-
-    ARENA_WORDS = 1 << 16  # 1024 captured launches of 32 row tiles; a new arena once half of it is taken
-    PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD: one handle, a stream per thread
-    MAX_STREAMS = 1024  # buffers of at least 1 KB each
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._streams = {}  # (device, stream, thread) -> counters of plain launches
-        self._arenas = {}  # device -> [zeroed words, words taken]
-        self._kept = []  # every buffer ever made: launches and graphs may still use the ones replaced
-        self._unused = DeviceView(0, (0,), (4,), np.uint32, None) if not SIMULATOR else None
-
-    def unused(self):
-        """The argument of a plan without a pool (the kernel never reads it)."""
-        if self._unused is None:
-            self._unused = cuda.to_device(np.zeros(1, np.uint32))
-        return self._unused
-
-    def get(self, words: int, stream: int, device_id: int):
-        """``words`` zeroed counters for a launch on ``stream`` (a driver handle) of device ``device_id``, or None."""
-        if _launch.stream_capturing(stream):
-            with self._lock:
-                arena = self._arenas.get(device_id)
-                if arena is None or arena[1] + words > arena[0].shape[0]:
-                    return None
-                start = arena[1]
-                arena[1] += words
-            return _slice_words(arena[0], start, words)
-        arena = self._arenas.get(device_id)
-        if arena is None or 2 * arena[1] > arena[0].shape[0]:  # (made outside captures, for the next ones)
-            with self._lock:
-                self._arenas[device_id] = [_launch.zeroed_words(self.ARENA_WORDS), 0]
-                self._kept.append(self._arenas[device_id][0])
-        thread = threading.get_ident() if stream == self.PER_THREAD_STREAM else 0
-        key = (device_id, stream, thread)
-        counters = self._streams.get(key)
-        if counters is None or counters.shape[0] < words:
-            if counters is None and len(self._streams) >= self.MAX_STREAMS:
-                return None
-            with self._lock:
-                counters = _launch.zeroed_words(max(words, 256))
-                self._kept.append(counters)
-                self._streams[key] = counters
-        return counters
-
-
-@lru_cache(maxsize=None)
-def _placeholders():
-    """(out rows, lse rows) for launches that write only the parts: empty arrays the kernel never touches."""
-    if SIMULATOR:
-        return np.zeros((0, 0, 0, 0), np.uint16), np.zeros((0, 0, 0), np.float32)
-    return (DeviceView(0, (0, 0, 0, 0), (0, 0, 0, 0), np.uint16, None),
-            DeviceView(0, (0, 0, 0), (0, 0, 0), np.float32, None))
-
-
-def _slice_words(words, start: int, count: int):
-    if SIMULATOR:
-        return words[start:start + count]
-    return DeviceView(words.ptr + 4 * start, (count,), (4,), np.uint32, None)
-
-
-#: the counters of every pooled launch in this process
-POOL_COUNTERS = PoolCounters()
-
-
-def grouped_views(q, out, lse, write_lse: bool, kv_heads: int, causal: bool):
-    """``(q, out, lse)`` regrouped for ``DecodeLaunch`` (the query rows of a GQA group as one sequence, no copy), or
-    None where that cannot be done: rows that do not regroup without a copy, or a causal mask over several query
-    rows (it would see the regrouped row index, not the token's position)."""
-    if causal and q.shape[2] > 1:
-        return None
-    q_rows, out_rows = grouped_heads(q, kv_heads), grouped_heads(out, kv_heads)
-    lse_rows = grouped_heads(lse, kv_heads) if write_lse else lse
-    if q_rows is None or out_rows is None or (write_lse and lse_rows is None):
-        return None
-    return q_rows, out_rows, lse_rows
-
-
-class DecodeLaunch:
-    """Split-KV attention for few query rows, on the views of ``grouped_views``: the split kernel over
-    key ranges (``plan_splits`` per cache length when ``num_splits`` is None), then ``decode``'s LSE combine, or,
-    for pooled plans, one launch whose last blocks merge the parts (``merge_in_kernel``).
-
-    Made for one kind of call (the query rows' and output's shapes and dtype, the scale, the options): the kernels,
-    block shapes and constant parameters are worked out here, once; calling it launches on arrays of that kind with
-    any cache length. ``_decode_plan`` keeps one per kind of call, so a decoding step costs little host time."""
-
-    def __init__(self, q_rows, out_rows, write_lse: bool, sm_scale: float, num_splits: int | None, sm_count: int,
-                 config: DecodeMmaConfig | None = None, dtype: str | None = None, vector_loads: bool = True,
-                 device_id: int | None = None):
-        self.batch, self.kv_heads, self.rows, head_dim = q_rows.shape
-        self.config = config = config or config_for(head_dim)
-        dtype = dtype or ("float16" if np.dtype(q_rows.dtype) == np.float16 else "bfloat16")
-        layout = layout_for(config, padded_head_dim(head_dim))
-        self.split_kernel = split_kernel(config, layout.d_pad, dtype == "bfloat16", vector_loads, not sm_scale > 0)
-        self.shared_bytes = layout.shared_bytes
-        self.combine_kernel, self.combine_block = _decode.combine_launch(head_dim, "float32",
-                                                                         np.dtype(out_rows.dtype).name)
-        self.scale_log2 = np.float32(sm_scale * LOG2E)
-        self.write_lse, self.num_splits, self.sm_count = bool(write_lse), num_splits, sm_count
-        self.parts_shape = (self.batch, self.kv_heads, self.rows, head_dim)
-        # pooled plans merge in the kernel, which reads whole 16-byte column groups: parts as wide as d_pad
-        self.merged_parts_shape = (self.batch, self.kv_heads, self.rows, layout.d_pad)
-        self.merges_in_kernel = config.key_pool and config.merge_in_kernel
-        self.finish = FINISH_OUT_LSE if write_lse else FINISH_OUT
-        self.pool_words = 2 * self.batch * self.kv_heads * -(-self.rows // 16)  # a pooled launch's counters
-        self.device_id = device_id  # None: the current device, asked at every pooled launch
-        self.combine_grid = self.batch * self.kv_heads * self.rows  # one block per query row
-        self._parts = {}  # (num_splits, width) -> parameter templates of the parts (pointers relative to the scratch)
-        self._prepared = None  # the two kernels' launchables, made at the first call on a GPU
-        self._plans = {}  # seqlen_k -> SplitPlan (every layer of a decoding step asks for the same length)
-
-    def plan(self, seqlen_k: int) -> SplitPlan:
-        """The key ranges for a cache of ``seqlen_k`` keys: ``plan_splits``, or the caller's ``num_splits`` equal
-        ranges (at most one per tile)."""
-        plan = self._plans.get(seqlen_k)
-        if plan is not None:
-            return plan
-        if len(self._plans) >= 4096:
-            self._plans.clear()
-        batch, kv_heads, rows, _ = self.parts_shape
-        if self.num_splits is None:
-            plan = plan_splits(batch, kv_heads, rows, seqlen_k, self.sm_count, self.config)
-        else:
-            block_n = self.config.block_n
-            plan = uniform_plan(seqlen_k, max(1, min(int(self.num_splits), -(-seqlen_k // block_n), 65535)), block_n)
-        self._plans[seqlen_k] = plan
-        return plan
-
-    def split_grid(self, plan: SplitPlan) -> tuple:
-        """Range ``z`` of every (batch, kv head) and row tile is grid slice ``z``: the block scheduler starts the
-        blocks in this order, so tail ranges start last."""
-        batch, kv_heads, rows, _ = self.parts_shape
-        return (batch * kv_heads, -(-rows // 16), plan.num_splits)
-
-    def counters(self, plan: SplitPlan, stream: int):
-        """The pool's counters for a launch of ``plan`` on ``stream`` (a driver handle): ``POOL_COUNTERS``', the
-        placeholder of a plan without a pool, or None where a capture must zero its own."""
-        if not plan.pooled:
-            return POOL_COUNTERS.unused()
-        device_id = self.device_id
-        if device_id is None:
-            device_id = 0 if SIMULATOR else _device.current_device_id()
-        return POOL_COUNTERS.get(self.pool_words, stream, device_id)
-
-    def merges(self, plan: SplitPlan) -> bool:
-        """Whether the split kernel itself merges this plan's parts into the output (no combine kernel)."""
-        return plan.pooled and self.merges_in_kernel
-
-    def launch_split(self, q_rows, k, v, o_parts, lse_parts, stream, plan: SplitPlan | None = None,
-                     counters=None, out_rows=None, lse_rows=None) -> None:
-        """The split kernel alone: ``o_parts (num_splits, batch, kv_heads, rows, headdim)`` and ``lse_parts``
-        (the same without headdim), float32; ``plan`` None: ``num_splits`` equal ranges; ``counters`` None: those
-        of ``self.counters`` for this stream. With ``out_rows`` (and ``lse_rows`` where this launch writes the lse)
-        a pooled plan is merged into them in the kernel; its ``o_parts`` must then be ``d_pad`` columns wide."""
-        if plan is None:
-            plan = uniform_plan(k.shape[2], o_parts.shape[0], self.config.block_n)
-        if plan.num_splits != o_parts.shape[0]:
-            raise ValueError(f"o_parts: {o_parts.shape[0]} parts for a plan of {plan.num_splits} ranges")
-        if plan.pooled and not self.config.key_pool:
-            raise ValueError("a pooled plan needs a kernel with key_pool")
-        finish = FINISH_PARTS
-        if out_rows is not None:
-            if not self.merges(plan):
-                raise ValueError("out_rows: only a pooled plan of a kernel with merge_in_kernel merges in the kernel")
-            if tuple(o_parts.shape[1:]) != self.merged_parts_shape:
-                raise ValueError(f"o_parts: the in-kernel merge needs parts of shape (num_splits,) + "
-                                 f"{self.merged_parts_shape}, got {tuple(o_parts.shape)}")
-            finish = self.finish
-        else:
-            out_rows, lse_rows = _placeholders()
-        if lse_rows is None:
-            lse_rows = _placeholders()[1]
-        if counters is None:
-            counters = self.counters(plan, 0 if SIMULATOR else _launch.stream_handle(stream))
-            if counters is None:
-                raise RuntimeError("no pool counters inside this capture: launch through the DecodeLaunch itself")
-        device_launch(self.split_kernel, self.split_grid(plan), self.config.threads, stream, self.shared_bytes,
-                      _bits(q_rows, "q"), _bits(k, "k"), _bits(v, "v"), o_parts, lse_parts, self.scale_log2,
-                      *plan.params, counters, _bits(out_rows, "out"), lse_rows, finish)
-
-    def __call__(self, q_rows, k, v, out_rows, lse_rows, stream, scratch, plan: SplitPlan | None = None) -> None:
-        """Attention of ``q_rows`` over the cache into ``out_rows`` (and ``lse_rows`` with ``write_lse``); ``plan``
-        None: ``self.plan`` for the cache length."""
-        batch, kv_heads, rows, _ = self.parts_shape
-        if batch * kv_heads == 0 or rows == 0:
-            return
-        plan = plan or self.plan(k.shape[2])
-        merges = self.merges(plan)
-        num_splits = plan.num_splits
-        parts_shape = (num_splits,) + (self.merged_parts_shape if merges else self.parts_shape)
-        handle = 0 if SIMULATOR else _launch.stream_handle(stream)
-        counters = self.counters(plan, handle)
-        own = self.pool_words if counters is None else 0  # no counters to share: its own, in the scratch
-        # one allocation for all: a decoding step's host time is comparable to its kernels' time
-        size = num_splits * batch * kv_heads * rows * (parts_shape[-1] + 1)
-        buffer = scratch((size + own,))
-        if own:
-            counters = DeviceView(DeviceView.of(buffer).ptr + 4 * size, (own,), (4,), np.uint32, None)
-            _launch.zero_words_async(counters.ptr, own, handle)
-        if not SIMULATOR and _launch.FAST_LAUNCH:
-            self._launch_prepared(q_rows, k, v, out_rows, lse_rows, handle, buffer, plan, counters, parts_shape,
-                                  merges)
-            return
-        o_parts, lse_parts = carve(buffer, [parts_shape, parts_shape[:-1]])
-        if merges:
-            self.launch_split(q_rows, k, v, o_parts, lse_parts, stream, plan, counters, out_rows,
-                              lse_rows if self.write_lse else None)
-            return
-        self.launch_split(q_rows, k, v, o_parts, lse_parts, stream, plan, counters)
-        device_launch(self.combine_kernel, self.combine_grid, self.combine_block, stream, 0,
-                      *(_decode.kernel_arg(x) for x in (o_parts, lse_parts, out_rows, lse_rows)), self.write_lse)
-
-    def _launch_prepared(self, q_rows, k, v, out_rows, lse_rows, handle, buffer, plan: SplitPlan, counters,
-                         parts_shape: tuple, merges: bool) -> None:
-        """The launches with parameters packed straight from the views (``_launch.prepared``): the shapes and
-        dtypes were settled when this kind of call was planned, so nothing is checked again."""
-        if self._prepared is None:
-            self._prepared = (prepared(self.split_kernel), prepared(self.combine_kernel))
-        split_entry, combine_entry = self._prepared
-        key = parts_shape[0], parts_shape[-1]
-        parts = self._parts.get(key)
-        if parts is None:
-            if len(self._parts) >= 256:  # a growing cache meets a new tail-range count now and then
-                self._parts.clear()
-            size = int(np.prod(parts_shape))
-            template = DeviceView(0, (size + size // parts_shape[-1],), (4,), np.float32, None)
-            parts = self._parts[key] = tuple(view.params for view in carve(template, [parts_shape,
-                                                                                      parts_shape[:-1]]))
-        base = DeviceView.of(buffer).ptr
-        o_params, lse_params = (p[:4] + (base + p[4],) + p[5:] for p in parts)
-        view = DeviceView.of  # (returns a DeviceView itself: the plan's views cost nothing here)
-        out_params, lse_rows_params = view(out_rows).params, view(lse_rows).params
-        split_entry.launch(self.split_grid(plan), (self.config.threads, 1, 1),
-                           self.shared_bytes, handle, view(q_rows).params + view(k).params + view(v).params
-                           + o_params + lse_params + (self.scale_log2,) + plan.params + counters.params
-                           + out_params + lse_rows_params + (self.finish if merges else FINISH_PARTS,))
-        if not merges:
-            combine_entry.launch((self.combine_grid, 1, 1), self.combine_block + (1,), 0, handle,
-                                 o_params + lse_params + out_params + lse_rows_params + (self.write_lse,))
-
-
-def launch_decode(q_rows, k, v, out_rows, lse_rows, write_lse: bool, sm_scale: float, num_splits: int | None, stream,
-                  scratch, sm_count: int, config: DecodeMmaConfig | None = None, dtype: str | None = None,
-                  vector_loads: bool | None = None):
-    """``DecodeLaunch`` made and called once (``vector_loads`` None: from the arrays' layout)."""
-    if vector_loads is None:
-        vector_loads = vector_loads_ok(q_rows, k, v)
-    DecodeLaunch(q_rows, out_rows, write_lse, sm_scale, num_splits, sm_count, config, dtype, vector_loads)(
-        q_rows, k, v, out_rows, lse_rows, stream, scratch)

@@ -1,8 +1,8 @@
-"""Split-KV decoding (flash-decoding) and the log-sum-exp combine kernel, plain CUDA cores.
+"""Split-KV decoding (flash-decoding) on plain CUDA cores: the split kernel and its launch.
 
 Decoding attends a handful of query rows (``seqlen_q`` new tokens times the ``group = heads // kv_heads`` query heads
 that share a key/value head) to a long KV cache. There are only ``2 * group * seqlen_q`` flops per K/V element, so the
-job is streaming the cache at memory bandwidth: many thread blocks, every K/V element read once. Two kernels:
+job is streaming the cache at memory bandwidth: many thread blocks, every K/V element read once.
 
 **Split kernel.** One thread block per ``(batch, kv_head, split)`` (grid ``(batch * kv_heads, num_splits)``). The
 keys are cut into ``num_splits`` contiguous ranges with the partition of ``reference.split_boundaries`` (sizes differ
@@ -31,11 +31,7 @@ no key in a range (causal, empty split, ``seqlen_k == 0``) give 0 and ``lse = -i
 Registers: q and the accumulator are ``2 * rows * DPL`` (up to 128) per thread; launch bounds ask ptxas for 4 / 3 / 2
 resident blocks per SM for up to 2 / 4 / 8 rows, which it meets without spilling.
 
-**Combine kernel.** One block per query row, ``combine_split_groups`` groups of ``combine_threads_x`` threads
-(columns interleaved, coalesced), each summing every ``combine_split_groups``-th part with the weight
-``exp(lse_s - lse)``; every group reduces ``lse = max + log(sum_s exp(lse_s - max))`` itself across its lanes while
-its first part is on the way from L2, and one barrier joins the groups' sums. Every part ``-inf`` gives 0 and
-``-inf``; NaN in an lse or a value propagates, as in ``reference.combine_lse``.
+Several splits write float32 parts, which ``combine``'s kernel merges by their lse.
 
 Everything also runs under ``NUMBA_ENABLE_CUDASIM=1``, which has no warp shuffles: there the butterfly and the
 in-warp merge go through shared memory instead (``USE_SHUFFLES``), and ``SIMULATOR_CONFIG`` keeps blocks tiny.
@@ -47,54 +43,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from numba import float32, int64, types, uint64
+from numba import float32, int64, uint64
 
-from ..runtime.device import SIMULATOR, cuda, kernel_jit
+from ..runtime.device import SIMULATOR, cuda, kernel_jit, max_grid
 from ..runtime.launch import launch as device_launch
-from ..core import ptx
-from ..core.staging import device_function
+from . import combine as _combine
+from .combine import FULL_MASK, LN2, LOG2E, USE_SHUFFLES, WARP, converters, kernel_arg
+from .combine import launch_combine  # noqa: F401  (api.combine_lse launches it from here)
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
-
-#: Warp shuffles exist only on a real GPU; the simulator takes the shared-memory path.
-USE_SHUFFLES = not SIMULATOR
-_FULL_MASK = 0xFFFFFFFF
-_WARP = 32
-_NEG_INF = float32(-math.inf)
-_ZERO = float32(0.0)
-
-
-def _plain_value(x):
-    return float32(x)
-
-
-def _bf16_bits(x):  # float32 -> bfloat16 bits (round to nearest even), for uint16 views of bfloat16 outputs
-    return ptx.low_u16(ptx.pack_bf16x2(x, float32(0.0)))
-
-
-@cuda.jit(device=True, inline=True)
-def merge_lse_states(m, s, m2, s2):
-    """Two (max, sum of exp(x - max)) states as one; a NaN makes it NaN (as in the reference), two empty states
-    (max -inf) stay empty."""
-    if m != m or m2 != m2:
-        return m + m2, s + s2
-    mx = max(m, m2)
-    if mx == _NEG_INF:
-        return _NEG_INF, _ZERO
-    return mx, s * math.exp(m - mx) + s2 * math.exp(m2 - mx)
-
-
-@lru_cache(maxsize=None)
-def converters(bf16_in: bool, bf16_out: bool):
-    """``(load, store)`` device functions: element of q / k / v -> float32, float32 -> element of the output.
-    bfloat16 travels as uint16 bit views (CuPy has no bfloat16), so its conversions are explicit; other dtypes
-    convert by assignment."""
-    load = ptx.bf16_to_float if bf16_in else device_function(_plain_value)
-    store = device_function(_bf16_bits) if bf16_out else device_function(_plain_value)
-    return load, store
-
-#: Splits that ``launch`` accepts at most (grid y is limited to 65535; more would only waste scratch memory).
+#: Splits that ``launch`` takes at most (more would only waste scratch memory; the grid's y limit is far above).
 MAX_SPLITS = 1024
 #: ``choose_num_splits``: keys a split keeps at least, and how many blocks per SM it aims for.
 MIN_KEYS_PER_SPLIT = 256
@@ -103,30 +60,35 @@ TARGET_BLOCKS_PER_SM = 4
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Tuning knobs of the split and combine kernels."""
+    """Tuning knobs of the split kernel."""
 
     threads: int = 128  # split kernel block size (a multiple of 32 on a GPU)
     cols_per_lane: int = 8  # target head-dim columns per lane; sets the key-group width G
     rows: int = 8  # query rows held in registers per pass (q and the accumulator are rows * DPL each)
     keys_per_lane: int = 2  # keys each key group loads per iteration: loads in flight
-    combine_threads_x: int = 32  # combine kernel: threads along the head dim of one row (its block is one row)
-    combine_split_groups: int = 8  # combine kernel: groups of those threads, each summing every 8th part
+
+    def __post_init__(self):
+        if min(self.threads, self.cols_per_lane, self.rows, self.keys_per_lane) < 1:
+            raise ValueError(f"threads, cols_per_lane, rows and keys_per_lane must be at least 1, got {self}")
 
 
 #: Default configuration on a GPU, and a tiny one for the simulator (every thread is a Python thread there).
 GPU_CONFIG = DecodeConfig()
-SIMULATOR_CONFIG = DecodeConfig(
-    threads=8, cols_per_lane=2, rows=2, keys_per_lane=2, combine_threads_x=4, combine_split_groups=2
-)
+SIMULATOR_CONFIG = DecodeConfig(threads=8, cols_per_lane=2, rows=2, keys_per_lane=2)
 
 
 def default_config() -> DecodeConfig:
     return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
 
 
+def supports(batch: int, kv_heads: int) -> bool:
+    """Whether one launch takes these blocks per split (any query rows: a block loops over them)."""
+    return batch * kv_heads <= max_grid(0)
+
+
 def key_group_layout(config: DecodeConfig, head_dim: int) -> tuple[int, int]:
     """``(G, DPL)``: lanes per key (a power of two <= 32 and <= threads) and head-dim columns per lane."""
-    limit = min(_WARP, config.threads)
+    limit = min(WARP, config.threads)
     lanes = 1
     while lanes < limit and lanes * config.cols_per_lane < head_dim:
         lanes *= 2
@@ -158,9 +120,9 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
     KPL = config.keys_per_lane
     STEP = NG * KPL  # keys per iteration of the block
     LOG_G = G.bit_length() - 1
-    NW = -(-NT // _WARP)
-    GROUPS_PER_WARP = max(1, _WARP // G)
-    LOG_GPW = GROUPS_PER_WARP.bit_length() - 1
+    NW = -(-NT // WARP)
+    GROUPS_PERWARP = max(1, WARP // G)
+    LOG_GPW = GROUPS_PERWARP.bit_length() - 1
     CAUSAL = causal
     SHUFFLES = USE_SHUFFLES
     # with shuffles the groups of a warp merge in registers and one slot per warp goes through shared memory;
@@ -177,7 +139,7 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
         tid = cuda.threadIdx.x
         lane_g = tid % G
         grp = tid // G
-        warp = tid // _WARP
+        warp = tid // WARP
         kv_heads = k.shape[1]
         b = cuda.blockIdx.x // kv_heads
         hk = cuda.blockIdx.x % kv_heads
@@ -273,7 +235,7 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
                         for _ in range(LOG_G):
                             for r in range(R):
                                 for kk in range(KPL):
-                                    s[r, kk] += cuda.shfl_xor_sync(_FULL_MASK, s[r, kk], offset)
+                                    s[r, kk] += cuda.shfl_xor_sync(FULL_MASK, s[r, kk], offset)
                             offset *= 2
                     else:
                         for r in range(R):
@@ -320,9 +282,9 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
                 offset = G
                 for _ in range(LOG_GPW):
                     for r in range(R):
-                        m_blk[r] = max(m_blk[r], cuda.shfl_xor_sync(_FULL_MASK, m_blk[r], offset))
+                        m_blk[r] = max(m_blk[r], cuda.shfl_xor_sync(FULL_MASK, m_blk[r], offset))
                     offset *= 2
-                if tid % _WARP == 0:
+                if tid % WARP == 0:
                     for r in range(R):
                         m_red[warp, r] = m_blk[r]
             elif lane_g == 0:
@@ -342,22 +304,18 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
                 offset = G
                 for _ in range(LOG_GPW):
                     for r in range(R):
-                        l_i[r] += cuda.shfl_xor_sync(_FULL_MASK, l_i[r], offset)
+                        l_i[r] += cuda.shfl_xor_sync(FULL_MASK, l_i[r], offset)
                         for j in range(DPL):
-                            acc[r, j] += cuda.shfl_xor_sync(_FULL_MASK, acc[r, j], offset)
+                            acc[r, j] += cuda.shfl_xor_sync(FULL_MASK, acc[r, j], offset)
                     offset *= 2
-                if tid % _WARP < G:  # the warp's first key group now holds the warp's sums
-                    for r in range(R):
-                        for j in range(DPL):
-                            o_red[warp, r, lane_g + G * j] = acc[r, j]
-                        if lane_g == 0:
-                            l_red[warp, r] = l_i[r]
-            else:
+            # with shuffles the warp's first key group now holds the warp's sums; without, every group has a slot
+            if not SHUFFLES or tid % WARP < G:
+                slot = warp if SHUFFLES else grp
                 for r in range(R):
                     for j in range(DPL):
-                        o_red[grp, r, lane_g + G * j] = acc[r, j]
+                        o_red[slot, r, lane_g + G * j] = acc[r, j]
                     if lane_g == 0:
-                        l_red[grp, r] = l_i[r]
+                        l_red[slot, r] = l_i[r]
             cuda.syncthreads()
 
             # ---- normalise and write: consecutive threads take consecutive columns (coalesced stores) ----------
@@ -392,126 +350,7 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
     return kernel
 
 
-@lru_cache(maxsize=None)
-def combine_kernel(config: DecodeConfig, cols: int, parts_dtype: str = "float32", out_dtype: str = "float32"):
-    """Combine kernel specialised on the head-dim columns per thread ``cols`` and the dtypes of ``o_parts``
-    (float16 or float32) and ``out`` (float16, float32, or uint16: the bits of a bfloat16 out); compiled for that
-    one signature.
-
-    One block per query row, ``combine_threads_x x combine_split_groups`` threads. The parts of a row were just
-    written by the split kernel and sit in L2, so the kernel is latency-bound: what counts is how many dependent
-    L2 round trips and barriers lie between its start and its store. Each group of ``combine_threads_x`` threads
-    (a warp on a GPU) sums every ``combine_split_groups``-th part over its interleaved columns. It starts the loads of
-    its first part and that part's lse at once, then reduces the row's lse itself: lane ``l`` merges the
-    ``(max, sum of exp)`` of parts ``l, l + combine_threads_x, ...`` and the lanes merge by a shuffle butterfly
-    (every group gets the same lse, no barrier). Then the weights ``exp(lse_s - lse)``, the group's sums, and one
-    barrier before the groups' sums are added. H100, 256 rows of 128 float32 columns, 8 parts: 3.9 us against 4.8
-    for the earlier version, which reduced the lse through shared-memory trees over the whole block (16 barriers)
-    before it loaded any part (design.md, "A combine with one barrier")."""
-    _, to_output = converters(False, out_dtype == "uint16")
-    signature = types.void(types.Array(getattr(types, parts_dtype), 5, "A"), types.Array(float32, 4, "A"),
-                           types.Array(getattr(types, out_dtype), 4, "A"), types.Array(float32, 3, "A"), types.boolean)
-    CX = config.combine_threads_x
-    CS = config.combine_split_groups
-    THREADS = CX * CS
-    # the lanes of a group merge by shuffles when the group is a warp; otherwise (the simulator, which has no
-    # shuffles, or narrower groups) every lane merges the group's states from shared memory
-    SHUFFLES = USE_SHUFFLES and CX == _WARP
-    LANE_MASKS = tuple(CX >> (k + 1) for k in range(CX.bit_length() - 1)) if SHUFFLES else ()
-    STATE_LANES = 1 if SHUFFLES else CX
-    CJ = cols
-    SUM_COLS = CX * CJ
-    NEG_INF = float32(-math.inf)
-    ZERO = float32(0.0)
-    ONE = float32(1.0)
-
-    @kernel_jit(signature=signature)
-    def kernel(o_parts, lse_parts, out, lse, write_lse):
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        tid = ty * CX + tx
-        row = cuda.blockIdx.x
-        num_splits = o_parts.shape[0]
-        heads = o_parts.shape[2]
-        seqlen_q = o_parts.shape[3]
-        head_dim = o_parts.shape[4]
-        i = row % seqlen_q
-        h = (row // seqlen_q) % heads
-        b = row // (seqlen_q * heads)
-        states = cuda.shared.array((2, CS, STATE_LANES), float32)
-        sums = cuda.shared.array((CS, SUM_COLS), float32)
-
-        # this group's first part and its lse, loaded before the weight is known: the round trip to L2 overlaps
-        # the lse reduction's
-        first = cuda.local.array(CJ, float32)
-        has_first = ty < num_splits
-        lse_first = NEG_INF
-        if has_first:
-            lse_first = lse_parts[ty, b, h, i]
-        for j in range(CJ):
-            c = tx + CX * j
-            first[j] = ZERO
-            if has_first and c < head_dim:
-                first[j] = float32(o_parts[ty, b, h, i, c])
-
-        # the row's lse, in every group: lanes over the parts, then across the lanes
-        m = NEG_INF
-        ssum = ZERO
-        for t in range(tx, num_splits, CX):
-            m, ssum = merge_lse_states(m, ssum, lse_parts[t, b, h, i], ONE)
-        if SHUFFLES:
-            for mask in LANE_MASKS:
-                m, ssum = merge_lse_states(m, ssum, cuda.shfl_xor_sync(_FULL_MASK, m, mask),
-                                cuda.shfl_xor_sync(_FULL_MASK, ssum, mask))
-        else:
-            states[0, ty, tx] = m
-            states[1, ty, tx] = ssum
-            cuda.syncthreads()
-            m = NEG_INF
-            ssum = ZERO
-            for lane in range(CX):
-                m, ssum = merge_lse_states(m, ssum, states[0, ty, lane], states[1, ty, lane])
-        total = m  # NaN stays NaN
-        if m == m:
-            total = m + math.log(ssum) if m != NEG_INF and ssum > ZERO else NEG_INF
-        # every part empty: weights exp(-inf - 0) = 0, so out is 0 (not exp(-inf + inf) = NaN)
-        t_use = total if total != NEG_INF else ZERO
-
-        acc = cuda.local.array(CJ, float32)
-        w = math.exp(lse_first - t_use)
-        for j in range(CJ):
-            acc[j] = w * first[j] if has_first else ZERO
-        for s in range(ty + CS, num_splits, CS):
-            w = math.exp(lse_parts[s, b, h, i] - t_use)
-            for j in range(CJ):
-                c = tx + CX * j
-                if c < head_dim:
-                    acc[j] += w * float32(o_parts[s, b, h, i, c])
-        for j in range(CJ):
-            sums[ty, tx + CX * j] = acc[j]
-        cuda.syncthreads()
-        for c in range(tid, head_dim, THREADS):
-            x = ZERO
-            for g in range(CS):
-                x += sums[g, c]
-            out[b, h, i, c] = to_output(x)
-        if write_lse and tid == 0:
-            lse[b, h, i] = total
-
-    return kernel
-
-
 # -- launchers ---------------------------------------------------------------------------------------------------------
-def kernel_arg(x):
-    """Under the simulator, hand NumPy arrays over without a copy (the simulator's own transfer insists on
-    contiguous buffers and would copy every argument in and out of each launch)."""
-    if SIMULATOR and isinstance(x, np.ndarray):
-        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
-        return FakeCUDAArray(x)
-    return x
-
-
 def _scratch(shape, stream):
     if SIMULATOR:
         return np.empty(shape, dtype=np.float32)
@@ -525,8 +364,9 @@ def _unit_axis(view):
 
 
 def clamp_num_splits(num_splits: int, seqlen_k: int) -> int:
-    """More splits than keys would only produce empty parts; more than MAX_SPLITS only waste scratch memory."""
-    return max(1, min(int(num_splits), seqlen_k, MAX_SPLITS))
+    """More splits than keys would only produce empty parts; more than MAX_SPLITS only waste scratch memory; one
+    launch takes at most ``max_grid(1)``."""
+    return max(1, min(int(num_splits), seqlen_k, MAX_SPLITS, max_grid(1)))
 
 
 def launch_split(q, k, v, o_dst, lse_dst, write_lse: bool, sm_scale: float, causal: bool, stream,
@@ -536,13 +376,16 @@ def launch_split(q, k, v, o_dst, lse_dst, write_lse: bool, sm_scale: float, caus
     ``num_splits`` is ``o_dst.shape[0]`` and is NOT clamped here (empty splits give 0 and ``-inf``). ``bf16``: q, k,
     v are uint16 views of bfloat16 data; o_dst is then float32 parts or a uint16 view of the bfloat16 output."""
     config = config or default_config()
-    if not SIMULATOR and config.threads % _WARP:
-        raise ValueError(f"config.threads: must be a multiple of {_WARP} on a GPU, got {config.threads}")
+    if not SIMULATOR and config.threads % WARP:
+        raise ValueError(f"config.threads: must be a multiple of {WARP} on a GPU, got {config.threads}")
     batch, heads, seqlen_q, head_dim = q.shape
     kv_heads = k.shape[1]
     num_splits = o_dst.shape[0]
-    if not 1 <= num_splits <= 65535:
-        raise ValueError(f"num_splits: must be between 1 and 65535 for one launch, got {num_splits}")
+    if not 1 <= num_splits <= max_grid(1):
+        raise ValueError(f"num_splits: must be between 1 and {max_grid(1)} for one launch, got {num_splits}")
+    if not supports(batch, kv_heads):
+        raise ValueError(f"k: batch * kv_heads = {batch * kv_heads} blocks per split, more than one launch takes "
+                         f"({max_grid(0)})")
     lanes, cols = key_group_layout(config, head_dim)
     # rows per pass: all of the group's rows if they fit, rounded up to a power of two (fewer compiled variants;
     # the spare rows cost a few FMAs on zeros)
@@ -570,41 +413,16 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, nu
     scratch = scratch or (lambda shape: _scratch(shape, stream))
     batch, heads, seqlen_q, head_dim = q.shape
     num_splits = clamp_num_splits(num_splits, k.shape[2])
+    if not _combine.supports(batch * heads * seqlen_q):
+        num_splits = 1  # (the combine takes a block per query row; one split writes out itself, for any rows)
     if num_splits == 1:
         launch_split(q, k, v, _unit_axis(out), _unit_axis(lse), write_lse, sm_scale, causal, stream, config, bf16)
         return
     o_parts = scratch((num_splits, batch, heads, seqlen_q, head_dim))
     lse_parts = scratch((num_splits, batch, heads, seqlen_q))
     launch_split(q, k, v, o_parts, lse_parts, True, sm_scale, causal, stream, config, bf16)
-    _launch_combine(o_parts, lse_parts, out, lse, write_lse, stream, config, bf16)
+    _combine.launch(o_parts, lse_parts, out, lse, write_lse, stream, bf16_out=bf16)
 
-
-def combine_launch(head_dim: int, parts_dtype: str, out_dtype: str, config: DecodeConfig | None = None):
-    """(kernel, block) of the combine for these dtypes (out "uint16": bfloat16 bits); its grid is one block per
-    query row."""
-    config = config or default_config()
-    kernel = combine_kernel(config, -(-head_dim // config.combine_threads_x), parts_dtype, out_dtype)
-    return kernel, (config.combine_threads_x, config.combine_split_groups)
-
-
-def _launch_combine(o_parts, lse_parts, out, lse, write_lse: bool, stream, config: DecodeConfig | None = None,
-                    bf16_out: bool = False):
-    _, batch, heads, seqlen_q, head_dim = o_parts.shape
-    rows = batch * heads * seqlen_q
-    if rows == 0 or head_dim == 0:
-        return
-    out_dtype = np.dtype(out.dtype)
-    if bf16_out != (out_dtype == np.uint16):
-        raise TypeError(f"out: a bfloat16 output travels as uint16 bits, got {out_dtype} (bf16_out={bf16_out})")
-    kernel, block = combine_launch(head_dim, np.dtype(o_parts.dtype).name, out_dtype.name, config)
-    device_launch(kernel, rows, block, stream, 0, *(kernel_arg(x) for x in (o_parts, lse_parts, out, lse)),
-                  bool(write_lse))
-
-
-def launch_combine(o_parts, lse_parts, out, lse, stream, config: DecodeConfig | None = None):
-    """Merge o_parts (num_splits, batch, heads, seqlen_q, d) by lse_parts into out (batch, heads, seqlen_q, d) and
-    lse (batch, heads, seqlen_q)."""
-    _launch_combine(o_parts, lse_parts, out, lse, True, stream, config)
 
 
 def choose_num_splits(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int, sm_count: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..runtime.arrays import BFLOAT16
 from ..runtime.device import SIMULATOR, compute_capability
 from ..runtime.views import lift
-from . import chunked as _chunked
+from . import launch as _chunked
 from . import recurrent as _linear
 
 BACKENDS = ("chunked", "recurrent")
@@ -31,7 +31,7 @@ def choose_backend(backend, dtype: str, seqlen: int, stateful: bool) -> str:
     if backend is None:
         wants_chunked = stateful or seqlen >= CHUNKED_MIN_SEQLEN[dtype]
         backend = "chunked" if chunked_ok and wants_chunked else "recurrent"
-    if backend == "recurrent" and (stateful or dtype == BFLOAT16):
+    if backend == "recurrent" and not _linear.supports(dtype, stateful):
         raise TypeError("bfloat16 inputs and initial_state / return_state need a GPU of compute capability >= 8.0")
     return backend
 

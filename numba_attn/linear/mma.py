@@ -1,17 +1,9 @@
-"""Chunked causal dot product with the state in registers: 16-bit inputs on ``mma.sync.m16n8k16`` (float16 /
-bfloat16 products); float32 inputs on tf32 ``m16n8k8`` take the same walk from ``linear_mma_f32`` (launched here).
+"""The register-state chunked causal dot product for float16 / bfloat16 inputs: ``mma.sync.m16n8k16`` products
+(float32 inputs take the same walk on tf32 in ``mma_f32``; both launch through ``register_launch``).
 
-The algorithm of ``linear_chunked`` (its docstring), with the per-chunk work rebuilt around 16-bit tiles::
+The algorithm of ``shared_state`` (its docstring), with the per-chunk work rebuilt around 16-bit tiles::
 
     out_c = (Q_c K_c^T * tril) V_c  +  Q_c H        H += K_c^T V_c
-
-Two launches. The sequence of each (head, M tile) is cut into segments of whole chunks (``linear_chunked.plan``):
-
-1. ``STATES`` (more than one segment only): block ``(head, M tile, segment)`` writes its segment's ``K_s^T V_s``
-   (float32) for every segment but the last.
-2. ``CAUSAL``: block ``(head, M tile, segment)`` starts from the initial state plus the increments of the segments
-   before it (it sums them itself: no prefix launch), walks its chunks, and the last segment's block writes the final
-   state.
 
 Per chunk:
 
@@ -34,7 +26,7 @@ Per chunk:
   view rebuilt the whole address at every store.
 
 For ``E <= 128`` (``supports``) and the plain product; the normalised layer, the non-causal form and wider heads take
-``linear_chunked``'s kernel (the state in shared memory). ``docs/design.md`` has the measurements.
+``shared_state``'s kernel. ``docs/design.md`` has the measurements.
 """
 from __future__ import annotations
 
@@ -44,23 +36,22 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types, uint16, uint32
 
-from ..runtime.views import rows_in_pieces
-from ..runtime.device import SIMULATOR, cuda, multiprocessor_count
-from ..runtime.launch import resident_blocks
-from ..runtime.launch import launch as device_launch
-from . import chunked
-from . import mma_f32 as f32
-from .state import stage_loader, state_functions
 from ..core import ptx
-from .chunked import ChunkConfig
 from ..core.staging import device_function, tile_loader
+from ..runtime.device import SIMULATOR, cuda
+from .arguments import BFLOAT16
+from .chunk_plan import CAUSAL, ChunkConfig
+from .register_launch import MIN_BLOCKS, SIMULATOR_CONFIG, launch_walk, signature, tile_shape, vector_loads_ok
+from .register_launch import supports  # noqa: F401  (this kernel's: the plain product, E <= MAX_E)
+from .state import stage_loader, state_functions
 
-CAUSAL, STATES = 0, 1
-FLOAT16, BFLOAT16, FLOAT32 = "float16", "bfloat16", "float32"
-#: widest E (padded to 16) this kernel takes; the records of H grow with E and E + 8 wide Q, K rows with it
-MAX_E = 128
 #: |S| above this is scaled before P is rounded to float16 (a power of two under float16's 65504)
 F16_SAFE = 32768.0
+GPU_CONFIG = ChunkConfig(warps=4, block_cols=64, block_cols_wide=64)
+
+
+def default_config() -> ChunkConfig:
+    return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
 
 
 @dataclass(frozen=True)
@@ -75,6 +66,10 @@ class Tiles:
     @property
     def chunk(self) -> int:
         return 16 * self.warps
+
+    @property
+    def value_cols(self) -> int:
+        return self.cols
 
     @property
     def row_qk(self) -> int:  # 16-bit elements per staged Q / K row
@@ -101,19 +96,7 @@ class Tiles:
         return 4 * (self.records_offset(mode) + records)
 
 
-def supports(e: int, m: int) -> bool:
-    return 0 < e <= MAX_E and m > 0
-
-
-def vector_loads_ok(q, k, v, out) -> bool:
-    """cp.async staging needs rows in aligned 16-byte pieces (E, M multiples of 8 16-bit or 4 float32 elements, unit
-    last stride, 16-byte aligned row starts); the output pairs need aligned even pieces. Otherwise the tiles are
-    staged element by element. The simulator checks the same: its ``cp.async`` twin copies raw bytes."""
-    piece = 16 // np.dtype(q.dtype).itemsize
-    return all(rows_in_pieces(x, piece) for x in (q, k, v)) and rows_in_pieces(out, 2)
-
-
-def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
+def kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
     WARPS = tiles.warps
     NT = 32 * WARPS
     C = tiles.chunk
@@ -325,7 +308,7 @@ def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
                                             store2(out_head, row, col + 1, high_u16(word))
                     cuda.syncthreads()  # every warp has read the records of H for this chunk
 
-                # ---- H += K_c^T V_c (fresh float32 accumulators, then float32 adds: see linear_chunked) ------------
+                # ---- H += K_c^T V_c (fresh float32 accumulators, then float32 adds: see shared_state_body) --------
                 for i in range(E_PER_WARP):
                     eb = warp + i * WARPS
                     if eb < E_BLOCKS:
@@ -365,86 +348,31 @@ def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
     return kernel
 
 
-_U16_4D = types.Array(types.uint16, 4, "A")
-_F32_4D = types.Array(types.float32, 4, "A")
-_F32_3D = types.Array(types.float32, 3, "A")
-SIGNATURE = types.void(_U16_4D, _U16_4D, _U16_4D, _U16_4D, _F32_3D, _F32_4D, _F32_4D, types.boolean, types.boolean,
-                       types.int64, types.int64, types.int64)
-
-
-_F32_4D_IN = types.Array(types.float32, 4, "A")
-SIGNATURE_F32 = types.void(_F32_4D_IN, _F32_4D_IN, _F32_4D_IN, _F32_4D_IN, _F32_3D, _F32_4D, _F32_4D, types.boolean,
-                           types.boolean, types.int64, types.int64, types.int64)
+SIGNATURE = signature(types.uint16)
 
 
 @lru_cache(maxsize=None)
-def chunk_kernel(tiles, mode: int, dtype: str, vector: bool):
-    """The compiled kernel: ``tiles`` a ``Tiles`` (float16 / bfloat16) or a ``linear_mma_f32.Tiles`` (float32; its
-    ``terms``: tf32 products per operand pair, 3 or 1)."""
-    if dtype == FLOAT32:
-        source, signature = f32.kernel_source(tiles, mode, vector), SIGNATURE_F32
-    else:
-        source, signature = _kernel_source(tiles, mode, dtype == BFLOAT16, vector), SIGNATURE
+def chunk_kernel(tiles: Tiles, mode: int, bf16: bool, vector: bool):
+    """The compiled kernel of one specialisation (every argument a constant)."""
+    source = kernel_source(tiles, mode, bf16, vector)
     if SIMULATOR:
         return cuda.jit(source)
-    return cuda.jit(signature, launch_bounds=(32 * tiles.warps, tiles.min_blocks), cache=True)(source)
+    return cuda.jit(SIGNATURE, launch_bounds=(32 * tiles.warps, tiles.min_blocks), cache=True)(source)
 
 
-def launch(kernel, tiles, mode: int, grid, stream, *args):
-    device_launch(kernel, grid, 32 * tiles.warps, stream, tiles.shared_bytes(mode), *args)
+def tiles_for(config: ChunkConfig, e: int, m: int) -> Tiles:
+    e_pad, cols = tile_shape(config, e, m)
+    return Tiles(config.warps, e_pad, cols, MIN_BLOCKS)
 
 
-#: ``plan()`` knobs for this kernel (``linear_chunked.ChunkConfig``; its tf32-only fields are unused here)
-GPU_CONFIG = ChunkConfig(warps=4, block_cols=64, block_cols_wide=64)
-#: float32: tiles twice as wide in bytes; 32-column M tiles keep two blocks per SM at E = 64. Each segment costs its
-#: walking blocks a sum over the increments before them: at 16k rows (B4 H8 E=M=64, H100) 4 segments took 0.72 ms
-#: (3xTF32) and 0.54 ms (tf32), the 37 of the plain step count 0.83 and 0.67 ms
-GPU_CONFIG_F32 = ChunkConfig(warps=4, block_cols=32, block_cols_wide=32, segment_cost=0.1)
-#: the simulator: one warp, 16-row chunks, 16-column M tiles
-SIMULATOR_CONFIG = ChunkConfig(warps=1, block_cols=16, block_cols_wide=16, blocks_per_sm=1, min_segment_chunks=1)
-#: launch bound: blocks per SM (2 x 4 warps: 255 registers, and the shared memory of E = 64 fits twice)
-MIN_BLOCKS = 2
-
-
-def default_config(dtype: str = FLOAT16) -> ChunkConfig:
-    if SIMULATOR:
-        return SIMULATOR_CONFIG
-    return GPU_CONFIG_F32 if dtype == FLOAT32 else GPU_CONFIG
-
-
-def launch_causal(q, k, v, out, stream, *, dtype: str, terms: int = 3, initial_state=None, final_state=None,
-                  segments=None, config: ChunkConfig | None = None, scratch=None):
-    """Causal dot product on views ``(batch, heads, seqlen, E | M)``, any strides: uint16 bit views of float16 /
-    bfloat16 data, or float32 (``dtype``; ``terms``: tf32 products per float32 operand pair, 3 for float32
-    accuracy, 1 for ``allow_tf32``). ``initial_state`` / ``final_state`` float32 ``(batch, heads, E, M)`` or None.
-    ``segments``: sequence blocks per (head, M tile), None for ``linear_chunked.plan``'s choice."""
-    config = config or default_config(dtype)
-    batch, heads, seqlen, e = q.shape
-    m = v.shape[3]
-    bh = batch * heads
-    if bh == 0:
-        return
+def launch_causal(q, k, v, out, stream, *, dtype: str, initial_state=None, final_state=None, segments=None,
+                  config: ChunkConfig | None = None, scratch=None):
+    """Causal dot product on uint16 bit views ``(batch, heads, seqlen, E | M)`` of float16 / bfloat16 data
+    (``dtype``), any strides (``register_launch.launch_walk`` has the other arguments)."""
+    config = config or default_config()
+    tiles = tiles_for(config, q.shape[3], v.shape[3])
     vector = vector_loads_ok(q, k, v, out)
-    m16 = -(-m // 16) * 16  # the plan's M tiles are whole n16 pairs
-    head_tiles = chunked.tiles_for(config, e, m16, False)
-    if dtype == FLOAT32:
-        tiles = f32.Tiles(config.warps, head_tiles.e_pad, head_tiles.value_cols, MIN_BLOCKS, terms)
-    else:
-        tiles = Tiles(config.warps, head_tiles.e_pad, head_tiles.value_cols, MIN_BLOCKS)
-    walk = chunk_kernel(tiles, CAUSAL, dtype, vector)
-    resident = (resident_blocks(walk, 32 * tiles.warps, tiles.shared_bytes(CAUSAL)) if config.wave_plan else None)
-    p = chunked.plan(bh, seqlen, e, m16, False, multiprocessor_count(), config, segments, resident)
-    grid_x = bh * p.m_tiles
-    has_init = initial_state is not None
-    if p.segments > 1:  # the increments K_s^T V_s of every segment but the last
-        increments = chunked.scratch_state(scratch, (grid_x * (p.segments - 1), tiles.e_pad, tiles.cols), stream)
-        states = chunk_kernel(tiles, STATES, dtype, vector)
-        launch(states, tiles, STATES, (grid_x, p.segments - 1), stream, q, k, v, out, increments,
-               chunked.unused4(increments), chunked.unused4(increments), False, False, p.segment_chunks,
-               p.segments - 1, p.m_tiles)
-    else:
-        increments = chunked.scratch_state(scratch, (1, 1, 1), stream)
-    launch(walk, tiles, CAUSAL, (grid_x, p.segments), stream, q, k, v, out, increments,
-           initial_state if has_init else chunked.unused4(increments),
-           final_state if final_state is not None else chunked.unused4(increments),
-           has_init, final_state is not None, p.segment_chunks, max(1, p.segments - 1), p.m_tiles)
+    bf16 = dtype == BFLOAT16
+    launch_walk(lambda mode: chunk_kernel(tiles, mode, bf16, vector), tiles, q, k, v, out, stream,
+                initial_state=initial_state, final_state=final_state, segments=segments, config=config,
+                scratch=scratch)

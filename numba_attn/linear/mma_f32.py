@@ -1,6 +1,7 @@
-"""The chunked causal dot product of ``linear_mma`` for float32 inputs: tf32 ``mma.m16n8k8`` products.
+"""The register-state chunked causal dot product for float32 inputs: tf32 ``mma.m16n8k8`` products.
 
-Same two launches, same chunk walk, same register-resident state ``H`` as ``linear_mma`` (read its docstring first);
+Same two launches (``register_launch``), same chunk walk, same register-resident state ``H`` as ``mma`` (read its
+docstring first);
 what changes is the operand type:
 
 * Q, K and V tiles are float32 in shared memory (``cp.async``; K and V in two stages, Q in one: each warp reads only
@@ -26,16 +27,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
-from numba import float32, uint16, uint32
+from numba import float32, types, uint16, uint32
 
-from ..runtime.device import cuda
 from ..core import ptx
-from .state import stage_loader, state_functions
 from ..core.staging import device_function, tile_loader
+from ..runtime.device import SIMULATOR, cuda
+from .chunk_plan import CAUSAL, ChunkConfig
+from .register_launch import MIN_BLOCKS, SIMULATOR_CONFIG, launch_walk, signature, tile_shape, vector_loads_ok
+from .register_launch import supports  # noqa: F401  (this kernel's: the plain product, E <= MAX_E)
+from .state import stage_loader, state_functions
 
-CAUSAL, STATES = 0, 1
+#: float32 tiles are twice as wide in bytes: 32-column M tiles keep two blocks per SM at E = 64. Each segment costs
+#: its walking blocks a sum over the increments before them (``segment_cost``, docs/design.md)
+GPU_CONFIG = ChunkConfig(warps=4, block_cols=32, block_cols_wide=32, segment_cost=0.1)
 #: ``allow_tf32`` rounds an operand by one multiply with ``1 + ln(2) / 2 * 2^-10`` before the tensor cores truncate its
 #: low 13 bits: a mantissa ``m`` (1 <= m < 2) gains ``m ln(2) / 2`` tf32 ulps, half an ulp on average over the
 #: log-uniform mantissas of typical data (mean ``m = 1 / ln 2``), so the rounding is unbiased on average. numpy
@@ -59,6 +66,10 @@ class Tiles:
     @property
     def chunk(self) -> int:
         return 16 * self.warps
+
+    @property
+    def value_cols(self) -> int:
+        return self.cols
 
     @property
     def swizzle(self) -> bool:  # Q and K rows of whole 8-piece groups are swizzled (staging.tile_loader), else padded
@@ -396,3 +407,37 @@ def kernel_source(tiles: Tiles, mode: int, vector: bool):
                   seg, warp, g, t)
 
     return kernel
+
+
+SIGNATURE = signature(types.float32)
+
+
+def default_config() -> ChunkConfig:
+    return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
+
+
+@lru_cache(maxsize=None)
+def chunk_kernel(tiles: Tiles, mode: int, vector: bool):
+    """The compiled kernel of one specialisation (every argument a constant)."""
+    source = kernel_source(tiles, mode, vector)
+    if SIMULATOR:
+        return cuda.jit(source)
+    return cuda.jit(SIGNATURE, launch_bounds=(32 * tiles.warps, tiles.min_blocks), cache=True)(source)
+
+
+def tiles_for(config: ChunkConfig, e: int, m: int, terms: int = 3) -> Tiles:
+    e_pad, cols = tile_shape(config, e, m)
+    return Tiles(config.warps, e_pad, cols, MIN_BLOCKS, terms)
+
+
+def launch_causal(q, k, v, out, stream, *, terms: int = 3, initial_state=None, final_state=None, segments=None,
+                  config: ChunkConfig | None = None, scratch=None):
+    """Causal dot product on float32 views ``(batch, heads, seqlen, E | M)``, any strides; ``terms``: tf32 products
+    per operand pair, 3 for float32 accuracy, 1 for ``allow_tf32`` (``register_launch.launch_walk`` has the other
+    arguments)."""
+    config = config or default_config()
+    tiles = tiles_for(config, q.shape[3], v.shape[3], terms)
+    vector = vector_loads_ok(q, k, v, out)
+    launch_walk(lambda mode: chunk_kernel(tiles, mode, vector), tiles, q, k, v, out, stream,
+                initial_state=initial_state, final_state=final_state, segments=segments, config=config,
+                scratch=scratch)

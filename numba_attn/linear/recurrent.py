@@ -38,216 +38,18 @@ the simulator configuration is tiny.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 from numba import float32
 
-from ..runtime.device import SIMULATOR, cuda, multiprocessor_count
+from ..runtime.device import cuda, kernel_jit, multiprocessor_count
 from ..runtime.launch import launch as device_launch
+from .arguments import FLOAT16, FLOAT32, scratch_state, sizes
+from .chunk_plan import cdiv
+from .recurrent_plan import (APPLY, CAUSAL, REDUCE, Layout, LinearConfig, choose_m_splits, default_config,
+                             min_m_splits, plan, sequence_blocks, staging)
 
-#: Kernel modes: the causal walk, and the two passes of the non-causal layer.
-CAUSAL, REDUCE, APPLY = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class LinearConfig:
-    """Tuning knobs."""
-
-    max_threads: int = 256  # per block; even at 255 registers a thread such a block fits one SM's register file
-    min_threads: int = 64  # more E-slices until a block has this many threads (when E allows): shorter rows
-    cols_per_thread: int = 4  # RM: columns of the state per thread; q and k shared loads are reused RM times
-    state_per_thread: int = 64  # RE * RM registers of state per thread
-    rows_per_sync: int = 8  # R: rows per barrier (lowered per layout to fit shared memory and max_prefetch)
-    max_prefetch: int = 40  # registers a thread may hold for the next chunk's rows
-    max_shared_bytes: int = 44 * 1024  # static shared memory is capped at 48 KiB per block
-    dim_quantum: int = 8  # E and a block's M columns are rounded up to this: fewer compiled variants
-    min_cols_per_block: int = 8  # the M split stops here: q and k are re-read by every split
-    blocks_per_sm: int = 2  # target grid size, in blocks per SM, for the split heuristics
-    min_rows_per_block: int = 256  # non-causal passes split the sequence down to this many rows per block
-    combine_threads: int = 256  # block size of the kernel that adds the non-causal partial states
-    combine_blocks_per_sm: int = 8
-
-
-#: Default knobs on a GPU and under the simulator (every thread a Python thread: keep blocks tiny, lengths odd).
-GPU_CONFIG = LinearConfig()
-SIMULATOR_CONFIG = LinearConfig(
-    max_threads=16,
-    min_threads=4,
-    cols_per_thread=2,
-    state_per_thread=8,
-    rows_per_sync=3,
-    max_prefetch=16,
-    max_shared_bytes=48 * 1024,
-    dim_quantum=1,
-    min_cols_per_block=2,
-    blocks_per_sm=1,
-    min_rows_per_block=4,
-    combine_threads=16,
-    combine_blocks_per_sm=1,
-)
-
-
-def default_config() -> LinearConfig:
-    return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _round_up(a: int, b: int) -> int:
-    return _cdiv(a, b) * b
-
-
-@dataclass(frozen=True)
-class _Staging:
-    """How a block's threads copy ``rows x width`` elements: thread ``tid`` takes column ``tid % width`` of rows
-    ``tid // width + row_step * a`` when the block is at least a row wide, else columns ``tid + col_step * c`` of every
-    row. Each thread's addresses then differ by constant multiples of two strides, so the compiler keeps a handful of
-    pointers live instead of one per staged element."""
-
-    by_row: bool
-    row_step: int
-    col_step: int
-    n_rows: int  # per thread
-    n_cols: int  # per thread
-
-    @property
-    def count(self) -> int:
-        return self.n_rows * self.n_cols
-
-
-def _staging(width: int, threads: int, rows: int) -> _Staging:
-    if width <= threads:
-        step = threads // width
-        return _Staging(True, step, width, _cdiv(rows, step), 1)
-    return _Staging(False, 1, threads, rows, _cdiv(width, threads))
-
-
-@dataclass(frozen=True)
-class Layout:
-    """One block's share of the state: ``E_pad x M_cols`` entries on ``te * tm`` threads, ``rows`` rows per barrier."""
-
-    te: int  # E-slices
-    tm: int  # column threads
-    re: int  # state rows per thread
-    rm: int  # state columns per thread
-    rows: int  # R
-
-    @property
-    def threads(self) -> int:
-        return self.te * self.tm
-
-    @property
-    def e_pad(self) -> int:
-        return self.te * self.re
-
-    @property
-    def m_cols(self) -> int:
-        return self.tm * self.rm
-
-    def prefetch(self, mode: int) -> int:
-        """Registers per thread that stage the next chunk's q/k/v rows."""
-        emit, update = mode != REDUCE, mode != APPLY
-        qk = _staging(self.e_pad, self.threads, self.rows).count
-        vv = _staging(self.m_cols, self.threads, self.rows).count
-        return (qk if emit else 0) + ((qk + vv) if update else 0)
-
-    def shared_bytes(self, mode: int, normalise: bool) -> int:
-        emit, update = mode != REDUCE, mode != APPLY
-        words = 0
-        if emit:
-            words += self.e_pad  # q rows
-            words += self.rm * self.tm * (self.te + 1)  # partial dot products
-            words += self.te if normalise else 0  # partial normalisers
-        if update:
-            words += self.e_pad + self.m_cols  # k and v rows
-        return 2 * self.rows * words * 4  # double-buffered float32
-
-
-def _shape_layout(e: int, m_cols: int, config: LinearConfig) -> Layout:
-    """Threads and register tile for ``e`` state rows and at least ``m_cols`` columns (``rows`` not yet chosen)."""
-    e = _round_up(e, config.dim_quantum)
-    m_cols = _round_up(m_cols, config.dim_quantum)
-    rm = min(config.cols_per_thread, m_cols)
-    tm = _cdiv(m_cols, rm)
-    te = _cdiv(e, max(1, config.state_per_thread // rm))  # fewest E-slices whose rows fit the register budget
-    te = max(te, min(e, _cdiv(config.min_threads, tm)))
-    re = _cdiv(e, te)
-    te = _cdiv(e, re)
-    return Layout(te=te, tm=tm, re=re, rm=rm, rows=1)
-
-
-def _with_rows(layout: Layout, mode: int, normalise: bool, config: LinearConfig) -> Layout:
-    """The most rows per barrier (up to ``rows_per_sync``) within the shared-memory and prefetch budgets."""
-    for rows in range(config.rows_per_sync, 1, -1):
-        candidate = Layout(layout.te, layout.tm, layout.re, layout.rm, rows)
-        if (
-            candidate.shared_bytes(mode, normalise) <= config.max_shared_bytes
-            and candidate.prefetch(mode) <= config.max_prefetch
-        ):
-            return candidate
-    return Layout(layout.te, layout.tm, layout.re, layout.rm, 1)
-
-
-def _fits(e: int, m: int, splits: int, config: LinearConfig) -> bool:
-    return _shape_layout(e, _cdiv(m, splits), config).threads <= config.max_threads
-
-
-def min_m_splits(e: int, m: int, config: LinearConfig | None = None) -> int:
-    """Fewest blocks per (batch, head) whose state slices fit the register budget (1 unless E * M is large)."""
-    config = config or default_config()
-    splits = 1
-    while not _fits(e, m, splits, config):
-        splits += 1
-    return splits
-
-
-def choose_m_splits(batch_heads: int, e: int, m: int, sm_count: int, config: LinearConfig | None = None) -> int:
-    """M split for the causal walk: enough blocks for ``blocks_per_sm`` per SM, columns per block >= the minimum."""
-    config = config or default_config()
-    lowest = min_m_splits(e, m, config)
-    highest = max(lowest, m // config.min_cols_per_block)
-    wanted = _cdiv(config.blocks_per_sm * sm_count, batch_heads)
-    return max(lowest, min(highest, wanted))
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How one call is launched: the layout of each block and the grid's M split (``m_splits`` blocks exactly)."""
-
-    layout: Layout
-    m_splits: int
-
-
-def plan(e: int, m: int, mode: int, normalise: bool, m_splits: int, config: LinearConfig | None = None) -> Plan:
-    """Layout for ``m_splits`` requested blocks along M; the grid may get fewer when M is rounded to whole tiles."""
-    config = config or default_config()
-    if isinstance(m_splits, bool) or not isinstance(m_splits, (int, np.integer)) or m_splits < 1:
-        raise ValueError(f"m_splits: expected an integer >= 1 or None, got {m_splits!r}")
-    lowest = min_m_splits(e, m, config)
-    if m_splits < lowest:
-        raise ValueError(
-            f"m_splits: E={e}, M={m} needs at least {lowest} blocks per (batch, head) to keep the state in "
-            f"registers, got {m_splits}"
-        )
-    layout = _with_rows(_shape_layout(e, _cdiv(m, int(m_splits)), config), mode, normalise, config)
-    return Plan(layout=layout, m_splits=_cdiv(m, layout.m_cols))
-
-
-def _seq_splits(seqlen: int, blocks_across: int, sm_count: int, config: LinearConfig) -> int:
-    """Sequence blocks for a non-causal pass: fill the GPU, but keep at least ``min_rows_per_block`` rows each."""
-    wanted = _cdiv(config.blocks_per_sm * sm_count, blocks_across)
-    return max(1, min(wanted, _cdiv(seqlen, config.min_rows_per_block), 65535))
-
-
-def _jit_options(threads: int) -> dict:
-    if SIMULATOR:
-        return {}
-    # the exact block size lets ptxas budget registers for it (never a launch failure from too many registers)
-    return {"cache": True, "launch_bounds": (threads,)}
 
 
 @lru_cache(maxsize=None)
@@ -270,8 +72,8 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
     K_WORDS = R * E_PAD if UPDATE else 1
     V_WORDS = R * M_COLS if UPDATE else 1
     RED_ROWS = R if EMIT else 1
-    QK = _staging(E_PAD, NT, R)
-    VS = _staging(M_COLS, NT, R)
+    QK = staging(E_PAD, NT, R)
+    VS = staging(M_COLS, NT, R)
     QK_BY_ROW, QK_RSTEP, QK_CSTEP, QK_NR, QK_NC = QK.by_row, QK.row_step, QK.col_step, QK.n_rows, QK.n_cols
     V_BY_ROW, V_RSTEP, V_CSTEP, V_NR, V_NC = VS.by_row, VS.row_step, VS.col_step, VS.n_rows, VS.n_cols
     LQ = QK.count if EMIT else 1
@@ -280,7 +82,7 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
     # the partial sums of one column sit TE + 1 words apart: the reading threads (one per column) hit distinct banks
     TE_PAD = TE + 1
 
-    @cuda.jit(**_jit_options(NT))
+    @kernel_jit(launch_bounds=(NT,))  # the exact block size: ptxas budgets registers for it
     def kernel(q, k, v, out, part, eps, rows_per_block):
         tid = cuda.threadIdx.x
         te = tid % TE
@@ -301,7 +103,7 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
             row_begin = cuda.blockIdx.y * rows_per_block
             row_end = min(seqlen, row_begin + rows_per_block)
         n_chunks = (max(0, row_end - row_begin) + R - 1) // R
-        # this thread's staging coordinates (see _Staging); lanes past the last whole row group stay idle
+        # this thread's staging coordinates (see recurrent_plan.Staging); lanes past the last whole row group stay idle
         if QK_BY_ROW:
             qk_c0 = tid % E_PAD
             qk_r0 = tid // E_PAD
@@ -471,8 +273,8 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
 
 
 @lru_cache(maxsize=None)
-def _combine_kernel(threads: int):
-    @cuda.jit(**_jit_options(threads))
+def combine_kernel(threads: int):
+    @kernel_jit(launch_bounds=(threads,))
     def combine(part):
         """``part[:, 0] += part[:, 1:]``, one thread per state entry, splits added in order (deterministic)."""
         splits = part.shape[1]
@@ -492,9 +294,14 @@ def _combine_kernel(threads: int):
     return combine
 
 
-def _resolve_splits(m_splits, batch_heads, e, m, config, sm_count) -> int:
+def supports(dtype: str, stateful: bool = False) -> bool:
+    """float16 and float32 inputs, no state in or out."""
+    return dtype in (FLOAT16, FLOAT32) and not stateful
+
+
+def _m_splits(m_splits, batch_heads, e, m, config) -> int:
     if m_splits is None:
-        return choose_m_splits(batch_heads, e, m, sm_count, config)
+        return choose_m_splits(batch_heads, e, m, multiprocessor_count(), config)
     return m_splits
 
 
@@ -503,17 +310,18 @@ def launch_causal_dot_product(q, k, v, out, stream, *, m_splits=None, config: Li
 
     ``m_splits``: blocks per (batch, head) along M (None: :func:`choose_m_splits`); at least :func:`min_m_splits`.
     """
-    config = config or default_config()
-    batch, heads, seqlen, e = q.shape
-    m = v.shape[3]
-    if batch * heads == 0 or seqlen == 0:
+    _walk(q, k, v, out, stream, False, float32(0.0), m_splits, config or default_config())
+
+
+def _walk(q, k, v, out, stream, layer: bool, eps, m_splits, config: LinearConfig):
+    """The causal walk: the plain product, or the layer (``phi``, the normaliser, ``eps``). ``part`` is unused in
+    this mode; q stands in for it."""
+    bh, seqlen, _, e, m = sizes(q, v)
+    if bh == 0 or seqlen == 0:
         return
-    m_splits = _resolve_splits(m_splits, batch * heads, e, m, config, multiprocessor_count())
-    p = plan(e, m, CAUSAL, False, m_splits, config)
-    kernel = row_walk_kernel(p.layout, CAUSAL, False, False)
-    # `part` is unused in this mode; q stands in for it
-    device_launch(kernel, (batch * heads, 1, p.m_splits), p.layout.threads, stream, 0,
-                  q, k, v, out, q, float32(0.0), 0)
+    p = plan(e, m, CAUSAL, layer, _m_splits(m_splits, bh, e, m, config), config)
+    kernel = row_walk_kernel(p.layout, CAUSAL, layer, layer)
+    device_launch(kernel, (bh, 1, p.m_splits), p.layout.threads, stream, 0, q, k, v, out, q, eps, 0)
 
 
 def launch_linear_attention(
@@ -527,20 +335,13 @@ def launch_linear_attention(
     Non-causal also accepts k, v with a seqlen different from q's.
     """
     config = config or default_config()
-    batch, heads, seqlen_q, e = q.shape
-    seqlen_k, m = v.shape[2], v.shape[3]
-    bh = batch * heads
-    if bh == 0 or seqlen_q == 0:
-        return
-    sm_count = multiprocessor_count()
     eps32 = float32(eps)
     if causal:
-        m_splits = _resolve_splits(m_splits, bh, e, m, config, sm_count)
-        p = plan(e, m, CAUSAL, True, m_splits, config)
-        kernel = row_walk_kernel(p.layout, CAUSAL, True, True)
-        device_launch(kernel, (bh, 1, p.m_splits), p.layout.threads, stream, 0, q, k, v, out, q, eps32, 0)
+        _walk(q, k, v, out, stream, True, eps32, m_splits, config)
         return
-
+    bh, seqlen_q, seqlen_k, e, m = sizes(q, v)
+    if bh == 0 or seqlen_q == 0:
+        return
     if m_splits is None:
         m_splits = min_m_splits(e, m, config)
     if seq_splits is not None and (
@@ -549,25 +350,19 @@ def launch_linear_attention(
         raise ValueError(f"seq_splits: expected an integer >= 1 or None, got {seq_splits!r}")
     reduce_plan = plan(e, m, REDUCE, True, m_splits, config)
     apply_plan = plan(e, m, APPLY, True, m_splits, config)
-    if seq_splits is None:
-        seq_splits = _seq_splits(seqlen_k, bh * reduce_plan.m_splits, sm_count, config)
-    seq_splits = max(1, min(int(seq_splits), seqlen_k, 65535))
-    reduce_rows = max(1, _cdiv(seqlen_k, seq_splits))
-    seq_splits = max(1, _cdiv(seqlen_k, reduce_rows))  # no empty blocks (one, writing zeros, when there are no keys)
-    apply_splits = _seq_splits(seqlen_q, bh * apply_plan.m_splits, sm_count, config)
-    apply_rows = _cdiv(seqlen_q, apply_splits)
-    apply_splits = _cdiv(seqlen_q, apply_rows)
+    sm_count = multiprocessor_count()
+    seq_splits, reduce_rows = sequence_blocks(seqlen_k, bh * reduce_plan.m_splits, sm_count, config, seq_splits)
+    apply_splits, apply_rows = sequence_blocks(seqlen_q, bh * apply_plan.m_splits, sm_count, config)
 
     # partial KV | z per sequence block, float32; column m holds z
-    shape = (bh, seq_splits, e, m + 1)
-    part = scratch(shape) if scratch else cuda.device_array(shape, dtype=np.float32, stream=stream)
+    part = scratch_state(scratch, (bh, seq_splits, e, m + 1), stream)
     reduce_kernel = row_walk_kernel(reduce_plan.layout, REDUCE, True, True)
     device_launch(reduce_kernel, (bh, seq_splits, reduce_plan.m_splits), reduce_plan.layout.threads, stream, 0,
                   q, k, v, out, part, eps32, reduce_rows)
     if seq_splits > 1:
         threads = config.combine_threads
-        blocks = min(_cdiv(bh * e * (m + 1), threads), config.combine_blocks_per_sm * sm_count)
-        device_launch(_combine_kernel(threads), blocks, threads, stream, 0, part)
+        blocks = min(cdiv(bh * e * (m + 1), threads), config.combine_blocks_per_sm * sm_count)
+        device_launch(combine_kernel(threads), blocks, threads, stream, 0, part)
     apply_kernel = row_walk_kernel(apply_plan.layout, APPLY, True, True)
     device_launch(apply_kernel, (bh, apply_splits, apply_plan.m_splits), apply_plan.layout.threads, stream, 0,
                   q, k, v, out, part, eps32, apply_rows)

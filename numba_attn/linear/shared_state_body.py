@@ -36,8 +36,10 @@ from numba import float32, types
 from ..core import ptx
 from ..runtime.device import cuda
 from .arguments import FLOAT32
+from .block import block_position, head_views, lanes
 from .chunk_plan import APPLY, CAUSAL, STATES
-from .shared_state_parts import ONE, ZERO, element_functions, mma_terms, operand, state_access
+from .shared_state_parts import (ONE, ZERO, element_functions, mma_terms, operand, state_access,
+                                 tile_position)
 
 
 def kernel_source(tiles, mode: int, dtype: str, split: bool, feature_map: bool, vector: bool):
@@ -81,31 +83,23 @@ def kernel_source(tiles, mode: int, dtype: str, split: bool, feature_map: bool, 
     p_round = not split  # single-term P: round to tf32 (a plain bit read would truncate)
     _, to_value, store_piece, load_piece, store_out = element_functions(dtype, split)
     store_state, add_state_pair, state_b = state_access(tiles)
+    position = block_position(C, VALUE_COLS)
+    qk_piece = tile_position(E_PAD // PIECE, PIECE)  # piece -> (row, first column) of a Q / K tile
+    v_piece = tile_position(COLS // PIECE, PIECE)
+    qk_element = tile_position(E_PAD, 1)
+    cols_element = tile_position(COLS, 1)  # (row, column) of a V tile element or a state entry
 
     def kernel(q, k, v, out, state, final, has_state, write_final, eps, segment_chunks, state_segments, m_tiles):
         tid = cuda.threadIdx.x
-        warp = tid // 32
-        lane = tid % 32
-        g = lane // 4
-        t = lane % 4
+        warp, _, g, t = lanes(tid)
         bhm = cuda.blockIdx.x
         seg = cuda.blockIdx.y
-        mt = bhm % m_tiles
-        bh = bhm // m_tiles
-        heads = q.shape[1]
-        b = bh // heads
-        h = bh % heads
+        seqlen = k.shape[2] if mode == STATES else q.shape[2]
+        b, h, col0, row_begin, row_end = position(bhm, seg, q, seqlen, segment_chunks, m_tiles)
         e_dim = q.shape[3]
         m_dim = v.shape[3]
-        seqlen = k.shape[2] if mode == STATES else q.shape[2]
-        col0 = mt * VALUE_COLS
-        row_begin = seg * segment_chunks * C
-        row_end = min(seqlen, row_begin + segment_chunks * C)
         state_row = bhm * state_segments + (0 if mode == APPLY else seg)
-        q_head = q[b, h]
-        k_head = k[b, h]
-        v_head = v[b, h]
-        out_head = out[b, h]
+        q_head, k_head, v_head, out_head = head_views(q, k, v, out, b, h)
         smem = cuda.shared.array(0, float32)
         q_raw = cuda.local.array(BATCH, RAW)
         k_raw = cuda.local.array(BATCH, RAW)
@@ -117,8 +111,7 @@ def kernel_source(tiles, mode: int, dtype: str, split: bool, feature_map: bool, 
 
         # ---- the state this block starts from (zero for STATES: it sums its own segment) ---------------------------
         for idx in range(tid, E_PAD * COLS, NT):
-            e = idx // COLS
-            c = idx - e * COLS
+            e, c = cols_element(idx)
             val = ZERO
             if has_state and mode != STATES:
                 val = state[state_row, e, c]
@@ -134,8 +127,7 @@ def kernel_source(tiles, mode: int, dtype: str, split: bool, feature_map: bool, 
                 for base in range(0, QK_PIECES, PIECE_BATCH * NT):
                     for i in range(PIECE_BATCH):
                         piece = base + i * NT + tid
-                        r = piece // (E_PAD // PIECE)
-                        col = (piece - r * (E_PAD // PIECE)) * PIECE
+                        r, col = qk_piece(piece)
                         if piece < QK_PIECES and c0 + r < seqlen and col < e_dim:
                             if mode != STATES:
                                 q_words[i, 0], q_words[i, 1], q_words[i, 2], q_words[i, 3] = load_piece(
@@ -145,8 +137,7 @@ def kernel_source(tiles, mode: int, dtype: str, split: bool, feature_map: bool, 
                                     k_head, c0 + r, col)
                     for i in range(PIECE_BATCH):
                         piece = base + i * NT + tid
-                        r = piece // (E_PAD // PIECE)
-                        col = (piece - r * (E_PAD // PIECE)) * PIECE
+                        r, col = qk_piece(piece)
                         inside = c0 + r < seqlen and col < e_dim
                         if piece < QK_PIECES:
                             if mode != STATES:
@@ -159,15 +150,13 @@ def kernel_source(tiles, mode: int, dtype: str, split: bool, feature_map: bool, 
                     for base in range(0, V_PIECES, PIECE_BATCH * NT):
                         for i in range(PIECE_BATCH):
                             piece = base + i * NT + tid
-                            r = piece // (COLS // PIECE)
-                            col = (piece - r * (COLS // PIECE)) * PIECE
+                            r, col = v_piece(piece)
                             if piece < V_PIECES and c0 + r < seqlen and col < VALUE_COLS and col0 + col < m_dim:
                                 q_words[i, 0], q_words[i, 1], q_words[i, 2], q_words[i, 3] = load_piece(
                                     v_head, c0 + r, col0 + col)
                         for i in range(PIECE_BATCH):
                             piece = base + i * NT + tid
-                            r = piece // (COLS // PIECE)
-                            col = (piece - r * (COLS // PIECE)) * PIECE
+                            r, col = v_piece(piece)
                             if piece < V_PIECES:
                                 if col < VALUE_COLS:
                                     inside = c0 + r < seqlen and col0 + col < m_dim
@@ -180,9 +169,7 @@ def kernel_source(tiles, mode: int, dtype: str, split: bool, feature_map: bool, 
                 for base in range(0, QK_PER_THREAD, BATCH):
                     for i in range(BATCH):
                         if base + i < QK_PER_THREAD:
-                            idx = tid + (base + i) * NT
-                            r = idx // E_PAD
-                            e = idx - r * E_PAD
+                            r, e = qk_element(tid + (base + i) * NT)
                             inside = c0 + r < seqlen and e < e_dim
                             if mode != STATES:
                                 q_raw[i] = load2(q_head, c0 + r, e) if inside else RAW_ZERO
@@ -190,9 +177,7 @@ def kernel_source(tiles, mode: int, dtype: str, split: bool, feature_map: bool, 
                                 k_raw[i] = load2(k_head, c0 + r, e) if inside else RAW_ZERO
                     for i in range(BATCH):
                         if base + i < QK_PER_THREAD:
-                            idx = tid + (base + i) * NT
-                            r = idx // E_PAD
-                            e = idx - r * E_PAD
+                            r, e = qk_element(tid + (base + i) * NT)
                             inside = c0 + r < seqlen and e < e_dim
                             if mode != STATES:
                                 store1(smem, r * QS + e, to_value(q_raw[i], feature_map) if inside else ZERO)
@@ -202,16 +187,12 @@ def kernel_source(tiles, mode: int, dtype: str, split: bool, feature_map: bool, 
                     for base in range(0, V_PER_THREAD, BATCH):
                         for i in range(BATCH):
                             if base + i < V_PER_THREAD:
-                                idx = tid + (base + i) * NT
-                                r = idx // COLS
-                                c = idx - r * COLS
+                                r, c = cols_element(tid + (base + i) * NT)
                                 inside = c0 + r < seqlen and c < VALUE_COLS and col0 + c < m_dim
                                 v_raw[i] = load2(v_head, c0 + r, col0 + c) if inside else RAW_ZERO
                         for i in range(BATCH):
                             if base + i < V_PER_THREAD:
-                                idx = tid + (base + i) * NT
-                                r = idx // COLS
-                                c = idx - r * COLS
+                                r, c = cols_element(tid + (base + i) * NT)
                                 val = to_value(v_raw[i], False)
                                 if c == VALUE_COLS and c0 + r < seqlen:
                                     val = ONE  # the normaliser's column (normalise only: COLS > VALUE_COLS)
@@ -323,8 +304,7 @@ def kernel_source(tiles, mode: int, dtype: str, split: bool, feature_map: bool, 
         if mode == STATES or (mode == CAUSAL and write_final and seg == cuda.gridDim.y - 1):
             cuda.syncthreads()
             for idx in range(tid, E_PAD * COLS, NT):
-                e = idx // COLS
-                c = idx - e * COLS
+                e, c = cols_element(idx)
                 val = load1(smem, H_OFF + e * HS + c)
                 if mode == STATES:
                     state[state_row, e, c] = val

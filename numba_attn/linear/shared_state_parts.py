@@ -32,7 +32,8 @@ def mma_terms(a_split: bool, b_split: bool):
 
 
 def operand(split: bool):
-    """float32 -> (hi, lo) tf32 bit patterns; without ``split`` the value is already tf32 (staged rounded): (bits, 0)."""
+    """float32 -> (hi, lo) tf32 bit patterns; without ``split`` the value is already tf32 (staged rounded):
+    (bits, 0)."""
     to_tf32 = ptx.to_tf32
     float_bits = ptx.float_bits
     bits_float = ptx.bits_float
@@ -44,6 +45,19 @@ def operand(split: bool):
         return float_bits(x), uint32(0)
 
     return device_function(operand)
+
+
+def tile_position(per_row: int, width: int):
+    """``position(index)`` -> (row, column) of the ``index``-th piece of ``width`` elements in a tile of rows of
+    ``per_row`` pieces (staging hands pieces to consecutive threads row by row)."""
+    PER_ROW = per_row
+    WIDTH = width
+
+    def position(index):
+        r = index // PER_ROW
+        return r, (index - r * PER_ROW) * WIDTH
+
+    return device_function(position)
 
 
 def element_functions(dtype: str, split: bool):

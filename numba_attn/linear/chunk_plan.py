@@ -59,6 +59,25 @@ class ChunkConfig:
         return 16 * self.warps
 
 
+@dataclass(frozen=True)
+class ChunkTiles:
+    """Compile-time shape every chunked kernel has: ``warps`` warps, chunks of ``C = 16 * warps`` rows (a warp owns
+    16 of them), E padded to whole m16 / k16 blocks. Each kernel's ``Tiles`` adds its value columns and layout."""
+
+    warps: int
+    e_pad: int
+
+    def __post_init__(self):
+        if self.warps < 1:
+            raise ValueError(f"{type(self).__name__}.warps: expected >= 1, got {self.warps}")
+        if self.e_pad < 16 or self.e_pad % 16:
+            raise ValueError(f"{type(self).__name__}.e_pad: expected a positive multiple of 16, got {self.e_pad}")
+
+    @property
+    def chunk(self) -> int:
+        return 16 * self.warps
+
+
 def block_cols(config: ChunkConfig, e_pad: int, m: int) -> int:
     """Value columns of one block (the M tile): narrower for wide heads, never wider than M rounded up to 8."""
     width = config.block_cols if e_pad <= 128 else config.block_cols_wide

@@ -34,16 +34,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from numba import float32, types, uint16, uint32
+from numba import float32, types, uint32
 
 from ..core import ptx
 from ..core.staging import device_function, tile_loader
 from ..runtime.device import SIMULATOR, cuda
 from .arguments import BFLOAT16
 from .chunk_plan import CAUSAL, ChunkConfig
-from .register_launch import MIN_BLOCKS, SIMULATOR_CONFIG, launch_walk, signature, tile_shape, vector_loads_ok
+from .register_launch import (MIN_BLOCKS, SIMULATOR_CONFIG, RegisterTiles, launch_walk, signature, tile_shape,
+                              vector_loads_ok)
 from .register_launch import supports  # noqa: F401  (this kernel's: the plain product, E <= MAX_E)
-from .state import stage_loader, state_functions
+from .state import accumulator_fill, future_mask, stage_loader, walk_kernel
 
 #: |S| above this is scaled before P is rounded to float16 (a power of two under float16's 65504)
 F16_SAFE = 32768.0
@@ -55,21 +56,8 @@ def default_config() -> ChunkConfig:
 
 
 @dataclass(frozen=True)
-class Tiles:
-    """Compile-time shape of one specialisation."""
-
-    warps: int  # chunk C = 16 * warps rows
-    e_pad: int  # E rounded up to 16
-    cols: int  # value columns per block (multiple of 16)
-    min_blocks: int = 2  # launch bound: blocks per SM the registers must allow
-
-    @property
-    def chunk(self) -> int:
-        return 16 * self.warps
-
-    @property
-    def value_cols(self) -> int:
-        return self.cols
+class Tiles(RegisterTiles):
+    """Compile-time shape of one specialisation (sizes in 16-bit elements)."""
 
     @property
     def row_qk(self) -> int:  # 16-bit elements per staged Q / K row
@@ -97,22 +85,14 @@ class Tiles:
 
 
 def kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
-    WARPS = tiles.warps
-    NT = 32 * WARPS
-    C = tiles.chunk
-    E_PAD = tiles.e_pad
-    COLS = tiles.cols
-    ROW_QK = tiles.row_qk
-    ROW_V = tiles.row_v
-    RS = tiles.record_stride
+    """The kernel of one specialisation: ``state.walk_kernel`` around this module's chunk arithmetic."""
+    NT, C, E_PAD, COLS = 32 * tiles.warps, tiles.chunk, tiles.e_pad, tiles.cols
+    ROW_QK, ROW_V, RS = tiles.row_qk, tiles.row_v, tiles.record_stride  # staged row lengths, record stride
     HAS_Q = mode == CAUSAL
     Q_OFF = 0
     K_OFF = C * ROW_QK if HAS_Q else 0
     V_OFF = K_OFF + C * ROW_QK
-    STAGE = tiles.stage(mode)
     R_OFF = tiles.records_offset(mode)
-    E_BLOCKS = E_PAD // 16
-    E_PER_WARP = -(-E_BLOCKS // WARPS)  # m16 blocks of H a warp owns
     QK_STEPS = E_PAD // 16  # k16 steps of S = Q K^T
     QH_STEPS = E_PAD // 8  # k8 (tf32) steps of Q H
     S_BLOCKS = C // 8
@@ -142,11 +122,12 @@ def kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
     store2 = ptx.store2
     store_at = ptx.store_u32_at
     commit = ptx.cp_async_commit
-    wait_all = ptx.cp_async_wait_all
     load_qk = tile_loader(NT, ROW_QK, E_PAD, C, np.uint16, vector, whole_tile_path=True)
     load_v = tile_loader(NT, ROW_V, COLS, C, np.uint16, vector, whole_tile_path=True)
-    position, start_state, end_state = state_functions(WARPS, E_PAD, COLS, C, HAS_Q)
     load_stage = stage_loader(load_qk, load_v, commit, K_OFF, V_OFF, HAS_Q)  # Q_OFF is 0
+    fill_s = accumulator_fill(S_BLOCKS, ACC_INIT)
+    fill_o = accumulator_fill(O_BLOCKS, ACC_INIT)
+    mask_future = future_mask(C)
 
     @device_function
     def mma_pair(acc, n, a0, a1, a2, a3, b0, b1, b2, b3):
@@ -156,6 +137,18 @@ def kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
                                                          acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
         acc[n + 1, 0], acc[n + 1, 1], acc[n + 1, 2], acc[n + 1, 3] = mma(
             a0, a1, a2, a3, b2, b3, acc[n + 1, 0], acc[n + 1, 1], acc[n + 1, 2], acc[n + 1, 3])
+
+    @device_function
+    def store_pair(out, out_head, at, ob, row, col, m_dim, x0, x1):
+        """Output columns (col, col + 1) of a row: one 32-bit store from the row's byte offset ``at`` (``vector``),
+        else two 16-bit stores."""
+        word = pack(x0, x1)
+        if vector:
+            store_at(out, at + 16 * ob, word)
+        else:
+            store2(out_head, row, col, low_u16(word))
+            if col + 1 < m_dim:
+                store2(out_head, row, col + 1, high_u16(word))
 
     @device_function
     def high_word(word):  # the float value of a word's upper 16-bit element
@@ -170,182 +163,106 @@ def kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
         store_record(smem32, R_OFF + ((e_pair * 4 + t_row) * RS + col) * 4, bits_float(hi_even), bits_float(hi_odd),
                      x_even - bits_float(hi_even), x_odd - bits_float(hi_odd))
 
-    def kernel(q, k, v, out, increments, init, final, has_init, write_final, segment_chunks, state_segments, m_tiles):
-        tid = cuda.threadIdx.x
-        warp = tid // 32
-        lane = tid % 32
-        g = lane // 4
-        t = lane % 4
-        seg = cuda.blockIdx.y
-        b, h, col0, row_begin, n_chunks, first_row = position(cuda.blockIdx.x, seg, k, segment_chunks, state_segments,
-                                                              m_tiles)
-        e_dim = k.shape[3]
-        m_dim = v.shape[3]
-        seqlen = k.shape[2]
-        q_head = q[b, h]
-        k_head = k[b, h]
-        v_head = v[b, h]
-        out_head = out[b, h]
-        out_base = b * out.strides[0] + h * out.strides[1] + (col0 + 2 * t) * out.strides[3]
-        smem = cuda.shared.array(0, uint16)  # two stages of (Q,) K, V tiles
-        smem32 = cuda.shared.array(0, float32)  # the same memory as float32: H's records after the stages
-        s = cuda.local.array((S_BLOCKS, 4), float32)
-        o = cuda.local.array((O_BLOCKS, 4), float32)
-        hm = cuda.local.array((E_PER_WARP, O_BLOCKS, 4), float32)  # this warp's rows of H
-        q_frag = cuda.local.array((QK_STEPS, 4), uint32)
-        # ldmatrix row addresses of this lane (lane 8i + r gives row r of matrix i; see ptx / flash_mma): K for S and
-        # K^T for dH: (keys +0, cols +0), (+0, +8), (+8, +0), (+8, +8); Q (A) and V (.trans, B of P V / dH):
-        # (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8)
+    @device_function
+    def lane_offsets(warp, lane, g, t):
+        """ldmatrix row addresses of this lane (lane 8i + r gives row r of matrix i; see ptx / flash_mma): K for S
+        and K^T for dH: (keys +0, cols +0), (+0, +8), (+8, +0), (+8, +8); Q (A) and V (.trans, B of P V / dH):
+        (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8)."""
         k_lane = (8 * (lane // 16) + lane % 8) * ROW_QK + 8 * ((lane // 8) % 2)
         q_lane = (16 * warp + 8 * ((lane // 8) % 2) + lane % 8) * ROW_QK + 8 * (lane // 16)
         v_lane = (8 * ((lane // 8) % 2) + lane % 8) * ROW_V + 8 * (lane // 16)
+        return k_lane, q_lane, v_lane
 
-        if n_chunks > 0:
-            load_stage(q_head, k_head, v_head, smem, 0, tid, row_begin, seqlen, e_dim, col0, m_dim)
+    @device_function
+    def load_chunk(q_head, k_head, v_head, smem, smem32, base, tid, warp, lane, c0, seqlen, e_dim, col0, m_dim,
+                   first):
+        load_stage(q_head, k_head, v_head, smem, base, tid, c0, seqlen, e_dim, col0, m_dim)
 
-        start_state(hm, init, increments, has_init, b, h, e_dim, m_dim, col0, first_row, seg, warp, g, t)
-
-        for step in range(-1 if HAS_Q else 0, n_chunks):
-            if step >= 0:
-                c0 = row_begin + step * C
-                base = (step % 2) * STAGE
-                wait_all()
-                cuda.syncthreads()  # chunk `step` has landed; everyone is done with chunk step - 1 and the records
-                if step + 1 < n_chunks:
-                    load_stage(q_head, k_head, v_head, smem, STAGE - base, tid, c0 + C, seqlen, e_dim, col0, m_dim)
-
-                if HAS_Q:
-                    # ---- S = Q K^T for key blocks up to this warp's diagonal ---------------------------------------
-                    for kk in range(QK_STEPS):
-                        q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3] = ldmatrix(
-                            smem, base + Q_OFF + q_lane + 16 * kk)
+    @device_function
+    def chunk_output(smem, smem32, temps, lanes, base, step, n_chunks, c0, warp, lane, g, t, q_head, seqlen, e_dim):
+        s, _, o, _, q_frag, _ = temps
+        k_lane, q_lane, v_lane = lanes
+        # ---- S = Q K^T for key blocks up to this warp's diagonal -----------------------------------------------
+        for kk in range(QK_STEPS):
+            q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3] = ldmatrix(smem, base + Q_OFF + q_lane + 16 * kk)
+        fill_s(s)
+        # k-steps outside, key blocks inside: consecutive MMAs feed different accumulators
+        for kk in range(QK_STEPS):
+            for j in range(KEY_STEPS):
+                if j <= warp:
+                    b0, b1, b2, b3 = ldmatrix(smem, base + K_OFF + k_lane + 16 * j * ROW_QK + 16 * kk)
+                    mma_pair(s, 2 * j, q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b0, b1, b2, b3)
+        mask_future(s, warp, g, t)  # (blocks past the diagonal pair hold zeros already)
+        # ---- float16 range: scale P by 2^-k where |S| is too large for it --------------------------------------
+        up = float32(1.0)
+        if CHECK_RANGE:
+            # a tree of maxima (a chain of 32 would wait on each), blocks past the diagonal hold zeros
+            big_even = ZERO
+            big_odd = ZERO
+            for nb in range(S_BLOCKS):
+                block = max(max(abs(s[nb, 0]), abs(s[nb, 1])), max(abs(s[nb, 2]), abs(s[nb, 3])))
+                if nb % 2:
+                    big_odd = max(big_odd, block)
+                else:
+                    big_even = max(big_even, block)
+            big = max(big_even, big_odd)
+            if not all_lanes(big <= SAFE):  # NaN also lands here, and stays NaN
+                for mask in (1, 2, 4, 8, 16):
+                    big = max(big, shfl_xor(big, mask))
+                shift = int((float_bits(big) >> 23) & 0xFF) - 127 - 14  # big * 2^-shift < 2^15
+                if shift > 0:
+                    shift = min(shift, 126)
+                    down = bits_float(uint32((127 - shift) << 23))
+                    up = bits_float(uint32((127 + shift) << 23))
                     for nb in range(S_BLOCKS):
                         for x in range(4):
-                            s[nb, x] = ACC_INIT
-                    # k-steps outside, key blocks inside: consecutive MMAs feed different accumulators
-                    for kk in range(QK_STEPS):
-                        for j in range(KEY_STEPS):
-                            if j <= warp:
-                                b0, b1, b2, b3 = ldmatrix(smem, base + K_OFF + k_lane + 16 * j * ROW_QK + 16 * kk)
-                                mma_pair(s, 2 * j, q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3],
-                                         b0, b1, b2, b3)
-                    # keys after the row drop out (blocks past the diagonal pair hold zeros already)
-                    for nb in range(S_BLOCKS):
-                        for x in range(4):
-                            if 8 * nb + 2 * t + x % 2 > 16 * warp + g + 8 * (x // 2):
-                                s[nb, x] = ZERO
-                    # ---- float16 range: scale P by 2^-k where |S| is too large for it ------------------------------
-                    up = float32(1.0)
-                    if CHECK_RANGE:
-                        # a tree of maxima (a chain of 32 would wait on each), blocks past the diagonal hold zeros
-                        big_even = ZERO
-                        big_odd = ZERO
-                        for nb in range(S_BLOCKS):
-                            block = max(max(abs(s[nb, 0]), abs(s[nb, 1])), max(abs(s[nb, 2]), abs(s[nb, 3])))
-                            if nb % 2:
-                                big_odd = max(big_odd, block)
-                            else:
-                                big_even = max(big_even, block)
-                        big = max(big_even, big_odd)
-                        if not all_lanes(big <= SAFE):  # NaN also lands here, and stays NaN
-                            for mask in (1, 2, 4, 8, 16):
-                                big = max(big, shfl_xor(big, mask))
-                            shift = int((float_bits(big) >> 23) & 0xFF) - 127 - 14  # big * 2^-shift < 2^15
-                            if shift > 0:
-                                shift = min(shift, 126)
-                                down = bits_float(uint32((127 - shift) << 23))
-                                up = bits_float(uint32((127 + shift) << 23))
-                                for nb in range(S_BLOCKS):
-                                    for x in range(4):
-                                        s[nb, x] = s[nb, x] * down
-                    # ---- O = P V (P from S's C fragments), then O += Q H (tf32, H as hi + lo) -----------------------
-                    for ob in range(O_BLOCKS):
-                        for x in range(4):
-                            o[ob, x] = ACC_INIT
-                    for j in range(KEY_STEPS):
-                        if j <= warp:
-                            a0 = pack(s[2 * j, 0], s[2 * j, 1])
-                            a1 = pack(s[2 * j, 2], s[2 * j, 3])
-                            a2 = pack(s[2 * j + 1, 0], s[2 * j + 1, 1])
-                            a3 = pack(s[2 * j + 1, 2], s[2 * j + 1, 3])
-                            for p in range(O_PAIRS):
-                                b0, b1, b2, b3 = ldmatrix_trans(smem, base + V_OFF + v_lane + 16 * j * ROW_V + 16 * p)
-                                mma_pair(o, 2 * p, a0, a1, a2, a3, b0, b1, b2, b3)
-                    if up != float32(1.0):
-                        for ob in range(O_BLOCKS):
-                            for x in range(4):
-                                o[ob, x] = o[ob, x] * up
-                    q_row = base + Q_OFF + (16 * warp + g) * ROW_QK + 2 * t
-                    for kk in range(QH_STEPS):
-                        # A column t <-> E row 8 kk + 2t, t + 4 <-> 8 kk + 2t + 1: one word holds both
-                        word_a = load_word(smem, q_row + 8 * kk)
-                        word_b = load_word(smem, q_row + 8 * ROW_QK + 8 * kk)
-                        a0 = float_bits(to_float(word_a))
-                        a2 = float_bits(high_word(word_a))
-                        a1 = float_bits(to_float(word_b))
-                        a3 = float_bits(high_word(word_b))
-                        for ob in range(O_BLOCKS):
-                            h0, h1, l0, l1 = load_record(smem32, R_OFF + ((kk * 4 + t) * RS + 8 * ob + g) * 4)
-                            o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3] = mma_tf32(
-                                a0, a1, a2, a3, float_bits(l0), float_bits(l1), o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3])
-                            o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3] = mma_tf32(
-                                a0, a1, a2, a3, float_bits(h0), float_bits(h1), o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3])
-                    # ---- output rows --------------------------------------------------------------------------------
-                    row_a = c0 + 16 * warp + g
-                    for half in range(2):
-                        row = row_a + 8 * half
-                        if row < seqlen:
-                            at = out_base + row * out.strides[2]  # bytes; the columns of a row are contiguous
-                            for ob in range(O_BLOCKS):
-                                col = col0 + 8 * ob + 2 * t
-                                if col < m_dim:
-                                    word = pack(o[ob, 2 * half], o[ob, 2 * half + 1])
-                                    if vector:
-                                        store_at(out, at + 16 * ob, word)
-                                    else:
-                                        store2(out_head, row, col, low_u16(word))
-                                        if col + 1 < m_dim:
-                                            store2(out_head, row, col + 1, high_u16(word))
-                    cuda.syncthreads()  # every warp has read the records of H for this chunk
+                            s[nb, x] = s[nb, x] * down
+        # ---- O = P V (P from S's C fragments), then O += Q H (tf32, H as hi + lo) -------------------------------
+        fill_o(o)
+        for j in range(KEY_STEPS):
+            if j <= warp:
+                a0 = pack(s[2 * j, 0], s[2 * j, 1])
+                a1 = pack(s[2 * j, 2], s[2 * j, 3])
+                a2 = pack(s[2 * j + 1, 0], s[2 * j + 1, 1])
+                a3 = pack(s[2 * j + 1, 2], s[2 * j + 1, 3])
+                for p in range(O_PAIRS):
+                    b0, b1, b2, b3 = ldmatrix_trans(smem, base + V_OFF + v_lane + 16 * j * ROW_V + 16 * p)
+                    mma_pair(o, 2 * p, a0, a1, a2, a3, b0, b1, b2, b3)
+        if up != float32(1.0):
+            for ob in range(O_BLOCKS):
+                for x in range(4):
+                    o[ob, x] = o[ob, x] * up
+        q_row = base + Q_OFF + (16 * warp + g) * ROW_QK + 2 * t
+        for kk in range(QH_STEPS):
+            # A column t <-> E row 8 kk + 2t, t + 4 <-> 8 kk + 2t + 1: one word holds both
+            word_a = load_word(smem, q_row + 8 * kk)
+            word_b = load_word(smem, q_row + 8 * ROW_QK + 8 * kk)
+            a0 = float_bits(to_float(word_a))
+            a2 = float_bits(high_word(word_a))
+            a1 = float_bits(to_float(word_b))
+            a3 = float_bits(high_word(word_b))
+            for ob in range(O_BLOCKS):
+                h0, h1, l0, l1 = load_record(smem32, R_OFF + ((kk * 4 + t) * RS + 8 * ob + g) * 4)
+                o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3] = mma_tf32(
+                    a0, a1, a2, a3, float_bits(l0), float_bits(l1), o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3])
+                o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3] = mma_tf32(
+                    a0, a1, a2, a3, float_bits(h0), float_bits(h1), o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3])
 
-                # ---- H += K_c^T V_c (fresh float32 accumulators, then float32 adds: see shared_state_body) --------
-                for i in range(E_PER_WARP):
-                    eb = warp + i * WARPS
-                    if eb < E_BLOCKS:
-                        for ob in range(O_BLOCKS):
-                            for x in range(4):
-                                o[ob, x] = ACC_INIT
-                        for j in range(KEY_STEPS):
-                            a0, a1, a2, a3 = ldmatrix_trans(smem, base + K_OFF + k_lane + 16 * j * ROW_QK + 16 * eb)
-                            for p in range(O_PAIRS):
-                                b0, b1, b2, b3 = ldmatrix_trans(smem, base + V_OFF + v_lane + 16 * j * ROW_V + 16 * p)
-                                mma_pair(o, 2 * p, a0, a1, a2, a3, b0, b1, b2, b3)
-                        for ob in range(O_BLOCKS):
-                            for x in range(4):
-                                hm[i, ob, x] += o[ob, x]
+    @device_function
+    def state_increment(smem, smem32, temps, lanes, base, eb, warp, lane, g, t):
+        o = temps[2]
+        k_lane, _, v_lane = lanes
+        fill_o(o)
+        for j in range(KEY_STEPS):
+            a0, a1, a2, a3 = ldmatrix_trans(smem, base + K_OFF + k_lane + 16 * j * ROW_QK + 16 * eb)
+            for p in range(O_PAIRS):
+                b0, b1, b2, b3 = ldmatrix_trans(smem, base + V_OFF + v_lane + 16 * j * ROW_V + 16 * p)
+                mma_pair(o, 2 * p, a0, a1, a2, a3, b0, b1, b2, b3)
 
-            if HAS_Q and step + 1 < n_chunks:
-                # ---- publish H for the next chunk: lanes g, g ^ 1 swap one column, so that each holds E rows
-                # (2i, 2i + 1) of one column and writes (hi, hi, lo, lo) in one 16-byte store ---------------------------
-                odd = g % 2
-                for i in range(E_PER_WARP):
-                    eb = warp + i * WARPS
-                    if eb < E_BLOCKS:
-                        for ob in range(O_BLOCKS):
-                            send_a = hm[i, ob, 0] if odd else hm[i, ob, 1]
-                            send_b = hm[i, ob, 2] if odd else hm[i, ob, 3]
-                            got_a = shfl_xor(send_a, 4)
-                            got_b = shfl_xor(send_b, 4)
-                            col = 8 * ob + 2 * t + odd
-                            publish(smem32, 2 * eb, g // 2, col, got_a if odd else hm[i, ob, 0],
-                                    hm[i, ob, 1] if odd else got_a)
-                            publish(smem32, 2 * eb + 1, g // 2, col, got_b if odd else hm[i, ob, 2],
-                                    hm[i, ob, 3] if odd else got_b)
-
-        end_state(hm, increments, final, write_final, seg == cuda.gridDim.y - 1, b, h, e_dim, m_dim, col0, first_row,
-                  seg, warp, g, t)
-
-    return kernel
+    # publish: lanes g, g ^ 1 swap one column, so that each holds E rows (2i, 2i + 1) of one column and writes
+    # (hi, hi, lo, lo) in one 16-byte store
+    hooks = (lane_offsets, load_chunk, chunk_output, state_increment, publish, store_pair)
+    return walk_kernel(tiles, HAS_Q, tiles.stage(mode), 0, QK_STEPS, hooks)
 
 
 SIGNATURE = signature(types.uint16)

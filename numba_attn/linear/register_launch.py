@@ -11,6 +11,8 @@ The sequence of each (head, M tile) is cut into segments of whole chunks (``chun
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numba import types
 
@@ -19,7 +21,7 @@ from ..runtime.launch import launch as device_launch
 from ..runtime.launch import resident_blocks
 from ..runtime.views import rows_in_pieces
 from .arguments import scratch_state, sizes, unused4
-from .chunk_plan import CAUSAL, STATES, ChunkConfig, block_cols, plan_segments, round_up
+from .chunk_plan import CAUSAL, STATES, ChunkConfig, ChunkTiles, block_cols, plan_segments, round_up
 
 #: widest E (padded to 16) these kernels take; the records of H grow with E and E + 8 wide Q, K rows with it
 MAX_E = 128
@@ -27,6 +29,26 @@ MAX_E = 128
 SIMULATOR_CONFIG = ChunkConfig(warps=1, block_cols=16, block_cols_wide=16, blocks_per_sm=1, min_segment_chunks=1)
 #: launch bound: blocks per SM (2 x 4 warps: 255 registers, and the shared memory of E = 64 fits twice)
 MIN_BLOCKS = 2
+
+
+@dataclass(frozen=True)
+class RegisterTiles(ChunkTiles):
+    """Compile-time shape of a register-state kernel: ``cols`` value columns a block (whole n16 pairs: the plan's M
+    tiles are) and the launch bound ``min_blocks``."""
+
+    cols: int
+    min_blocks: int = MIN_BLOCKS
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.cols < 16 or self.cols % 16:
+            raise ValueError(f"{type(self).__name__}.cols: expected a positive multiple of 16, got {self.cols}")
+        if self.min_blocks < 1:
+            raise ValueError(f"{type(self).__name__}.min_blocks: expected >= 1, got {self.min_blocks}")
+
+    @property
+    def value_cols(self) -> int:
+        return self.cols
 
 
 def supports(e: int, m: int) -> bool:

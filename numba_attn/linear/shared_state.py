@@ -36,7 +36,8 @@ from ..runtime.launch import launch as device_launch
 from ..runtime.launch import resident_blocks
 from ..runtime.views import rows_in_pieces
 from .arguments import scratch_state, sizes, unused4
-from .chunk_plan import APPLY, CAUSAL, STATES, ChunkConfig, Plan, block_cols, cdiv, plan_segments, round_up
+from .chunk_plan import (APPLY, CAUSAL, STATES, ChunkConfig, ChunkTiles, Plan, block_cols, cdiv, plan_segments,
+                         round_up)
 from .shared_state_body import kernel_source, signature
 
 #: widest E and M (the state's rows and a block's columns must fit shared memory)
@@ -52,19 +53,20 @@ def default_config() -> ChunkConfig:
 
 
 @dataclass(frozen=True)
-class Tiles:
-    """Compile-time shape of one specialisation."""
+class Tiles(ChunkTiles):
+    """Compile-time shape of one specialisation (sizes in float32 words)."""
 
-    warps: int
-    e_pad: int  # E rounded up to 16 (the M of the state-update MMA)
     value_cols: int  # value columns of V / out a block owns
     normalise: bool  # one more n8 block: a ones column of V, giving the normaliser
     min_blocks: int = 1  # launch bound (blocks per SM the registers must allow)
     presplit: bool = False  # H also kept as its tf32 (hi, lo) parts, ready for the Q H product
 
-    @property
-    def chunk(self) -> int:
-        return 16 * self.warps
+    def __post_init__(self):
+        super().__post_init__()
+        if self.value_cols < 8 or self.value_cols % 8:
+            raise ValueError(f"Tiles.value_cols: expected a positive multiple of 8, got {self.value_cols}")
+        if self.min_blocks < 1:
+            raise ValueError(f"Tiles.min_blocks: expected >= 1, got {self.min_blocks}")
 
     @property
     def cols(self) -> int:  # state / V-tile columns
@@ -260,7 +262,8 @@ def launch_noncausal(q, k, v, out, eps, stream, *, dtype: str, split: bool, segm
     resident = resident_blocks(apply, 32 * tiles.warps, tiles.shared_bytes) if config.wave_plan else None
     p_keys = plan(bh, seqlen_k, e, m, True, sm_count, config, segments, resident)
     p_rows = plan(bh, seqlen_q, e, m, True, sm_count, config, None, resident)
-    state = scratch_state(scratch, (bh * p_keys.m_tiles * p_keys.segments, p_keys.tiles.e_pad, p_keys.tiles.cols), stream)
+    shape = (bh * p_keys.m_tiles * p_keys.segments, p_keys.tiles.e_pad, p_keys.tiles.cols)
+    state = scratch_state(scratch, shape, stream)
     zero = np.float32(0.0)
     if seqlen_k > 0:
         states = chunk_kernel(p_keys.tiles, STATES, dtype, split, True, vector)

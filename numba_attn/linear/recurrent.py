@@ -43,13 +43,74 @@ from functools import lru_cache
 import numpy as np
 from numba import float32
 
+from ..core.staging import device_function
 from ..runtime.device import cuda, kernel_jit, multiprocessor_count
 from ..runtime.launch import launch as device_launch
 from .arguments import FLOAT16, FLOAT32, scratch_state, sizes
 from .chunk_plan import cdiv
-from .recurrent_plan import (APPLY, CAUSAL, REDUCE, Layout, LinearConfig, choose_m_splits, default_config,
+from .recurrent_plan import (APPLY, CAUSAL, REDUCE, Layout, LinearConfig, Staging, choose_m_splits, default_config,
                              min_m_splits, plan, sequence_blocks, staging)
 
+
+
+def row_copier(pattern: Staging, rows: int, width: int, phi: bool, first: bool, second: bool):
+    """``(origin, load, store)``: how a thread copies its share (``pattern``) of ``rows`` rows of ``width`` staged
+    columns. ``origin(tid)`` -> ``at = (c0, r0, lane_ok)``, its first column and row (lanes past the last whole row
+    group stay idle); ``load(x, rx, y, ry, b, h, t0, row_end, col_base, dim, at)`` reads rows ``t0 ..`` (before
+    ``row_end``), columns ``col_base ..`` (before ``dim``) of ``x[b, h]`` into registers ``rx`` when ``first`` and of
+    ``y[b, h]`` into ``ry`` when ``second`` (q and k in one pass over their rows), ``phi = elu + 1`` applied when
+    ``phi``, zeros outside (not phi(0)); ``store(bx, rx, by, ry, lb, at)`` writes them to rows of ``bx[lb]``,
+    ``by[lb]``."""
+    BY_ROW, ROW_STEP, COL_STEP = pattern.by_row, pattern.row_step, pattern.col_step
+    N_ROWS, N_COLS = pattern.n_rows, pattern.n_cols
+    R = rows
+    WIDTH = width
+    PHI = phi
+    FIRST, SECOND = first, second
+
+    @device_function
+    def element(x, b, h, row, col, ok):
+        value = float32(0.0)
+        if ok:
+            value = float32(x[b, h, row, col])
+            if PHI:
+                value = value + float32(1.0) if value > float32(0.0) else math.exp(value)
+        return value
+
+    @device_function
+    def origin(tid):
+        c0, r0 = (tid % WIDTH, tid // WIDTH) if BY_ROW else (tid, 0)
+        return c0, r0, r0 < ROW_STEP
+
+    @device_function
+    def load(x, rx, y, ry, b, h, t0, row_end, col_base, dim, at):
+        c0, r0, lane_ok = at
+        for a in range(N_ROWS):
+            r = r0 + ROW_STEP * a
+            row_ok = lane_ok and r < R and t0 + r < row_end
+            for c in range(N_COLS):
+                col = col_base + c0 + COL_STEP * c
+                ok = row_ok and col < dim
+                if FIRST:
+                    rx[a * N_COLS + c] = element(x, b, h, t0 + r, col, ok)
+                if SECOND:
+                    ry[a * N_COLS + c] = element(y, b, h, t0 + r, col, ok)
+
+    @device_function
+    def store(bx, rx, by, ry, lb, at):
+        c0, r0, lane_ok = at
+        for a in range(N_ROWS):
+            r = r0 + ROW_STEP * a
+            if lane_ok and r < R:
+                for c in range(N_COLS):
+                    col = c0 + COL_STEP * c
+                    if col < WIDTH:
+                        if FIRST:
+                            bx[lb, r * WIDTH + col] = rx[a * N_COLS + c]
+                        if SECOND:
+                            by[lb, r * WIDTH + col] = ry[a * N_COLS + c]
+
+    return origin, load, store
 
 
 @lru_cache(maxsize=None)
@@ -74,11 +135,11 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
     RED_ROWS = R if EMIT else 1
     QK = staging(E_PAD, NT, R)
     VS = staging(M_COLS, NT, R)
-    QK_BY_ROW, QK_RSTEP, QK_CSTEP, QK_NR, QK_NC = QK.by_row, QK.row_step, QK.col_step, QK.n_rows, QK.n_cols
-    V_BY_ROW, V_RSTEP, V_CSTEP, V_NR, V_NC = VS.by_row, VS.row_step, VS.col_step, VS.n_rows, VS.n_cols
     LQ = QK.count if EMIT else 1
     LK = QK.count if UPDATE else 1
     LV = VS.count if UPDATE else 1
+    origin_qk, load_qk, store_qk = row_copier(QK, R, E_PAD, PHI, EMIT, UPDATE)
+    origin_v, load_v, store_v = row_copier(VS, R, M_COLS, False, UPDATE, False)
     # the partial sums of one column sit TE + 1 words apart: the reading threads (one per column) hit distinct banks
     TE_PAD = TE + 1
 
@@ -103,21 +164,9 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
             row_begin = cuda.blockIdx.y * rows_per_block
             row_end = min(seqlen, row_begin + rows_per_block)
         n_chunks = (max(0, row_end - row_begin) + R - 1) // R
-        # this thread's staging coordinates (see recurrent_plan.Staging); lanes past the last whole row group stay idle
-        if QK_BY_ROW:
-            qk_c0 = tid % E_PAD
-            qk_r0 = tid // E_PAD
-        else:
-            qk_c0 = tid
-            qk_r0 = 0
-        qk_lane_ok = qk_r0 < QK_RSTEP
-        if V_BY_ROW:
-            v_c0 = tid % M_COLS
-            v_r0 = tid // M_COLS
-        else:
-            v_c0 = tid
-            v_r0 = 0
-        v_lane_ok = v_r0 < V_RSTEP
+        # this thread's share of the staged rows and columns (recurrent_plan.Staging)
+        qk_at = origin_qk(tid)
+        v_at = origin_v(tid)
 
         q_buf = cuda.shared.array((2, Q_WORDS), float32)
         k_buf = cuda.shared.array((2, K_WORDS), float32)
@@ -151,36 +200,9 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
             # (1) global loads of the next chunk, into registers; padding rows and columns are zeros (not phi(0))
             if it < n_chunks:
                 t0 = row_begin + it * R
-                for a in range(QK_NR):
-                    r = qk_r0 + QK_RSTEP * a
-                    row_ok = qk_lane_ok and r < R and t0 + r < row_end
-                    for c in range(QK_NC):
-                        e = qk_c0 + QK_CSTEP * c
-                        ok = row_ok and e < e_dim
-                        if EMIT:
-                            x = float32(0.0)
-                            if ok:
-                                x = float32(q[b, h, t0 + r, e])
-                                if PHI:  # elu(x) + 1, written out: no device function, so compile_ptx needs no GPU
-                                    x = x + float32(1.0) if x > float32(0.0) else math.exp(x)
-                            pq[a * QK_NC + c] = x
-                        if UPDATE:
-                            x = float32(0.0)
-                            if ok:
-                                x = float32(k[b, h, t0 + r, e])
-                                if PHI:
-                                    x = x + float32(1.0) if x > float32(0.0) else math.exp(x)
-                            pk[a * QK_NC + c] = x
+                load_qk(q, pq, k, pk, b, h, t0, row_end, 0, e_dim, qk_at)
                 if UPDATE:
-                    for a in range(V_NR):
-                        r = v_r0 + V_RSTEP * a
-                        row_ok = v_lane_ok and r < R and t0 + r < row_end
-                        for c in range(V_NC):
-                            col = v_c0 + V_CSTEP * c
-                            x = float32(0.0)
-                            if row_ok and m_base + col < m_dim:
-                                x = float32(v[b, h, t0 + r, m_base + col])
-                            pv[a * V_NC + c] = x
+                    load_v(v, pv, v, pv, b, h, t0, row_end, m_base, m_dim, v_at)
 
             # (2) outputs of chunk it - 2: sum the E-slices' partials; consecutive threads write consecutive columns
             if EMIT and it >= 2:
@@ -236,24 +258,9 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
             # (4) the loaded rows into the buffer that chunk it - 2 used (free since the last barrier)
             if it < n_chunks:
                 lb = it & 1
-                for a in range(QK_NR):
-                    r = qk_r0 + QK_RSTEP * a
-                    if qk_lane_ok and r < R:
-                        for c in range(QK_NC):
-                            e = qk_c0 + QK_CSTEP * c
-                            if e < E_PAD:
-                                if EMIT:
-                                    q_buf[lb, r * E_PAD + e] = pq[a * QK_NC + c]
-                                if UPDATE:
-                                    k_buf[lb, r * E_PAD + e] = pk[a * QK_NC + c]
+                store_qk(q_buf, pq, k_buf, pk, lb, qk_at)
                 if UPDATE:
-                    for a in range(V_NR):
-                        r = v_r0 + V_RSTEP * a
-                        if v_lane_ok and r < R:
-                            for c in range(V_NC):
-                                col = v_c0 + V_CSTEP * c
-                                if col < M_COLS:
-                                    v_buf[lb, r * M_COLS + col] = pv[a * V_NC + c]
+                    store_v(v_buf, pv, v_buf, pv, lb, v_at)
             cuda.syncthreads()
 
         if MODE == REDUCE:

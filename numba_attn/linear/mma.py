@@ -38,7 +38,7 @@ from numba import float32, types, uint32
 
 from ..core import ptx
 from ..core.staging import device_function, tile_loader
-from ..runtime.device import SIMULATOR, cuda
+from ..runtime.device import SIMULATOR, kernel_jit
 from .arguments import BFLOAT16
 from .chunk_plan import CAUSAL, ChunkConfig
 from .register_launch import (MIN_BLOCKS, SIMULATOR_CONFIG, RegisterTiles, launch_walk, signature, tile_shape,
@@ -272,9 +272,7 @@ SIGNATURE = signature(types.uint16)
 def chunk_kernel(tiles: Tiles, mode: int, bf16: bool, vector: bool):
     """The compiled kernel of one specialisation (every argument a constant)."""
     source = kernel_source(tiles, mode, bf16, vector)
-    if SIMULATOR:
-        return cuda.jit(source)
-    return cuda.jit(SIGNATURE, launch_bounds=(32 * tiles.warps, tiles.min_blocks), cache=True)(source)
+    return kernel_jit(launch_bounds=(32 * tiles.warps, tiles.min_blocks), signature=SIGNATURE)(source)
 
 
 def tiles_for(config: ChunkConfig, e: int, m: int) -> Tiles:

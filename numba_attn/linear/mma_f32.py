@@ -34,7 +34,7 @@ from numba import types, uint32
 
 from ..core import ptx
 from ..core.staging import device_function, tile_loader
-from ..runtime.device import SIMULATOR, cuda
+from ..runtime.device import SIMULATOR, kernel_jit
 from .chunk_plan import CAUSAL, ChunkConfig
 from .register_launch import (MIN_BLOCKS, SIMULATOR_CONFIG, RegisterTiles, launch_walk, signature, tile_shape,
                               vector_loads_ok)
@@ -354,9 +354,7 @@ def default_config() -> ChunkConfig:
 def chunk_kernel(tiles: Tiles, mode: int, vector: bool):
     """The compiled kernel of one specialisation (every argument a constant)."""
     source = kernel_source(tiles, mode, vector)
-    if SIMULATOR:
-        return cuda.jit(source)
-    return cuda.jit(SIGNATURE, launch_bounds=(32 * tiles.warps, tiles.min_blocks), cache=True)(source)
+    return kernel_jit(launch_bounds=(32 * tiles.warps, tiles.min_blocks), signature=SIGNATURE)(source)
 
 
 def tiles_for(config: ChunkConfig, e: int, m: int, terms: int = 3) -> Tiles:

@@ -159,9 +159,7 @@ def chunk_kernel(tiles: Tiles, mode: int, dtype: str, split: bool, feature_map: 
     """The compiled kernel of one specialisation (tiles, mode, dtype, operand split, feature map and load width are
     constants)."""
     source = kernel_source(tiles, mode, dtype, split, feature_map, vector)
-    if SIMULATOR:
-        return cuda.jit(source)
-    return cuda.jit(signature(dtype), launch_bounds=(32 * tiles.warps, tiles.min_blocks), cache=True)(source)
+    return kernel_jit(launch_bounds=(32 * tiles.warps, tiles.min_blocks), signature=signature(dtype))(source)
 
 
 @lru_cache(maxsize=None)
@@ -207,7 +205,8 @@ def run_prefix(state, segments, init, has_init, p: Plan, read_state, exclusive, 
     device_launch(prefix_kernel(threads), blocks, threads, stream, 0, *args)
 
 
-def launch(kernel, p: Plan, grid_y, stream, *args):
+def _launch_pass(kernel, p: Plan, grid_y, stream, *args):
+    """One pass of this kernel: grid (head, M tile) x ``grid_y`` segments, ``args[0]`` is q."""
     grid = (args[0].shape[0] * args[0].shape[1] * p.m_tiles, grid_y)
     device_launch(kernel, grid, 32 * p.tiles.warps, stream, p.tiles.shared_bytes, *args)
 
@@ -234,9 +233,8 @@ def launch_causal(q, k, v, out, stream, *, dtype: str, split: bool, initial_stat
         state = scratch_state(scratch, shape, stream)
         if p.segments > 1:
             states = chunk_kernel(p.tiles, STATES, dtype, split, normalise, vector)
-            launch(states, p, p.segments, stream, q, k, v, out, state, unused4(state), False, False,
-                   np.float32(0.0),
-                   p.segment_chunks, p.segments, p.m_tiles)
+            _launch_pass(states, p, p.segments, stream, q, k, v, out, state, unused4(state), False, False,
+                         np.float32(0.0), p.segment_chunks, p.segments, p.m_tiles)
         init = initial_state if has_init else unused4(state)
         run_prefix(state, p.segments, init, has_init, p, p.segments > 1, True, stream, config)
         has_state = True
@@ -245,8 +243,8 @@ def launch_causal(q, k, v, out, stream, *, dtype: str, split: bool, initial_stat
         has_state = False
     # seqlen == 0 still launches one block per (head, M tile): it writes the final state (= the initial one)
     final = final_state if final_state is not None else unused4(state)  # a placeholder, not written
-    launch(walk, p, p.segments, stream, q, k, v, out, state, final, has_state, final_state is not None,
-           np.float32(eps), p.segment_chunks, p.segments, p.m_tiles)
+    _launch_pass(walk, p, p.segments, stream, q, k, v, out, state, final, has_state, final_state is not None,
+                 np.float32(eps), p.segment_chunks, p.segments, p.m_tiles)
 
 
 def launch_noncausal(q, k, v, out, eps, stream, *, dtype: str, split: bool, segments=None,
@@ -264,14 +262,10 @@ def launch_noncausal(q, k, v, out, eps, stream, *, dtype: str, split: bool, segm
     p_rows = plan(bh, seqlen_q, e, m, True, sm_count, config, None, resident)
     shape = (bh * p_keys.m_tiles * p_keys.segments, p_keys.tiles.e_pad, p_keys.tiles.cols)
     state = scratch_state(scratch, shape, stream)
-    zero = np.float32(0.0)
     if seqlen_k > 0:
         states = chunk_kernel(p_keys.tiles, STATES, dtype, split, True, vector)
-        launch(states, p_keys, p_keys.segments, stream, q, k, v, out, state, unused4(state), False,
-               False, zero,
-               p_keys.segment_chunks, p_keys.segments, p_keys.m_tiles)
-    run_prefix(state, p_keys.segments, unused4(state), False, p_keys, seqlen_k > 0, False, stream,
-               config)
-    launch(apply, p_rows, p_rows.segments, stream, q, k, v, out, state, unused4(state), True, False,
-           np.float32(eps),
-           p_rows.segment_chunks, p_keys.segments, p_rows.m_tiles)
+        _launch_pass(states, p_keys, p_keys.segments, stream, q, k, v, out, state, unused4(state), False, False,
+                     np.float32(0.0), p_keys.segment_chunks, p_keys.segments, p_keys.m_tiles)
+    run_prefix(state, p_keys.segments, unused4(state), False, p_keys, seqlen_k > 0, False, stream, config)
+    _launch_pass(apply, p_rows, p_rows.segments, stream, q, k, v, out, state, unused4(state), True, False,
+                 np.float32(eps), p_rows.segment_chunks, p_keys.segments, p_rows.m_tiles)

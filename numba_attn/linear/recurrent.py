@@ -22,7 +22,7 @@ end of the sequence are staged as zeros, so the recurrence itself needs no bound
 Low occupancy: splitting M. ``batch * heads`` blocks rarely fill a GPU, and the walk is latency bound. The value
 columns are independent, so ``m_splits`` blocks per (batch, head) each own ``M / m_splits`` columns of the state
 (each reads all of q and k, which stays in L2). The state must fit in registers, so large ``E * M`` (E = M = 256)
-needs some split anyway (:func:`min_m_splits`); :func:`choose_m_splits` adds more when the SMs would otherwise idle.
+needs some split anyway (``recurrent_plan.min_m_splits``); ``choose_m_splits`` adds more when the SMs would idle.
 
 Linear attention. ``phi(x) = elu(x) + 1`` is applied as rows are staged. The normaliser ``z = sum phi(k_j)`` is a
 register vector beside the state (``RE`` entries per thread, the same in all ``TM`` threads of an E-slice) whose
@@ -315,7 +315,8 @@ def _m_splits(m_splits, batch_heads, e, m, config) -> int:
 def launch_causal_dot_product(q, k, v, out, stream, *, m_splits=None, config: LinearConfig | None = None):
     """``out_i = sum_{j <= i} (q_i . k_j) v_j`` on device views ``(batch, heads, seqlen, E | M)``, any strides.
 
-    ``m_splits``: blocks per (batch, head) along M (None: :func:`choose_m_splits`); at least :func:`min_m_splits`.
+    ``m_splits``: blocks per (batch, head) along M (None: ``recurrent_plan.choose_m_splits``); at least
+    ``min_m_splits``.
     """
     _walk(q, k, v, out, stream, False, float32(0.0), m_splits, config or default_config())
 

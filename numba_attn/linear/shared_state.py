@@ -226,7 +226,7 @@ def launch_causal(q, k, v, out, stream, *, dtype: str, split: bool, initial_stat
     tiles = tiles_for(config, e, m, normalise)
     walk = chunk_kernel(tiles, CAUSAL, dtype, split, normalise, vector)
     resident = resident_blocks(walk, 32 * tiles.warps, tiles.shared_bytes) if config.wave_plan else None
-    p = plan(bh, seqlen, e, m, normalise, multiprocessor_count(), config, segments, resident)
+    p = plan_segments(tiles, bh, seqlen, m, multiprocessor_count(), config, segments, resident)
     has_init = initial_state is not None
     shape = (bh * p.m_tiles * p.segments, p.tiles.e_pad, p.tiles.cols)
     if p.segments > 1 or has_init:
@@ -258,8 +258,8 @@ def launch_noncausal(q, k, v, out, eps, stream, *, dtype: str, split: bool, segm
     tiles = tiles_for(config, e, m, True)
     apply = chunk_kernel(tiles, APPLY, dtype, split, True, vector)
     resident = resident_blocks(apply, 32 * tiles.warps, tiles.shared_bytes) if config.wave_plan else None
-    p_keys = plan(bh, seqlen_k, e, m, True, sm_count, config, segments, resident)
-    p_rows = plan(bh, seqlen_q, e, m, True, sm_count, config, None, resident)
+    p_keys = plan_segments(tiles, bh, seqlen_k, m, sm_count, config, segments, resident)
+    p_rows = plan_segments(tiles, bh, seqlen_q, m, sm_count, config, None, resident)
     shape = (bh * p_keys.m_tiles * p_keys.segments, p_keys.tiles.e_pad, p_keys.tiles.cols)
     state = scratch_state(scratch, shape, stream)
     if seqlen_k > 0:

@@ -2,8 +2,8 @@
 
     python scripts/tune_linear.py --seqlen 1024 4096 16384 --dtype float16 float32
 
-It also times both kernels of the chunked causal product (``kernel="registers"``: ``linear_mma``; ``"shared"``:
-``linear_chunked``'s own), float32 also with ``allow_tf32``.
+It also times both kernels of the chunked causal product (``kernel="registers"``: ``mma`` / ``mma_f32``;
+``"shared"``: ``shared_state``), float32 also with ``allow_tf32``.
 
 For each ``ChunkConfig`` tried, prints the median time of ``causal_dot_product`` next to the sequential kernel and
 to fla's ``chunk_linear_attn`` / ``fused_recurrent_linear_attn`` on the same inputs (fla when installed), with each
@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numba_attn  # noqa: E402
 import reference  # noqa: E402
-from numba_attn.linear import chunked as linear_chunked  # noqa: E402
+from numba_attn.linear import launch as linear_chunked  # noqa: E402
+from numba_attn.linear import shared_state  # noqa: E402
 
 VARIANTS = {
     "default": {},
@@ -102,7 +103,7 @@ def main():
     except Exception as exc:  # noqa: BLE001
         print(f"fla not available: {exc}")
         fla_linear = None
-    original = linear_chunked.GPU_CONFIG
+    original = shared_state.GPU_CONFIG
     for dtype in args.dtype:
         for n in args.seqlen:
             torch.manual_seed(n)
@@ -115,7 +116,7 @@ def main():
                 config = dataclasses.replace(original, **VARIANTS[name])
                 if config.blocks_per_sm == 0:
                     config = dataclasses.replace(config, blocks_per_sm=1, min_segment_chunks=1 << 30)
-                linear_chunked.GPU_CONFIG = config
+                shared_state.GPU_CONFIG = config
                 try:
                     out = numba_attn.causal_dot_product(q, k, v, backend="chunked")
                     rows.append((f"chunked {name}", _time(lambda: numba_attn.causal_dot_product(
@@ -123,7 +124,7 @@ def main():
                 except Exception as exc:  # noqa: BLE001  (a variant may not fit: report and go on)
                     rows.append((f"chunked {name}", float("nan"), f"{type(exc).__name__}: {exc}"[:90]))
                 finally:
-                    linear_chunked.GPU_CONFIG = original
+                    shared_state.GPU_CONFIG = original
             for kernel in linear_chunked.KERNELS:  # both kernels of the causal product (default: "registers")
                 for tf32 in ((False, True) if dtype == "float32" else (False,)):
                     launch = linear_chunked.launch_causal

@@ -22,12 +22,14 @@ from hypothesis import strategies as st
 import numba_attn
 import reference
 from kernel_checks import TOLERANCE, rel_error, to_host
-from numba_attn.linear import chunked as lc
+from numba_attn.linear import launch as lc
+from numba_attn.linear import shared_state as ss
+from numba_attn.runtime.device import max_shared_per_block
 
 SIM = numba_attn.SIMULATOR
 #: one tf32 term per product (allow_tf32=True): float32 inputs rounded to 10 mantissa bits
 TF32_TOLERANCE = 5e-3
-#: the same with the operands rounded to tf32 (linear_mma_f32.ROUND_SCALE), as the register-state kernel does: about
+#: the same with the operands rounded to tf32 (mma_f32.ROUND_SCALE), as the register-state kernel does: about
 #: 4.5e-4 on these inputs
 ROUNDED_TF32_TOLERANCE = 1e-3
 
@@ -67,7 +69,7 @@ def chunk_case(draw):
         "dtype": draw(st.sampled_from(["float32", "float16"])),
         "tf32": draw(st.booleans()),
         "segments": draw(st.sampled_from([None, 1, 2, 3])),
-        "kernel": draw(st.sampled_from([None, "shared"])),  # None: linear_mma where it applies
+        "kernel": draw(st.sampled_from([None, "shared"])),  # None: the register-state kernels where they apply
         "strided": draw(st.sampled_from([None, "q", "k", "v"])),
         "seed": draw(st.integers(0, 2**32 - 1)),
     }
@@ -179,7 +181,7 @@ def test_bad_state_arguments_raise(kwargs, error, match):
 
 
 def _launch_f16_products(q, k, v, dtype, segments=None):
-    """``lc.launch_causal`` on the f16 MMAs (``linear_mma``) with uint16 bit views (the way bfloat16 travels), on the
+    """``lc.launch_causal`` on the f16 MMAs (``mma``) with uint16 bit views (the way bfloat16 travels), on the
     host or a GPU."""
     bits = [np.ascontiguousarray(x.view(np.uint16)) for x in (q, k, v)]
     out = np.full(v.shape, 0x7E00, np.uint16)  # NaN in float16 and bfloat16: unwritten elements show
@@ -276,18 +278,18 @@ def test_kernel_argument_is_checked():
 
 
 def test_plan_fills_the_gpu_and_every_shape_fits():
-    config = lc.GPU_CONFIG
+    config = ss.GPU_CONFIG
     for e in (1, 16, 64, 100, 128, 129, 256):
         for m in (1, 64, 72, 256):
             for normalise in (False, True):
-                tiles = lc.tiles_for(config, e, m, normalise)
-                assert tiles.shared_bytes <= config.max_shared_bytes
-    p = lc.plan(32, 16384, 64, 64, False, 132, config)
+                tiles = ss.tiles_for(config, e, m, normalise)
+                assert tiles.shared_bytes <= max_shared_per_block()
+    p = ss.plan(32, 16384, 64, 64, False, 132, config)
     assert p.segments * 32 * p.m_tiles >= config.blocks_per_sm * 132
     assert p.segments * p.segment_chunks * p.tiles.chunk >= 16384
     assert (p.segments - 1) * p.segment_chunks * p.tiles.chunk < 16384  # no empty segment
-    assert lc.plan(4096, 16384, 64, 64, False, 132, config).segments == 1  # enough heads: no extra passes
-    assert lc.plan(1, 100, 64, 64, False, 132, config, segments=50).segments == 2  # never more than the chunks
+    assert ss.plan(4096, 16384, 64, 64, False, 132, config).segments == 1  # enough heads: no extra passes
+    assert ss.plan(1, 100, 64, 64, False, 132, config, segments=50).segments == 2  # never more than the chunks
 
 
 def _walk_cost(bh, chunks, segments, slots, config):
@@ -303,8 +305,8 @@ def _walk_cost(bh, chunks, segments, slots, config):
        sm_count=st.integers(1, 140), segment_cost=st.sampled_from([0.0, 0.1, 2.5]))
 def test_plan_with_occupancy_takes_the_shortest_critical_path(bh, seqlen, resident, sm_count, segment_cost):
     """Against every segment count: none gives the walk a shorter critical path than the plan's choice."""
-    config = dataclasses.replace(lc.GPU_CONFIG, segment_cost=segment_cost)
-    p = lc.plan(bh, seqlen, 64, 64, False, sm_count, config, resident=resident)
+    config = dataclasses.replace(ss.GPU_CONFIG, segment_cost=segment_cost)
+    p = ss.plan(bh, seqlen, 64, 64, False, sm_count, config, resident=resident)
     chunks = -(-seqlen // p.tiles.chunk)
     slots = resident * sm_count
     best = min(_walk_cost(bh, chunks, s, slots, config)

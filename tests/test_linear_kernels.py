@@ -27,6 +27,7 @@ import numba_attn
 import reference
 from kernel_checks import TOLERANCE, rel_error, to_host
 from numba_attn.linear import recurrent as lr
+from numba_attn.linear import recurrent_plan as rp
 
 SIM = numba_attn.SIMULATOR
 
@@ -71,7 +72,7 @@ def m_splits_for(variant: str, e: int, m: int):
     if variant == "auto":
         return None
     if variant == "plain":
-        return lr.min_m_splits(e, m)
+        return rp.min_m_splits(e, m)
     return m
 
 
@@ -156,9 +157,9 @@ def test_m_split_matches_one_block(op, seqlen, e, m, splits, seed):
     rng = np.random.default_rng(seed)
     q, k = (make_array(rng, (1, 2, seqlen, e), "float32") for _ in range(2))
     v = make_array(rng, (1, 2, seqlen, m), "float32")
-    plain = lr.min_m_splits(e, m)
+    plain = rp.min_m_splits(e, m)
     splits = max(splits, plain + 1)
-    actual = lr.plan(e, m, lr.CAUSAL, op != "causal_dot_product", splits).m_splits
+    actual = rp.plan(e, m, rp.CAUSAL, op != "causal_dot_product", splits).m_splits
     assert actual > plain, "the forced split must give more blocks than the plain walk"
 
     def run(m_splits):
@@ -237,12 +238,12 @@ def test_bad_dtype_raises_type_error():
 @pytest.mark.parametrize("m_splits", [0, -1, 1.5, True, "2"])
 def test_bad_m_splits_raises(m_splits):
     with pytest.raises(ValueError, match="^m_splits:"):
-        lr.plan(8, 8, lr.CAUSAL, False, m_splits)
+        rp.plan(8, 8, rp.CAUSAL, False, m_splits)
 
 
 def test_m_splits_below_register_minimum_raises():
     with pytest.raises(ValueError, match="^m_splits:.*at least 4"):
-        lr.plan(256, 256, lr.CAUSAL, False, 1, lr.GPU_CONFIG)
+        rp.plan(256, 256, rp.CAUSAL, False, 1, rp.GPU_CONFIG)
 
 
 # -- the launch planner (GPU configuration, pure Python) --------------------------------------------------------------
@@ -251,12 +252,12 @@ PLANNER_DIMS = [1, 2, 7, 8, 9, 16, 31, 32, 33, 64, 100, 128, 129, 200, 255, 256]
 
 @pytest.mark.parametrize("e", PLANNER_DIMS)
 def test_every_shape_gets_a_layout_that_fits(e):
-    config = lr.GPU_CONFIG
+    config = rp.GPU_CONFIG
     for m in PLANNER_DIMS:
-        lowest = lr.min_m_splits(e, m, config)
+        lowest = rp.min_m_splits(e, m, config)
         for splits in sorted({lowest, lowest + 1, 2 * lowest, max(lowest, m // 8), m}):
-            for mode, normalise in ((lr.CAUSAL, False), (lr.CAUSAL, True), (lr.REDUCE, True), (lr.APPLY, True)):
-                p = lr.plan(e, m, mode, normalise, splits, config)
+            for mode, normalise in ((rp.CAUSAL, False), (rp.CAUSAL, True), (rp.REDUCE, True), (rp.APPLY, True)):
+                p = rp.plan(e, m, mode, normalise, splits, config)
                 layout = p.layout
                 assert layout.threads <= config.max_threads
                 assert layout.re * layout.rm <= config.state_per_thread
@@ -269,21 +270,21 @@ def test_every_shape_gets_a_layout_that_fits(e):
 
 
 def test_split_heuristic():
-    config = lr.GPU_CONFIG
+    config = rp.GPU_CONFIG
     # few (batch, head) blocks on many SMs: split M; many blocks: the plain walk
-    assert lr.choose_m_splits(8, 64, 64, 132, config) > 1
-    assert lr.choose_m_splits(4096, 64, 64, 132, config) == 1
+    assert rp.choose_m_splits(8, 64, 64, 132, config) > 1
+    assert rp.choose_m_splits(4096, 64, 64, 132, config) == 1
     # E = M = 256 cannot keep its state in one block's registers
-    assert lr.min_m_splits(256, 256, config) > 1
-    assert lr.choose_m_splits(4096, 256, 256, 132, config) == lr.min_m_splits(256, 256, config)
+    assert rp.min_m_splits(256, 256, config) > 1
+    assert rp.choose_m_splits(4096, 256, 256, 132, config) == rp.min_m_splits(256, 256, config)
     # never below 8 columns per block
-    assert lr.choose_m_splits(1, 64, 64, 132, config) == 8
+    assert rp.choose_m_splits(1, 64, 64, 132, config) == 8
 
 
 def test_simulator_config_allows_the_plain_walk_for_the_drawn_sizes():
     for e in range(1, 10):
         for m in range(1, 10):
-            assert lr.min_m_splits(e, m, lr.SIMULATOR_CONFIG) == 1
+            assert rp.min_m_splits(e, m, rp.SIMULATOR_CONFIG) == 1
 
 
 # -- realistic sizes on a GPU -----------------------------------------------------------------------------------------
@@ -349,7 +350,7 @@ def _launch_poisoned(op, q, k, v, m_splits, seq_splits=None):
 
 
 def _gpu_m_splits(variant, e, m):
-    lowest = lr.min_m_splits(e, m, lr.GPU_CONFIG)
+    lowest = rp.min_m_splits(e, m, rp.GPU_CONFIG)
     return {"auto": None, "plain": lowest, "split": max(2 * lowest, 8)}[variant]
 
 
@@ -389,7 +390,7 @@ def test_gpu_public_api_cupy(op, dtype, backend):
 @pytest.mark.parametrize("op", ["causal_dot_product", "causal"])
 def test_gpu_m_split_matches_one_block(op, e, m):
     q, k, v = _device_views("float32", gpu_inputs(e, m))
-    lowest = lr.min_m_splits(e, m, lr.GPU_CONFIG)
+    lowest = rp.min_m_splits(e, m, rp.GPU_CONFIG)
     one = to_host(_launch_poisoned(op, q, k, v, lowest))
     split = to_host(_launch_poisoned(op, q, k, v, max(8, 2 * lowest)))
     assert rel_error(split, one) <= 1e-6

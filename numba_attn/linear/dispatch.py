@@ -10,8 +10,8 @@ from __future__ import annotations
 from ..runtime.arrays import BFLOAT16
 from ..runtime.device import SIMULATOR, compute_capability
 from ..runtime.views import lift
-from . import chunked as _chunked
-from . import recurrent as _linear
+from . import launch as _chunked  # the chunked backend's entry
+from . import recurrent as _recurrent
 
 BACKENDS = ("chunked", "recurrent")
 #: rows from which ``backend=None`` takes the chunked kernel, per input dtype
@@ -31,7 +31,7 @@ def choose_backend(backend, dtype: str, seqlen: int, stateful: bool) -> str:
     if backend is None:
         wants_chunked = stateful or seqlen >= CHUNKED_MIN_SEQLEN[dtype]
         backend = "chunked" if chunked_ok and wants_chunked else "recurrent"
-    if backend == "recurrent" and (stateful or dtype == BFLOAT16):
+    if backend == "recurrent" and not _recurrent.supports(dtype, stateful):
         raise TypeError("bfloat16 inputs and initial_state / return_state need a GPU of compute capability >= 8.0")
     return backend
 
@@ -48,7 +48,7 @@ def run_causal_dot_product(call, backend: str, out, final, allow_tf32: bool) -> 
             tf32=allow_tf32, dtype=call.dtype, scratch=call.scratch,
         )
     else:
-        _linear.launch_causal_dot_product(*views, call.stream)
+        _recurrent.launch_causal_dot_product(*views, call.stream)
 
 
 def run_linear_attention(call, backend: str, out, causal: bool, eps: float, allow_tf32: bool) -> None:
@@ -60,4 +60,4 @@ def run_linear_attention(call, backend: str, out, causal: bool, eps: float, allo
     elif backend == "chunked":
         _chunked.launch_noncausal(*views, eps, call.stream, tf32=allow_tf32, dtype=call.dtype, scratch=call.scratch)
     else:
-        _linear.launch_linear_attention(*views, causal, eps, call.stream, scratch=call.scratch)
+        _recurrent.launch_linear_attention(*views, causal, eps, call.stream, scratch=call.scratch)

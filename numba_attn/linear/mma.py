@@ -1,17 +1,9 @@
-"""Chunked causal dot product with the state in registers: 16-bit inputs on ``mma.sync.m16n8k16`` (float16 /
-bfloat16 products); float32 inputs on tf32 ``m16n8k8`` take the same walk from ``linear_mma_f32`` (launched here).
+"""The register-state chunked causal dot product for float16 / bfloat16 inputs: ``mma.sync.m16n8k16`` products
+(float32 inputs take the same walk on tf32 in ``mma_f32``; both launch through ``register_launch``).
 
-The algorithm of ``linear_chunked`` (its docstring), with the per-chunk work rebuilt around 16-bit tiles::
+The algorithm of ``shared_state`` (its docstring), with the per-chunk work rebuilt around 16-bit tiles::
 
     out_c = (Q_c K_c^T * tril) V_c  +  Q_c H        H += K_c^T V_c
-
-Two launches. The sequence of each (head, M tile) is cut into segments of whole chunks (``linear_chunked.plan``):
-
-1. ``STATES`` (more than one segment only): block ``(head, M tile, segment)`` writes its segment's ``K_s^T V_s``
-   (float32) for every segment but the last.
-2. ``CAUSAL``: block ``(head, M tile, segment)`` starts from the initial state plus the increments of the segments
-   before it (it sums them itself: no prefix launch), walks its chunks, and the last segment's block writes the final
-   state.
 
 Per chunk:
 
@@ -34,7 +26,7 @@ Per chunk:
   view rebuilt the whole address at every store.
 
 For ``E <= 128`` (``supports``) and the plain product; the normalised layer, the non-causal form and wider heads take
-``linear_chunked``'s kernel (the state in shared memory). ``docs/design.md`` has the measurements.
+``shared_state``'s kernel. ``docs/design.md`` has the measurements.
 """
 from __future__ import annotations
 
@@ -42,39 +34,30 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from numba import float32, types, uint16, uint32
+from numba import float32, types, uint32
 
-from ..runtime.views import rows_in_pieces
-from ..runtime.device import SIMULATOR, cuda, multiprocessor_count
-from ..runtime.launch import resident_blocks
-from ..runtime.launch import launch as device_launch
-from . import chunked
-from . import mma_f32 as f32
-from .state import stage_loader, state_functions
 from ..core import ptx
-from .chunked import ChunkConfig
 from ..core.staging import device_function, tile_loader
+from ..runtime.device import SIMULATOR, kernel_jit
+from .arguments import BFLOAT16
+from .chunk_plan import CAUSAL, ChunkConfig
+from .register_launch import (MIN_BLOCKS, SIMULATOR_CONFIG, RegisterTiles, launch_walk, signature, tile_shape,
+                              vector_loads_ok)
+from .register_launch import supports  # noqa: F401  (this kernel's: the plain product, E <= MAX_E)
+from .state import accumulator_fill, future_mask, stage_loader, walk_kernel
 
-CAUSAL, STATES = 0, 1
-FLOAT16, BFLOAT16, FLOAT32 = "float16", "bfloat16", "float32"
-#: widest E (padded to 16) this kernel takes; the records of H grow with E and E + 8 wide Q, K rows with it
-MAX_E = 128
 #: |S| above this is scaled before P is rounded to float16 (a power of two under float16's 65504)
 F16_SAFE = 32768.0
+GPU_CONFIG = ChunkConfig(warps=4, block_cols=64, block_cols_wide=64)
+
+
+def default_config() -> ChunkConfig:
+    return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
 
 
 @dataclass(frozen=True)
-class Tiles:
-    """Compile-time shape of one specialisation."""
-
-    warps: int  # chunk C = 16 * warps rows
-    e_pad: int  # E rounded up to 16
-    cols: int  # value columns per block (multiple of 16)
-    min_blocks: int = 2  # launch bound: blocks per SM the registers must allow
-
-    @property
-    def chunk(self) -> int:
-        return 16 * self.warps
+class Tiles(RegisterTiles):
+    """Compile-time shape of one specialisation (sizes in 16-bit elements)."""
 
     @property
     def row_qk(self) -> int:  # 16-bit elements per staged Q / K row
@@ -101,35 +84,15 @@ class Tiles:
         return 4 * (self.records_offset(mode) + records)
 
 
-def supports(e: int, m: int) -> bool:
-    return 0 < e <= MAX_E and m > 0
-
-
-def vector_loads_ok(q, k, v, out) -> bool:
-    """cp.async staging needs rows in aligned 16-byte pieces (E, M multiples of 8 16-bit or 4 float32 elements, unit
-    last stride, 16-byte aligned row starts); the output pairs need aligned even pieces. Otherwise the tiles are
-    staged element by element. The simulator checks the same: its ``cp.async`` twin copies raw bytes."""
-    piece = 16 // np.dtype(q.dtype).itemsize
-    return all(rows_in_pieces(x, piece) for x in (q, k, v)) and rows_in_pieces(out, 2)
-
-
-def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
-    WARPS = tiles.warps
-    NT = 32 * WARPS
-    C = tiles.chunk
-    E_PAD = tiles.e_pad
-    COLS = tiles.cols
-    ROW_QK = tiles.row_qk
-    ROW_V = tiles.row_v
-    RS = tiles.record_stride
+def kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
+    """The kernel of one specialisation: ``state.walk_kernel`` around this module's chunk arithmetic."""
+    NT, C, E_PAD, COLS = 32 * tiles.warps, tiles.chunk, tiles.e_pad, tiles.cols
+    ROW_QK, ROW_V, RS = tiles.row_qk, tiles.row_v, tiles.record_stride  # staged row lengths, record stride
     HAS_Q = mode == CAUSAL
     Q_OFF = 0
     K_OFF = C * ROW_QK if HAS_Q else 0
     V_OFF = K_OFF + C * ROW_QK
-    STAGE = tiles.stage(mode)
     R_OFF = tiles.records_offset(mode)
-    E_BLOCKS = E_PAD // 16
-    E_PER_WARP = -(-E_BLOCKS // WARPS)  # m16 blocks of H a warp owns
     QK_STEPS = E_PAD // 16  # k16 steps of S = Q K^T
     QH_STEPS = E_PAD // 8  # k8 (tf32) steps of Q H
     S_BLOCKS = C // 8
@@ -159,11 +122,12 @@ def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
     store2 = ptx.store2
     store_at = ptx.store_u32_at
     commit = ptx.cp_async_commit
-    wait_all = ptx.cp_async_wait_all
     load_qk = tile_loader(NT, ROW_QK, E_PAD, C, np.uint16, vector, whole_tile_path=True)
     load_v = tile_loader(NT, ROW_V, COLS, C, np.uint16, vector, whole_tile_path=True)
-    position, start_state, end_state = state_functions(WARPS, E_PAD, COLS, C, HAS_Q)
     load_stage = stage_loader(load_qk, load_v, commit, K_OFF, V_OFF, HAS_Q)  # Q_OFF is 0
+    fill_s = accumulator_fill(S_BLOCKS, ACC_INIT)
+    fill_o = accumulator_fill(O_BLOCKS, ACC_INIT)
+    mask_future = future_mask(C)
 
     @device_function
     def mma_pair(acc, n, a0, a1, a2, a3, b0, b1, b2, b3):
@@ -173,6 +137,18 @@ def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
                                                          acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
         acc[n + 1, 0], acc[n + 1, 1], acc[n + 1, 2], acc[n + 1, 3] = mma(
             a0, a1, a2, a3, b2, b3, acc[n + 1, 0], acc[n + 1, 1], acc[n + 1, 2], acc[n + 1, 3])
+
+    @device_function
+    def store_pair(out, out_head, at, ob, row, col, m_dim, x0, x1):
+        """Output columns (col, col + 1) of a row: one 32-bit store from the row's byte offset ``at`` (``vector``),
+        else two 16-bit stores."""
+        word = pack(x0, x1)
+        if vector:
+            store_at(out, at + 16 * ob, word)
+        else:
+            store2(out_head, row, col, low_u16(word))
+            if col + 1 < m_dim:
+                store2(out_head, row, col + 1, high_u16(word))
 
     @device_function
     def high_word(word):  # the float value of a word's upper 16-bit element
@@ -187,264 +163,131 @@ def _kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
         store_record(smem32, R_OFF + ((e_pair * 4 + t_row) * RS + col) * 4, bits_float(hi_even), bits_float(hi_odd),
                      x_even - bits_float(hi_even), x_odd - bits_float(hi_odd))
 
-    def kernel(q, k, v, out, increments, init, final, has_init, write_final, segment_chunks, state_segments, m_tiles):
-        tid = cuda.threadIdx.x
-        warp = tid // 32
-        lane = tid % 32
-        g = lane // 4
-        t = lane % 4
-        seg = cuda.blockIdx.y
-        b, h, col0, row_begin, n_chunks, first_row = position(cuda.blockIdx.x, seg, k, segment_chunks, state_segments,
-                                                              m_tiles)
-        e_dim = k.shape[3]
-        m_dim = v.shape[3]
-        seqlen = k.shape[2]
-        q_head = q[b, h]
-        k_head = k[b, h]
-        v_head = v[b, h]
-        out_head = out[b, h]
-        out_base = b * out.strides[0] + h * out.strides[1] + (col0 + 2 * t) * out.strides[3]
-        smem = cuda.shared.array(0, uint16)  # two stages of (Q,) K, V tiles
-        smem32 = cuda.shared.array(0, float32)  # the same memory as float32: H's records after the stages
-        s = cuda.local.array((S_BLOCKS, 4), float32)
-        o = cuda.local.array((O_BLOCKS, 4), float32)
-        hm = cuda.local.array((E_PER_WARP, O_BLOCKS, 4), float32)  # this warp's rows of H
-        q_frag = cuda.local.array((QK_STEPS, 4), uint32)
-        # ldmatrix row addresses of this lane (lane 8i + r gives row r of matrix i; see ptx / flash_mma): K for S and
-        # K^T for dH: (keys +0, cols +0), (+0, +8), (+8, +0), (+8, +8); Q (A) and V (.trans, B of P V / dH):
-        # (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8)
+    @device_function
+    def lane_offsets(warp, lane, g, t):
+        """ldmatrix row addresses of this lane (lane 8i + r gives row r of matrix i; see ptx / flash_mma): K for S
+        and K^T for dH: (keys +0, cols +0), (+0, +8), (+8, +0), (+8, +8); Q (A) and V (.trans, B of P V / dH):
+        (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8)."""
         k_lane = (8 * (lane // 16) + lane % 8) * ROW_QK + 8 * ((lane // 8) % 2)
         q_lane = (16 * warp + 8 * ((lane // 8) % 2) + lane % 8) * ROW_QK + 8 * (lane // 16)
         v_lane = (8 * ((lane // 8) % 2) + lane % 8) * ROW_V + 8 * (lane // 16)
+        return k_lane, q_lane, v_lane
 
-        if n_chunks > 0:
-            load_stage(q_head, k_head, v_head, smem, 0, tid, row_begin, seqlen, e_dim, col0, m_dim)
+    @device_function
+    def load_chunk(q_head, k_head, v_head, smem, smem32, base, tid, warp, lane, c0, seqlen, e_dim, col0, m_dim,
+                   first):
+        load_stage(q_head, k_head, v_head, smem, base, tid, c0, seqlen, e_dim, col0, m_dim)
 
-        start_state(hm, init, increments, has_init, b, h, e_dim, m_dim, col0, first_row, seg, warp, g, t)
-
-        for step in range(-1 if HAS_Q else 0, n_chunks):
-            if step >= 0:
-                c0 = row_begin + step * C
-                base = (step % 2) * STAGE
-                wait_all()
-                cuda.syncthreads()  # chunk `step` has landed; everyone is done with chunk step - 1 and the records
-                if step + 1 < n_chunks:
-                    load_stage(q_head, k_head, v_head, smem, STAGE - base, tid, c0 + C, seqlen, e_dim, col0, m_dim)
-
-                if HAS_Q:
-                    # ---- S = Q K^T for key blocks up to this warp's diagonal ---------------------------------------
-                    for kk in range(QK_STEPS):
-                        q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3] = ldmatrix(
-                            smem, base + Q_OFF + q_lane + 16 * kk)
+    @device_function
+    def chunk_output(smem, smem32, temps, lanes, base, step, n_chunks, c0, warp, lane, g, t, q_head, seqlen, e_dim):
+        s, _, o, _, q_frag, _ = temps
+        k_lane, q_lane, v_lane = lanes
+        # ---- S = Q K^T for key blocks up to this warp's diagonal -----------------------------------------------
+        for kk in range(QK_STEPS):
+            q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3] = ldmatrix(smem, base + Q_OFF + q_lane + 16 * kk)
+        fill_s(s)
+        # k-steps outside, key blocks inside: consecutive MMAs feed different accumulators
+        for kk in range(QK_STEPS):
+            for j in range(KEY_STEPS):
+                if j <= warp:
+                    b0, b1, b2, b3 = ldmatrix(smem, base + K_OFF + k_lane + 16 * j * ROW_QK + 16 * kk)
+                    mma_pair(s, 2 * j, q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3], b0, b1, b2, b3)
+        mask_future(s, warp, g, t)  # (blocks past the diagonal pair hold zeros already)
+        # ---- float16 range: scale P by 2^-k where |S| is too large for it --------------------------------------
+        up = float32(1.0)
+        if CHECK_RANGE:
+            # a tree of maxima (a chain of 32 would wait on each), blocks past the diagonal hold zeros
+            big_even = ZERO
+            big_odd = ZERO
+            for nb in range(S_BLOCKS):
+                block = max(max(abs(s[nb, 0]), abs(s[nb, 1])), max(abs(s[nb, 2]), abs(s[nb, 3])))
+                if nb % 2:
+                    big_odd = max(big_odd, block)
+                else:
+                    big_even = max(big_even, block)
+            big = max(big_even, big_odd)
+            if not all_lanes(big <= SAFE):  # NaN also lands here, and stays NaN
+                for mask in (1, 2, 4, 8, 16):
+                    big = max(big, shfl_xor(big, mask))
+                shift = int((float_bits(big) >> 23) & 0xFF) - 127 - 14  # big * 2^-shift < 2^15
+                if shift > 0:
+                    shift = min(shift, 126)
+                    down = bits_float(uint32((127 - shift) << 23))
+                    up = bits_float(uint32((127 + shift) << 23))
                     for nb in range(S_BLOCKS):
                         for x in range(4):
-                            s[nb, x] = ACC_INIT
-                    # k-steps outside, key blocks inside: consecutive MMAs feed different accumulators
-                    for kk in range(QK_STEPS):
-                        for j in range(KEY_STEPS):
-                            if j <= warp:
-                                b0, b1, b2, b3 = ldmatrix(smem, base + K_OFF + k_lane + 16 * j * ROW_QK + 16 * kk)
-                                mma_pair(s, 2 * j, q_frag[kk, 0], q_frag[kk, 1], q_frag[kk, 2], q_frag[kk, 3],
-                                         b0, b1, b2, b3)
-                    # keys after the row drop out (blocks past the diagonal pair hold zeros already)
-                    for nb in range(S_BLOCKS):
-                        for x in range(4):
-                            if 8 * nb + 2 * t + x % 2 > 16 * warp + g + 8 * (x // 2):
-                                s[nb, x] = ZERO
-                    # ---- float16 range: scale P by 2^-k where |S| is too large for it ------------------------------
-                    up = float32(1.0)
-                    if CHECK_RANGE:
-                        # a tree of maxima (a chain of 32 would wait on each), blocks past the diagonal hold zeros
-                        big_even = ZERO
-                        big_odd = ZERO
-                        for nb in range(S_BLOCKS):
-                            block = max(max(abs(s[nb, 0]), abs(s[nb, 1])), max(abs(s[nb, 2]), abs(s[nb, 3])))
-                            if nb % 2:
-                                big_odd = max(big_odd, block)
-                            else:
-                                big_even = max(big_even, block)
-                        big = max(big_even, big_odd)
-                        if not all_lanes(big <= SAFE):  # NaN also lands here, and stays NaN
-                            for mask in (1, 2, 4, 8, 16):
-                                big = max(big, shfl_xor(big, mask))
-                            shift = int((float_bits(big) >> 23) & 0xFF) - 127 - 14  # big * 2^-shift < 2^15
-                            if shift > 0:
-                                shift = min(shift, 126)
-                                down = bits_float(uint32((127 - shift) << 23))
-                                up = bits_float(uint32((127 + shift) << 23))
-                                for nb in range(S_BLOCKS):
-                                    for x in range(4):
-                                        s[nb, x] = s[nb, x] * down
-                    # ---- O = P V (P from S's C fragments), then O += Q H (tf32, H as hi + lo) -----------------------
-                    for ob in range(O_BLOCKS):
-                        for x in range(4):
-                            o[ob, x] = ACC_INIT
-                    for j in range(KEY_STEPS):
-                        if j <= warp:
-                            a0 = pack(s[2 * j, 0], s[2 * j, 1])
-                            a1 = pack(s[2 * j, 2], s[2 * j, 3])
-                            a2 = pack(s[2 * j + 1, 0], s[2 * j + 1, 1])
-                            a3 = pack(s[2 * j + 1, 2], s[2 * j + 1, 3])
-                            for p in range(O_PAIRS):
-                                b0, b1, b2, b3 = ldmatrix_trans(smem, base + V_OFF + v_lane + 16 * j * ROW_V + 16 * p)
-                                mma_pair(o, 2 * p, a0, a1, a2, a3, b0, b1, b2, b3)
-                    if up != float32(1.0):
-                        for ob in range(O_BLOCKS):
-                            for x in range(4):
-                                o[ob, x] = o[ob, x] * up
-                    q_row = base + Q_OFF + (16 * warp + g) * ROW_QK + 2 * t
-                    for kk in range(QH_STEPS):
-                        # A column t <-> E row 8 kk + 2t, t + 4 <-> 8 kk + 2t + 1: one word holds both
-                        word_a = load_word(smem, q_row + 8 * kk)
-                        word_b = load_word(smem, q_row + 8 * ROW_QK + 8 * kk)
-                        a0 = float_bits(to_float(word_a))
-                        a2 = float_bits(high_word(word_a))
-                        a1 = float_bits(to_float(word_b))
-                        a3 = float_bits(high_word(word_b))
-                        for ob in range(O_BLOCKS):
-                            h0, h1, l0, l1 = load_record(smem32, R_OFF + ((kk * 4 + t) * RS + 8 * ob + g) * 4)
-                            o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3] = mma_tf32(
-                                a0, a1, a2, a3, float_bits(l0), float_bits(l1), o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3])
-                            o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3] = mma_tf32(
-                                a0, a1, a2, a3, float_bits(h0), float_bits(h1), o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3])
-                    # ---- output rows --------------------------------------------------------------------------------
-                    row_a = c0 + 16 * warp + g
-                    for half in range(2):
-                        row = row_a + 8 * half
-                        if row < seqlen:
-                            at = out_base + row * out.strides[2]  # bytes; the columns of a row are contiguous
-                            for ob in range(O_BLOCKS):
-                                col = col0 + 8 * ob + 2 * t
-                                if col < m_dim:
-                                    word = pack(o[ob, 2 * half], o[ob, 2 * half + 1])
-                                    if vector:
-                                        store_at(out, at + 16 * ob, word)
-                                    else:
-                                        store2(out_head, row, col, low_u16(word))
-                                        if col + 1 < m_dim:
-                                            store2(out_head, row, col + 1, high_u16(word))
-                    cuda.syncthreads()  # every warp has read the records of H for this chunk
+                            s[nb, x] = s[nb, x] * down
+        # ---- O = P V (P from S's C fragments), then O += Q H (tf32, H as hi + lo) -------------------------------
+        fill_o(o)
+        for j in range(KEY_STEPS):
+            if j <= warp:
+                a0 = pack(s[2 * j, 0], s[2 * j, 1])
+                a1 = pack(s[2 * j, 2], s[2 * j, 3])
+                a2 = pack(s[2 * j + 1, 0], s[2 * j + 1, 1])
+                a3 = pack(s[2 * j + 1, 2], s[2 * j + 1, 3])
+                for p in range(O_PAIRS):
+                    b0, b1, b2, b3 = ldmatrix_trans(smem, base + V_OFF + v_lane + 16 * j * ROW_V + 16 * p)
+                    mma_pair(o, 2 * p, a0, a1, a2, a3, b0, b1, b2, b3)
+        if up != float32(1.0):
+            for ob in range(O_BLOCKS):
+                for x in range(4):
+                    o[ob, x] = o[ob, x] * up
+        q_row = base + Q_OFF + (16 * warp + g) * ROW_QK + 2 * t
+        for kk in range(QH_STEPS):
+            # A column t <-> E row 8 kk + 2t, t + 4 <-> 8 kk + 2t + 1: one word holds both
+            word_a = load_word(smem, q_row + 8 * kk)
+            word_b = load_word(smem, q_row + 8 * ROW_QK + 8 * kk)
+            a0 = float_bits(to_float(word_a))
+            a2 = float_bits(high_word(word_a))
+            a1 = float_bits(to_float(word_b))
+            a3 = float_bits(high_word(word_b))
+            for ob in range(O_BLOCKS):
+                h0, h1, l0, l1 = load_record(smem32, R_OFF + ((kk * 4 + t) * RS + 8 * ob + g) * 4)
+                o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3] = mma_tf32(
+                    a0, a1, a2, a3, float_bits(l0), float_bits(l1), o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3])
+                o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3] = mma_tf32(
+                    a0, a1, a2, a3, float_bits(h0), float_bits(h1), o[ob, 0], o[ob, 1], o[ob, 2], o[ob, 3])
 
-                # ---- H += K_c^T V_c (fresh float32 accumulators, then float32 adds: see linear_chunked) ------------
-                for i in range(E_PER_WARP):
-                    eb = warp + i * WARPS
-                    if eb < E_BLOCKS:
-                        for ob in range(O_BLOCKS):
-                            for x in range(4):
-                                o[ob, x] = ACC_INIT
-                        for j in range(KEY_STEPS):
-                            a0, a1, a2, a3 = ldmatrix_trans(smem, base + K_OFF + k_lane + 16 * j * ROW_QK + 16 * eb)
-                            for p in range(O_PAIRS):
-                                b0, b1, b2, b3 = ldmatrix_trans(smem, base + V_OFF + v_lane + 16 * j * ROW_V + 16 * p)
-                                mma_pair(o, 2 * p, a0, a1, a2, a3, b0, b1, b2, b3)
-                        for ob in range(O_BLOCKS):
-                            for x in range(4):
-                                hm[i, ob, x] += o[ob, x]
+    @device_function
+    def state_increment(smem, smem32, temps, lanes, base, eb, warp, lane, g, t):
+        o = temps[2]
+        k_lane, _, v_lane = lanes
+        fill_o(o)
+        for j in range(KEY_STEPS):
+            a0, a1, a2, a3 = ldmatrix_trans(smem, base + K_OFF + k_lane + 16 * j * ROW_QK + 16 * eb)
+            for p in range(O_PAIRS):
+                b0, b1, b2, b3 = ldmatrix_trans(smem, base + V_OFF + v_lane + 16 * j * ROW_V + 16 * p)
+                mma_pair(o, 2 * p, a0, a1, a2, a3, b0, b1, b2, b3)
 
-            if HAS_Q and step + 1 < n_chunks:
-                # ---- publish H for the next chunk: lanes g, g ^ 1 swap one column, so that each holds E rows
-                # (2i, 2i + 1) of one column and writes (hi, hi, lo, lo) in one 16-byte store ---------------------------
-                odd = g % 2
-                for i in range(E_PER_WARP):
-                    eb = warp + i * WARPS
-                    if eb < E_BLOCKS:
-                        for ob in range(O_BLOCKS):
-                            send_a = hm[i, ob, 0] if odd else hm[i, ob, 1]
-                            send_b = hm[i, ob, 2] if odd else hm[i, ob, 3]
-                            got_a = shfl_xor(send_a, 4)
-                            got_b = shfl_xor(send_b, 4)
-                            col = 8 * ob + 2 * t + odd
-                            publish(smem32, 2 * eb, g // 2, col, got_a if odd else hm[i, ob, 0],
-                                    hm[i, ob, 1] if odd else got_a)
-                            publish(smem32, 2 * eb + 1, g // 2, col, got_b if odd else hm[i, ob, 2],
-                                    hm[i, ob, 3] if odd else got_b)
-
-        end_state(hm, increments, final, write_final, seg == cuda.gridDim.y - 1, b, h, e_dim, m_dim, col0, first_row,
-                  seg, warp, g, t)
-
-    return kernel
+    # publish: lanes g, g ^ 1 swap one column, so that each holds E rows (2i, 2i + 1) of one column and writes
+    # (hi, hi, lo, lo) in one 16-byte store
+    hooks = (lane_offsets, load_chunk, chunk_output, state_increment, publish, store_pair)
+    return walk_kernel(tiles, HAS_Q, tiles.stage(mode), 0, QK_STEPS, hooks)
 
 
-_U16_4D = types.Array(types.uint16, 4, "A")
-_F32_4D = types.Array(types.float32, 4, "A")
-_F32_3D = types.Array(types.float32, 3, "A")
-SIGNATURE = types.void(_U16_4D, _U16_4D, _U16_4D, _U16_4D, _F32_3D, _F32_4D, _F32_4D, types.boolean, types.boolean,
-                       types.int64, types.int64, types.int64)
-
-
-_F32_4D_IN = types.Array(types.float32, 4, "A")
-SIGNATURE_F32 = types.void(_F32_4D_IN, _F32_4D_IN, _F32_4D_IN, _F32_4D_IN, _F32_3D, _F32_4D, _F32_4D, types.boolean,
-                           types.boolean, types.int64, types.int64, types.int64)
+SIGNATURE = signature(types.uint16)
 
 
 @lru_cache(maxsize=None)
-def chunk_kernel(tiles, mode: int, dtype: str, vector: bool):
-    """The compiled kernel: ``tiles`` a ``Tiles`` (float16 / bfloat16) or a ``linear_mma_f32.Tiles`` (float32; its
-    ``terms``: tf32 products per operand pair, 3 or 1)."""
-    if dtype == FLOAT32:
-        source, signature = f32.kernel_source(tiles, mode, vector), SIGNATURE_F32
-    else:
-        source, signature = _kernel_source(tiles, mode, dtype == BFLOAT16, vector), SIGNATURE
-    if SIMULATOR:
-        return cuda.jit(source)
-    return cuda.jit(signature, launch_bounds=(32 * tiles.warps, tiles.min_blocks), cache=True)(source)
+def chunk_kernel(tiles: Tiles, mode: int, bf16: bool, vector: bool):
+    """The compiled kernel of one specialisation (every argument a constant)."""
+    source = kernel_source(tiles, mode, bf16, vector)
+    return kernel_jit(launch_bounds=(32 * tiles.warps, tiles.min_blocks), signature=SIGNATURE)(source)
 
 
-def launch(kernel, tiles, mode: int, grid, stream, *args):
-    device_launch(kernel, grid, 32 * tiles.warps, stream, tiles.shared_bytes(mode), *args)
+def tiles_for(config: ChunkConfig, e: int, m: int) -> Tiles:
+    e_pad, cols = tile_shape(config, e, m)
+    return Tiles(config.warps, e_pad, cols, MIN_BLOCKS)
 
 
-#: ``plan()`` knobs for this kernel (``linear_chunked.ChunkConfig``; its tf32-only fields are unused here)
-GPU_CONFIG = ChunkConfig(warps=4, block_cols=64, block_cols_wide=64)
-#: float32: tiles twice as wide in bytes; 32-column M tiles keep two blocks per SM at E = 64. Each segment costs its
-#: walking blocks a sum over the increments before them: at 16k rows (B4 H8 E=M=64, H100) 4 segments took 0.72 ms
-#: (3xTF32) and 0.54 ms (tf32), the 37 of the plain step count 0.83 and 0.67 ms
-GPU_CONFIG_F32 = ChunkConfig(warps=4, block_cols=32, block_cols_wide=32, segment_cost=0.1)
-#: the simulator: one warp, 16-row chunks, 16-column M tiles
-SIMULATOR_CONFIG = ChunkConfig(warps=1, block_cols=16, block_cols_wide=16, blocks_per_sm=1, min_segment_chunks=1)
-#: launch bound: blocks per SM (2 x 4 warps: 255 registers, and the shared memory of E = 64 fits twice)
-MIN_BLOCKS = 2
-
-
-def default_config(dtype: str = FLOAT16) -> ChunkConfig:
-    if SIMULATOR:
-        return SIMULATOR_CONFIG
-    return GPU_CONFIG_F32 if dtype == FLOAT32 else GPU_CONFIG
-
-
-def launch_causal(q, k, v, out, stream, *, dtype: str, terms: int = 3, initial_state=None, final_state=None,
-                  segments=None, config: ChunkConfig | None = None, scratch=None):
-    """Causal dot product on views ``(batch, heads, seqlen, E | M)``, any strides: uint16 bit views of float16 /
-    bfloat16 data, or float32 (``dtype``; ``terms``: tf32 products per float32 operand pair, 3 for float32
-    accuracy, 1 for ``allow_tf32``). ``initial_state`` / ``final_state`` float32 ``(batch, heads, E, M)`` or None.
-    ``segments``: sequence blocks per (head, M tile), None for ``linear_chunked.plan``'s choice."""
-    config = config or default_config(dtype)
-    batch, heads, seqlen, e = q.shape
-    m = v.shape[3]
-    bh = batch * heads
-    if bh == 0:
-        return
+def launch_causal(q, k, v, out, stream, *, dtype: str, initial_state=None, final_state=None, segments=None,
+                  config: ChunkConfig | None = None, scratch=None):
+    """Causal dot product on uint16 bit views ``(batch, heads, seqlen, E | M)`` of float16 / bfloat16 data
+    (``dtype``), any strides (``register_launch.launch_walk`` has the other arguments)."""
+    config = config or default_config()
+    tiles = tiles_for(config, q.shape[3], v.shape[3])
     vector = vector_loads_ok(q, k, v, out)
-    m16 = -(-m // 16) * 16  # the plan's M tiles are whole n16 pairs
-    head_tiles = chunked.tiles_for(config, e, m16, False)
-    if dtype == FLOAT32:
-        tiles = f32.Tiles(config.warps, head_tiles.e_pad, head_tiles.value_cols, MIN_BLOCKS, terms)
-    else:
-        tiles = Tiles(config.warps, head_tiles.e_pad, head_tiles.value_cols, MIN_BLOCKS)
-    walk = chunk_kernel(tiles, CAUSAL, dtype, vector)
-    resident = (resident_blocks(walk, 32 * tiles.warps, tiles.shared_bytes(CAUSAL)) if config.wave_plan else None)
-    p = chunked.plan(bh, seqlen, e, m16, False, multiprocessor_count(), config, segments, resident)
-    grid_x = bh * p.m_tiles
-    has_init = initial_state is not None
-    if p.segments > 1:  # the increments K_s^T V_s of every segment but the last
-        increments = chunked.scratch_state(scratch, (grid_x * (p.segments - 1), tiles.e_pad, tiles.cols), stream)
-        states = chunk_kernel(tiles, STATES, dtype, vector)
-        launch(states, tiles, STATES, (grid_x, p.segments - 1), stream, q, k, v, out, increments,
-               chunked.unused4(increments), chunked.unused4(increments), False, False, p.segment_chunks,
-               p.segments - 1, p.m_tiles)
-    else:
-        increments = chunked.scratch_state(scratch, (1, 1, 1), stream)
-    launch(walk, tiles, CAUSAL, (grid_x, p.segments), stream, q, k, v, out, increments,
-           initial_state if has_init else chunked.unused4(increments),
-           final_state if final_state is not None else chunked.unused4(increments),
-           has_init, final_state is not None, p.segment_chunks, max(1, p.segments - 1), p.m_tiles)
+    bf16 = dtype == BFLOAT16
+    launch_walk(lambda mode: chunk_kernel(tiles, mode, bf16, vector), tiles, q, k, v, out, stream,
+                initial_state=initial_state, final_state=final_state, segments=segments, config=config,
+                scratch=scratch)

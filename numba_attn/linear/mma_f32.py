@@ -1,6 +1,7 @@
-"""The chunked causal dot product of ``linear_mma`` for float32 inputs: tf32 ``mma.m16n8k8`` products.
+"""The register-state chunked causal dot product for float32 inputs: tf32 ``mma.m16n8k8`` products.
 
-Same two launches, same chunk walk, same register-resident state ``H`` as ``linear_mma`` (read its docstring first);
+Same two launches (``register_launch``), same chunk walk, same register-resident state ``H`` as ``mma`` (read its
+docstring first);
 what changes is the operand type:
 
 * Q, K and V tiles are float32 in shared memory (``cp.async``; K and V in two stages, Q in one: each warp reads only
@@ -26,16 +27,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
-from numba import float32, uint16, uint32
+from numba import types, uint32
 
-from ..runtime.device import cuda
 from ..core import ptx
-from .state import stage_loader, state_functions
 from ..core.staging import device_function, tile_loader
+from ..runtime.device import SIMULATOR, kernel_jit
+from .chunk_plan import CAUSAL, ChunkConfig
+from .register_launch import (MIN_BLOCKS, SIMULATOR_CONFIG, RegisterTiles, launch_walk, signature, tile_shape,
+                              vector_loads_ok)
+from .register_launch import supports  # noqa: F401  (this kernel's: the plain product, E <= MAX_E)
+from .state import accumulator_fill, future_mask, stage_loader, walk_kernel
 
-CAUSAL, STATES = 0, 1
+#: float32 tiles are twice as wide in bytes: 32-column M tiles keep two blocks per SM at E = 64. Each segment costs
+#: its walking blocks a sum over the increments before them (``segment_cost``, docs/design.md)
+GPU_CONFIG = ChunkConfig(warps=4, block_cols=32, block_cols_wide=32, segment_cost=0.1)
 #: ``allow_tf32`` rounds an operand by one multiply with ``1 + ln(2) / 2 * 2^-10`` before the tensor cores truncate its
 #: low 13 bits: a mantissa ``m`` (1 <= m < 2) gains ``m ln(2) / 2`` tf32 ulps, half an ulp on average over the
 #: log-uniform mantissas of typical data (mean ``m = 1 / ln 2``), so the rounding is unbiased on average. numpy
@@ -47,18 +55,15 @@ ROUND_SCALE = np.float32(1.0 + math.log(2.0) / 2.0 * 2.0 ** -10)
 
 
 @dataclass(frozen=True)
-class Tiles:
+class Tiles(RegisterTiles):
     """Compile-time shape of one float32 specialisation (sizes in float32 elements)."""
 
-    warps: int  # chunk C = 16 * warps rows
-    e_pad: int  # E rounded up to 16
-    cols: int  # value columns per block (multiple of 8)
-    min_blocks: int = 2
     terms: int = 3  # tf32 products per operand pair (3: 3xTF32, 1: allow_tf32)
 
-    @property
-    def chunk(self) -> int:
-        return 16 * self.warps
+    def __post_init__(self):
+        super().__post_init__()
+        if self.terms not in (1, 3):
+            raise ValueError(f"Tiles.terms: expected 1 or 3, got {self.terms}")
 
     @property
     def swizzle(self) -> bool:  # Q and K rows of whole 8-piece groups are swizzled (staging.tile_loader), else padded
@@ -97,31 +102,21 @@ class Tiles:
 
 
 def kernel_source(tiles: Tiles, mode: int, vector: bool):
-    WARPS = tiles.warps
-    NT = 32 * WARPS
-    C = tiles.chunk
-    E_PAD = tiles.e_pad
-    COLS = tiles.cols
-    ROW_QK = tiles.row_qk
-    ROW_V = tiles.row_v
-    RS = tiles.record_stride
-    RW = tiles.record_words
-    SWZ = tiles.swizzle
+    """The kernel of one specialisation: ``state.walk_kernel`` around this module's chunk arithmetic."""
+    NT, C, E_PAD, COLS = 32 * tiles.warps, tiles.chunk, tiles.e_pad, tiles.cols
+    ROW_QK, ROW_V, RS = tiles.row_qk, tiles.row_v, tiles.record_stride  # staged row lengths, record stride
+    RW, SWZ = tiles.record_words, tiles.swizzle
     HAS_Q = mode == CAUSAL
     # shared memory (floats): Q (one stage, CAUSAL), then two stages of K and V (at stage base + K_OFF, + V_OFF),
     # then the records of H (CAUSAL)
     K_OFF = tiles.q_size(mode)
     V_OFF = K_OFF + C * ROW_QK
-    STAGE = tiles.stage()
     R_OFF = tiles.records_offset(mode)
-    E_BLOCKS = E_PAD // 16
-    E_PER_WARP = -(-E_BLOCKS // WARPS)
     K8_STEPS = E_PAD // 8  # k8 steps of S = Q K^T and of Q H
     S_BLOCKS = C // 8
     O_BLOCKS = COLS // 8
     KEY_PAIRS = C // 16
     SPLIT = tiles.terms == 3
-    ZERO = np.float32(0.0)
     ACC_INIT = np.float32(-0.0)  # see flash_mma: keeps accumulator arrays out of local memory
     mma = ptx.mma_m16n8k8_tf32
     float_bits = ptx.float_bits
@@ -134,13 +129,10 @@ def kernel_source(tiles: Tiles, mode: int, vector: bool):
     store_hi_record = ptx.store_f32x2
     warp_sync = ptx.warp_sync
     store_pair_at = ptx.store_f32x2_at
-    shfl_xor = ptx.shfl_xor_f32
     commit = ptx.cp_async_commit
-    wait_all = ptx.cp_async_wait_all
     load_k = tile_loader(NT, ROW_QK, E_PAD, C, np.float32, vector, whole_tile_path=True, swizzle=SWZ)
     load_q = tile_loader(32, ROW_QK, E_PAD, 16, np.float32, vector, whole_tile_path=True, swizzle=SWZ)
     load_v = tile_loader(NT, ROW_V, COLS, C, np.float32, vector, whole_tile_path=True)
-    position, start_state, end_state = state_functions(WARPS, E_PAD, COLS, C, HAS_Q)
     load_stage = stage_loader(load_k, load_v, commit, K_OFF, V_OFF, False)
 
     @device_function
@@ -193,6 +185,23 @@ def kernel_source(tiles: Tiles, mode: int, vector: bool):
                                                          acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
 
     @device_function
+    def times_v(o, o_small, smem32, v_row, a0, a1, a2, a3, al0, al1, al2, al3):
+        """``O += A V_k`` for every n8 block of O: A (hi, lo) against V rows 2t, 2t + 1 of the key step at ``v_row``
+        (the lane's column g)."""
+        for ob in range(O_BLOCKS):
+            b0, bl0 = hi_lo(load1(smem32, v_row + 8 * ob))
+            b1, bl1 = hi_lo(load1(smem32, v_row + ROW_V + 8 * ob))
+            accumulate(o, o_small, ob, a0, a1, a2, a3, al0, al1, al2, al3, b0, b1, bl0, bl1)
+
+    @device_function
+    def merge_small(o, o_small):
+        """With SPLIT: the small terms' accumulators added to the big ones."""
+        if SPLIT:
+            for ob in range(O_BLOCKS):
+                for x in range(4):
+                    o[ob, x] = o_small[ob, x] + o[ob, x]
+
+    @device_function
     def publish(smem32, e8, t_row, col, x_low, x_high):
         """Record (E rows ``8 e8 + t_row`` and ``+ 4`` of column ``col``) = (hi, hi, lo, lo), or (hi, hi) with one
         term (``Q H`` reads no ``lo``)."""
@@ -204,195 +213,163 @@ def kernel_source(tiles: Tiles, mode: int, vector: bool):
         else:
             store_hi_record(smem32, at, bits_float(hi_low), bits_float(hi_high))
 
-    def kernel(q, k, v, out, increments, init, final, has_init, write_final, segment_chunks, state_segments, m_tiles):
-        tid = cuda.threadIdx.x
-        warp = tid // 32
-        lane = tid % 32
-        g = lane // 4
-        t = lane % 4
-        seg = cuda.blockIdx.y
-        b, h, col0, row_begin, n_chunks, first_row = position(cuda.blockIdx.x, seg, k, segment_chunks, state_segments,
-                                                              m_tiles)
-        e_dim = k.shape[3]
-        m_dim = v.shape[3]
-        seqlen = k.shape[2]
-        q_head = q[b, h]
-        k_head = k[b, h]
-        v_head = v[b, h]
-        out_head = out[b, h]
-        out_base = b * out.strides[0] + h * out.strides[1] + (col0 + 2 * t) * out.strides[3]
-        smem = cuda.shared.array(0, uint16)  # ldmatrix's view: element 2 i is the low half of float i
-        smem32 = cuda.shared.array(0, float32)
-        s = cuda.local.array((S_BLOCKS, 4), float32)
-        s_small = cuda.local.array((S_BLOCKS, 4), float32)
-        o = cuda.local.array((O_BLOCKS, 4), float32)  # Q H + P V, then dH
-        o_small = cuda.local.array((O_BLOCKS, 4), float32)
-        hm = cuda.local.array((E_PER_WARP, O_BLOCKS, 4), float32)
-        q_hi = cuda.local.array((K8_STEPS, 4), uint32)
-        q_lo = cuda.local.array((K8_STEPS, 4), uint32)
-        # ldmatrix rows (in floats): Q (A of S and of Q H): matrices (rows +0, cols +0), (+8, +0), (+0, +4), (+8, +4);
-        # K (B of two key blocks): (keys +0, cols +0), (+0, +4), (+8, +0), (+8, +4)
-        # (8 * (lane // 16) and 8 * ((lane // 8) % 2) are multiples of 8 rows: a lane's row % 8 is lane % 8)
+    @device_function
+    def store_pair(out, out_head, at, ob, row, col, m_dim, x0, x1):
+        """Output columns (col, col + 1) of a row: one 8-byte store from the row's byte offset ``at`` (``vector``),
+        else two element stores."""
+        if vector:
+            store_pair_at(out, at + 32 * ob, x0, x1)
+        else:
+            out_head[row, col] = x0
+            if col + 1 < m_dim:
+                out_head[row, col + 1] = x1
+
+    fill_s = accumulator_fill(S_BLOCKS, ACC_INIT)
+    fill_o = accumulator_fill(O_BLOCKS, ACC_INIT)
+    mask_future = future_mask(C)
+
+    @device_function
+    def lane_offsets(warp, lane, g, t):
+        """ldmatrix rows (in floats): Q (A of S and of Q H): matrices (rows +0, cols +0), (+8, +0), (+0, +4),
+        (+8, +4); K (B of two key blocks): (keys +0, cols +0), (+0, +4), (+8, +0), (+8, +4) (8 * (lane // 16) and
+        8 * ((lane // 8) % 2) are multiples of 8 rows: a lane's row % 8 is lane % 8); V rows 2t, 2t + 1 of a key
+        block, column g of an n8 block (P V and dH)."""
         x_q = lane // 16
         x_k = (lane // 8) % 2
         q_lane = (16 * warp + 8 * x_k + lane % 8) * ROW_QK + 4 * ((x_q ^ (lane % 8)) if SWZ else x_q)
         k_lane = (8 * x_q + lane % 8) * ROW_QK + 4 * ((x_k ^ (lane % 8)) if SWZ else x_k)
-        pair_v = 2 * t * ROW_V + g  # V rows 2t, 2t + 1 of a key block, column g of an n8 block (P V and dH)
+        return q_lane, k_lane, 2 * t * ROW_V + g
 
-        if n_chunks > 0:
-            load_stage(q_head, k_head, v_head, smem32, 0, tid, row_begin, seqlen, e_dim, col0, m_dim)
-            if HAS_Q:
-                load_warp_q(q_head, smem32, warp, lane, row_begin, seqlen, e_dim)
+    @device_function
+    def load_chunk(q_head, k_head, v_head, smem, smem32, base, tid, warp, lane, c0, seqlen, e_dim, col0, m_dim,
+                   first):
+        """K and V of the chunk at ``c0`` to the stage at ``base``; the first time also this warp's rows of Q (later
+        copies of Q start in ``chunk_output``)."""
+        load_stage(q_head, k_head, v_head, smem32, base, tid, c0, seqlen, e_dim, col0, m_dim)
+        if HAS_Q and first:
+            load_warp_q(q_head, smem32, warp, lane, c0, seqlen, e_dim)
 
-        start_state(hm, init, increments, has_init, b, h, e_dim, m_dim, col0, first_row, seg, warp, g, t)
+    @device_function
+    def chunk_output(smem, smem32, temps, lanes, base, step, n_chunks, c0, warp, lane, g, t, q_head, seqlen, e_dim):
+        s, s_small, o, o_small, q_hi, q_lo = temps
+        q_lane, k_lane, pair_v = lanes
+        for kk in range(K8_STEPS):
+            w0, w1, w2, w3 = ldmatrix(smem, 2 * fragment_col(q_lane, kk))
+            q_hi[kk, 0], q_lo[kk, 0] = word_hi_lo(w0)
+            q_hi[kk, 1], q_lo[kk, 1] = word_hi_lo(w1)
+            q_hi[kk, 2], q_lo[kk, 2] = word_hi_lo(w2)
+            q_hi[kk, 3], q_lo[kk, 3] = word_hi_lo(w3)
+        if step + 1 < n_chunks:
+            warp_sync()  # every lane's ldmatrix has read the rows the copy overwrites
+            load_warp_q(q_head, smem32, warp, lane, c0 + C, seqlen, e_dim)
+        # ---- O = Q H first, so that Q's fragments are dead before P V: records hold E rows (8 kk + t, + 4) of
+        # column 8 ob + g. P V then goes into the same accumulators. -------------------------------------------------
+        fill_o(o)
+        fill_o(o_small)
+        for kk in range(K8_STEPS):
+            for ob in range(O_BLOCKS):
+                at = R_OFF + ((kk * 4 + t) * RS + 8 * ob + g) * RW
+                if SPLIT:
+                    h0, h1, l0, l1 = load_record(smem32, at)
+                else:
+                    h0, h1 = load_hi_record(smem32, at)
+                    l0, l1 = h0, h1  # unused
+                accumulate(o, o_small, ob, q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3],
+                           q_lo[kk, 0], q_lo[kk, 1], q_lo[kk, 2], q_lo[kk, 3],
+                           float_bits(h0), float_bits(h1), float_bits(l0), float_bits(l1))
+        # ---- S = Q K^T for key blocks up to this warp's diagonal -----------------------------------------------
+        fill_s(s)
+        fill_s(s_small)
+        for kk in range(K8_STEPS):
+            k_col = base + K_OFF + fragment_col(k_lane, kk)
+            for j in range(KEY_PAIRS):
+                if j <= warp:
+                    w0, w1, w2, w3 = ldmatrix(smem, 2 * (k_col + 16 * j * ROW_QK))
+                    b0, bl0 = word_hi_lo(w0)
+                    b1, bl1 = word_hi_lo(w1)
+                    b2, bl2 = word_hi_lo(w2)
+                    b3, bl3 = word_hi_lo(w3)
+                    accumulate(s, s_small, 2 * j, q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3],
+                               q_lo[kk, 0], q_lo[kk, 1], q_lo[kk, 2], q_lo[kk, 3], b0, b1, bl0, bl1)
+                    accumulate(s, s_small, 2 * j + 1, q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3],
+                               q_lo[kk, 0], q_lo[kk, 1], q_lo[kk, 2], q_lo[kk, 3], b2, b3, bl2, bl3)
+        if SPLIT:
+            for nb in range(S_BLOCKS):
+                for x in range(4):
+                    s[nb, x] += s_small[nb, x]
+        mask_future(s, warp, g, t)
+        # ---- O += P V: n8 block nb of S is the A fragment (c0, c2, c1, c3) of key step nb -----------------------
+        for nb in range(S_BLOCKS):
+            if nb // 2 <= warp:
+                a0, al0 = hi_lo(s[nb, 0])
+                a1, al1 = hi_lo(s[nb, 2])
+                a2, al2 = hi_lo(s[nb, 1])
+                a3, al3 = hi_lo(s[nb, 3])
+                times_v(o, o_small, smem32, base + V_OFF + 8 * nb * ROW_V + pair_v, a0, a1, a2, a3, al0, al1, al2, al3)
+        merge_small(o, o_small)
 
-        for step in range(-1 if HAS_Q else 0, n_chunks):
-            if step >= 0:
-                c0 = row_begin + step * C
-                base = (step % 2) * STAGE
-                wait_all()
-                cuda.syncthreads()
-                if step + 1 < n_chunks:
-                    load_stage(q_head, k_head, v_head, smem32, STAGE - base, tid, c0 + C, seqlen, e_dim, col0, m_dim)
+    @device_function
+    def state_increment(smem, smem32, temps, lanes, base, eb, warp, lane, g, t):
+        """dH block ``eb``: A = K^T (rows 2t, 2t + 1 of a key step), B = V."""
+        o = temps[2]
+        o_small = temps[3]
+        pair_v = lanes[2]
+        fill_o(o)
+        fill_o(o_small)
+        # K^T as A of dH: K rows 2t, 2t + 1 of a key step, columns g and g + 8 of E block eb; swizzled, row 2t's
+        # piece 4 eb + g // 4 lies at (4 eb + g // 4) ^ 2t (row 2t + 1: ^ 1 more)
+        if SWZ:
+            k0 = 2 * t * ROW_QK + ((16 * eb + 4 * (g // 4)) ^ (8 * t)) + g % 4
+            k1 = k0 ^ 8
+            k2 = (k0 ^ 4) + ROW_QK
+            k3 = (k0 ^ 12) + ROW_QK
+        else:
+            k0 = 2 * t * ROW_QK + 16 * eb + g
+            k1 = k0 + 8
+            k2 = k0 + ROW_QK
+            k3 = k0 + ROW_QK + 8
+        for j in range(S_BLOCKS):
+            k_row = base + K_OFF + 8 * j * ROW_QK
+            a0, al0 = hi_lo(load1(smem32, k_row + k0))
+            a1, al1 = hi_lo(load1(smem32, k_row + k1))
+            a2, al2 = hi_lo(load1(smem32, k_row + k2))
+            a3, al3 = hi_lo(load1(smem32, k_row + k3))
+            times_v(o, o_small, smem32, base + V_OFF + 8 * j * ROW_V + pair_v, a0, a1, a2, a3, al0, al1, al2, al3)
+        merge_small(o, o_small)
 
-                if HAS_Q:
-                    for kk in range(K8_STEPS):
-                        w0, w1, w2, w3 = ldmatrix(smem, 2 * fragment_col(q_lane, kk))
-                        q_hi[kk, 0], q_lo[kk, 0] = word_hi_lo(w0)
-                        q_hi[kk, 1], q_lo[kk, 1] = word_hi_lo(w1)
-                        q_hi[kk, 2], q_lo[kk, 2] = word_hi_lo(w2)
-                        q_hi[kk, 3], q_lo[kk, 3] = word_hi_lo(w3)
-                    if step + 1 < n_chunks:
-                        warp_sync()  # every lane's ldmatrix has read the rows the copy overwrites
-                        load_warp_q(q_head, smem32, warp, lane, c0 + C, seqlen, e_dim)
-                    # ---- O = Q H first, so that Q's fragments are dead before P V: records hold E rows (8 kk + t,
-                    # + 4) of column 8 ob + g. P V then goes into the same accumulators. ----------------------------
-                    for ob in range(O_BLOCKS):
-                        for x in range(4):
-                            o[ob, x] = ACC_INIT
-                            o_small[ob, x] = ACC_INIT
-                    for kk in range(K8_STEPS):
-                        for ob in range(O_BLOCKS):
-                            at = R_OFF + ((kk * 4 + t) * RS + 8 * ob + g) * RW
-                            if SPLIT:
-                                h0, h1, l0, l1 = load_record(smem32, at)
-                            else:
-                                h0, h1 = load_hi_record(smem32, at)
-                                l0, l1 = h0, h1  # unused
-                            accumulate(o, o_small, ob, q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3],
-                                       q_lo[kk, 0], q_lo[kk, 1], q_lo[kk, 2], q_lo[kk, 3],
-                                       float_bits(h0), float_bits(h1), float_bits(l0), float_bits(l1))
-                    # ---- S = Q K^T for key blocks up to this warp's diagonal ---------------------------------------
-                    for nb in range(S_BLOCKS):
-                        for x in range(4):
-                            s[nb, x] = ACC_INIT
-                            s_small[nb, x] = ACC_INIT
-                    for kk in range(K8_STEPS):
-                        k_col = base + K_OFF + fragment_col(k_lane, kk)
-                        for j in range(KEY_PAIRS):
-                            if j <= warp:
-                                w0, w1, w2, w3 = ldmatrix(smem, 2 * (k_col + 16 * j * ROW_QK))
-                                b0, bl0 = word_hi_lo(w0)
-                                b1, bl1 = word_hi_lo(w1)
-                                b2, bl2 = word_hi_lo(w2)
-                                b3, bl3 = word_hi_lo(w3)
-                                accumulate(s, s_small, 2 * j, q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3],
-                                           q_lo[kk, 0], q_lo[kk, 1], q_lo[kk, 2], q_lo[kk, 3], b0, b1, bl0, bl1)
-                                accumulate(s, s_small, 2 * j + 1, q_hi[kk, 0], q_hi[kk, 1], q_hi[kk, 2], q_hi[kk, 3],
-                                           q_lo[kk, 0], q_lo[kk, 1], q_lo[kk, 2], q_lo[kk, 3], b2, b3, bl2, bl3)
-                    for nb in range(S_BLOCKS):
-                        for x in range(4):
-                            if SPLIT:
-                                s[nb, x] += s_small[nb, x]
-                            if 8 * nb + 2 * t + x % 2 > 16 * warp + g + 8 * (x // 2):
-                                s[nb, x] = ZERO
-                    # ---- O += P V: n8 block nb of S is the A fragment (c0, c2, c1, c3) of key step nb ---------------
-                    for nb in range(S_BLOCKS):
-                        if nb // 2 <= warp:
-                            a0, al0 = hi_lo(s[nb, 0])
-                            a1, al1 = hi_lo(s[nb, 2])
-                            a2, al2 = hi_lo(s[nb, 1])
-                            a3, al3 = hi_lo(s[nb, 3])
-                            v_row = base + V_OFF + 8 * nb * ROW_V + pair_v
-                            for ob in range(O_BLOCKS):
-                                b0, bl0 = hi_lo(load1(smem32, v_row + 8 * ob))
-                                b1, bl1 = hi_lo(load1(smem32, v_row + ROW_V + 8 * ob))
-                                accumulate(o, o_small, ob, a0, a1, a2, a3, al0, al1, al2, al3, b0, b1, bl0, bl1)
-                    if SPLIT:
-                        for ob in range(O_BLOCKS):
-                            for x in range(4):
-                                o[ob, x] = o_small[ob, x] + o[ob, x]
-                    # ---- output rows --------------------------------------------------------------------------------
-                    row_a = c0 + 16 * warp + g
-                    for half in range(2):
-                        row = row_a + 8 * half
-                        if row < seqlen:
-                            at = out_base + row * out.strides[2]
-                            for ob in range(O_BLOCKS):
-                                col = col0 + 8 * ob + 2 * t
-                                if col < m_dim:
-                                    if vector:
-                                        store_pair_at(out, at + 32 * ob, o[ob, 2 * half], o[ob, 2 * half + 1])
-                                    else:
-                                        out_head[row, col] = o[ob, 2 * half]
-                                        if col + 1 < m_dim:
-                                            out_head[row, col + 1] = o[ob, 2 * half + 1]
-                    cuda.syncthreads()  # every warp has read the records of H for this chunk
+    # publish: lanes g < 4 and g + 4 swap one column, so that each holds E rows (e, e + 4) of one column (g < 4:
+    # column 2t, rows g, g + 4; g >= 4: column 2t + 1, rows g - 4, g)
+    hooks = (lane_offsets, load_chunk, chunk_output, state_increment, publish, store_pair)
+    return walk_kernel(tiles, HAS_Q, tiles.stage(), 2, K8_STEPS, hooks)
 
-                # ---- H += K_c^T V_c: A = K^T (rows 2t, 2t + 1 of a key step), B = V ----------------------------------
-                for i in range(E_PER_WARP):
-                    eb = warp + i * WARPS
-                    if eb < E_BLOCKS:
-                        for ob in range(O_BLOCKS):
-                            for x in range(4):
-                                o[ob, x] = ACC_INIT
-                                o_small[ob, x] = ACC_INIT
-                        # K^T as A of dH: K rows 2t, 2t + 1 of a key step, columns g and g + 8 of E block eb;
-                        # swizzled, row 2t's piece 4 eb + g // 4 lies at (4 eb + g // 4) ^ 2t (row 2t + 1: ^ 1 more)
-                        if SWZ:
-                            k0 = 2 * t * ROW_QK + ((16 * eb + 4 * (g // 4)) ^ (8 * t)) + g % 4
-                            k1 = k0 ^ 8
-                            k2 = (k0 ^ 4) + ROW_QK
-                            k3 = (k0 ^ 12) + ROW_QK
-                        else:
-                            k0 = 2 * t * ROW_QK + 16 * eb + g
-                            k1 = k0 + 8
-                            k2 = k0 + ROW_QK
-                            k3 = k0 + ROW_QK + 8
-                        for j in range(S_BLOCKS):
-                            k_row = base + K_OFF + 8 * j * ROW_QK
-                            a0, al0 = hi_lo(load1(smem32, k_row + k0))
-                            a1, al1 = hi_lo(load1(smem32, k_row + k1))
-                            a2, al2 = hi_lo(load1(smem32, k_row + k2))
-                            a3, al3 = hi_lo(load1(smem32, k_row + k3))
-                            v_row = base + V_OFF + 8 * j * ROW_V + pair_v
-                            for ob in range(O_BLOCKS):
-                                b0, bl0 = hi_lo(load1(smem32, v_row + 8 * ob))
-                                b1, bl1 = hi_lo(load1(smem32, v_row + ROW_V + 8 * ob))
-                                accumulate(o, o_small, ob, a0, a1, a2, a3, al0, al1, al2, al3, b0, b1, bl0, bl1)
-                        for ob in range(O_BLOCKS):
-                            for x in range(4):
-                                hm[i, ob, x] += (o_small[ob, x] + o[ob, x]) if SPLIT else o[ob, x]
 
-            if HAS_Q and step + 1 < n_chunks:
-                # ---- publish H: lanes g < 4 and g + 4 swap one column, so that each holds E rows (e, e + 4) of one
-                # column (g < 4: column 2t, rows g, g + 4; g >= 4: column 2t + 1, rows g - 4, g) --------------------
-                upper = g // 4
-                for i in range(E_PER_WARP):
-                    eb = warp + i * WARPS
-                    if eb < E_BLOCKS:
-                        for ob in range(O_BLOCKS):
-                            send_a = hm[i, ob, 0] if upper else hm[i, ob, 1]
-                            send_b = hm[i, ob, 2] if upper else hm[i, ob, 3]
-                            got_a = shfl_xor(send_a, 16)
-                            got_b = shfl_xor(send_b, 16)
-                            col = 8 * ob + 2 * t + upper
-                            publish(smem32, 2 * eb, g % 4, col, got_a if upper else hm[i, ob, 0],
-                                    hm[i, ob, 1] if upper else got_a)
-                            publish(smem32, 2 * eb + 1, g % 4, col, got_b if upper else hm[i, ob, 2],
-                                    hm[i, ob, 3] if upper else got_b)
+SIGNATURE = signature(types.float32)
 
-        end_state(hm, increments, final, write_final, seg == cuda.gridDim.y - 1, b, h, e_dim, m_dim, col0, first_row,
-                  seg, warp, g, t)
 
-    return kernel
+def default_config() -> ChunkConfig:
+    return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
+
+
+@lru_cache(maxsize=None)
+def chunk_kernel(tiles: Tiles, mode: int, vector: bool):
+    """The compiled kernel of one specialisation (every argument a constant)."""
+    source = kernel_source(tiles, mode, vector)
+    return kernel_jit(launch_bounds=(32 * tiles.warps, tiles.min_blocks), signature=SIGNATURE)(source)
+
+
+def tiles_for(config: ChunkConfig, e: int, m: int, terms: int = 3) -> Tiles:
+    e_pad, cols = tile_shape(config, e, m)
+    return Tiles(config.warps, e_pad, cols, MIN_BLOCKS, terms)
+
+
+def launch_causal(q, k, v, out, stream, *, terms: int = 3, initial_state=None, final_state=None, segments=None,
+                  config: ChunkConfig | None = None, scratch=None):
+    """Causal dot product on float32 views ``(batch, heads, seqlen, E | M)``, any strides; ``terms``: tf32 products
+    per operand pair, 3 for float32 accuracy, 1 for ``allow_tf32`` (``register_launch.launch_walk`` has the other
+    arguments)."""
+    config = config or default_config()
+    tiles = tiles_for(config, q.shape[3], v.shape[3], terms)
+    vector = vector_loads_ok(q, k, v, out)
+    launch_walk(lambda mode: chunk_kernel(tiles, mode, vector), tiles, q, k, v, out, stream,
+                initial_state=initial_state, final_state=final_state, segments=segments, config=config,
+                scratch=scratch)

@@ -22,7 +22,7 @@ end of the sequence are staged as zeros, so the recurrence itself needs no bound
 Low occupancy: splitting M. ``batch * heads`` blocks rarely fill a GPU, and the walk is latency bound. The value
 columns are independent, so ``m_splits`` blocks per (batch, head) each own ``M / m_splits`` columns of the state
 (each reads all of q and k, which stays in L2). The state must fit in registers, so large ``E * M`` (E = M = 256)
-needs some split anyway (:func:`min_m_splits`); :func:`choose_m_splits` adds more when the SMs would otherwise idle.
+needs some split anyway (``recurrent_plan.min_m_splits``); ``choose_m_splits`` adds more when the SMs would idle.
 
 Linear attention. ``phi(x) = elu(x) + 1`` is applied as rows are staged. The normaliser ``z = sum phi(k_j)`` is a
 register vector beside the state (``RE`` entries per thread, the same in all ``TM`` threads of an E-slice) whose
@@ -38,216 +38,79 @@ the simulator configuration is tiny.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 from numba import float32
 
-from ..runtime.device import SIMULATOR, cuda, multiprocessor_count
+from ..core.staging import device_function
+from ..runtime.device import cuda, kernel_jit, multiprocessor_count
 from ..runtime.launch import launch as device_launch
-
-#: Kernel modes: the causal walk, and the two passes of the non-causal layer.
-CAUSAL, REDUCE, APPLY = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class LinearConfig:
-    """Tuning knobs."""
-
-    max_threads: int = 256  # per block; even at 255 registers a thread such a block fits one SM's register file
-    min_threads: int = 64  # more E-slices until a block has this many threads (when E allows): shorter rows
-    cols_per_thread: int = 4  # RM: columns of the state per thread; q and k shared loads are reused RM times
-    state_per_thread: int = 64  # RE * RM registers of state per thread
-    rows_per_sync: int = 8  # R: rows per barrier (lowered per layout to fit shared memory and max_prefetch)
-    max_prefetch: int = 40  # registers a thread may hold for the next chunk's rows
-    max_shared_bytes: int = 44 * 1024  # static shared memory is capped at 48 KiB per block
-    dim_quantum: int = 8  # E and a block's M columns are rounded up to this: fewer compiled variants
-    min_cols_per_block: int = 8  # the M split stops here: q and k are re-read by every split
-    blocks_per_sm: int = 2  # target grid size, in blocks per SM, for the split heuristics
-    min_rows_per_block: int = 256  # non-causal passes split the sequence down to this many rows per block
-    combine_threads: int = 256  # block size of the kernel that adds the non-causal partial states
-    combine_blocks_per_sm: int = 8
+from .arguments import FLOAT16, FLOAT32, scratch_state, sizes
+from .chunk_plan import cdiv
+from .recurrent_plan import (APPLY, CAUSAL, REDUCE, Layout, LinearConfig, Staging, choose_m_splits, default_config,
+                             min_m_splits, plan, sequence_blocks, staging)
 
 
-#: Default knobs on a GPU and under the simulator (every thread a Python thread: keep blocks tiny, lengths odd).
-GPU_CONFIG = LinearConfig()
-SIMULATOR_CONFIG = LinearConfig(
-    max_threads=16,
-    min_threads=4,
-    cols_per_thread=2,
-    state_per_thread=8,
-    rows_per_sync=3,
-    max_prefetch=16,
-    max_shared_bytes=48 * 1024,
-    dim_quantum=1,
-    min_cols_per_block=2,
-    blocks_per_sm=1,
-    min_rows_per_block=4,
-    combine_threads=16,
-    combine_blocks_per_sm=1,
-)
 
+def row_copier(pattern: Staging, rows: int, width: int, phi: bool, first: bool, second: bool):
+    """``(origin, load, store)``: how a thread copies its share (``pattern``) of ``rows`` rows of ``width`` staged
+    columns. ``origin(tid)`` -> ``at = (c0, r0, lane_ok)``, its first column and row (lanes past the last whole row
+    group stay idle); ``load(x, rx, y, ry, b, h, t0, row_end, col_base, dim, at)`` reads rows ``t0 ..`` (before
+    ``row_end``), columns ``col_base ..`` (before ``dim``) of ``x[b, h]`` into registers ``rx`` when ``first`` and of
+    ``y[b, h]`` into ``ry`` when ``second`` (q and k in one pass over their rows), ``phi = elu + 1`` applied when
+    ``phi``, zeros outside (not phi(0)); ``store(bx, rx, by, ry, lb, at)`` writes them to rows of ``bx[lb]``,
+    ``by[lb]``."""
+    BY_ROW, ROW_STEP, COL_STEP = pattern.by_row, pattern.row_step, pattern.col_step
+    N_ROWS, N_COLS = pattern.n_rows, pattern.n_cols
+    R = rows
+    WIDTH = width
+    PHI = phi
+    FIRST, SECOND = first, second
 
-def default_config() -> LinearConfig:
-    return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
+    @device_function
+    def element(x, b, h, row, col, ok):
+        value = float32(0.0)
+        if ok:
+            value = float32(x[b, h, row, col])
+            if PHI:
+                value = value + float32(1.0) if value > float32(0.0) else math.exp(value)
+        return value
 
+    @device_function
+    def origin(tid):
+        c0, r0 = (tid % WIDTH, tid // WIDTH) if BY_ROW else (tid, 0)
+        return c0, r0, r0 < ROW_STEP
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+    @device_function
+    def load(x, rx, y, ry, b, h, t0, row_end, col_base, dim, at):
+        c0, r0, lane_ok = at
+        for a in range(N_ROWS):
+            r = r0 + ROW_STEP * a
+            row_ok = lane_ok and r < R and t0 + r < row_end
+            for c in range(N_COLS):
+                col = col_base + c0 + COL_STEP * c
+                ok = row_ok and col < dim
+                if FIRST:
+                    rx[a * N_COLS + c] = element(x, b, h, t0 + r, col, ok)
+                if SECOND:
+                    ry[a * N_COLS + c] = element(y, b, h, t0 + r, col, ok)
 
+    @device_function
+    def store(bx, rx, by, ry, lb, at):
+        c0, r0, lane_ok = at
+        for a in range(N_ROWS):
+            r = r0 + ROW_STEP * a
+            if lane_ok and r < R:
+                for c in range(N_COLS):
+                    col = c0 + COL_STEP * c
+                    if col < WIDTH:
+                        if FIRST:
+                            bx[lb, r * WIDTH + col] = rx[a * N_COLS + c]
+                        if SECOND:
+                            by[lb, r * WIDTH + col] = ry[a * N_COLS + c]
 
-def _round_up(a: int, b: int) -> int:
-    return _cdiv(a, b) * b
-
-
-@dataclass(frozen=True)
-class _Staging:
-    """How a block's threads copy ``rows x width`` elements: thread ``tid`` takes column ``tid % width`` of rows
-    ``tid // width + row_step * a`` when the block is at least a row wide, else columns ``tid + col_step * c`` of every
-    row. Each thread's addresses then differ by constant multiples of two strides, so the compiler keeps a handful of
-    pointers live instead of one per staged element."""
-
-    by_row: bool
-    row_step: int
-    col_step: int
-    n_rows: int  # per thread
-    n_cols: int  # per thread
-
-    @property
-    def count(self) -> int:
-        return self.n_rows * self.n_cols
-
-
-def _staging(width: int, threads: int, rows: int) -> _Staging:
-    if width <= threads:
-        step = threads // width
-        return _Staging(True, step, width, _cdiv(rows, step), 1)
-    return _Staging(False, 1, threads, rows, _cdiv(width, threads))
-
-
-@dataclass(frozen=True)
-class Layout:
-    """One block's share of the state: ``E_pad x M_cols`` entries on ``te * tm`` threads, ``rows`` rows per barrier."""
-
-    te: int  # E-slices
-    tm: int  # column threads
-    re: int  # state rows per thread
-    rm: int  # state columns per thread
-    rows: int  # R
-
-    @property
-    def threads(self) -> int:
-        return self.te * self.tm
-
-    @property
-    def e_pad(self) -> int:
-        return self.te * self.re
-
-    @property
-    def m_cols(self) -> int:
-        return self.tm * self.rm
-
-    def prefetch(self, mode: int) -> int:
-        """Registers per thread that stage the next chunk's q/k/v rows."""
-        emit, update = mode != REDUCE, mode != APPLY
-        qk = _staging(self.e_pad, self.threads, self.rows).count
-        vv = _staging(self.m_cols, self.threads, self.rows).count
-        return (qk if emit else 0) + ((qk + vv) if update else 0)
-
-    def shared_bytes(self, mode: int, normalise: bool) -> int:
-        emit, update = mode != REDUCE, mode != APPLY
-        words = 0
-        if emit:
-            words += self.e_pad  # q rows
-            words += self.rm * self.tm * (self.te + 1)  # partial dot products
-            words += self.te if normalise else 0  # partial normalisers
-        if update:
-            words += self.e_pad + self.m_cols  # k and v rows
-        return 2 * self.rows * words * 4  # double-buffered float32
-
-
-def _shape_layout(e: int, m_cols: int, config: LinearConfig) -> Layout:
-    """Threads and register tile for ``e`` state rows and at least ``m_cols`` columns (``rows`` not yet chosen)."""
-    e = _round_up(e, config.dim_quantum)
-    m_cols = _round_up(m_cols, config.dim_quantum)
-    rm = min(config.cols_per_thread, m_cols)
-    tm = _cdiv(m_cols, rm)
-    te = _cdiv(e, max(1, config.state_per_thread // rm))  # fewest E-slices whose rows fit the register budget
-    te = max(te, min(e, _cdiv(config.min_threads, tm)))
-    re = _cdiv(e, te)
-    te = _cdiv(e, re)
-    return Layout(te=te, tm=tm, re=re, rm=rm, rows=1)
-
-
-def _with_rows(layout: Layout, mode: int, normalise: bool, config: LinearConfig) -> Layout:
-    """The most rows per barrier (up to ``rows_per_sync``) within the shared-memory and prefetch budgets."""
-    for rows in range(config.rows_per_sync, 1, -1):
-        candidate = Layout(layout.te, layout.tm, layout.re, layout.rm, rows)
-        if (
-            candidate.shared_bytes(mode, normalise) <= config.max_shared_bytes
-            and candidate.prefetch(mode) <= config.max_prefetch
-        ):
-            return candidate
-    return Layout(layout.te, layout.tm, layout.re, layout.rm, 1)
-
-
-def _fits(e: int, m: int, splits: int, config: LinearConfig) -> bool:
-    return _shape_layout(e, _cdiv(m, splits), config).threads <= config.max_threads
-
-
-def min_m_splits(e: int, m: int, config: LinearConfig | None = None) -> int:
-    """Fewest blocks per (batch, head) whose state slices fit the register budget (1 unless E * M is large)."""
-    config = config or default_config()
-    splits = 1
-    while not _fits(e, m, splits, config):
-        splits += 1
-    return splits
-
-
-def choose_m_splits(batch_heads: int, e: int, m: int, sm_count: int, config: LinearConfig | None = None) -> int:
-    """M split for the causal walk: enough blocks for ``blocks_per_sm`` per SM, columns per block >= the minimum."""
-    config = config or default_config()
-    lowest = min_m_splits(e, m, config)
-    highest = max(lowest, m // config.min_cols_per_block)
-    wanted = _cdiv(config.blocks_per_sm * sm_count, batch_heads)
-    return max(lowest, min(highest, wanted))
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How one call is launched: the layout of each block and the grid's M split (``m_splits`` blocks exactly)."""
-
-    layout: Layout
-    m_splits: int
-
-
-def plan(e: int, m: int, mode: int, normalise: bool, m_splits: int, config: LinearConfig | None = None) -> Plan:
-    """Layout for ``m_splits`` requested blocks along M; the grid may get fewer when M is rounded to whole tiles."""
-    config = config or default_config()
-    if isinstance(m_splits, bool) or not isinstance(m_splits, (int, np.integer)) or m_splits < 1:
-        raise ValueError(f"m_splits: expected an integer >= 1 or None, got {m_splits!r}")
-    lowest = min_m_splits(e, m, config)
-    if m_splits < lowest:
-        raise ValueError(
-            f"m_splits: E={e}, M={m} needs at least {lowest} blocks per (batch, head) to keep the state in "
-            f"registers, got {m_splits}"
-        )
-    layout = _with_rows(_shape_layout(e, _cdiv(m, int(m_splits)), config), mode, normalise, config)
-    return Plan(layout=layout, m_splits=_cdiv(m, layout.m_cols))
-
-
-def _seq_splits(seqlen: int, blocks_across: int, sm_count: int, config: LinearConfig) -> int:
-    """Sequence blocks for a non-causal pass: fill the GPU, but keep at least ``min_rows_per_block`` rows each."""
-    wanted = _cdiv(config.blocks_per_sm * sm_count, blocks_across)
-    return max(1, min(wanted, _cdiv(seqlen, config.min_rows_per_block), 65535))
-
-
-def _jit_options(threads: int) -> dict:
-    if SIMULATOR:
-        return {}
-    # the exact block size lets ptxas budget registers for it (never a launch failure from too many registers)
-    return {"cache": True, "launch_bounds": (threads,)}
+    return origin, load, store
 
 
 @lru_cache(maxsize=None)
@@ -270,17 +133,17 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
     K_WORDS = R * E_PAD if UPDATE else 1
     V_WORDS = R * M_COLS if UPDATE else 1
     RED_ROWS = R if EMIT else 1
-    QK = _staging(E_PAD, NT, R)
-    VS = _staging(M_COLS, NT, R)
-    QK_BY_ROW, QK_RSTEP, QK_CSTEP, QK_NR, QK_NC = QK.by_row, QK.row_step, QK.col_step, QK.n_rows, QK.n_cols
-    V_BY_ROW, V_RSTEP, V_CSTEP, V_NR, V_NC = VS.by_row, VS.row_step, VS.col_step, VS.n_rows, VS.n_cols
+    QK = staging(E_PAD, NT, R)
+    VS = staging(M_COLS, NT, R)
     LQ = QK.count if EMIT else 1
     LK = QK.count if UPDATE else 1
     LV = VS.count if UPDATE else 1
+    origin_qk, load_qk, store_qk = row_copier(QK, R, E_PAD, PHI, EMIT, UPDATE)
+    origin_v, load_v, store_v = row_copier(VS, R, M_COLS, False, UPDATE, False)
     # the partial sums of one column sit TE + 1 words apart: the reading threads (one per column) hit distinct banks
     TE_PAD = TE + 1
 
-    @cuda.jit(**_jit_options(NT))
+    @kernel_jit(launch_bounds=(NT,))  # the exact block size: ptxas budgets registers for it
     def kernel(q, k, v, out, part, eps, rows_per_block):
         tid = cuda.threadIdx.x
         te = tid % TE
@@ -301,21 +164,9 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
             row_begin = cuda.blockIdx.y * rows_per_block
             row_end = min(seqlen, row_begin + rows_per_block)
         n_chunks = (max(0, row_end - row_begin) + R - 1) // R
-        # this thread's staging coordinates (see _Staging); lanes past the last whole row group stay idle
-        if QK_BY_ROW:
-            qk_c0 = tid % E_PAD
-            qk_r0 = tid // E_PAD
-        else:
-            qk_c0 = tid
-            qk_r0 = 0
-        qk_lane_ok = qk_r0 < QK_RSTEP
-        if V_BY_ROW:
-            v_c0 = tid % M_COLS
-            v_r0 = tid // M_COLS
-        else:
-            v_c0 = tid
-            v_r0 = 0
-        v_lane_ok = v_r0 < V_RSTEP
+        # this thread's share of the staged rows and columns (recurrent_plan.Staging)
+        qk_at = origin_qk(tid)
+        v_at = origin_v(tid)
 
         q_buf = cuda.shared.array((2, Q_WORDS), float32)
         k_buf = cuda.shared.array((2, K_WORDS), float32)
@@ -349,36 +200,9 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
             # (1) global loads of the next chunk, into registers; padding rows and columns are zeros (not phi(0))
             if it < n_chunks:
                 t0 = row_begin + it * R
-                for a in range(QK_NR):
-                    r = qk_r0 + QK_RSTEP * a
-                    row_ok = qk_lane_ok and r < R and t0 + r < row_end
-                    for c in range(QK_NC):
-                        e = qk_c0 + QK_CSTEP * c
-                        ok = row_ok and e < e_dim
-                        if EMIT:
-                            x = float32(0.0)
-                            if ok:
-                                x = float32(q[b, h, t0 + r, e])
-                                if PHI:  # elu(x) + 1, written out: no device function, so compile_ptx needs no GPU
-                                    x = x + float32(1.0) if x > float32(0.0) else math.exp(x)
-                            pq[a * QK_NC + c] = x
-                        if UPDATE:
-                            x = float32(0.0)
-                            if ok:
-                                x = float32(k[b, h, t0 + r, e])
-                                if PHI:
-                                    x = x + float32(1.0) if x > float32(0.0) else math.exp(x)
-                            pk[a * QK_NC + c] = x
+                load_qk(q, pq, k, pk, b, h, t0, row_end, 0, e_dim, qk_at)
                 if UPDATE:
-                    for a in range(V_NR):
-                        r = v_r0 + V_RSTEP * a
-                        row_ok = v_lane_ok and r < R and t0 + r < row_end
-                        for c in range(V_NC):
-                            col = v_c0 + V_CSTEP * c
-                            x = float32(0.0)
-                            if row_ok and m_base + col < m_dim:
-                                x = float32(v[b, h, t0 + r, m_base + col])
-                            pv[a * V_NC + c] = x
+                    load_v(v, pv, v, pv, b, h, t0, row_end, m_base, m_dim, v_at)
 
             # (2) outputs of chunk it - 2: sum the E-slices' partials; consecutive threads write consecutive columns
             if EMIT and it >= 2:
@@ -434,24 +258,9 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
             # (4) the loaded rows into the buffer that chunk it - 2 used (free since the last barrier)
             if it < n_chunks:
                 lb = it & 1
-                for a in range(QK_NR):
-                    r = qk_r0 + QK_RSTEP * a
-                    if qk_lane_ok and r < R:
-                        for c in range(QK_NC):
-                            e = qk_c0 + QK_CSTEP * c
-                            if e < E_PAD:
-                                if EMIT:
-                                    q_buf[lb, r * E_PAD + e] = pq[a * QK_NC + c]
-                                if UPDATE:
-                                    k_buf[lb, r * E_PAD + e] = pk[a * QK_NC + c]
+                store_qk(q_buf, pq, k_buf, pk, lb, qk_at)
                 if UPDATE:
-                    for a in range(V_NR):
-                        r = v_r0 + V_RSTEP * a
-                        if v_lane_ok and r < R:
-                            for c in range(V_NC):
-                                col = v_c0 + V_CSTEP * c
-                                if col < M_COLS:
-                                    v_buf[lb, r * M_COLS + col] = pv[a * V_NC + c]
+                    store_v(v_buf, pv, v_buf, pv, lb, v_at)
             cuda.syncthreads()
 
         if MODE == REDUCE:
@@ -471,8 +280,8 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
 
 
 @lru_cache(maxsize=None)
-def _combine_kernel(threads: int):
-    @cuda.jit(**_jit_options(threads))
+def combine_kernel(threads: int):
+    @kernel_jit(launch_bounds=(threads,))
     def combine(part):
         """``part[:, 0] += part[:, 1:]``, one thread per state entry, splits added in order (deterministic)."""
         splits = part.shape[1]
@@ -492,28 +301,35 @@ def _combine_kernel(threads: int):
     return combine
 
 
-def _resolve_splits(m_splits, batch_heads, e, m, config, sm_count) -> int:
+def supports(dtype: str, stateful: bool = False) -> bool:
+    """float16 and float32 inputs, no state in or out."""
+    return dtype in (FLOAT16, FLOAT32) and not stateful
+
+
+def _m_splits(m_splits, batch_heads, e, m, config) -> int:
     if m_splits is None:
-        return choose_m_splits(batch_heads, e, m, sm_count, config)
+        return choose_m_splits(batch_heads, e, m, multiprocessor_count(), config)
     return m_splits
 
 
 def launch_causal_dot_product(q, k, v, out, stream, *, m_splits=None, config: LinearConfig | None = None):
     """``out_i = sum_{j <= i} (q_i . k_j) v_j`` on device views ``(batch, heads, seqlen, E | M)``, any strides.
 
-    ``m_splits``: blocks per (batch, head) along M (None: :func:`choose_m_splits`); at least :func:`min_m_splits`.
+    ``m_splits``: blocks per (batch, head) along M (None: ``recurrent_plan.choose_m_splits``); at least
+    ``min_m_splits``.
     """
-    config = config or default_config()
-    batch, heads, seqlen, e = q.shape
-    m = v.shape[3]
-    if batch * heads == 0 or seqlen == 0:
+    _walk(q, k, v, out, stream, False, float32(0.0), m_splits, config or default_config())
+
+
+def _walk(q, k, v, out, stream, layer: bool, eps, m_splits, config: LinearConfig):
+    """The causal walk: the plain product, or the layer (``phi``, the normaliser, ``eps``). ``part`` is unused in
+    this mode; q stands in for it."""
+    bh, seqlen, _, e, m = sizes(q, v)
+    if bh == 0 or seqlen == 0:
         return
-    m_splits = _resolve_splits(m_splits, batch * heads, e, m, config, multiprocessor_count())
-    p = plan(e, m, CAUSAL, False, m_splits, config)
-    kernel = row_walk_kernel(p.layout, CAUSAL, False, False)
-    # `part` is unused in this mode; q stands in for it
-    device_launch(kernel, (batch * heads, 1, p.m_splits), p.layout.threads, stream, 0,
-                  q, k, v, out, q, float32(0.0), 0)
+    p = plan(e, m, CAUSAL, layer, _m_splits(m_splits, bh, e, m, config), config)
+    kernel = row_walk_kernel(p.layout, CAUSAL, layer, layer)
+    device_launch(kernel, (bh, 1, p.m_splits), p.layout.threads, stream, 0, q, k, v, out, q, eps, 0)
 
 
 def launch_linear_attention(
@@ -527,20 +343,13 @@ def launch_linear_attention(
     Non-causal also accepts k, v with a seqlen different from q's.
     """
     config = config or default_config()
-    batch, heads, seqlen_q, e = q.shape
-    seqlen_k, m = v.shape[2], v.shape[3]
-    bh = batch * heads
-    if bh == 0 or seqlen_q == 0:
-        return
-    sm_count = multiprocessor_count()
     eps32 = float32(eps)
     if causal:
-        m_splits = _resolve_splits(m_splits, bh, e, m, config, sm_count)
-        p = plan(e, m, CAUSAL, True, m_splits, config)
-        kernel = row_walk_kernel(p.layout, CAUSAL, True, True)
-        device_launch(kernel, (bh, 1, p.m_splits), p.layout.threads, stream, 0, q, k, v, out, q, eps32, 0)
+        _walk(q, k, v, out, stream, True, eps32, m_splits, config)
         return
-
+    bh, seqlen_q, seqlen_k, e, m = sizes(q, v)
+    if bh == 0 or seqlen_q == 0:
+        return
     if m_splits is None:
         m_splits = min_m_splits(e, m, config)
     if seq_splits is not None and (
@@ -549,25 +358,19 @@ def launch_linear_attention(
         raise ValueError(f"seq_splits: expected an integer >= 1 or None, got {seq_splits!r}")
     reduce_plan = plan(e, m, REDUCE, True, m_splits, config)
     apply_plan = plan(e, m, APPLY, True, m_splits, config)
-    if seq_splits is None:
-        seq_splits = _seq_splits(seqlen_k, bh * reduce_plan.m_splits, sm_count, config)
-    seq_splits = max(1, min(int(seq_splits), seqlen_k, 65535))
-    reduce_rows = max(1, _cdiv(seqlen_k, seq_splits))
-    seq_splits = max(1, _cdiv(seqlen_k, reduce_rows))  # no empty blocks (one, writing zeros, when there are no keys)
-    apply_splits = _seq_splits(seqlen_q, bh * apply_plan.m_splits, sm_count, config)
-    apply_rows = _cdiv(seqlen_q, apply_splits)
-    apply_splits = _cdiv(seqlen_q, apply_rows)
+    sm_count = multiprocessor_count()
+    seq_splits, reduce_rows = sequence_blocks(seqlen_k, bh * reduce_plan.m_splits, sm_count, config, seq_splits)
+    apply_splits, apply_rows = sequence_blocks(seqlen_q, bh * apply_plan.m_splits, sm_count, config)
 
     # partial KV | z per sequence block, float32; column m holds z
-    shape = (bh, seq_splits, e, m + 1)
-    part = scratch(shape) if scratch else cuda.device_array(shape, dtype=np.float32, stream=stream)
+    part = scratch_state(scratch, (bh, seq_splits, e, m + 1), stream)
     reduce_kernel = row_walk_kernel(reduce_plan.layout, REDUCE, True, True)
     device_launch(reduce_kernel, (bh, seq_splits, reduce_plan.m_splits), reduce_plan.layout.threads, stream, 0,
                   q, k, v, out, part, eps32, reduce_rows)
     if seq_splits > 1:
         threads = config.combine_threads
-        blocks = min(_cdiv(bh * e * (m + 1), threads), config.combine_blocks_per_sm * sm_count)
-        device_launch(_combine_kernel(threads), blocks, threads, stream, 0, part)
+        blocks = min(cdiv(bh * e * (m + 1), threads), config.combine_blocks_per_sm * sm_count)
+        device_launch(combine_kernel(threads), blocks, threads, stream, 0, part)
     apply_kernel = row_walk_kernel(apply_plan.layout, APPLY, True, True)
     device_launch(apply_kernel, (bh, apply_splits, apply_plan.m_splits), apply_plan.layout.threads, stream, 0,
                   q, k, v, out, part, eps32, apply_rows)

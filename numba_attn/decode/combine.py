@@ -23,12 +23,9 @@ from numba import float32, types
 from ..runtime.device import SIMULATOR, cuda, kernel_jit, max_grid
 from ..runtime.launch import launch as device_launch
 from ..core import ptx
+from ..core.constants import LN2, LOG2E  # noqa: F401  (the decode kernels' base-2 softmax)
 from ..core.staging import device_function
 
-#: The decode family's one definition of these (forward/ keeps its own until they move to core): the kernels run
-#: the softmax in base 2 (``exp2``), and every lse they write is a natural log.
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 #: Warp shuffles exist only on a real GPU; the simulator takes the shared-memory path.
 USE_SHUFFLES = not SIMULATOR
@@ -67,12 +64,10 @@ def _exported_device_function(fn):
 
 @cuda.jit(device=True, inline=True)
 def lse_and_shift(m, s):
-    """``(lse, shift)`` of a merged ``(max, sum of exp)`` state: ``lse = m + log(s)`` (NaN stays NaN, a state
-    with no key gives -inf), and the shift of the weights ``exp(lse_s - shift)``: 0 where every part is empty, so
+    """``(lse, shift)`` of a merged ``(max, sum of exp)`` state: ``lse = m + log(s)`` (NaN stays NaN, a NaN or +inf
+    part makes it NaN, a state with no key gives -inf), and the shift of the weights ``exp(lse_s - shift)``: 0 where every part is empty, so
     that the weights are 0 and not ``exp(-inf + inf) = NaN``."""
-    lse = m
-    if m == m:
-        lse = m + math.log(s) if m != _NEG_INF and s > _ZERO else _NEG_INF
+    lse = _NEG_INF if m == _NEG_INF else m + math.log(s)  # a +inf part: m = +inf, s = NaN, so lse is NaN
     return lse, (lse if lse != _NEG_INF else _ZERO)
 
 

@@ -23,7 +23,8 @@ from ..runtime.device import SIMULATOR, DeviceView, max_grid
 from ..runtime.launch import launch as device_launch
 from ..runtime.launch import prepared
 from ..runtime.views import carve, grouped_heads
-from ..forward.mma import _bits, vector_loads_ok
+from ..forward.common import bits as _bits
+from ..forward.common import vector_loads_ok
 from . import combine as _combine
 from . import pool as _pool
 from .combine import LOG2E

@@ -41,6 +41,7 @@ from . import combine as _combine
 from .combine import LN2
 from ..core import ptx
 from ..core.softmax import softmax_step
+from ..forward import common
 from ..core.staging import device_function, tile_loader
 
 
@@ -110,7 +111,7 @@ def supports(dtype: str, batch: int, kv_heads: int, rows: int) -> bool:
 
 def padded_head_dim(head_dim: int) -> int:
     """The head dim the kernel computes with: a multiple of 16 (one MMA k-step)."""
-    return -(-head_dim // 16) * 16
+    return common.padded_head_dim(head_dim, 16)
 
 
 @dataclass(frozen=True)
@@ -414,7 +415,7 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
                 for ob in range(O_BLOCKS):
                     store_f32x2(merge, at + 8 * ob, acc[0, ob, 2 * half] * weight, acc[0, ob, 2 * half + 1] * weight)
                 if warp == 0 and t == 0:
-                    lse_row = (m_all * post + math.log2(l_all)) * LN2 if l_all > ZERO else NEG_INF
+                    lse_row = NEG_INF if l_all == ZERO else (m_all * post + math.log2(l_all)) * LN2
                     lse_parts[split, b, h, m0 + r] = lse_row
         cuda.syncthreads()
         for i in range(tid, 16 * QUADS, THREADS):

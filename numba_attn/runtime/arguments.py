@@ -12,7 +12,7 @@ import numbers
 
 import numpy as np
 
-LOG2E = math.log2(math.e)
+from ..core.constants import LOG2E
 
 
 class ArgumentTypeError(TypeError, ValueError):

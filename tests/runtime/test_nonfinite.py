@@ -58,37 +58,9 @@ def _xfail(kernel_change):
     return pytest.mark.xfail(strict=True, reason=f"needs kernel change: {kernel_change}")
 
 
-LSE_FINALISE = ("the lse finalisation `(m + log2(l)) * ln2 if l > 0 else -inf` maps a NaN l (a NaN or +inf "
-                "score) to -inf beside a NaN output: give -inf only where m == -inf (no key seen), else "
-                "(m + log2(l)) * ln2, which is NaN for a NaN l")
-TF32_SPLIT = ("forward/tf32.py `_split_and_mma.split3`: lo = x - hi is inf - inf = NaN for x = +-inf, so a -inf "
-              "score (weight 0) or a +-inf value turns into NaN where the SIMT kernel and reference keep it: take "
-              "lo = 0 where x is +-inf (e.g. `d = x - bits_float(hi); lo = d if d == d or x != x else 0`)")
-DECODE_SPLIT_TAIL = ("the SIMT split kernel multiplies p = 0 by the values of keys past its range (keys of the next "
-                     "split, which the row sees): acc += p * v gives 0 * inf = NaN; skip keys with key > last_key[r] "
-                     "in the accumulation (decode/simt.py, split kernel) or load 0 for them")
-
-ATTENTION_PATHS = {
-    # name: (call, dtype, out marks, lse marks)
-    "forward-simt-fp32": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="simt"),
-                          np.float32, [], []),
-    "forward-mma-fp16": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="mma"),
-                         np.float16, [], []),
-    "forward-3xtf32-fp32": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="mma"),
-                            np.float32, [_xfail(TF32_SPLIT)], [_xfail(TF32_SPLIT)]),
-    "forward-wgmma-fp16": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="wgmma"),
-                           np.float16, [pytest.mark.gpu], [pytest.mark.gpu]),
-    "decode-fp32": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True), np.float32, [], []),
-    "decode-fp32-3-splits": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True, num_splits=3),
-                             np.float32, [_xfail(DECODE_SPLIT_TAIL)], []),
-    "decode-fp16": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True), np.float16, [],
-                    [_xfail("decode/mma.py split kernel, the parts' `lse_row = ... if l_all > ZERO else NEG_INF`: "
-                            + LSE_FINALISE)]),
-    "decode-fp16-3-splits": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True, num_splits=3),
-                             np.float16, [],
-                             [_xfail("decode/mma.py split kernel, the parts' `lse_row = ... if l_all > ZERO else "
-                                     "NEG_INF` (the combine then propagates a NaN part): " + LSE_FINALISE)]),
-}
+TF32_SPLIT = ("3xTF32 (forward/tf32.py `_split_and_mma`) splits x = hi + lo; for x = +-inf, lo = inf - inf is NaN, "
+              "and with lo = 0 the product hi_a lo_b of an inf and a 0 is NaN still: +-inf inputs need a split "
+              "that keeps the three products from meeting inf * 0 (use backend='simt' for such inputs)")
 
 
 @functools.lru_cache(maxsize=None)
@@ -173,11 +145,6 @@ def test_combine_lse_nonfinite(dtype):
     assert_same_nonfinite(merged, ref_lse, 1e-5, what="lse")
 
 
-@pytest.mark.xfail(strict=True, reason="needs kernel change: a part with lse = +inf must make out and lse NaN "
-                   "(reference: +inf - +inf); merge_lse_states gives m = +inf, ssum = NaN, and `total = m + "
-                   "log(ssum) if m != NEG_INF and ssum > ZERO else NEG_INF` turns that into -inf: use `NEG_INF if "
-                   "m == NEG_INF else m + log(ssum)` in decode/simt.py's combine kernel and decode/mma.py's "
-                   "in-kernel merge (`lse_row = ...`)")
 def test_combine_lse_plus_inf_part():
     o = np.random.default_rng(6).standard_normal((3, 1, 4)).astype(np.float32)
     lse = np.array([[0.5], [np.inf], [-1.0]], np.float32)

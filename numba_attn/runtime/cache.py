@@ -1,10 +1,11 @@
 """The one host-side cache of the package: plans, launchables, placeholders and stream handles, each a
 ``BoundedCache`` with the same eviction rule.
 
-Rule: least recently used entries go once a cache holds ``NUMBA_ATTN_CACHE_ENTRIES`` entries (default 1024 per
-cache). A long-running server sees few kinds of call, so evictions are rare; a process that sweeps many shapes
-keeps its memory bounded. Every cache is thread-safe (one lock per cache), and ``clear_all()`` empties them all
-(after changing a module-level knob that a cached plan depends on, or in tests).
+Rule: once a cache holds ``NUMBA_ATTN_CACHE_ENTRIES`` entries (default 1024 per cache), the oldest entry goes. A
+long-running server sees few kinds of call, so evictions are rare; a process that sweeps many shapes keeps its
+memory bounded. Lookups take no lock (a dict read is atomic in CPython, and a planned decoding call makes several:
+a lookup costs what ``dict.get`` costs); inserts and evictions take the cache's lock. ``clear_all()`` empties every
+cache (after changing a module-level knob that a cached plan depends on, or in tests).
 
 Compiled kernels are not kept here: ``functools.lru_cache`` on the kernel builders holds them, keyed by frozen
 configurations from a finite set.
@@ -14,7 +15,6 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections import OrderedDict
 from typing import Any, Callable
 
 ENTRIES_ENV = "NUMBA_ATTN_CACHE_ENTRIES"
@@ -31,31 +31,25 @@ _ALL: "weakref.WeakSet[BoundedCache]" = weakref.WeakSet()
 
 
 class BoundedCache:
-    """A thread-safe mapping with least-recently-used eviction past ``max_entries``."""
+    """A thread-safe mapping that drops its oldest entry past ``max_entries``."""
 
     def __init__(self, name: str, max_entries: int | None = None):
         self.name = name
         self.max_entries = max_entries if max_entries is not None else _default_entries()
         if self.max_entries < 1:
             raise ValueError(f"max_entries: expected >= 1, got {self.max_entries}")
-        self._data: OrderedDict = OrderedDict()
+        self._data: dict = {}
         self._lock = threading.Lock()
         _ALL.add(self)
 
     def get(self, key, default=None):
-        with self._lock:
-            try:
-                self._data.move_to_end(key)
-            except KeyError:
-                return default
-            return self._data[key]
+        return self._data.get(key, default)
 
     def put(self, key, value) -> None:
         with self._lock:
             self._data[key] = value
-            self._data.move_to_end(key)
             while len(self._data) > self.max_entries:
-                self._data.popitem(last=False)
+                del self._data[next(iter(self._data))]
 
     def get_or_make(self, key, make: Callable[[], Any]):
         """The entry for ``key``, made by ``make()`` (outside the lock: it may compile or allocate) when missing;
@@ -69,7 +63,7 @@ class BoundedCache:
                 return self._data[key]
             self._data[key] = value
             while len(self._data) > self.max_entries:
-                self._data.popitem(last=False)
+                del self._data[next(iter(self._data))]
         return value
 
     def pop(self, key, default=None):

@@ -63,6 +63,25 @@ TF32_SPLIT = ("3xTF32 (forward/tf32.py `_split_and_mma`) splits x = hi + lo; for
               "that keeps the three products from meeting inf * 0 (use backend='simt' for such inputs)")
 
 
+ATTENTION_PATHS = {
+    # name: (call, dtype, out marks, lse marks)
+    "forward-simt-fp32": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="simt"),
+                          np.float32, [], []),
+    "forward-mma-fp16": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="mma"),
+                         np.float16, [], []),
+    "forward-3xtf32-fp32": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="mma"),
+                            np.float32, [_xfail(TF32_SPLIT)], [_xfail(TF32_SPLIT)]),
+    "forward-wgmma-fp16": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="wgmma"),
+                           np.float16, [pytest.mark.gpu], [pytest.mark.gpu]),
+    "decode-fp32": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True), np.float32, [], []),
+    "decode-fp32-3-splits": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True, num_splits=3),
+                             np.float32, [], []),
+    "decode-fp16": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True), np.float16, [], []),
+    "decode-fp16-3-splits": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True, num_splits=3),
+                             np.float16, [], []),
+}
+
+
 @functools.lru_cache(maxsize=None)
 def _attention_result(path):
     call, dtype, _, _ = ATTENTION_PATHS[path]

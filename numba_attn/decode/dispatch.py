@@ -1,9 +1,9 @@
-"""Which split-KV kernel runs a ``flash_decode`` call, and the launch of the combine for ``combine_lse``.
+"""Which split-KV kernel runs a ``flash_decode`` call.
 
 float16 / bfloat16 on sm_80+ (and the simulator) take the tensor-core split kernel (``launch.DecodeLaunch``) whenever
-the query rows of a GQA group regroup into one sequence without a copy; everything else takes the SIMT split kernel
-and the combine kernel (``simt``). A tensor-core call of torch or CuPy arrays leaves a plan (``cached``) that later
-calls of the same kind take without the checks.
+the query rows of a GQA group regroup into one sequence without a copy and its grids fit the device; everything else
+takes the SIMT split kernel (``simt``) and the combine kernel (``combine``). A tensor-core call of torch or CuPy
+arrays leaves a plan (``cached``) that later calls of the same kind take without the checks.
 """
 from __future__ import annotations
 

@@ -276,6 +276,9 @@ class DeviceView:
         dtype = np.dtype(cai["typestr"])
         shape = tuple(cai["shape"])
         strides = cai.get("strides")
+        if strides is None and hasattr(x, "strides"):
+            # Numba's device arrays report strides None for layouts they call contiguous, a zero stride included
+            strides = x.strides
         if strides is None:  # C-contiguous
             strides, step = [], dtype.itemsize
             for n in reversed(shape):

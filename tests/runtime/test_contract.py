@@ -117,8 +117,8 @@ def test_out_overlapping_an_input_is_rejected(kind, alias):
     wide = np.concatenate([k, v], axis=-1)  # k and v side by side in one buffer
     if kind == "device":
         q, wide = _device(q), _device(wide)
-    k, v = wide[..., :8], wide[..., 8:]
-    out = {"q": q, "k": k, "v": v, "half-of-k": wide[..., 4:12]}[alias]
+    k, v = wide[:, :, :, :8], wide[:, :, :, 8:]
+    out = {"q": q, "k": k, "v": v, "half-of-k": wide[:, :, :, 4:12]}[alias]
     name = "k" if alias == "half-of-k" else alias
     with pytest.raises(ValueError, match=f"out: shares memory with {name}"):
         numba_attn.flash_forward(q, k, v, out=out)
@@ -127,7 +127,7 @@ def test_out_overlapping_an_input_is_rejected(kind, alias):
 def test_out_interleaved_with_inputs_but_disjoint_is_accepted():
     q, k, v = _arrays((1, 1, 4, 8), (1, 1, 4, 8), (1, 1, 4, 8))
     packed = _device(np.concatenate([k, v, np.full_like(q, np.nan)], axis=-1))  # k | v | out in each row
-    numba_attn.flash_forward(_device(q), packed[..., :8], packed[..., 8:16], out=packed[..., 16:])
+    numba_attn.flash_forward(_device(q), packed[:, :, :, :8], packed[:, :, :, 8:16], out=packed[:, :, :, 16:])
     host = packed.copy_to_host()
     assert _rel(host[..., 16:], reference.attention(q, k, v)) < 1e-5
     np.testing.assert_array_equal(host[..., :16], np.concatenate([k, v], axis=-1))  # inputs untouched

@@ -272,9 +272,8 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
                     for kk in range(KPL):
                         p = math.exp2(s[r, kk] - m_use)
                         l_i[r] += p
-                        if n0 + kk * NG + grp <= last_key[r]:  # keys past the row's range add nothing, not 0 * inf
-                            for j in range(DPL):
-                                acc[r, j] += p * vreg[kk, j]
+                        for j in range(DPL):
+                            acc[r, j] += p * vreg[kk, j]
 
             # ---- merge the key groups' states like splits: common max, rescale, sum ---------------------------
             for r in range(R):

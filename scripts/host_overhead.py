@@ -60,7 +60,7 @@ def _cases(library: str):
         "combine_lse": (numba_attn.combine_lse, (o_parts, lse_parts), {}),
         "causal_dot_product chunked": (numba_attn.causal_dot_product, (ql, kl, vl), {"backend": "chunked"}),
         "causal_dot_product recurrent": (numba_attn.causal_dot_product, (ql, kl, vl), {"backend": "recurrent"}),
-        "linear_attention chunked": (numba_attn.linear_attention, (ql, kl, vl), {"backend": "chunked"}),
+        "linear_attention chunked": (numba_attn.linear_attention, (ql, kl, vl), {"backend": "chunked", "causal": True}),
     }
 
 

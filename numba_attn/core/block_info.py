@@ -19,7 +19,7 @@ def _reads_thread_position(fn):
 
 
 #: grid ``(query blocks, heads, batch)``: the query blocks of one head are neighbours, so the blocks resident at once
-#: share that head's K and V through L2 (docs/design.md); heads and batch then stop at the device's grid y and z
+#: share that head's K and V through L2 (docs/design/forward.md); heads and batch then stop at the device's grid y and z
 QUERY_MAJOR = "query blocks, heads, batch"
 #: grid ``(batch * heads, query blocks)``
 HEAD_MAJOR = "batch * heads, query blocks"

@@ -20,7 +20,7 @@ from .staging import device_function
 def hidden(key, row, key_end, causal, diag_offset):
     """True where query ``row`` must not see ``key``: past the sequence's keys, or above the causal diagonal."""
     # one return per clause: as one boolean ``or`` expression it compiled to selects, and more instructions, where
-    # the kernels test it (docs/design.md)
+    # the kernels test it (docs/design/forward.md)
     if key >= key_end:
         return True
     if causal and key > row + diag_offset:

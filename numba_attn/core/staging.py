@@ -34,7 +34,7 @@ def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loa
     ``l2_prefetch``: the asynchronous copies ask L2 for 256-byte sector groups (``ptx.cp_async_16_prefetch``).
     ``whole_tile_path``: a tile wholly inside the rows and columns skips the per-piece bounds checks (one test per
     tile): the checks, 64-bit compares and selects, were most of the ~16 instructions per piece of a float32 tile.
-    On for the linear walks and the decode split kernel, where it was measured (design.md); the flash forward
+    On for the linear walks and the decode split kernel, where it was measured (docs/design/decode.md); the flash forward
     kernels keep the checked path until they are timed with it.
     ``swizzle``: rows without padding (``row == width``, a whole number of 8-piece groups), 16-byte piece ``p`` of
     tile row ``r`` stored at piece ``p ^ (r % 8)``, so that the 8 rows an ``ldmatrix`` matrix reads, or the rows

@@ -117,7 +117,7 @@ def combine_kernel(config: CombineConfig, cols: int, parts_dtype: str = "float32
     ``l, l + threads_x, ...`` and the lanes merge by a shuffle butterfly (every group gets the same lse, no barrier).
     Then the weights ``exp(lse_s - lse)``, the group's sums, and one barrier before the groups' sums are added: an
     earlier version that reduced the lse through shared-memory trees over the whole block (16 barriers) before it
-    loaded any part was slower (design.md, "A combine with one barrier")."""
+    loaded any part was slower (docs/design/decode.md, "A combine with one barrier")."""
     _, to_output = converters(False, out_dtype == "uint16")
     signature = types.void(types.Array(getattr(types, parts_dtype), 5, "A"), types.Array(float32, 4, "A"),
                            types.Array(getattr(types, out_dtype), 4, "A"), types.Array(float32, 3, "A"), types.boolean)

@@ -14,7 +14,7 @@ Work split inside a block
     ``P V``) and keeps its own online softmax (``m``, ``l``, un-normalised ``O``) over them. After the range the warps
     merge through shared memory exactly as splits merge: ``m = max_w m_w``, weights ``2^(m_w - m)``, one division by
     ``l``. Why several warps: the split variant of the forward kernel that decoding used before had one warp per
-    block, which issued every copy, every MMA and the softmax of a tile in sequence (design.md, "Where the fixed cost
+    block, which issued every copy, every MMA and the softmax of a tile in sequence (docs/design/decode.md, "Where the fixed cost
     of a GQA step goes", and "Decoding with four warps per split block").
 
 Per tile, warp ``w``: ``S = Q K_w^T`` (Q's A fragments stay in registers for head dims <= 128, read once;

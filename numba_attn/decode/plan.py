@@ -1,7 +1,7 @@
 """How a decoding step cuts the keys of every row tile into ranges for the tensor-core split kernel.
 
 ``plan_splits`` fills one wave of blocks with lead ranges, then balances the end of the step: the SMs stream at
-different rates (set by where they sit on the chip; design.md, "Tail ranges"), so equal ranges end over a spread of
+different rates (set by where they sit on the chip; docs/design/decode.md, "Tail ranges"), so equal ranges end over a spread of
 the step.
 Where a row tile has several lead ranges, the last keys form its pool, which its blocks take tile by tile after their
 own range (``SplitPlan.pool_first``, the counters of ``decode.pool``); otherwise, for long caches, short tail ranges
@@ -19,7 +19,7 @@ from .mma import DecodeMmaConfig
 
 #: at least this many keys per lead range (each range writes float32 parts that the combine reads back)
 MIN_KEYS_PER_SPLIT = 512
-#: Tail ranges (design.md, "Tail ranges"): this share of every row tile's keys goes to short tail ranges that the
+#: Tail ranges (docs/design/decode.md, "Tail ranges"): this share of every row tile's keys goes to short tail ranges that the
 #: block scheduler hands to the SMs that finish first ...
 TAIL_FRACTION = 0.2
 #: ... about this many per resident block (more: finer balance, more parts for the combine) ...
@@ -29,7 +29,7 @@ TAIL_RANGES_PER_SLOT = 4
 MIN_LEAD_TILES = 96
 #: Pooled plans (``key_pool``, where a row tile has several lead ranges): this share of every row tile's keys is its
 #: pool, taken tile by tile by the row tile's blocks after their own ranges, so the blocks on faster SMs take more
-#: (design.md, "A key pool per row tile").
+#: (docs/design/decode.md, "A key pool per row tile").
 POOL_FRACTION = 0.2
 #: ``SplitPlan.pool_first`` of a plan without a pool
 NO_POOL = 1 << 62

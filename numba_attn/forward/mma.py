@@ -45,7 +45,7 @@ scale. Causality is a run-time flag (it only changes the loop bound, the block o
 Register arrays (``cuda.local.array``) are indexed only inside loops over compile-time constants that NVVM unrolls
 fully, so they live in registers; the softmax is a device function called once per m-tile with a constant index
 because, as a loop over m-tiles, its body was too large to unroll and the accumulators went to local memory.
-``scripts/check_mma.py --part correctness --compile-only`` reports registers and spills (docs/design.md).
+``scripts/check_mma.py --part correctness --compile-only`` reports registers and spills (docs/design/forward.md).
 
 The kernel also runs under the CUDA simulator, with the ``ptx`` emulations (tiny shapes only: every thread is a
 Python thread and every MMA a block-wide barrier).
@@ -111,7 +111,7 @@ SIGNATURE = common.kernel_signature(uint16)
 
 def default_config(head_dim: int = 64) -> MmaConfig:
     """4 warps x 2 m-tiles (128 query rows), 64-key tiles, 2 blocks per SM: the fastest at head dims 64 and 128
-    against 8 warps x 1 m-tile and 128 / 32-key tiles (``scripts/tune_flash.py --kernel mma``, docs/design.md)."""
+    against 8 warps x 1 m-tile and 128 / 32-key tiles (``scripts/tune_flash.py --kernel mma``, docs/design/forward.md)."""
     return SIMULATOR_CONFIG if SIMULATOR else DEFAULT_CONFIG
 
 

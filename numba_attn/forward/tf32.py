@@ -17,7 +17,7 @@ Accuracy: 3xTF32
     The tensor cores' float32 accumulation does not round to nearest, so nothing is accumulated across key tiles
     through an MMA's C operand: each tile's ``P V`` starts from zero accumulators and is added to ``O`` with float32
     FMAs (``O = alpha O + P V``). Feeding ``O`` as C instead gave an error that grew with the number of key tiles,
-    over the 1e-5 bound at a few thousand keys (docs/design.md).
+    over the 1e-5 bound at a few thousand keys (docs/design/forward.md).
 
 Work split
     As in ``mma``: one block = ``warps`` warps x ``m_tiles`` 16-row MMA tiles = ``block_m`` query rows of one
@@ -132,7 +132,7 @@ def default_config(head_dim: int = 64, tf32_only: bool = False) -> Tf32Config:
 
 
 def gpu_config(head_dim: int, tf32_only: bool = False) -> Tf32Config:
-    """Tiles on a GPU, by padded head dim (both accuracy modes), the fastest measured (docs/design.md):
+    """Tiles on a GPU, by padded head dim (both accuracy modes), the fastest measured (docs/design/forward.md):
 
     * up to 64: 4 warps x 2 m-tiles (128 query rows), 32-key tiles;
     * up to 128: the same with 16-key tiles (32 would need more than 255 registers with two m-tiles);
@@ -362,7 +362,7 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
                 # ---- O = alpha O + P V, one output block at a time -------------------------------------------------
                 # Each tile's P V goes into fresh accumulators and is added to O with float32 FMAs (which also
                 # rescale): the tensor cores' float32 accumulation does not round to nearest, and with O itself as
-                # the C operand a biased error grew with the number of key tiles (docs/design.md).
+                # the C operand a biased error grew with the number of key tiles (docs/design/forward.md).
                 for ob in range(O_BLOCKS):
                     clear_r(r)
                     for kj in range(S_BLOCKS):

@@ -32,7 +32,7 @@ Pipeline per K/V tile ``j`` (tile 0 is peeled off the loop: see below)
     Each group of MMAs is one inline-asm block (``wgmma.wgmma_ss`` / ``wgmma_rs`` with ``wait=False``); the waits
     pass the accumulators through as operands (``wgmma_wait``). With the first tile's issue inside an ``if`` in the
     loop, the copies LLVM placed between issue and wait made ptxas serialise every MMA (warning C7513), hence the
-    peeled tile 0. Measured steps: docs/design.md and docs/benchmarks.md.
+    peeled tile 0. Measured steps: docs/design/forward.md and docs/benchmarks.md.
 """
 from __future__ import annotations
 

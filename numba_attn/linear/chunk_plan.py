@@ -34,7 +34,7 @@ class ChunkConfig:
     block_cols_wide: int = 32  # ... for E > 128, to keep Q, K and H of a block in shared memory
     blocks_per_sm: int = 3  # without an occupancy figure: segments are added until the grid has this many per SM
     wave_plan: bool = True  # size segments by the occupancy calculator's resident blocks (see plan_segments)
-    states_cost: float = 0.35  # time of the STATES pass per chunk, in walk steps (docs/design.md)
+    states_cost: float = 0.35  # time of the STATES pass per chunk, in walk steps (docs/design/linear.md)
     segment_cost: float = 0.0  # walk steps per segment (a walking block first sums its predecessors' increments)
     min_segment_chunks: int = 2  # segments shorter than this cost more in the extra passes than they gain
     prefix_threads: int = 256

@@ -26,7 +26,7 @@ Per chunk:
   view rebuilt the whole address at every store.
 
 For ``E <= 128`` (``supports``) and the plain product; the normalised layer, the non-causal form and wider heads take
-``shared_state``'s kernel. ``docs/design.md`` has the measurements.
+``shared_state``'s kernel. ``docs/design/linear.md`` has the measurements.
 """
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ from .register_launch import supports  # noqa: F401  (this kernel's: the plain p
 from .state import accumulator_fill, future_mask, stage_loader, walk_kernel
 
 #: float32 tiles are twice as wide in bytes: 32-column M tiles keep two blocks per SM at E = 64. Each segment costs
-#: its walking blocks a sum over the increments before them (``segment_cost``, docs/design.md)
+#: its walking blocks a sum over the increments before them (``segment_cost``, docs/design/linear.md)
 GPU_CONFIG = ChunkConfig(warps=4, block_cols=32, block_cols_wide=32, segment_cost=0.1)
 #: ``allow_tf32`` rounds an operand by one multiply with ``1 + ln(2) / 2 * 2^-10`` before the tensor cores truncate its
 #: low 13 bits: a mantissa ``m`` (1 <= m < 2) gains ``m ln(2) / 2`` tf32 ulps, half an ulp on average over the

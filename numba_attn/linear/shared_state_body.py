@@ -26,7 +26,7 @@ Staging. Rows arrive in pieces of 4 elements (8-byte loads of 16-bit data, 16-by
 when every row is aligned and contiguous, else element by element), a batch of loads in flight before the first is
 converted, and land as one 16-byte shared store per piece (consecutive lanes, consecutive pieces: no bank
 conflicts). Shared memory is indexed with 64-bit integers without wraparound (``ptx.load1`` / ``store1``), so that
-``base + constant`` folds into an immediate offset. ``docs/design.md`` has the profiles behind these choices.
+``base + constant`` folds into an immediate offset. ``docs/design/linear.md`` has the profiles behind these choices.
 """
 from __future__ import annotations
 

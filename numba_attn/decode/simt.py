@@ -222,6 +222,13 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
                         c = uint64(lane_g + G * j) if j < DPL - 1 else c_last
                         kreg[kk, j] = to_float(kb[key, c])
                         vreg[kk, j] = to_float(vb[key, c])
+                if n0 + STEP > n_stop:
+                    # the last step (a uniform branch): keys past the range are copies of the range's last key,
+                    # which the row may see; their p = 0 times a +-inf value there would make the row NaN
+                    for kk in range(KPL):
+                        if n0 + kk * NG + grp >= n_stop:
+                            for j in range(DPL):
+                                vreg[kk, j] = ZERO
                 for r in range(R):
                     for kk in range(KPL):
                         dot = ZERO

@@ -54,16 +54,6 @@ def attention_scenarios(dtype):
     return tuple(x.astype(dtype) for x in (q, k, v))
 
 
-def _xfail(kernel_change):
-    return pytest.mark.xfail(strict=True, reason=f"needs kernel change: {kernel_change}")
-
-
-DECODE_SPLIT_TAIL = ("the float32 SIMT split kernel (decode/simt.py) adds p * v for keys past a row's range with p = 0, "
-                     "so a +inf value there gives 0 * inf = NaN; predicating the accumulation per key cost 4-6 % of "
-                     "a GQA 8 float32 decoding step on an H100 (docs/benchmarks.md, the layout A/B), so it is not done")
-TF32_SPLIT = ("3xTF32 (forward/tf32.py `_split_and_mma`) splits x = hi + lo; for x = +-inf, lo = inf - inf is NaN, "
-              "and with lo = 0 the product hi_a lo_b of an inf and a 0 is NaN still: +-inf inputs need a split "
-              "that keeps the three products from meeting inf * 0 (use backend='simt' for such inputs)")
 
 
 ATTENTION_PATHS = {
@@ -73,12 +63,12 @@ ATTENTION_PATHS = {
     "forward-mma-fp16": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="mma"),
                          np.float16, [], []),
     "forward-3xtf32-fp32": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="mma"),
-                            np.float32, [_xfail(TF32_SPLIT)], [_xfail(TF32_SPLIT)]),
+                            np.float32, [], []),
     "forward-wgmma-fp16": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="wgmma"),
                            np.float16, [pytest.mark.gpu], [pytest.mark.gpu]),
     "decode-fp32": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True), np.float32, [], []),
     "decode-fp32-3-splits": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True, num_splits=3),
-                             np.float32, [_xfail(DECODE_SPLIT_TAIL)], []),
+                             np.float32, [], []),
     "decode-fp16": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True), np.float16, [], []),
     "decode-fp16-3-splits": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True, num_splits=3),
                              np.float16, [], []),

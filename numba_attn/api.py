@@ -36,6 +36,7 @@ from .forward import dispatch as _forward
 from .forward.dispatch import BACKENDS
 from .linear import dispatch as _linear
 from .linear.dispatch import BACKENDS as LINEAR_BACKENDS
+from .runtime import replay as _replay
 from .runtime import views as _views
 from .runtime.arguments import check_backend, check_eps, check_flag, check_num_splits, check_sm_scale
 from .runtime.arrays import prepare
@@ -76,7 +77,24 @@ def _lse_placeholder(call):
     it on every call would cost more host time than some kernels take."""
     if SIMULATOR:
         return _LSE_PLACEHOLDERS.get_or_make(0, lambda: call.scratch((1, 1, 1), "float32"))
-    return _LSE_PLACEHOLDERS.get_or_make(current_device_id(), lambda: cuda.device_array((1, 1, 1), "float32"))
+    return _LSE_PLACEHOLDERS.get_or_make(current_device_id(), _new_lse_placeholder)
+
+
+def _new_lse_placeholder():
+    placeholder = cuda.device_array((1, 1, 1), "float32")
+    _replay.keep(placeholder.device_ctypes_pointer.value, 4)  # (kept for the process: plans may launch with it)
+    return placeholder
+
+
+def _served(name: str, arrays: tuple, options: tuple, checked):
+    """A call with torch or CuPy arrays replayed from the plan its first call of this kind recorded
+    (``runtime.replay``); otherwise ``checked()``, recorded into a plan where it can be."""
+    key, plan, layouts = _replay.find(name, arrays, options)
+    if plan is not None:
+        result = plan.run(layouts)
+        if result is not None:
+            return result
+    return _replay.record(key, arrays, layouts, checked)
 
 
 @_one_call_at_a_time_under_the_simulator
@@ -110,9 +128,14 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
         ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key (or whose scores are all -inf) give 0
         and ``lse = -inf``; a NaN or +inf score gives the row NaN output and lse.
     """
-    return _attention(q, k, v, check_flag(causal, "causal"), check_sm_scale(sm_scale),
-                      check_flag(return_lse, "return_lse"), out, num_splits=None, decode=False,
-                      backend=check_backend(backend, BACKENDS), allow_tf32=check_flag(allow_tf32, "allow_tf32"))
+    def checked():
+        return _attention(q, k, v, check_flag(causal, "causal"), check_sm_scale(sm_scale),
+                          check_flag(return_lse, "return_lse"), out, num_splits=None, decode=False,
+                          backend=check_backend(backend, BACKENDS), allow_tf32=check_flag(allow_tf32, "allow_tf32"))
+
+    if out is not None:  # (plans make their outputs)
+        return checked()
+    return _served("flash_forward", (q, k, v), (causal, sm_scale, return_lse, backend, allow_tf32), checked)
 
 
 @_one_call_at_a_time_under_the_simulator
@@ -196,6 +219,10 @@ def combine_lse(o_parts, lse_parts):
         float32. If every part is empty: 0 and ``-inf``, never NaN. A NaN or +inf part lse gives the row NaN; an
         empty part has weight 0, so its o must be finite (0 * NaN is NaN), as ``reference.combine_lse``.
     """
+    return _served("combine_lse", (o_parts, lse_parts), (), lambda: _combine_lse(o_parts, lse_parts))
+
+
+def _combine_lse(o_parts, lse_parts):
     check_array("o_parts", o_parts)
     check_array("lse_parts", lse_parts)
     o_ndim = len(o_parts.shape)
@@ -255,6 +282,12 @@ def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow
     Returns:
         ``out`` ``(batch, heads, seqlen, M)`` in the inputs' dtype, or ``(out, final_state)``.
     """
+    arrays = (q, k, v) if initial_state is None else (q, k, v, initial_state)
+    return _served("causal_dot_product", arrays, (return_state, allow_tf32, backend),
+                   lambda: _causal_dot_product(q, k, v, initial_state, return_state, allow_tf32, backend))
+
+
+def _causal_dot_product(q, k, v, initial_state, return_state, allow_tf32, backend):
     return_state = check_flag(return_state, "return_state")
     allow_tf32 = check_flag(allow_tf32, "allow_tf32")
     backend = check_backend(backend, LINEAR_BACKENDS)
@@ -304,6 +337,11 @@ def linear_attention(q, k, v, *, causal=False, eps=1e-6, allow_tf32=False, backe
     Returns:
         ``(batch, heads, seqlen_q, M)`` in the inputs' dtype.
     """
+    return _served("linear_attention", (q, k, v), (causal, eps, allow_tf32, backend),
+                   lambda: _linear_attention(q, k, v, causal, eps, allow_tf32, backend))
+
+
+def _linear_attention(q, k, v, causal, eps, allow_tf32, backend):
     eps = check_eps(eps)
     causal = check_flag(causal, "causal")
     allow_tf32 = check_flag(allow_tf32, "allow_tf32")

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from . import replay as _replay
 from .device import (SIMULATOR, DeviceView, cuda, current_device_id, default_stream, external_stream,
                      pointer_device)
 
@@ -178,12 +179,11 @@ class Call:
             view = self._device_view(name, out, _placement(name, out))
             self.check_writes(name, view)
             return Output(view=view, obj=out)
-        if self.kind == _CUPY:
-            arr = fast_library("cupy").empty(shape, dtype, self.device_id)
-            return Output(view=_device_view_of_cupy(arr), obj=arr)
-        if self.kind == _TORCH:
-            arr = fast_library("torch").empty(shape, dtype, self.device_id)
-            return Output(view=_device_view_of_torch(arr), obj=arr)
+        if self.kind == _CUPY or self.kind == _TORCH:
+            arr = fast_library(self.kind).empty(shape, dtype, self.device_id)
+            view = _device_view_of_cupy(arr) if self.kind == _CUPY else _device_view_of_torch(arr)
+            _replay.note_alloc(arr, view.ptr, shape, dtype, view.size * view.dtype.itemsize)
+            return Output(view=view, obj=arr)
         arr = cuda.device_array(shape, dtype=_storage_dtype(dtype), stream=self.stream)
         return Output(view=arr._ary if SIMULATOR else arr, obj=arr)
 

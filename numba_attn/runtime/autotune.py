@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from . import replay as _replay
 from .device import SIMULATOR, cuda
 
 CACHE_DIR_ENV = "NUMBA_ATTN_CACHE_DIR"
@@ -126,6 +127,7 @@ class Autotuner:
             config = self._chosen.get(text)
             if config is not None:
                 return config
+            _replay.refuse("tuning")  # (the timed launches are not the call's own)
             timings = {}
             for candidate in self.candidates:
                 timings[repr(candidate)] = float(bench(candidate))

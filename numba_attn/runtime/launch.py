@@ -14,6 +14,7 @@ import threading
 
 import numpy as _np
 
+from . import replay as _replay
 from .cache import BoundedCache
 from .device import (DEFAULT_DYNAMIC_SHARED, SIMULATOR, DeviceView, _cuda_library, cuda, current_device_id,
                      device_properties)
@@ -77,6 +78,8 @@ class _Launchable:
             self.shared_raised = shared_bytes
         buffer, pointers = self.buffers()
         self.packer.pack_into(buffer, 0, *values)
+        if _replay.ENABLED:
+            _replay.note_launch(self, grid, block, shared_bytes, stream, values)
         gx, gy, gz = grid
         bx, by, bz = block
         launch_kernel = _cuda_library().cuLaunchKernel
@@ -164,6 +167,7 @@ def launch(kernel, grid, block, stream, shared_bytes: int, *args) -> None:
         return
     entry = _launchable(kernel, args) if FAST_LAUNCH else None
     if entry is None:
+        _replay.refuse("a launch through Numba's dispatcher")
         _raise_shared_limit_numba(kernel, shared_bytes, args)
         kernel[grid, block, stream, shared_bytes](*args)
         return
@@ -279,6 +283,7 @@ def stream_capturing(stream: int) -> bool:
     path that is safe inside a capture."""
     if SIMULATOR:
         return False
+    _replay.refuse("a path that depends on stream capture")
     status = ctypes.c_int(0)
     code = _cuda_library().cuStreamIsCapturing(ctypes.c_void_p(stream or None), ctypes.byref(status))
     return code != 0 or status.value != 0
@@ -295,11 +300,13 @@ def zeroed_words(count: int):
     _check(lib.cuMemsetD32_v2(ctypes.c_uint64(ptr.value), ctypes.c_uint(0), ctypes.c_size_t(count)), "cuMemsetD32")
     # the memset runs on the legacy stream, which non-blocking streams (torch's, CuPy's) do not wait for
     _check(lib.cuCtxSynchronize(), "cuCtxSynchronize")
+    _replay.keep(ptr.value, 4 * count)
     return DeviceView(ptr.value, (count,), (4,), _np.uint32, None)
 
 
 def zero_words_async(ptr: int, count: int, stream: int) -> None:
     """Zero ``count`` uint32s at ``ptr`` in stream order (a memset node when the stream is being captured)."""
     if count:
+        _replay.note_memset(ptr, count, stream)
         _check(_cuda_library().cuMemsetD32Async(ctypes.c_uint64(ptr), ctypes.c_uint(0), ctypes.c_size_t(count),
                                                 ctypes.c_void_p(stream or None)), "cuMemsetD32Async")

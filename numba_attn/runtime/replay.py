@@ -1,0 +1,236 @@
+"""Repeated calls of one kind without the checked path: the first call records its launches, later calls replay them.
+
+A public call's host work -- argument checks, views, kernel choice, launch parameters -- depends on its arrays
+only through their library, dtype, device, shapes, strides and pointer alignment, and on its options. The first
+call with a new combination (the *key*) runs the checked path under a recorder that notes each allocation made
+through the caller's library (``arrays.Call.output``), each kernel launch (``launch._Launchable.launch``) and each
+memset. Where every pointer a launch takes lies in an input, in an allocation of the call or in a buffer kept for
+the process (``keep``), and what the call returns is its own allocations, the recording becomes a plan. A later
+call with the same key allocates again, moves each recorded pointer to the new arrays and launches: attribute
+reads, argument packing and the driver calls only (the checked path costs ~100 us of host time per call, more than
+many kernels run).
+
+Anything else a call does makes no plan (``refuse``): a launch through Numba's dispatcher, tuning, a pointer of
+unknown origin. Calls with ``out=``, host arrays or Numba device arrays never use plans. Torch and CuPy arrays
+only. ``NUMBA_ATTN_REPLAY=0`` turns plans off.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+from .cache import BoundedCache
+from .device import SIMULATOR, _driver_current_device
+
+REPLAY_ENV = "NUMBA_ATTN_REPLAY"
+#: Serve repeated calls from recorded plans (False: every call takes the checked path).
+ENABLED = not SIMULATOR and os.environ.get(REPLAY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+#: A key holds each pointer's offset modulo this many bytes: every alignment rule of the kernels divides it.
+ALIGNMENT = 256
+
+_PLANS = BoundedCache("replay plans")
+_local = threading.local()
+_kept: dict = {}  # start -> end of device buffers kept for the life of the process (placeholders, counters)
+_kept_lock = threading.Lock()
+
+
+def clear() -> None:
+    """Forget every plan (after changing a module-level knob the checked path reads)."""
+    _PLANS.clear()
+
+
+# -- what the checked path reports ------------------------------------------------------------------------------------
+def keep(ptr: int, nbytes: int) -> None:
+    """Declare ``nbytes`` at ``ptr`` a buffer that lives as long as the process: a launch may take it as is."""
+    with _kept_lock:
+        _kept[int(ptr)] = int(ptr) + max(1, int(nbytes))
+
+
+def active():
+    """The calling thread's recorder, None when its call is not being recorded."""
+    return getattr(_local, "recorder", None)
+
+
+def note_alloc(obj, ptr: int, shape: tuple, dtype: str, nbytes: int) -> None:
+    recorder = getattr(_local, "recorder", None)
+    if recorder is not None:
+        recorder.allocs.append((obj, int(ptr), int(nbytes), tuple(shape), dtype))
+
+
+def note_launch(launchable, grid: tuple, block: tuple, shared_bytes: int, stream: int, values) -> None:
+    recorder = getattr(_local, "recorder", None)
+    if recorder is not None:
+        recorder.ops.append(("launch", launchable, grid, block, shared_bytes, stream, list(values)))
+
+
+def note_memset(ptr: int, count: int, stream: int) -> None:
+    recorder = getattr(_local, "recorder", None)
+    if recorder is not None:
+        recorder.ops.append(("memset", int(ptr), int(count), stream))
+
+
+def refuse(reason: str) -> None:
+    """The call being recorded does something a plan cannot repeat: it makes none."""
+    recorder = getattr(_local, "recorder", None)
+    if recorder is not None:
+        recorder.refused = reason
+
+
+# -- keys, recording, plans -------------------------------------------------------------------------------------------
+def find(name: str, arrays: tuple, options: tuple):
+    """``(key, plan, layouts)`` for a call of ``name`` on ``arrays`` (torch / CuPy arrays) with ``options``: the plan
+    (None if there is none yet), the key to record one under (None where no plan can serve) and the arrays' fast
+    layouts (``arrays.fast_layout``)."""
+    if not ENABLED:
+        return None, None, None
+    from .arrays import fast_layout
+
+    layouts = []
+    key = [name]
+    for x in arrays:
+        layout = fast_layout(x)
+        if layout is None:
+            return None, None, None
+        layouts.append(layout)
+        key.append((type(x), layout[0], layout[1], layout[2], layout[3], layout[4] % ALIGNMENT))
+    # the type with each option: True and 1 are equal and hash alike, but only one of them passes the checks
+    key.append(tuple((type(o), o) for o in options))
+    key = tuple(key)
+    try:
+        return key, _PLANS.get(key), layouts
+    except TypeError:  # an unhashable option: the checked path says what is wrong with it
+        return None, None, None
+
+
+def record(key, arrays: tuple, layouts, run):
+    """``run()`` (the checked path), recorded into a plan under ``key`` where it can be."""
+    if key is None or getattr(_local, "recorder", None) is not None:
+        return run()
+    recorder = _Recorder()
+    _local.recorder = recorder
+    try:
+        result = run()
+    finally:
+        _local.recorder = None
+    plan = recorder.plan(arrays, layouts, result)
+    if plan is not None:
+        _PLANS.put(key, plan)
+    return result
+
+
+class _Recorder:
+    def __init__(self):
+        self.allocs: list = []
+        self.ops: list = []
+        self.refused: str | None = None
+
+    def _source(self, ptr: int, spans: list):
+        """Where a recorded pointer comes from: (0, None, ptr) a constant, (1, i, offset) input i, (2, j, offset)
+        allocation j; None where unknown."""
+        if ptr == 0:
+            return (0, None, 0)
+        for kind, index, start, end in spans:
+            if start <= ptr < end or ptr == start:
+                return (kind, index, ptr - start)
+        for start, end in list(_kept.items()):
+            if start <= ptr < end:
+                return (0, None, ptr)
+        return None
+
+    def plan(self, arrays: tuple, layouts, result) -> "Plan | None":
+        if self.refused is not None or not self.ops:
+            return None
+        from .arrays import _library_of, fast_library
+
+        spans = [(1, i, *_input_span(layout)) for i, layout in enumerate(layouts)]
+        spans += [(2, j, ptr, ptr + nbytes) for j, (_, ptr, nbytes, _, _) in enumerate(self.allocs)]
+        results = result if isinstance(result, tuple) else (result,)
+        returned = []
+        for r in results:
+            index = next((j for j, alloc in enumerate(self.allocs) if alloc[0] is r), None)
+            if index is None:
+                return None  # returns something the plan would not make again
+            returned.append(index)
+        stream = None
+        ops = []
+        for op in self.ops:
+            if stream is None:
+                stream = op[-1] if op[0] == "memset" else op[5]
+            if (op[-1] if op[0] == "memset" else op[5]) != stream:
+                return None  # launches on several streams: not what replays do
+            if op[0] == "memset":
+                source = self._source(op[1], spans)
+                if source is None:
+                    return None
+                ops.append(("memset", source, op[2]))
+                continue
+            _, launchable, grid, block, shared_bytes, _, values = op
+            moves = []
+            slot = 0
+            for spec in launchable.arrays:
+                if spec is None:  # a scalar: no pointer of this call may hide in it
+                    value = values[slot]
+                    if isinstance(value, int) and value > 4096 and any(s <= value < e for _, _, s, e in spans):
+                        return None
+                    slot += 1
+                    continue
+                source = self._source(values[slot + 4], spans)  # (meminfo, parent, nitems, itemsize, data, ...)
+                if source is None:
+                    return None
+                if source[0]:
+                    moves.append((slot + 4, source[0], source[1], source[2]))
+                slot += 5 + 2 * spec[1]
+            ops.append(("launch", launchable, grid, block, shared_bytes, values, tuple(moves)))
+        library = _library_of(arrays[0])
+        return Plan(fast_library(library), layouts[0][1], [(shape, dtype) for _, _, _, shape, dtype in self.allocs],
+                    ops, tuple(returned), isinstance(result, tuple))
+
+
+def _input_span(layout) -> tuple:
+    """``(start, end)``: the bytes an input's elements lie in (start = its pointer for an empty one)."""
+    _, _, shape, strides, ptr, storage = layout
+    low = high = ptr
+    for n, stride in zip(shape, strides):
+        if n == 0:
+            return ptr, ptr
+        if stride < 0:
+            low += (n - 1) * stride
+        else:
+            high += (n - 1) * stride
+    return low, high + storage.itemsize
+
+
+class Plan:
+    """A recorded call: the allocations to make, the launches and memsets with the pointers they move, what the
+    call returns."""
+
+    def __init__(self, library, device_id: int, allocs: list, ops: list, returned: tuple, as_tuple: bool):
+        self.library, self.device_id, self.allocs = library, device_id, allocs
+        self.ops, self.returned, self.as_tuple = ops, returned, as_tuple
+
+    def run(self, layouts):
+        """Replay on arrays whose key is the plan's; None where the checked path must take them (another device is
+        current: it switches devices, replays do not)."""
+        device_id = self.device_id
+        if _driver_current_device() != device_id:
+            return None
+        library = self.library
+        made = [library.empty(shape, dtype, device_id) for shape, dtype in self.allocs]
+        bases = ([layout[4] for layout in layouts], [library.pointer(x) for x in made])
+        stream = library.stream(device_id)
+        for op in self.ops:
+            if op[0] == "launch":
+                _, launchable, grid, block, shared_bytes, values, moves = op
+                if moves:
+                    values = list(values)
+                    for slot, kind, index, offset in moves:
+                        values[slot] = bases[kind - 1][index] + offset
+                launchable.launch(grid, block, shared_bytes, stream, values)
+            else:
+                _, (kind, index, offset), count = op
+                from .launch import zero_words_async
+
+                zero_words_async(bases[kind - 1][index] + offset if kind else offset, count, stream)
+        if self.as_tuple:
+            return tuple(made[j] for j in self.returned)
+        return made[self.returned[0]]

@@ -94,6 +94,8 @@ def main():
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--library", nargs="+", default=["torch", "cupy"])
     parser.add_argument("--profile", default=None, help="case name prefix to profile with cProfile (fast launch)")
+    parser.add_argument("--sort", default="tottime", help="cProfile sort key (tottime, cumulative)")
+    parser.add_argument("--lines", type=int, default=18, help="profile lines to print")
     args = parser.parse_args()
     if numba_attn.SIMULATOR:
         raise SystemExit("host_overhead.py needs a GPU")
@@ -117,7 +119,7 @@ def main():
                     _sync(library)
                     profiler.disable()
                     text = io.StringIO()
-                    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(18)
+                    pstats.Stats(profiler, stream=text).sort_stats(args.sort).print_stats(args.lines)
                     print(f"\nprofile of {args.calls} calls: {name} ({library})\n{text.getvalue()}")
                     break
     _launch.FAST_LAUNCH, _decode_plan.ENABLED = True, True

@@ -6,6 +6,10 @@ function also takes ``(seqlen, headdim)`` inputs. See the module docstrings of
 kernels share (bottom-right causal mask, grouped-query heads, rows that see no
 key give output 0 and ``lse = -inf``, the split-KV partition rule).
 
+Backward passes, float64 gradients under the same conventions:
+:func:`attention_backward` (the definition) and :func:`flash_attention_v2_backward`
+(FlashAttention-2's blockwise order) in :mod:`reference.attention_backward`.
+
 Arguments: flags (``causal``, ``return_lse``, ``return_state``) must be
 ``bool`` (NumPy bools too) and numbers (``sm_scale``, ``eps``) real numbers;
 a wrong type raises ``ArgumentTypeError`` (a ``TypeError`` and a
@@ -32,6 +36,7 @@ NaN and inf, the rules every kernel follows too (scores
 """
 
 from .attention import attention, flash_attention_v1, flash_attention_v2
+from .attention_backward import attention_backward, flash_attention_v2_backward
 from .decode import combine_lse, split_boundaries, split_kv_attention
 from .linear import (
     causal_dot_product,
@@ -58,6 +63,8 @@ __all__ = [
     "attention",
     "flash_attention_v1",
     "flash_attention_v2",
+    "attention_backward",
+    "flash_attention_v2_backward",
     "split_boundaries",
     "split_kv_attention",
     "combine_lse",

@@ -8,7 +8,9 @@ key give output 0 and ``lse = -inf``, the split-KV partition rule).
 
 Backward passes, float64 gradients under the same conventions:
 :func:`attention_backward` (the definition) and :func:`flash_attention_v2_backward`
-(FlashAttention-2's blockwise order) in :mod:`reference.attention_backward`.
+(FlashAttention-2's blockwise order) in :mod:`reference.attention_backward`;
+:func:`causal_dot_product_backward` (and its recurrent and chunked forms) and
+:func:`linear_attention_backward` in :mod:`reference.linear_backward`.
 
 Arguments: flags (``causal``, ``return_lse``, ``return_state``) must be
 ``bool`` (NumPy bools too) and numbers (``sm_scale``, ``eps``) real numbers;
@@ -46,6 +48,12 @@ from .linear import (
     elu_feature_map,
     linear_attention,
 )
+from .linear_backward import (
+    causal_dot_product_backward,
+    causal_dot_product_backward_chunked,
+    causal_dot_product_backward_recurrent,
+    linear_attention_backward,
+)
 from .softmax import (
     merge_softmax_states,
     naive_softmax,
@@ -74,4 +82,8 @@ __all__ = [
     "causal_dot_product_recurrent",
     "causal_dot_product_chunked",
     "linear_attention",
+    "causal_dot_product_backward",
+    "causal_dot_product_backward_recurrent",
+    "causal_dot_product_backward_chunked",
+    "linear_attention_backward",
 ]

@@ -1,12 +1,14 @@
 """Properties of the attention backward references: the analytic gradients and FlashAttention-2's blockwise order."""
 
+import inspect
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import assert_close, attention_cases, block_sizes, causal_cases_with_unseen_queries, seeds
 
-from reference import attention, attention_backward, flash_attention_v2_backward
+from reference import attention, attention_backward, flash_attention_v2, flash_attention_v2_backward
 
 # Central differences (f(x + h d) - f(x - h d)) / 2h have truncation error ~ h^2 |f'''| and rounding error
 # ~ 1e-16 |f| / h; h = 1e-6 balances the two. Values of moderate size keep |f'''| small (logits up to ~10).
@@ -245,3 +247,11 @@ def test_bad_saved_arrays_and_block_sizes_raise_value_error_naming_them(name, ov
     out, lse = arguments.pop("out"), arguments.pop("lse")
     with pytest.raises(ValueError, match=rf"\b{name}\b"):
         flash_attention_v2_backward(dout, q, k, v, out, lse, **arguments)
+
+
+@pytest.mark.parametrize("backward, forward", [(attention_backward, attention),
+                                               (flash_attention_v2_backward, flash_attention_v2)])
+def test_keyword_defaults_are_the_forwards(backward, forward):
+    ours, theirs = inspect.signature(backward).parameters, inspect.signature(forward).parameters
+    keywords = [name for name, p in ours.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert keywords and all(ours[name].default == theirs[name].default for name in keywords)

@@ -1,5 +1,7 @@
 """Properties of the linear attention backward references: the causal dot product's three forms and the layer."""
 
+import inspect
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -11,6 +13,7 @@ from reference import (
     causal_dot_product_backward,
     causal_dot_product_backward_chunked,
     causal_dot_product_backward_recurrent,
+    causal_dot_product_chunked,
     linear_attention,
     linear_attention_backward,
 )
@@ -309,3 +312,13 @@ def test_bad_linear_attention_backward_inputs_raise_value_error_naming_them(name
     with pytest.raises(ValueError, match=rf"\b{name}\b"):
         linear_attention_backward(np.zeros(dout_shape), np.zeros((2, 5, 3)), np.zeros(k_shape), np.zeros(v_shape),
                                   **kwargs)
+
+
+@pytest.mark.parametrize("backward, forward", [(causal_dot_product_backward, causal_dot_product),
+                                               (causal_dot_product_backward_recurrent, causal_dot_product),
+                                               (causal_dot_product_backward_chunked, causal_dot_product_chunked),
+                                               (linear_attention_backward, linear_attention)])
+def test_keyword_defaults_are_the_forwards(backward, forward):
+    ours, theirs = inspect.signature(backward).parameters, inspect.signature(forward).parameters
+    keywords = [name for name, p in ours.items() if p.kind is inspect.Parameter.KEYWORD_ONLY and name in theirs]
+    assert keywords and all(ours[name].default == theirs[name].default for name in keywords)

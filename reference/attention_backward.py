@@ -197,7 +197,8 @@ def flash_attention_v2_backward(
                 visible = causal_mask(np.arange(q_start, q_end), np.arange(kv_start, kv_end), seqlen_q, seqlen_k)
                 s_ij = np.where(visible, s_ij, -np.inf)
 
-            # exp2(s - lse) with the saved lse; a row with lse = -inf sees no key and has P = 0.
+            # exp2(s - lse) with the saved lse; a row with lse = -inf sees no key and has P = 0 (its scores
+            # here are all masked; only an lse that is not the forward's of q, k could overflow).
             with np.errstate(over="ignore"):
                 p_ij = _shifted_exp(s_ij, lse_base2[:, :, q_start:q_end, None], exp=np.exp2)
             p_ij = np.where(sees_no_key[:, :, q_start:q_end, None], 0.0, p_ij)

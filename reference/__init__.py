@@ -6,6 +6,12 @@ function also takes ``(seqlen, headdim)`` inputs. See the module docstrings of
 kernels share (bottom-right causal mask, grouped-query heads, rows that see no
 key give output 0 and ``lse = -inf``, the split-KV partition rule).
 
+Backward passes, float64 gradients under the same conventions:
+:func:`attention_backward` (the definition) and :func:`flash_attention_v2_backward`
+(FlashAttention-2's blockwise order) in :mod:`reference.attention_backward`;
+:func:`causal_dot_product_backward` (and its recurrent and chunked forms) and
+:func:`linear_attention_backward` in :mod:`reference.linear_backward`.
+
 Arguments: flags (``causal``, ``return_lse``, ``return_state``) must be
 ``bool`` (NumPy bools too) and numbers (``sm_scale``, ``eps``) real numbers;
 a wrong type raises ``ArgumentTypeError`` (a ``TypeError`` and a
@@ -32,6 +38,7 @@ NaN and inf, the rules every kernel follows too (scores
 """
 
 from .attention import attention, flash_attention_v1, flash_attention_v2
+from .attention_backward import attention_backward, flash_attention_v2_backward
 from .decode import combine_lse, split_boundaries, split_kv_attention
 from .linear import (
     causal_dot_product,
@@ -40,6 +47,12 @@ from .linear import (
     causal_dot_product_recurrent,
     elu_feature_map,
     linear_attention,
+)
+from .linear_backward import (
+    causal_dot_product_backward,
+    causal_dot_product_backward_chunked,
+    causal_dot_product_backward_recurrent,
+    linear_attention_backward,
 )
 from .softmax import (
     merge_softmax_states,
@@ -58,6 +71,8 @@ __all__ = [
     "attention",
     "flash_attention_v1",
     "flash_attention_v2",
+    "attention_backward",
+    "flash_attention_v2_backward",
     "split_boundaries",
     "split_kv_attention",
     "combine_lse",
@@ -67,4 +82,8 @@ __all__ = [
     "causal_dot_product_recurrent",
     "causal_dot_product_chunked",
     "linear_attention",
+    "causal_dot_product_backward",
+    "causal_dot_product_backward_recurrent",
+    "causal_dot_product_backward_chunked",
+    "linear_attention_backward",
 ]

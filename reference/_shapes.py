@@ -17,6 +17,7 @@ __all__ = [
     "check_flag",
     "check_real",
     "to_float64",
+    "to_float64_shaped",
     "check_positive_int",
     "prepare_qkv",
     "resolve_sm_scale",
@@ -59,6 +60,18 @@ def to_float64(x, name: str) -> np.ndarray:
     if array.dtype.kind not in "iuf":
         raise ValueError(f"{name} must be a real numeric array; got dtype {array.dtype}")
     return array.astype(np.float64, copy=False)
+
+
+def to_float64_shaped(x, name: str, shape: tuple, meaning: str) -> np.ndarray:
+    """``x`` as a float64 array of exactly ``shape``; a ValueError naming ``name`` and ``meaning`` otherwise.
+
+    For arrays whose shape follows from the other arguments (a gradient of the output, a saved ``lse``);
+    ``meaning`` says where the shape comes from, e.g. ``"the output's shape"``.
+    """
+    array = to_float64(x, name)
+    if array.shape != tuple(shape):
+        raise ValueError(f"{name} must have {meaning} {tuple(shape)}; got shape {array.shape}")
+    return array
 
 
 def check_positive_int(value, name: str) -> int:

@@ -179,6 +179,33 @@ def causal_dot_product(
     raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
 
 
+def _prepare_linear_attention_inputs(q, k, v, causal, eps):
+    """Validate :func:`linear_attention`'s arguments; return float64 ``q, k, v`` and the checked ``causal, eps``."""
+    q = to_float64(q, "q")
+    k = to_float64(k, "k")
+    v = to_float64(v, "v")
+    causal = check_flag(causal, "causal")
+    eps = check_real(eps, "eps")
+    if not np.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a finite number >= 0; got {eps!r}")
+    if q.ndim < 2:
+        raise ValueError(f"q must have shape (batch, heads, seqlen, E) or (seqlen, E); got {q.shape}")
+    if k.ndim != q.ndim or k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"k must have q's leading axes and feature size E, shape "
+            f"{q.shape[:-2] + ('seqlen_k', q.shape[-1])}; got {k.shape}"
+        )
+    if v.ndim != k.ndim or v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(
+            f"v must have shape {k.shape[:-1] + ('M',)} (k's shape with any last axis); got {v.shape}"
+        )
+    if causal and k.shape[-2] != q.shape[-2]:
+        raise ValueError(
+            f"k must have the same seqlen as q when causal; got {k.shape[-2]} and {q.shape[-2]}"
+        )
+    return q, k, v, causal, eps
+
+
 def linear_attention(q, k, v, causal=False, eps=1e-6, feature_map=elu_feature_map, dtype=None):
     """The linear attention layer: feature map, numerator and normaliser.
 
@@ -204,29 +231,7 @@ def linear_attention(q, k, v, causal=False, eps=1e-6, feature_map=elu_feature_ma
     Returns:
         ``(batch, heads, seqlen_q, M)``. No softmax scale is applied.
     """
-    q = to_float64(q, "q")
-    k = to_float64(k, "k")
-    v = to_float64(v, "v")
-    causal = check_flag(causal, "causal")
-    eps = check_real(eps, "eps")
-    if not np.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite number >= 0; got {eps!r}")
-    if q.ndim < 2:
-        raise ValueError(f"q must have shape (batch, heads, seqlen, E) or (seqlen, E); got {q.shape}")
-    if k.ndim != q.ndim or k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1]:
-        raise ValueError(
-            f"k must have q's leading axes and feature size E, shape "
-            f"{q.shape[:-2] + ('seqlen_k', q.shape[-1])}; got {k.shape}"
-        )
-    if v.ndim != k.ndim or v.shape[:-1] != k.shape[:-1]:
-        raise ValueError(
-            f"v must have shape {k.shape[:-1] + ('M',)} (k's shape with any last axis); got {v.shape}"
-        )
-    if causal and k.shape[-2] != q.shape[-2]:
-        raise ValueError(
-            f"k must have the same seqlen as q when causal; got {k.shape[-2]} and {q.shape[-2]}"
-        )
-
+    q, k, v, causal, eps = _prepare_linear_attention_inputs(q, k, v, causal, eps)
     phi_q = to_float64(feature_map(q), "feature_map(q)")
     phi_k = to_float64(feature_map(k), "feature_map(k)")
     if causal:

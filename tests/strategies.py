@@ -126,11 +126,13 @@ class AttentionCase:
 
 @st.composite
 def attention_cases(draw, max_seqlen: int = 24, max_headdim: int = 16, causal=None,
-                    unbatched=None, lengths=None):
+                    unbatched=None, lengths=None, scales=value_scales):
     """Attention problems: GQA group sizes 1-3, seqlen_q != seqlen_k, causal or not, any scale.
 
     ``causal`` / ``unbatched`` fix those choices when given; ``lengths`` is a
-    strategy for ``(seqlen_q, seqlen_k)``. Unbatched cases are ``(seqlen, headdim)`` arrays.
+    strategy for ``(seqlen_q, seqlen_k)``; ``scales`` one for the magnitude of
+    each of q, k and v (default :data:`VALUE_SCALES`). Unbatched cases are
+    ``(seqlen, headdim)`` arrays.
     """
     if unbatched is None:
         unbatched = draw(st.booleans())
@@ -148,9 +150,9 @@ def attention_cases(draw, max_seqlen: int = 24, max_headdim: int = 16, causal=No
         seqlen_q, seqlen_k = draw(lengths)
     headdim = draw(st.integers(1, max_headdim))
     rng = np.random.default_rng(draw(seeds))
-    q = standard_normal(rng, (batch, heads_kv * group_size, seqlen_q, headdim), draw(value_scales))
-    k = standard_normal(rng, (batch, heads_kv, seqlen_k, headdim), draw(value_scales))
-    v = standard_normal(rng, (batch, heads_kv, seqlen_k, headdim), draw(value_scales))
+    q = standard_normal(rng, (batch, heads_kv * group_size, seqlen_q, headdim), draw(scales))
+    k = standard_normal(rng, (batch, heads_kv, seqlen_k, headdim), draw(scales))
+    v = standard_normal(rng, (batch, heads_kv, seqlen_k, headdim), draw(scales))
     if unbatched:
         q, k, v = q[0, 0], k[0, 0], v[0, 0]
     if causal is None:

@@ -54,7 +54,7 @@ TUNE_SEQLENS = (1024, 4096, 16384)
 CHECK_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 CHUNK = (1024, 16384)  # (seqlen_q, seqlen_k) of a chunk of a long prefill
 ABOUT = ("Tile configurations flash_forward uses on GPUs of this family for keys the user has not tuned "
-         "(numba_attn/runtime/autotune.py; docs/design/forward.md, 'How a configuration is chosen'). Keys: "
+         "(numba_attn/runtime/autotune.py; docs/design/forward.md, 'How a tile configuration is chosen'). Keys: "
          "dtype|padded head dim|causal|size class of batch*heads*seqlen_q|size class of seqlen_k. A key without an "
          "entry takes the entry with the nearest size classes and the same other fields, else the kernel's "
          "default. Each entry: the configuration, the shape it was tuned on (batch, heads, seqlen_q, seqlen_k, "

@@ -166,9 +166,13 @@ class TunedTable:
             return cls(), []
         except (OSError, ValueError) as e:
             return cls(), [f"{path}: {e}"]
-        section = data.get("tuners", {}).get(tuner.name, {}) if isinstance(data, dict) else {}
+        tuners = data.get("tuners") if isinstance(data, dict) else None
+        section = tuners.get(tuner.name) if isinstance(tuners, dict) else None
+        found = section.get("entries") if isinstance(section, dict) else None
+        if not isinstance(tuners, dict) or (section is not None and not isinstance(found, dict)):
+            return cls(), [f"{path}: expected {{'tuners': {{name: {{'entries': {{key: entry}}}}}}}}"]
         entries, problems = {}, []
-        for text, entry in (section.get("entries") or {}).items() if isinstance(section, dict) else ():
+        for text, entry in (found or {}).items():
             fields = entry.get("config") if isinstance(entry, dict) else None
             config = tuner.from_fields(fields) if isinstance(fields, dict) else None
             if config is None:

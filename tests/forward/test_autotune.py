@@ -329,6 +329,12 @@ def test_table_entries_that_are_not_candidates_are_left_out(tables):
     assert table.entries == {"float16|64|True|4096|1024": CANDIDATES[1]} and len(problems) == 2
     (tables / "sm80.json").write_text("{damaged")
     assert _autotune.TunedTable.read(str(tables / "sm80.json"), tuner)[1]
+    for shape in ([], {"tuners": []}, {"tuners": {"t": {"entries": []}}}):
+        (tables / "sm86.json").write_text(json.dumps(shape))
+        table, problems = _autotune.TunedTable.read(str(tables / "sm86.json"), tuner)
+        assert table.entries == {} and problems, shape
+    (tables / "sm86.json").write_text(json.dumps({"tuners": {"other": {"entries": {}}}}))
+    assert _autotune.TunedTable.read(str(tables / "sm86.json"), tuner)[1] == []  # no section for this tuner
     assert tuner.shipped(key(family="sm80")) == CANDIDATES[0]
 
 

@@ -79,7 +79,8 @@ def plan(args, check: bool) -> list[tuple]:
 
 
 class Inputs:
-    """q, k, v as views of three flat buffers per dtype, allocated once and filled with normal values."""
+    """q, k, v as views of three flat buffers per dtype, allocated once and filled with normal values (a view of a
+    buffer's start is contiguous: the kernels take it as they take any contiguous input)."""
 
     def __init__(self, torch, items):
         self.torch = torch
@@ -92,9 +93,7 @@ class Inputs:
 
     def get(self, dtype, d, shape):
         torch = self.torch
-        if dtype not in self.buffers:
-            self.buffers.clear()  # one dtype's buffers at a time
-            torch.cuda.empty_cache()
+        if dtype not in self.buffers:  # (at most 3 x 537 MB per dtype)
             q_elems, kv_elems = self.need[dtype]
             gen = torch.Generator(device="cuda").manual_seed(0)
             self.buffers[dtype] = tuple(
@@ -326,6 +325,7 @@ def main():
     parser.add_argument("--tolerance", type=float, default=5.0, help="--check: the loss in percent that fails")
     parser.add_argument("--report", help="--check: also write the rows as JSON here")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows through a pipe (tee) as it comes
     if numba_attn.SIMULATOR:
         raise SystemExit("tune_defaults.py needs a GPU (running under the CUDA simulator)")
     import torch

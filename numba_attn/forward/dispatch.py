@@ -9,7 +9,10 @@ docs/benchmarks.md has the measurements behind the order.
 """
 from __future__ import annotations
 
+import os
+
 from ..runtime import autotune as _autotune
+from ..runtime import launch as _launch
 from ..runtime.arrays import BFLOAT16
 from ..runtime.attention_args import AttentionArgs
 from ..runtime.device import SIMULATOR, compute_capability, max_grid, multiprocessor_count
@@ -22,9 +25,14 @@ from . import wgmma as _flash_wgmma
 
 BACKENDS = ("simt", "mma", "wgmma")
 
-#: tile configurations of the float16 / bfloat16 tensor-core kernels, chosen per key by timing (``autotune``)
-FLASH_MMA_TUNER = _autotune.Autotuner("flash_mma", _flash_mma.TUNING_CANDIDATES, _flash_mma.DEFAULT_CONFIG)
-FLASH_WGMMA_TUNER = _autotune.Autotuner("flash_wgmma", _flash_wgmma.TUNING_CANDIDATES, _flash_wgmma.DEFAULT_CONFIG)
+#: the shipped tables of tuned configurations, one file per GPU family (``sm90.json``; ``scripts/tune_defaults.py``)
+TABLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
+#: tile configurations of the float16 / bfloat16 tensor-core kernels per key: tuned by the user, else the shipped
+#: table, else the default (``runtime.autotune``)
+FLASH_MMA_TUNER = _autotune.Autotuner("flash_mma", _flash_mma.TUNING_CANDIDATES, _flash_mma.DEFAULT_CONFIG, TABLE_DIR)
+FLASH_WGMMA_TUNER = _autotune.Autotuner("flash_wgmma", _flash_wgmma.TUNING_CANDIDATES, _flash_wgmma.DEFAULT_CONFIG,
+                                        TABLE_DIR)
+TUNERS = (FLASH_MMA_TUNER, FLASH_WGMMA_TUNER)
 
 
 def wgmma_applies(dtype: str, head_dim: int, *arrays) -> bool:
@@ -83,20 +91,32 @@ def run(call, shape, args: AttentionArgs, backend: str, allow_tf32: bool, lse_pl
         _flash_simt.launch(*args.launch_args(), call.stream)
 
 
-def _tuned_config(tuner, launch, args: AttentionArgs, call, shape, lse_placeholder):
-    """The autotuner's configuration for this call (None: tuning off, the kernel's default). A new key times every
-    candidate on these inputs with ``launch``, writing into a scratch output."""
-    if not _autotune.enabled():
-        return None
-    key = (
-        "sm%d%d" % compute_capability(), multiprocessor_count(), call.dtype, _flash_mma.padded_head_dim(shape.head_dim),
-        args.causal, _autotune.size_class(shape.batch * shape.heads * shape.seqlen_q),
-        _autotune.size_class(shape.seqlen_k),
+def tuning_key(dtype: str, head_dim: int, causal: bool, batch: int, heads: int, seqlen_q: int,
+               seqlen_k: int) -> _autotune.Key:
+    """The tuners' key of a call on the current device: family and SM count; dtype, padded head dim, causal; size
+    classes of ``batch * heads * seqlen_q`` and of ``seqlen_k``."""
+    return _autotune.Key(
+        "sm%d%d" % compute_capability(), multiprocessor_count(),
+        (dtype, _flash_mma.padded_head_dim(head_dim), bool(causal)),
+        (_autotune.size_class(batch * heads * seqlen_q), _autotune.size_class(seqlen_k)),
     )
+
+
+def _tuned_config(tuner, launch, args: AttentionArgs, call, shape, lse_placeholder):
+    """The tuner's configuration for this call (None under the simulator: the kernel's simulator configuration).
+    In tuning mode a key new to the user's choices times every candidate on these inputs with ``launch``, writing
+    into a scratch output, unless the call's stream is being captured into a CUDA graph."""
+    if SIMULATOR:
+        return None
+    key = tuning_key(call.dtype, shape.head_dim, args.causal, shape.batch, shape.heads, shape.seqlen_q,
+                     shape.seqlen_k)
 
     def bench(config):
         scratch = args.writing(lift(call.scratch(shape.out_shape(), call.dtype), 4), lse_placeholder, False)
         return _autotune.time_on_stream(
             lambda: launch(*scratch.launch_args(), call.stream, config=config, dtype=call.dtype), call.stream)
 
-    return tuner.choose(key, bench)
+    def capturing():
+        return _launch.stream_capturing(_launch.stream_handle(call.stream))
+
+    return tuner.choose(key, bench, capturing)

@@ -1,18 +1,35 @@
-"""Pick a kernel's tile configuration by timing the candidates once per key, and remember the choice.
+"""Pick a kernel's tile configuration per key: a choice the user tuned, the shipped table of the GPU family, or
+the kernel's default; time the candidates only when asked to.
 
-Like ``triton.autotune``: the first call with a new key (device, dtype, head dim, causal, a size class) runs every
-candidate configuration on the call's own inputs, writing into a scratch output, times each with CUDA events and
-keeps the fastest; later calls with that key use it at once. Choices are kept in memory and in a JSON file per tuner
-under ``$NUMBA_ATTN_CACHE_DIR`` (default ``~/.cache/numba_attn``), so a later process skips the timing too (the
-kernels themselves come from Numba's on-disk cache). ``NUMBA_ATTN_AUTOTUNE=0`` turns tuning off: every key then takes
-the tuner's default configuration. Under the CUDA simulator there is nothing worth timing: the default is used.
+A key (``Key``) is the GPU family (``"sm90"``) and SM count, fields matched exactly (dtype, padded head dim,
+causal) and size classes (powers of 4, ``size_class``). ``Autotuner.choose`` takes, in order:
 
-A cache entry records the candidate's fields, not its position in the list, so editing the candidates never maps
-an old key to the wrong configuration: an entry whose configuration is no longer a candidate is tuned again.
+1. the choice tuned on this machine for the exact key, SM count included: in memory, or in the JSON file per tuner
+   under ``$NUMBA_ATTN_CACHE_DIR`` (default ``~/.cache/numba_attn``), so it holds for later processes too;
+2. in tuning mode only, for a key with no such choice: like ``triton.autotune``, time every candidate on the call's
+   own inputs (into a scratch output, one untimed call then the median of ``REPS`` between CUDA events), keep the
+   fastest and store it as in 1. Never while the call's stream is being captured into a CUDA graph (timing
+   synchronises): such a call goes on to 3 and the key stays untuned;
+3. the shipped table of the family (``numba_attn/forward/tuned/sm90.json``, written by ``scripts/tune_defaults.py``),
+   keyed without the SM count so that it holds for every GPU of the family: the exact key, else the entry with the
+   nearest size classes (the least sum of |log4 ratio| over the size fields; ties go to the larger sizes) among
+   those with the same other fields;
+4. the tuner's default configuration.
+
+Modes (``mode()``): ``NUMBA_ATTN_AUTOTUNE`` unset: 1, 3, 4 (no timing in any call); ``=1``: 1-4 in every call;
+``=0``: 3, 4 only (the user's file is not read: every machine of a family runs the same configurations). Inside
+``with numba_attn.autotune():`` (this thread only, re-entrant) calls tune as with ``=1``, unless the variable is
+``0``. Under the CUDA simulator nothing is worth timing: the callers take the simulator's own configuration.
+
+A stored entry records the candidate's fields, not its position in the list, so editing the candidates never maps
+an old key to the wrong configuration: an entry whose configuration is no longer a candidate is ignored (and, when
+tuning, tuned again).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -30,9 +47,37 @@ ENABLE_ENV = "NUMBA_ATTN_AUTOTUNE"
 #: timed calls per candidate (after one untimed call that compiles and warms up); the median counts
 REPS = 10
 
+#: modes: shipped table and defaults only / also the user's tuned choices / also tune new keys
+OFF, CACHED, TUNE = "off", "cached", "tune"
+_OFF_WORDS = ("0", "false", "no", "off")
+_ON_WORDS = ("1", "true", "yes", "on")
+_thread = threading.local()
 
-def enabled() -> bool:
-    return not SIMULATOR and os.environ.get(ENABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+def mode() -> str:
+    """``OFF``, ``CACHED`` or ``TUNE`` for a call made now on this thread (module docstring)."""
+    if SIMULATOR:
+        return OFF
+    value = os.environ.get(ENABLE_ENV, "").strip().lower()
+    if value in _OFF_WORDS:
+        return OFF
+    if value in _ON_WORDS or getattr(_thread, "depth", 0):
+        return TUNE
+    if value:
+        raise ValueError(f"{ENABLE_ENV}: expected 0, 1 or unset, got {os.environ[ENABLE_ENV]!r}")
+    return CACHED
+
+
+@contextlib.contextmanager
+def autotune():
+    """Tune new keys in the calls made inside ``with numba_attn.autotune():`` on this thread (re-entrant; other
+    threads keep their mode): each key without a tuned choice is timed once on its call's inputs and the fastest
+    configuration is kept, in memory and on disk. ``NUMBA_ATTN_AUTOTUNE=0`` wins: no tuning then."""
+    _thread.depth = getattr(_thread, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _thread.depth -= 1
 
 
 def cache_dir() -> str:
@@ -44,11 +89,12 @@ def size_class(n: int) -> int:
     return 4 ** max(0, math.ceil(math.log(max(1, n), 4)))
 
 
-def time_on_stream(fn: Callable[[], None], stream, reps: int = REPS) -> float:
-    """Median milliseconds of ``fn()`` between CUDA events on ``stream``, after one untimed call."""
+def time_on_stream(fn: Callable[[], None], stream, reps: int | None = None) -> float:
+    """Median milliseconds of ``fn()`` between CUDA events on ``stream``, after one untimed call (``reps`` timed
+    calls, default ``REPS``)."""
     fn()
     times = []
-    for _ in range(reps):
+    for _ in range(REPS if reps is None else reps):
         start, end = cuda.event(), cuda.event()
         start.record(stream)
         fn()
@@ -58,37 +104,123 @@ def time_on_stream(fn: Callable[[], None], stream, reps: int = REPS) -> float:
     return float(np.median(times))
 
 
-class Autotuner:
-    """Chooses among ``candidates`` (frozen dataclass instances of one type) per key.
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """What a choice is made for. ``family`` names the shipped table (``"sm90"``); ``sms``: the SM count (a tuned
+    choice holds for the GPU model it was timed on); ``fields`` are matched exactly; ``sizes`` are size classes."""
 
-    ``choose(key, bench)``: ``key`` a tuple of str / int / bool; ``bench(config)`` returns the time of one run of
-    that configuration in any unit (called only when the key is new). Returns the chosen configuration.
+    family: str
+    sms: int
+    fields: tuple
+    sizes: tuple
+
+    @functools.cached_property
+    def text(self) -> str:
+        """The key in the user's file, e.g. ``sm90|132|float16|64|True|262144|1024``."""
+        return "|".join(str(part) for part in (self.family, self.sms) + tuple(self.fields) + tuple(self.sizes))
+
+    @functools.cached_property
+    def table_text(self) -> str:
+        """The key in the shipped table: without family (one file per family) and SM count."""
+        return "|".join(str(part) for part in tuple(self.fields) + tuple(self.sizes))
+
+
+def _log4(n: int) -> float:
+    return math.log(max(1, n)) / math.log(4)
+
+
+class TunedTable:
+    """One tuner's entries of a family's shipped file: configurations by ``Key.table_text``."""
+
+    def __init__(self, entries: dict | None = None):
+        self.entries = dict(entries or {})
+        self._parts = [(text.split("|"), config) for text, config in self.entries.items()]
+
+    def lookup(self, key: Key):
+        """The exact entry, else the nearest in size classes with the same other fields, else None."""
+        config = self.entries.get(key.table_text)
+        if config is not None or not key.sizes:
+            return config
+        fields, count = [str(part) for part in key.fields], len(key.sizes)
+        best_rank, best = None, None
+        for parts, config in self._parts:
+            if len(parts) != len(fields) + count or parts[:len(fields)] != fields:
+                continue
+            try:
+                sizes = [int(part) for part in parts[len(fields):]]
+            except ValueError:
+                continue
+            distance = sum(abs(_log4(a) - _log4(b)) for a, b in zip(sizes, key.sizes))
+            rank = (round(distance, 6), -round(sum(_log4(s) for s in sizes), 6))
+            if best_rank is None or rank < best_rank:
+                best_rank, best = rank, config
+        return best
+
+    @classmethod
+    def read(cls, path: str, tuner: "Autotuner") -> tuple["TunedTable", list[str]]:
+        """The entries of ``tuner`` in the family file at ``path`` (none if there is no file) and the problems found
+        (an unreadable file, an entry whose configuration is not one of the tuner's candidates: left out)."""
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return cls(), []
+        except (OSError, ValueError) as e:
+            return cls(), [f"{path}: {e}"]
+        tuners = data.get("tuners") if isinstance(data, dict) else None
+        section = tuners.get(tuner.name) if isinstance(tuners, dict) else None
+        found = section.get("entries") if isinstance(section, dict) else None
+        if not isinstance(tuners, dict) or (section is not None and not isinstance(found, dict)):
+            return cls(), [f"{path}: expected {{'tuners': {{name: {{'entries': {{key: entry}}}}}}}}"]
+        entries, problems = {}, []
+        for text, entry in (found or {}).items():
+            fields = entry.get("config") if isinstance(entry, dict) else None
+            config = tuner.from_fields(fields) if isinstance(fields, dict) else None
+            if config is None:
+                problems.append(f"{path}: {tuner.name} {text}: {fields!r} is not a candidate")
+            else:
+                entries[text] = config
+        return cls(entries), problems
+
+
+class Autotuner:
+    """Chooses among ``candidates`` (frozen dataclass instances of one type) per ``Key``.
+
+    ``choose(key, bench, capturing)``: ``bench(config)`` returns the time of one run of that configuration in any
+    unit (called only when tuning a new key); ``capturing()`` says whether the call's stream is being captured
+    (asked only before tuning). ``table_dir`` holds the shipped tables, ``<family>.json``.
     """
 
-    def __init__(self, name: str, candidates: Sequence[Any], default: Any):
+    def __init__(self, name: str, candidates: Sequence[Any], default: Any, table_dir: str | None = None):
         if not candidates or default not in candidates:
             raise ValueError("candidates: must be non-empty and contain the default")
         self.name = name
         self.candidates = tuple(candidates)
         self.default = default
+        self.table_dir = table_dir
+        #: the timings of the keys tuned by this process, by ``Key.text`` (what ``scripts/tune_defaults.py`` reads)
+        self.timings: dict[str, dict] = {}
         self._chosen: dict[str, Any] = {}
         self._loaded_from: str | None = None
+        self._tables: dict[str, TunedTable] = {}
+        self._shipped: dict[Key, Any] = {}
         self._lock = threading.Lock()
 
     @property
     def path(self) -> str:
         return os.path.join(cache_dir(), f"autotune-{self.name}.json")
 
-    @staticmethod
-    def key_text(key: tuple) -> str:
-        return "|".join(str(part) for part in key)
+    def table_path(self, family: str) -> str | None:
+        return None if self.table_dir is None else os.path.join(self.table_dir, f"{family}.json")
 
-    def _from_fields(self, fields: dict):
+    def from_fields(self, fields: dict):
+        """The candidate with these fields, or None (not a candidate any more)."""
         for config in self.candidates:
             if dataclasses.asdict(config) == fields:
                 return config
-        return None  # not a candidate any more: tune again
+        return None
 
+    # -- the user's choices ----------------------------------------------------------------------------------------
     def _read_file(self) -> dict:
         try:
             with open(self.path) as f:
@@ -98,11 +230,13 @@ class Autotuner:
             return {}  # no file yet, or a damaged one: tune again (and rewrite it)
 
     def _load(self) -> None:
-        if self._loaded_from == self.path:
+        """Read the user's file once per cache directory (with the lock held)."""
+        path = self.path
+        if self._loaded_from == path:
             return
-        self._loaded_from = self.path
+        self._loaded_from = path
         for text, entry in self._read_file().items():
-            config = self._from_fields(entry.get("config", {})) if isinstance(entry, dict) else None
+            config = self.from_fields(entry.get("config", {})) if isinstance(entry, dict) else None
             if config is not None:
                 self._chosen.setdefault(text, config)
 
@@ -118,26 +252,61 @@ class Autotuner:
         except OSError:
             pass  # a read-only home: the choice still holds for this process
 
-    def choose(self, key: tuple, bench: Callable[[Any], float]):
-        if not enabled():
-            return self.default
-        text = self.key_text(key)
-        with self._lock:
+    def tuned(self, key: Key):
+        """The user's choice for ``key`` (memory or file), or None."""
+        if self._loaded_from != self.path:
+            with self._lock:
+                self._load()
+        return self._chosen.get(key.text)
+
+    def _tune(self, key: Key, bench: Callable[[Any], float]):
+        with self._lock:  # one key at a time; a thread that waited here finds the key tuned
             self._load()
-            config = self._chosen.get(text)
+            config = self._chosen.get(key.text)
             if config is not None:
                 return config
             _replay.refuse("tuning")  # (the timed launches are not the call's own)
-            timings = {}
-            for candidate in self.candidates:
-                timings[repr(candidate)] = float(bench(candidate))
+            timings = {repr(candidate): float(bench(candidate)) for candidate in self.candidates}
             best = min(self.candidates, key=lambda c: timings[repr(c)])
-            self._chosen[text] = best
-            self._store(text, best, timings)
+            self._chosen[key.text] = best
+            self.timings[key.text] = timings
+            self._store(key.text, best, timings)
             return best
 
+    # -- the shipped table -----------------------------------------------------------------------------------------
+    def table(self, family: str) -> TunedTable:
+        table = self._tables.get(family)
+        if table is None:
+            path = self.table_path(family)
+            table = TunedTable.read(path, self)[0] if path else TunedTable()
+            self._tables[family] = table
+        return table
+
+    def shipped(self, key: Key):
+        """The shipped table's configuration for ``key``, else the default (remembered per key)."""
+        config = self._shipped.get(key)
+        if config is None:
+            config = self.table(key.family).lookup(key) or self.default
+            self._shipped[key] = config
+        return config
+
+    # -- the choice ------------------------------------------------------------------------------------------------
+    def choose(self, key: Key, bench: Callable[[Any], float], capturing: Callable[[], bool] | None = None):
+        current = mode()
+        if current != OFF:
+            config = self.tuned(key)
+            if config is not None:
+                return config
+            if current == TUNE and not (capturing is not None and capturing()):
+                return self._tune(key, bench)
+        return self.shipped(key)
+
     def forget(self) -> None:
-        """Drop the in-memory choices (the file stays): the next ``choose`` reads the file again."""
+        """Drop what is held in memory (the files stay): the next ``choose`` reads the user's file and the shipped
+        table again."""
         with self._lock:
             self._chosen.clear()
             self._loaded_from = None
+            self._tables.clear()
+            self._shipped.clear()
+            self.timings.clear()

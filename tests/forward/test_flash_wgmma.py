@@ -156,7 +156,8 @@ def test_strided_views_with_aligned_rows(layout):
 @hopper
 def test_flash_forward_dispatch(monkeypatch):
     torch = pytest.importorskip("torch")
-    monkeypatch.setenv("NUMBA_ATTN_AUTOTUNE", "0")  # one launch per call (the tuner times every candidate)
+    monkeypatch.setenv("NUMBA_ATTN_AUTOTUNE", "0")  # one launch per call, whatever the environment asks (tuning
+    # would time every candidate)
     calls = []
     launch = flash_wgmma.launch
 

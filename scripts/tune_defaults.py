@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""Tune ``flash_forward``'s tile configurations for the common shapes on this GPU and write the shipped table of its
+family (``numba_attn/forward/tuned/sm<major><minor>.json``); ``--check`` compares a table with full tuning.
+
+    python3 scripts/tune_defaults.py                          # writes numba_attn/forward/tuned/sm90.json on an H100
+    python3 scripts/tune_defaults.py --out /tmp/sm90.json     # elsewhere (then copy it into the package)
+    python3 scripts/tune_defaults.py --check --table /tmp/sm90.json --report /tmp/check.json
+
+Tuning: for each dtype, head dim, causal flag and shape below, one ``flash_forward`` call inside
+``numba_attn.autotune()`` with an empty temporary ``NUMBA_ATTN_CACHE_DIR`` times every candidate of the kernel that
+the call runs on (``runtime.autotune``: one untimed call that compiles, then the median of ``--reps`` calls between
+CUDA events) -- exactly what a user's tuning does; the script then writes, per tuner key (``dispatch.tuning_key``
+without the SM count), the chosen configuration, the shape it was timed on and every candidate's time, and prints
+how much faster the choice is than the kernel's default. Shapes (batch, heads, seqlen_q, seqlen_k; heads 48 at head
+dims <= 64, 32 at 96 / 128, 16 at 256): B4 at N = 1k / 4k / 16k (one shape per size class of N 512..16k), B1 at the
+same N (smaller grids), B1 with 1k queries against 16k keys (a chunk of a long prefill). A shape whose key was tuned
+already is skipped.
+
+``--check``: for each shape -- B4 and B1 at N = 512 .. 16k (the tuned keys, and other N of their size classes), the
+chunk, and two shapes whose keys the tuning run does not make (B16 at 1k, B4 at 256: the nearest-entry rule) -- with
+an empty cache each time, the same full tuning, then the table's configuration for the call's key (as a user gets
+it: exact key, else nearest size class, else the default) against the fastest candidate of that run; prints the loss
+per shape and exits 1 when a loss exceeds ``--tolerance`` percent.
+
+Budget: kernels compile once per (configuration, padded head dim, dtype) -- most of the time on a fresh machine
+(Numba's disk cache keeps them for a second run) --, timing takes seconds. ``--time-limit`` (default 230 s) stops
+starting new shapes and writes what is done; ``--merge`` adds a later run's keys to an existing table. Needs a GPU,
+torch (inputs; bfloat16 is taken only as torch tensors) and numba_attn importable from the repository root.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import numba_attn  # noqa: E402  (before numba.cuda)
+from numba_attn.forward import dispatch  # noqa: E402
+from numba_attn.runtime import autotune as _autotune  # noqa: E402
+from numba_attn.runtime.device import compute_capability, multiprocessor_count  # noqa: E402
+
+#: heads per head dim: the models of the benchmarks (D64 H48 and D128 H32 at B4), D256 with 16
+HEADS = {32: 48, 64: 48, 96: 32, 128: 32, 256: 16}
+TUNE_SEQLENS = (1024, 4096, 16384)
+CHECK_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+CHUNK = (1024, 16384)  # (seqlen_q, seqlen_k) of a chunk of a long prefill
+ABOUT = ("Tile configurations flash_forward uses on GPUs of this family for keys the user has not tuned "
+         "(numba_attn/runtime/autotune.py; docs/design/forward.md, 'How a tile configuration is chosen'). Keys: "
+         "dtype|padded head dim|causal|size class of batch*heads*seqlen_q|size class of seqlen_k. A key without an "
+         "entry takes the entry with the nearest size classes and the same other fields, else the kernel's "
+         "default. Each entry: the configuration, the shape it was tuned on (batch, heads, seqlen_q, seqlen_k, "
+         "head dim), every candidate's median ms and the default's time over the chosen one's. Written by "
+         "scripts/tune_defaults.py; --check compares it with full tuning.")
+
+
+def shapes(head_dim: int, check: bool) -> list[tuple]:
+    heads = HEADS.get(head_dim, 32)
+    seqlens = CHECK_SEQLENS if check else TUNE_SEQLENS
+    found = [(4, heads, n, n) for n in seqlens] + [(1, heads, n, n) for n in seqlens] + [(1, heads) + CHUNK]
+    if check:  # keys the tuning run has no entry for: the nearest entry's configuration
+        found += [(16, heads, 1024, 1024), (4, heads, 256, 256)]
+    return found
+
+
+def plan(args, check: bool) -> list[tuple]:
+    """(dtype, head_dim, causal, shape) in the order they run: one dtype and head dim at a time (their kernels
+    compile once), the head dims in the order given."""
+    return [(dtype, d, causal, shape) for d in args.headdims for dtype in args.dtypes for causal in (False, True)
+            for shape in shapes(d, check)]
+
+
+class Inputs:
+    """q, k, v as views of three flat buffers per dtype, allocated once and filled with normal values (a view of a
+    buffer's start is contiguous: the kernels take it as they take any contiguous input)."""
+
+    def __init__(self, torch, items):
+        self.torch = torch
+        self.buffers = {}
+        need = {}
+        for dtype, d, _, (b, h, nq, nk) in items:
+            q, kv = need.get(dtype, (0, 0))
+            need[dtype] = (max(q, b * h * nq * d), max(kv, b * h * nk * d))
+        self.need = need
+
+    def get(self, dtype, d, shape):
+        torch = self.torch
+        if dtype not in self.buffers:  # (at most 3 x 537 MB per dtype)
+            q_elems, kv_elems = self.need[dtype]
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            self.buffers[dtype] = tuple(
+                torch.randn(n, generator=gen, device="cuda", dtype=getattr(torch, dtype))
+                for n in (q_elems, kv_elems, kv_elems))
+        b, h, nq, nk = shape
+        q, k, v = self.buffers[dtype]
+        return (q[:b * h * nq * d].view(b, h, nq, d), k[:b * h * nk * d].view(b, h, nk, d),
+                v[:b * h * nk * d].view(b, h, nk, d))
+
+
+def warm_up(torch, seconds=1.0):
+    """Bring the clocks up before the first timing."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+
+
+def tune_one(torch, inputs, dtype, d, causal, shape, backend):
+    """One call inside ``autotune()``; returns (tuner, key, timings) of what it tuned, or None (nothing new or a
+    failed call, which is printed)."""
+    before = {tuner.name: set(tuner.timings) for tuner in dispatch.TUNERS}
+    q, k, v = inputs.get(dtype, d, shape)
+    try:
+        with numba_attn.autotune():
+            numba_attn.flash_forward(q, k, v, causal=causal, backend=backend)
+        torch.cuda.synchronize()
+    except Exception as e:  # keep what the other shapes give
+        print(f"  {dtype} {fmt_shape(d, shape)} causal={causal}: {type(e).__name__}: {e}")
+        return None
+    for tuner in dispatch.TUNERS:
+        new = set(tuner.timings) - before[tuner.name]
+        if new:
+            text = new.pop()
+            return tuner, text, tuner.timings[text]
+    return None
+
+
+def fmt_shape(d, shape):
+    b, h, nq, nk = shape
+    return f"B{b} H{h} N{nq}/{nk} D{d}"
+
+
+def short(config) -> str:
+    fields = dataclasses.asdict(config)
+    default = dataclasses.asdict(type(config)())
+    changed = {name: value for name, value in fields.items() if value != default[name]}
+    return type(config).__name__ + "(" + ", ".join(f"{n}={v}" for n, v in changed.items()) + ")"
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions(torch):
+    from importlib import metadata
+
+    found = {"python": sys.version.split()[0], "torch": torch.__version__}
+    for name in ("numba", "numba-cuda", "numpy"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def fresh_cache(root, index):
+    path = os.path.join(root, str(index))
+    os.environ[_autotune.CACHE_DIR_ENV] = path
+    for tuner in dispatch.TUNERS:
+        tuner.forget()
+
+
+def run_tune(args, torch, family):
+    items = plan(args, check=False)
+    inputs = Inputs(torch, items)
+    root = tempfile.mkdtemp(prefix="numba_attn_tune_")
+    fresh_cache(root, 0)
+    start = time.perf_counter()
+    done, skipped, left = {}, 0, []
+    seen = set()
+    print(f"{family} ({torch.cuda.get_device_name()}, {multiprocessor_count()} SMs): {len(items)} shapes, "
+          f"reps {_autotune.REPS}, time limit {args.time_limit:.0f} s, cache {root}")
+    for index, (dtype, d, causal, shape) in enumerate(items):
+        key = dispatch.tuning_key(dtype, d, causal, shape[0], shape[1], shape[2], shape[3])
+        if key.text in seen:
+            skipped += 1
+            continue
+        if time.perf_counter() - start > args.time_limit:
+            left.append((dtype, d, causal, shape))
+            continue
+        seen.add(key.text)
+        t0 = time.perf_counter()
+        result = tune_one(torch, inputs, dtype, d, causal, shape, args.backend)
+        elapsed = time.perf_counter() - start
+        if result is None:
+            print(f"[{elapsed:6.1f}s] {key.table_text:34s} {fmt_shape(d, shape)}: nothing tuned")
+            continue
+        tuner, text, timings = result
+        chosen = min(tuner.candidates, key=lambda c: timings[repr(c)])
+        chosen_ms, default_ms = timings[repr(chosen)], timings[repr(tuner.default)]
+        gain = 100.0 * (default_ms / chosen_ms - 1.0)
+        print(f"[{elapsed:6.1f}s] {tuner.name:11s} {key.table_text:34s} {fmt_shape(d, shape):22s} "
+              f"{short(chosen):30s} {chosen_ms:8.3f} ms, default {default_ms:8.3f} ms: chosen {gain:5.1f} % faster "
+              f"({time.perf_counter() - t0:.1f} s)")
+        done.setdefault(tuner.name, {})[key.table_text] = {
+            "config": dataclasses.asdict(chosen),
+            "shape": [shape[0], shape[1], shape[2], shape[3], d],
+            "timings_ms": {name: round(ms, 4) for name, ms in timings.items()},
+            "default_over_chosen": round(default_ms / chosen_ms, 4),
+        }
+    total = time.perf_counter() - start
+    table = write_table(args, torch, family, done, total)
+    print(f"\n{sum(len(e) for e in done.values())} keys tuned in {total:.0f} s ({skipped} shapes shared a tuned key)"
+          f"; written to {args.out}")
+    changed = [(name, text, entry["default_over_chosen"]) for name, entries in done.items()
+               for text, entry in entries.items() if entry["default_over_chosen"] > 1.0]
+    print(f"{len(changed)} keys chose another configuration than the default"
+          + (f"; the largest gain {100 * (max(c[2] for c in changed) - 1):.1f} %" if changed else ""))
+    if left:
+        head_dims = " ".join(str(d) for d in dict.fromkeys(d for _, d, _, _ in left))
+        dtypes = " ".join(dict.fromkeys(dtype for dtype, _, _, _ in left))
+        print(f"time limit: {len(left)} shapes not tuned; to add them: python3 scripts/tune_defaults.py --merge "
+              f"--out {args.out} --headdims {head_dims} --dtypes {dtypes}")
+    print(f"next: python3 scripts/tune_defaults.py --check --table {args.out}")
+    return table
+
+
+def write_table(args, torch, family, done, seconds):
+    source = {
+        "written_by": "scripts/tune_defaults.py", "command": " ".join(["scripts/tune_defaults.py"] + sys.argv[1:]),
+        "device": torch.cuda.get_device_name(), "sms": multiprocessor_count(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(), "versions": versions(torch), "reps": _autotune.REPS, "seconds": round(seconds),
+        "timer": "runtime.autotune.time_on_stream: one untimed call, then the median of reps calls between CUDA events",
+    }
+    old = {}
+    if args.merge and os.path.exists(args.out):
+        with open(args.out) as f:
+            old = json.load(f)
+    table = {"family": family, "about": ABOUT, "source": source, "tuners": {}}
+    if old:
+        table["merged_from"] = [old.get("source")] + old.get("merged_from", [])
+    for tuner in dispatch.TUNERS:
+        entries = dict(old.get("tuners", {}).get(tuner.name, {}).get("entries", {}))
+        entries.update(done.get(tuner.name, {}))
+        table["tuners"][tuner.name] = {"default": dataclasses.asdict(tuner.default), "entries": entries}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+        f.write("\n")
+    for tuner in dispatch.TUNERS:
+        problems = _autotune.TunedTable.read(args.out, tuner)[1]
+        if problems:
+            raise SystemExit("the table just written does not read back: " + "; ".join(problems))
+    return table
+
+
+def run_check(args, torch, family):
+    tables = {tuner.name: _autotune.TunedTable.read(args.table, tuner) for tuner in dispatch.TUNERS}
+    for name, (_, problems) in tables.items():
+        for problem in problems:
+            print("table problem:", problem)
+    items = plan(args, check=True)
+    inputs = Inputs(torch, items)
+    root = tempfile.mkdtemp(prefix="numba_attn_check_")
+    start = time.perf_counter()
+    rows, left = [], 0
+    print(f"{family}: checking {args.table} against full tuning, {len(items)} shapes, reps {_autotune.REPS}")
+    for index, (dtype, d, causal, shape) in enumerate(items):
+        if time.perf_counter() - start > args.time_limit:
+            left += 1
+            continue
+        fresh_cache(root, index)
+        result = tune_one(torch, inputs, dtype, d, causal, shape, args.backend)
+        if result is None:
+            continue
+        tuner, text, timings = result
+        key = dispatch.tuning_key(dtype, d, causal, *shape)
+        table = tables[tuner.name][0]
+        exact = key.table_text in table.entries
+        shipped = table.lookup(key) or tuner.default
+        best = min(tuner.candidates, key=lambda c: timings[repr(c)])
+        best_ms, shipped_ms, default_ms = (timings[repr(c)] for c in (best, shipped, tuner.default))
+        loss, default_loss = 100.0 * (shipped_ms / best_ms - 1.0), 100.0 * (default_ms / best_ms - 1.0)
+        rows.append({"tuner": tuner.name, "key": key.table_text, "shape": [*shape, d], "exact_entry": exact,
+                     "shipped": dataclasses.asdict(shipped), "best": dataclasses.asdict(best),
+                     "shipped_ms": shipped_ms, "best_ms": best_ms, "default_ms": default_ms,
+                     "shipped_loss_pct": round(loss, 2), "default_loss_pct": round(default_loss, 2)})
+        flag = "  OVER" if loss > args.tolerance else ""
+        print(f"[{time.perf_counter() - start:6.1f}s] {tuner.name:11s} {key.table_text:34s} "
+              f"{fmt_shape(d, shape):22s} {'exact ' if exact else 'nearest'} shipped {short(shipped):30s} "
+              f"{shipped_ms:8.3f} ms, best {short(best):30s} {best_ms:8.3f} ms: +{loss:4.1f} % "
+              f"(default +{default_loss:4.1f} %){flag}")
+    over = [row for row in rows if row["shipped_loss_pct"] > args.tolerance]
+    worst = max((row["shipped_loss_pct"] for row in rows), default=0.0)
+    worst_default = max((row["default_loss_pct"] for row in rows), default=0.0)
+    print(f"\n{len(rows)} shapes checked in {time.perf_counter() - start:.0f} s; the table's configuration is at most "
+          f"{worst:.1f} % slower than full tuning (the default: {worst_default:.1f} %); {len(over)} over "
+          f"{args.tolerance:g} %" + (f"; {left} shapes not checked (time limit)" if left else ""))
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump({"family": family, "table": args.table, "device": torch.cuda.get_device_name(),
+                       "reps": _autotune.REPS, "tolerance_pct": args.tolerance, "rows": rows}, f, indent=1)
+            f.write("\n")
+    return 1 if over else 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16"], choices=["float16", "bfloat16"])
+    parser.add_argument("--headdims", nargs="+", type=int, default=[128, 64, 256, 96, 32],
+                        help="in the order they run (default: 128 64 256 96 32)")
+    parser.add_argument("--backend", choices=["mma", "wgmma"], default=None,
+                        help="force a kernel (default: the one flash_forward picks, as users get it)")
+    parser.add_argument("--reps", type=int, default=_autotune.REPS, help="timed calls per candidate")
+    parser.add_argument("--time-limit", type=float, default=230.0, help="seconds after which no new shape starts")
+    parser.add_argument("--out", help="the table to write (default: the package's numba_attn/forward/tuned/<family>.json)")
+    parser.add_argument("--merge", action="store_true", help="keep the entries of --out that this run does not tune")
+    parser.add_argument("--check", action="store_true", help="compare --table with full tuning instead of tuning")
+    parser.add_argument("--table", help="the table --check reads (default: the package's table of this family)")
+    parser.add_argument("--tolerance", type=float, default=5.0, help="--check: the loss in percent that fails")
+    parser.add_argument("--report", help="--check: also write the rows as JSON here")
+    args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows through a pipe (tee) as it comes
+    if numba_attn.SIMULATOR:
+        raise SystemExit("tune_defaults.py needs a GPU (running under the CUDA simulator)")
+    import torch
+
+    family = "sm%d%d" % compute_capability()
+    default_path = os.path.join(dispatch.TABLE_DIR, f"{family}.json")
+    args.out = args.out or default_path
+    args.table = args.table or default_path
+    os.environ[_autotune.ENABLE_ENV] = "1"  # tuning even where the caller's environment says 0
+    _autotune.REPS = args.reps
+    warm_up(torch)
+    if args.check:
+        return run_check(args, torch, family)
+    run_tune(args, torch, family)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""``scripts/tune_defaults.py`` without a GPU: its plumbing (shapes, one tuning per key, the table it writes and
+reads back, ``--merge``, ``--check``'s verdict) with a fake torch and a fake ``flash_forward`` whose candidates take
+fixed times. The real timing runs on a GPU (the lead's command in docs/design/forward.md)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import types
+
+import pytest
+
+import numba_attn
+from numba_attn.forward import dispatch
+from numba_attn.runtime import autotune as _autotune
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "tune_defaults.py")
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("tune_defaults", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class FakeInputs:
+    def __init__(self, torch, items):
+        pass
+
+    def get(self, dtype, d, shape):
+        b, h, nq, nk = shape
+        return types.SimpleNamespace(shape=(b, h, nq, d), dtype=dtype), types.SimpleNamespace(shape=(b, h, nk, d)), None
+
+
+def fake_time(tuner, config, key) -> float:
+    """The default everywhere but at 16k keys, where the last candidate is twice as fast."""
+    index = tuner.candidates.index(config)
+    if key.sizes[1] == 16384 and index == len(tuner.candidates) - 1:
+        return 0.5
+    return 1.0 + 0.1 * index
+
+
+@pytest.fixture
+def fake_gpu(script, monkeypatch, tmp_path):
+    calls = []
+
+    def flash_forward(q, k, v, causal=False, backend=None):
+        b, h, nq, d = q.shape
+        key = dispatch.tuning_key(q.dtype, d, causal, b, h, nq, k.shape[2])
+        tuner = dispatch.FLASH_MMA_TUNER if d > 128 else dispatch.FLASH_WGMMA_TUNER
+        calls.append(key.text)
+        return tuner.choose(key, lambda config: fake_time(tuner, config, key), lambda: False)
+
+    torch = types.SimpleNamespace(__version__="fake", cuda=types.SimpleNamespace(
+        get_device_name=lambda: "fake GPU", synchronize=lambda: None))
+    monkeypatch.setattr(script, "Inputs", FakeInputs)
+    monkeypatch.setattr(numba_attn, "flash_forward", flash_forward)
+    monkeypatch.setattr(_autotune, "SIMULATOR", False)
+    monkeypatch.setenv(_autotune.ENABLE_ENV, "1")
+    monkeypatch.setenv(_autotune.CACHE_DIR_ENV, str(tmp_path / "user"))
+    yield torch, calls
+    for tuner in dispatch.TUNERS:
+        tuner.forget()
+
+
+def options(tmp_path, **kwargs):
+    values = dict(dtypes=["float16"], headdims=[64, 256], backend=None, time_limit=1e9, merge=False,
+                  out=str(tmp_path / "sm00.json"), table=str(tmp_path / "sm00.json"), tolerance=5.0, report=None)
+    values.update(kwargs)
+    return argparse.Namespace(**values)
+
+
+def test_tuning_writes_a_valid_table_one_key_at_a_time(script, fake_gpu, tmp_path, capsys):
+    torch, calls = fake_gpu
+    args = options(tmp_path)
+    script.run_tune(args, torch, "sm00")
+    table = json.loads((tmp_path / "sm00.json").read_text())
+    assert table["family"] == "sm00" and table["source"]["device"] == "fake GPU"
+    wgmma, mma = table["tuners"]["flash_wgmma"]["entries"], table["tuners"]["flash_mma"]["entries"]
+    per_head_dim = 2 * 7  # causal or not x (3 B4 + 3 B1 + the chunk), all different keys
+    assert len(wgmma) == len(mma) == per_head_dim and len(calls) == 2 * per_head_dim
+    for text, entry in wgmma.items():
+        fast = text.endswith("|16384")
+        config = dispatch.FLASH_WGMMA_TUNER.candidates[-1 if fast else 0]
+        assert entry["config"] == dataclasses.asdict(config), text
+        assert entry["default_over_chosen"] == (2.0 if fast else 1.0)
+        assert len(entry["timings_ms"]) == len(dispatch.FLASH_WGMMA_TUNER.candidates)
+    assert wgmma["float16|64|False|262144|1024"]["shape"] == [4, 48, 1024, 1024, 64]
+    for tuner in dispatch.TUNERS:
+        assert _autotune.TunedTable.read(args.out, tuner)[1] == []
+    out = capsys.readouterr().out
+    assert "chosen 100.0 % faster" in out and "chosen   0.0 % faster" in out
+    assert not os.path.exists(tmp_path / "user")  # the user's cache is not touched
+
+
+def test_merge_keeps_the_keys_a_run_does_not_tune(script, fake_gpu, tmp_path):
+    torch, _ = fake_gpu
+    script.run_tune(options(tmp_path, headdims=[256]), torch, "sm00")
+    for tuner in dispatch.TUNERS:
+        tuner.forget()
+    script.run_tune(options(tmp_path, headdims=[64], merge=True), torch, "sm00")
+    table = json.loads((tmp_path / "sm00.json").read_text())
+    assert len(table["tuners"]["flash_mma"]["entries"]) == len(table["tuners"]["flash_wgmma"]["entries"]) == 14
+    assert len(table["merged_from"]) == 1
+
+
+def test_time_limit_stops_new_shapes(script, fake_gpu, tmp_path, capsys):
+    torch, calls = fake_gpu
+    script.run_tune(options(tmp_path, time_limit=-1.0), torch, "sm00")
+    assert calls == [] and "28 shapes not tuned" in capsys.readouterr().out
+
+
+def test_check_passes_on_the_table_of_the_same_times_and_fails_on_a_worse_one(script, fake_gpu, tmp_path, capsys):
+    torch, calls = fake_gpu
+    script.run_tune(options(tmp_path), torch, "sm00")
+    report = tmp_path / "check.json"
+    assert script.run_check(options(tmp_path, report=str(report)), torch, "sm00") == 0
+    rows = json.loads(report.read_text())["rows"]
+    assert len(rows) == 2 * 2 * (6 + 6 + 1 + 2)
+    assert all(row["shipped_loss_pct"] == 0.0 for row in rows)
+    assert sum(not row["exact_entry"] for row in rows) == 2 * 2 * 2  # the two nearest-entry shapes
+    assert max(row["default_loss_pct"] for row in rows) == 100.0
+    # a table that keeps the default at 16k keys loses 100 % there
+    path = tmp_path / "sm00.json"
+    table = json.loads(path.read_text())
+    for entry in table["tuners"]["flash_wgmma"]["entries"].values():
+        entry["config"] = table["tuners"]["flash_wgmma"]["default"]
+    path.write_text(json.dumps(table))
+    capsys.readouterr()
+    assert script.run_check(options(tmp_path), torch, "sm00") == 1
+    assert "OVER" in capsys.readouterr().out

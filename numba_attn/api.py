@@ -41,8 +41,7 @@ from .runtime import views as _views
 from .runtime.arguments import check_backend, check_eps, check_flag, check_num_splits, check_sm_scale
 from .runtime.arrays import prepare
 from .runtime.attention_args import AttentionArgs
-from .runtime.cache import BoundedCache
-from .runtime.device import SIMULATOR, cuda, current_device_id, on_device
+from .runtime.device import SIMULATOR, DeviceView, on_device
 from .runtime.launch import SIMULATOR_LOCK
 from .runtime.shapes import attention_shape, check_array, linear_shape
 from .runtime.views import lift
@@ -68,22 +67,18 @@ def _one_call_at_a_time_under_the_simulator(fn):
     return serialised
 
 
-_LSE_PLACEHOLDERS = BoundedCache("lse placeholders", 64)
+_NO_LSE = None
 
 
 def _lse_placeholder(call):
-    """A one-element lse array for kernels launched without ``return_lse`` (they never write it), made once per
-    device (the current one: the arrays' device, ``on_device``, or the one host arrays were copied to): allocating
-    it on every call would cost more host time than some kernels take."""
-    if SIMULATOR:
-        return _LSE_PLACEHOLDERS.get_or_make(0, lambda: call.scratch((1, 1, 1), "float32"))
-    return _LSE_PLACEHOLDERS.get_or_make(current_device_id(), _new_lse_placeholder)
-
-
-def _new_lse_placeholder():
-    placeholder = cuda.device_array((1, 1, 1), "float32")
-    _replay.keep(placeholder.device_ctypes_pointer.value, 4)  # (kept for the process: plans may launch with it)
-    return placeholder
+    """The lse argument of kernels launched without ``return_lse``, which never write it: on a GPU a null view
+    (nothing to allocate, so a first call inside a CUDA-graph capture allocates nothing outside the graph); under
+    the simulator a one-element array, made once."""
+    global _NO_LSE
+    if _NO_LSE is None:
+        _NO_LSE = call.scratch((1, 1, 1), "float32") if SIMULATOR else DeviceView(0, (1, 1, 1), (4, 4, 4),
+                                                                                   "float32", None)
+    return _NO_LSE
 
 
 def _served(name: str, arrays: tuple, options: tuple, checked):

@@ -143,30 +143,3 @@ def to_tf32(typingctx, x):
                     [_f32(context, builder, args[0], sig.args[0])])
 
     return sig, codegen
-
-
-_TF32_MAX_BITS = 0x7F7FE000  # the largest finite tf32
-
-
-def _sim_tf32_high(x):
-    bits = int(np.float32(x).view(np.uint32))
-    if (bits & 0x7FFFFFFF) == 0x7F800000:  # +-inf: the largest finite tf32 of its sign
-        return np.uint32((bits & 0x80000000) | _TF32_MAX_BITS)
-    return _sim_to_tf32(x)
-
-
-@simulated_by(_sim_tf32_high)
-def tf32_high(typingctx, x):
-    """x -> uint32: the high part of a 3xTF32 split, ``x`` rounded to tf32 as ``to_tf32`` does, but ``+-inf``
-    saturated to the largest finite tf32 of its sign, so that ``x - hi`` carries the inf (NaN stays NaN)::
-
-        cvt.rna.satfinite.tf32.f32 d, x;"""
-    if not _is_number(x):
-        return None
-    sig = types.uint32(x)
-
-    def codegen(context, builder, sig, args):
-        return _asm(builder, _I32, [_F32], "cvt.rna.satfinite.tf32.f32 $0, $1;", "=r,f",
-                    [_f32(context, builder, args[0], sig.args[0])])
-
-    return sig, codegen

@@ -56,6 +56,16 @@ def attention_scenarios(dtype):
 
 
 
+def _xfail(kernel_change):
+    return pytest.mark.xfail(strict=True, reason=f"needs kernel change: {kernel_change}")
+
+
+TF32_SPLIT = ("3xTF32 (forward/tf32.py `_split_and_mma`) splits x = hi + lo; for x = +-inf, lo = inf - inf is NaN, "
+              "and with lo = 0 the product hi_a lo_b of an inf and a 0 is NaN still. Splits that keep inf (hi "
+              "saturated by cvt.rna.satfinite, or truncated) cost 7-21 % of the float32 forward on an H100 "
+              "(docs/benchmarks.md): use backend='simt' for such inputs")
+
+
 ATTENTION_PATHS = {
     # name: (call, dtype, out marks, lse marks)
     "forward-simt-fp32": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="simt"),
@@ -63,7 +73,7 @@ ATTENTION_PATHS = {
     "forward-mma-fp16": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="mma"),
                          np.float16, [], []),
     "forward-3xtf32-fp32": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="mma"),
-                            np.float32, [], []),
+                            np.float32, [_xfail(TF32_SPLIT)], [_xfail(TF32_SPLIT)]),
     "forward-wgmma-fp16": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="wgmma"),
                            np.float16, [pytest.mark.gpu], [pytest.mark.gpu]),
     "decode-fp32": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True), np.float32, [], []),

@@ -36,6 +36,7 @@ from .forward import dispatch as _forward
 from .forward.dispatch import BACKENDS
 from .linear import dispatch as _linear
 from .linear.dispatch import BACKENDS as LINEAR_BACKENDS
+from .runtime import autotune as _autotune
 from .runtime import replay as _replay
 from .runtime import views as _views
 from .runtime.arguments import check_backend, check_eps, check_flag, check_num_splits, check_sm_scale
@@ -84,6 +85,8 @@ def _lse_placeholder(call):
 def _served(name: str, arrays: tuple, options: tuple, checked):
     """A call with torch or CuPy arrays replayed from the plan its first call of this kind recorded
     (``runtime.replay``); otherwise ``checked()``, recorded into a plan where it can be."""
+    if _autotune.mode() == _autotune.TUNE:  # (a plan would skip the tuning the caller asks for)
+        return checked()
     key, plan, layouts = _replay.find(name, arrays, options)
     if plan is not None:
         result = plan.run(layouts)

@@ -271,6 +271,7 @@ class Autotuner:
             self._chosen[key.text] = best
             self.timings[key.text] = timings
             self._store(key.text, best, timings)
+            _replay.clear()  # plans recorded with the configuration used before would keep it
             return best
 
     # -- the shipped table -----------------------------------------------------------------------------------------

@@ -67,8 +67,8 @@ def _record(ptr_of_launch, scalar=3, returned=None, refuse=None):
     return plan, launchable
 
 
-@pytest.fixture(autouse=True)
-def _fake_library(monkeypatch):
+@pytest.fixture
+def fake_library(monkeypatch):
     from numba_attn.runtime import arrays
 
     monkeypatch.setattr(arrays, "_library_of", lambda x: "torch")
@@ -77,6 +77,7 @@ def _fake_library(monkeypatch):
 
 
 @pytest.mark.parametrize("where, kind", [(0x40000000 + 16, "input"), (0x50000000 + 128, "allocation")])
+@pytest.mark.usefixtures("fake_library")
 def test_plan_moves_pointers_into_inputs_and_allocations(where, kind):
     plan, launchable = _record(where)
     assert plan is not None
@@ -90,6 +91,7 @@ def test_plan_moves_pointers_into_inputs_and_allocations(where, kind):
     assert values[:4] + values[5:] == [0, 0, 64, 4, 64, 4, 3]
 
 
+@pytest.mark.usefixtures("fake_library")
 def test_plan_keeps_pointers_of_kept_buffers():
     replay.keep(0x30000000, 64)
     plan, launchable = _record(0x30000000 + 8)
@@ -98,6 +100,7 @@ def test_plan_keeps_pointers_of_kept_buffers():
 
 
 @pytest.mark.parametrize("case", ["unknown pointer", "pointer in a scalar", "returns an input", "refused"])
+@pytest.mark.usefixtures("fake_library")
 def test_no_plan_where_a_replay_could_be_wrong(case):
     if case == "unknown pointer":  # memory the call did not allocate and the process does not keep
         plan, _ = _record(0x20000000)
@@ -110,6 +113,7 @@ def test_no_plan_where_a_replay_could_be_wrong(case):
     assert plan is None
 
 
+@pytest.mark.usefixtures("fake_library")
 def test_plan_declines_another_current_device(monkeypatch):
     plan, launchable = _record(0x40000000)
     monkeypatch.setattr(replay, "_driver_current_device", lambda: 1)

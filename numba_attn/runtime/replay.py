@@ -113,9 +113,16 @@ def record(key, arrays: tuple, layouts, run):
     finally:
         _local.recorder = None
     plan = recorder.plan(arrays, layouts, result)
+    _local.outcome = "planned" if plan is not None else recorder.refused or "no launch"
     if plan is not None:
         _PLANS.put(key, plan)
     return result
+
+
+def last_outcome() -> str | None:
+    """What this thread's last recorded call came to: "planned", or why it made no plan (for debugging a call that
+    keeps taking the checked path)."""
+    return getattr(_local, "outcome", None)
 
 
 class _Recorder:
@@ -123,6 +130,10 @@ class _Recorder:
         self.allocs: list = []
         self.ops: list = []
         self.refused: str | None = None
+
+    def _refuse(self, reason: str) -> None:
+        self.refused = reason
+        return None
 
     def _source(self, ptr: int, spans: list):
         """Where a recorded pointer comes from: (0, None, ptr) a constant, (1, i, offset) input i, (2, j, offset)
@@ -149,7 +160,7 @@ class _Recorder:
         for r in results:
             index = next((j for j, alloc in enumerate(self.allocs) if alloc[0] is r), None)
             if index is None:
-                return None  # returns something the plan would not make again
+                return self._refuse("returns an array the call did not allocate")
             returned.append(index)
         stream = None
         ops = []
@@ -157,11 +168,11 @@ class _Recorder:
             if stream is None:
                 stream = op[-1] if op[0] == "memset" else op[5]
             if (op[-1] if op[0] == "memset" else op[5]) != stream:
-                return None  # launches on several streams: not what replays do
+                return self._refuse("launches on several streams")
             if op[0] == "memset":
                 source = self._source(op[1], spans)
                 if source is None:
-                    return None
+                    return self._refuse("a memset of memory of unknown origin")
                 ops.append(("memset", source, op[2]))
                 continue
             _, launchable, grid, block, shared_bytes, _, values = op
@@ -171,12 +182,12 @@ class _Recorder:
                 if spec is None:  # a scalar: no pointer of this call may hide in it
                     value = values[slot]
                     if isinstance(value, int) and value > 4096 and any(s <= value < e for _, _, s, e in spans):
-                        return None
+                        return self._refuse("a pointer passed as a scalar")
                     slot += 1
                     continue
                 source = self._source(values[slot + 4], spans)  # (meminfo, parent, nitems, itemsize, data, ...)
                 if source is None:
-                    return None
+                    return self._refuse("a launch takes memory of unknown origin")
                 if source[0]:
                     moves.append((slot + 4, source[0], source[1], source[2]))
                 slot += 5 + 2 * spec[1]

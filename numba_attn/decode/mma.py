@@ -36,7 +36,7 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types, uint16, uint32
 
-from ..runtime.device import SIMULATOR, compute_capability, cuda, max_grid
+from ..runtime.device import SIMULATOR, compute_capability, cuda, kernel_jit, max_grid
 from . import combine as _combine
 from .combine import LN2
 from ..core import ptx
@@ -465,6 +465,4 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
 def split_kernel(config: DecodeMmaConfig, d_pad: int, bf16: bool, vector_loads: bool, scale_first: bool):
     """The compiled split kernel of one specialisation (cached on disk)."""
     source = _kernel_source(layout_for(config, d_pad), bf16, vector_loads, scale_first)
-    if SIMULATOR:
-        return cuda.jit(source)
-    return cuda.jit(SIGNATURE, launch_bounds=(config.threads, config.blocks_per_sm), cache=True)(source)
+    return kernel_jit((config.threads, config.blocks_per_sm), SIGNATURE)(source)

@@ -196,16 +196,21 @@ def default_stream(device_id: int):
 
 
 def kernel_jit(launch_bounds=None, signature=None, **options):
-    """``cuda.jit`` for the package's kernels: cached on disk on a GPU; GPU-only options are dropped under the
-    simulator (which accepts neither caching nor launch bounds). With a ``signature`` the kernel is compiled for it
-    alone, and ``launch`` then needs no per-call typing of the arguments."""
+    """``cuda.jit`` for the package's kernels. On a GPU a ``kernel_cache.CachedKernel``: used as Numba's dispatcher is,
+    compiled on first use, and kept on disk under a key that every process computes alike (Numba's own cache never
+    hits for closures, see ``runtime.kernel_cache``). Under the simulator ``cuda.jit`` itself (it accepts neither
+    caching nor launch bounds). With a ``signature`` the kernel is compiled for it alone, and ``launch`` then needs
+    no per-call typing of the arguments."""
     if SIMULATOR:
         return cuda.jit
     if launch_bounds is not None:
         options["launch_bounds"] = launch_bounds
-    if signature is not None:
-        return cuda.jit(signature, cache=True, **options)
-    return cuda.jit(cache=True, **options)
+    from .kernel_cache import CachedKernel
+
+    def decorate(py_func):
+        return CachedKernel(py_func, signature, options)
+
+    return decorate
 
 
 #: Dynamic shared memory a kernel may use without raising its attribute first.

@@ -78,6 +78,15 @@ def _top(module) -> str:
     return (module or "").split(".")[0]
 
 
+def _names(co) -> tuple:
+    """Every name the code object and the code nested in it use (globals and attributes), in order of appearance."""
+    names = dict.fromkeys(co.co_names)
+    for c in co.co_consts:
+        if isinstance(c, _pytypes.CodeType):
+            names.update(dict.fromkeys(_names(c)))
+    return tuple(names)
+
+
 def _digest(parts) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
@@ -120,7 +129,7 @@ class _Fingerprinter:
                     except ValueError:  # an empty cell
                         cells.append((name, "empty"))
                         continue
-                    cells.append((name, self.value(contents, fn.__code__.co_names)))
+                    cells.append((name, self.value(contents, _names(fn.__code__))))
                 closure = tuple(cells)
             parts = ("function", fn.__module__, fn.__qualname__, self.code(fn.__code__, fn.__globals__),
                      self.value(fn.__defaults__), self.value(tuple(sorted((fn.__kwdefaults__ or {}).items()))),
@@ -290,10 +299,8 @@ def options_key(options: dict) -> tuple | None:
         return None
 
 
-@functools.lru_cache(maxsize=None)
-def package_hash() -> str:
-    """A hash of the path and contents of every ``.py`` file of the package, read once per process."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def source_hash(root: str) -> str:
+    """A hash of the relative path and contents of every ``.py`` file under ``root`` (``__pycache__`` skipped)."""
     h = hashlib.sha256()
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
@@ -304,6 +311,12 @@ def package_hash() -> str:
                 with open(path, "rb") as f:
                     h.update(hashlib.sha256(f.read()).digest())
     return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def package_hash() -> str:
+    """``source_hash`` of the package, read once per process: any edit of its source is a miss for every kernel."""
+    return source_hash(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @functools.lru_cache(maxsize=None)
@@ -410,37 +423,31 @@ class DiskCache:
     def __init__(self, dispatcher):
         self._py_func = dispatcher.py_func
         self._options = dict(dispatcher.targetoptions)
-        self._base = None  # the key but for compute capability and argument types, made on first use
-        self._lock = threading.Lock()
+        self._told = False  # an uncached kernel is reported once
         self.cache_path = kernels_dir()
 
     def _name(self) -> str:
         fn = self._py_func
         return f"{fn.__module__}.{fn.__qualname__}"
 
-    def _base_key(self):
-        with self._lock:
-            if self._base is None:
-                fp = fingerprint(self._py_func)
-                options = options_key(self._options)
-                if fp is None or options is None:
-                    why = explain(self._py_func) if fp is None else "its options"
-                    _log("uncached", f"{self._name()}: {why}")
-                    self._base = False
-                else:
-                    self._base = (FORMAT, fp, options, package_hash(), toolchain())
-            return self._base
-
     def _path_and_key(self, sig):
+        """The file and the full key for these argument types; (None, None) for a kernel that is not cached. The
+        fingerprint is taken again on every load and save (some milliseconds): the closure's values then are what
+        Numba compiles."""
         from numba.cuda import get_current_device
         from numba.cuda.core import sigutils
 
-        base = self._base_key()
-        if not base:
+        fp = fingerprint(self._py_func)
+        options = options_key(self._options)
+        if fp is None or options is None:
+            if not self._told:
+                self._told = True
+                _log("uncached", f"{self._name()}: {explain(self._py_func) if fp is None else 'its options'}")
             return None, None
         argtypes, _ = sigutils.normalize_signature(sig)
         cc = tuple(get_current_device().compute_capability)
-        key = repr((base, cc, tuple((type(a).__qualname__, str(a)) for a in argtypes)))
+        key = repr((FORMAT, fp, options, package_hash(), toolchain(), cc,
+                    tuple((type(a).__qualname__, str(a)) for a in argtypes)))
         label = re.sub(r"[^A-Za-z0-9_.]+", "_", self._name().replace("<locals>.", ""))[-80:]
         name = f"{label}-{hashlib.sha256(key.encode()).hexdigest()[:40]}.nbk"
         return os.path.join(self.cache_path, name), key

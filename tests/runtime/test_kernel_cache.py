@@ -100,8 +100,9 @@ def test_changed_nested_function_changes_the_fingerprint():
     base = kernel_cache.fingerprint(_build())
     assert kernel_cache.fingerprint(_build(helper=_triple)) != base
     # the same code with another closure value, two levels down
-    assert kernel_cache.fingerprint(_build(helper=_scaled_by(2))) == kernel_cache.fingerprint(_build(helper=_scaled_by(2)))
-    assert kernel_cache.fingerprint(_build(helper=_scaled_by(2))) != kernel_cache.fingerprint(_build(helper=_scaled_by(3)))
+    twice = kernel_cache.fingerprint(_build(helper=_scaled_by(2)))
+    assert kernel_cache.fingerprint(_build(helper=_scaled_by(2))) == twice
+    assert kernel_cache.fingerprint(_build(helper=_scaled_by(3))) != twice
 
 
 def test_module_attributes_the_code_reads_count():
@@ -182,7 +183,8 @@ def test_fingerprint_is_the_same_in_another_process():
             "t = sys.modules['kernel_cache_probe'] = importlib.util.module_from_spec(spec)\n"
             "spec.loader.exec_module(t)\n"
             "from numba_attn.runtime import kernel_cache\n"
-            "print(kernel_cache.fingerprint(t._build(helper=t._scaled_by(2))))\n").format(path=os.path.abspath(__file__))
+            "print(kernel_cache.fingerprint(t._build(helper=t._scaled_by(2))))\n"
+            ).format(path=os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONHASHSEED="7")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
@@ -193,7 +195,8 @@ def test_fingerprint_is_the_same_in_another_process():
 def test_options_key_refuses_linked_files():
     assert kernel_cache.options_key({"launch_bounds": (128, 2), "link": (), "extensions": []}) is not None
     assert kernel_cache.options_key({"link": ["extra.cu"]}) is None
-    assert kernel_cache.options_key({"launch_bounds": (128, 2)}) != kernel_cache.options_key({"launch_bounds": (128, 1)})
+    two, one = ({"launch_bounds": (128, blocks)} for blocks in (2, 1))
+    assert kernel_cache.options_key(two) != kernel_cache.options_key(one)
 
 
 # -- the package's source ----------------------------------------------------------------------------------------------
@@ -292,8 +295,10 @@ print(json.dumps({
     "same": kernel_cache.fingerprint(a.py_func) == kernel_cache.fingerprint(b.py_func),
     "scale": kernel_cache.fingerprint(a.py_func) != kernel_cache.fingerprint(build(3.0, 1).py_func),
     "helper": kernel_cache.fingerprint(a.py_func) != kernel_cache.fingerprint(build(2.0, 2).py_func),
-    "cache": type(disp._cache).__name__, "specialized": fixed.specialized, "fixed_compiled": fixed._dispatcher is not None,
-    "package": [kernel_cache.fingerprint(k.py_func) for k in (fixed, combine.combine_launch(128, "float32", "float32")[0])],
+    "cache": type(disp._cache).__name__, "specialized": fixed.specialized,
+    "fixed_compiled": fixed._dispatcher is not None,
+    "package": [kernel_cache.fingerprint(k.py_func)
+                for k in (fixed, combine.combine_launch(128, "float32", "float32")[0])],
 }))
 """
 

@@ -8,7 +8,7 @@ a lookup costs what ``dict.get`` costs); inserts and evictions take the cache's 
 cache (after changing a module-level knob that a cached plan depends on, or in tests).
 
 Compiled kernels are not kept here: ``functools.lru_cache`` on the kernel builders holds them, keyed by frozen
-configurations from a finite set.
+configurations from a finite set (and ``runtime.kernel_cache`` keeps them on disk for the next process).
 """
 from __future__ import annotations
 

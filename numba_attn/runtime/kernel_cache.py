@@ -415,7 +415,7 @@ def load_object(path: str, key: str):
     return payload.get("object")
 
 
-# -- the cache Numba's dispatcher consults -------------------------------------------------------------------------------
+# -- the cache Numba's dispatcher consults ----------------------------------------------------------------------------
 class DiskCache:
     """Numba's cache interface (``load_overload``, ``save_overload``) over this module's files, for one dispatcher.
     Numba calls both inside ``CUDADispatcher.compile``, under its global compiler lock."""

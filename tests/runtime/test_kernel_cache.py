@@ -423,3 +423,50 @@ def test_switched_off_the_cache_writes_nothing(tmp_path):
     assert not off["stats"] and off["files"] == []
     x = np.arange(100, dtype=np.float32)
     np.testing.assert_array_equal(off["out"][0], x * 2 + 1)
+
+
+@pytest.mark.gpu
+def test_threads_asking_for_one_kernel_compile_it_once(tmp_path, monkeypatch):
+    """Eight threads launch a kernel nobody compiled yet, at once: one compiles (and saves), the others wait for
+    it, and every launch runs."""
+    import threading
+
+    from numba import cuda, float32, types
+
+    from numba_attn.runtime import launch
+    from numba_attn.runtime.device import DeviceView, kernel_jit
+
+    monkeypatch.setenv("NUMBA_ATTN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(kernel_cache.ENABLE_ENV, raising=False)
+    VALUE = float32(7.5)
+
+    @kernel_jit(signature=types.void(types.Array(types.float32, 1, "A")))
+    def fill(out):
+        i = cuda.grid(1)
+        if i < out.shape[0]:
+            out[i] = VALUE
+
+    before = dict(kernel_cache.stats)
+    outs = [cuda.device_array(64, np.float32) for _ in range(8)]
+    barrier = threading.Barrier(len(outs))
+    errors = []
+
+    def run(out):
+        try:
+            barrier.wait()
+            launch.launch(fill, 1, 64, 0, 0, DeviceView.of(out))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(out,)) for out in outs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    cuda.synchronize()
+    assert not errors, errors
+    for out in outs:
+        np.testing.assert_array_equal(out.copy_to_host(), np.full(64, 7.5, np.float32))
+    grew = {event: kernel_cache.stats[event] - before.get(event, 0) for event in ("miss", "stored", "hit")}
+    assert grew == {"miss": 1, "stored": 1, "hit": 0}, grew
+    assert len(os.listdir(tmp_path / "kernels")) == 1

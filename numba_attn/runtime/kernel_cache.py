@@ -279,14 +279,16 @@ def explain(fn) -> str:
         return str(exc)
     except RecursionError:
         return "nested too deeply"
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__} while keying: {exc}"
 
 
 def fingerprint(fn) -> str | None:
     """A hash of everything in ``fn`` that decides what Numba compiles, equal across processes; None when some value
-    it reaches cannot be keyed safely (the kernel is then not cached)."""
+    it reaches cannot be keyed safely, or keying fails in any other way (the kernel is then not cached)."""
     try:
         return _Fingerprinter().function(fn)
-    except (Unkeyable, RecursionError):
+    except Exception:  # noqa: BLE001  (Unkeyable, RecursionError, an attribute that raises: never guess)
         return None
 
 
@@ -295,7 +297,7 @@ def options_key(options: dict) -> tuple | None:
     files)."""
     try:
         return _Fingerprinter().options(options)
-    except Unkeyable:
+    except Exception:  # noqa: BLE001
         return None
 
 
@@ -315,8 +317,12 @@ def source_hash(root: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def package_hash() -> str:
-    """``source_hash`` of the package, read once per process: any edit of its source is a miss for every kernel."""
-    return source_hash(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    """``source_hash`` of the package, read once per process: any edit of its source is a miss for every kernel.
+    OSError where the source files cannot be found (a package run from a zip)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.isfile(os.path.join(root, "__init__.py")):
+        raise OSError(f"no source files under {root}")
+    return source_hash(root)
 
 
 @functools.lru_cache(maxsize=None)
@@ -446,7 +452,14 @@ class DiskCache:
             return None, None
         argtypes, _ = sigutils.normalize_signature(sig)
         cc = tuple(get_current_device().compute_capability)
-        key = repr((FORMAT, fp, options, package_hash(), toolchain(), cc,
+        try:
+            source = package_hash()
+        except OSError:  # the package's source cannot be read (a zip): nothing would notice an edit
+            if not self._told:
+                self._told = True
+                _log("uncached", f"{self._name()}: the package's source cannot be read")
+            return None, None
+        key = repr((FORMAT, fp, options, source, toolchain(), cc,
                     tuple((type(a).__qualname__, str(a)) for a in argtypes)))
         label = re.sub(r"[^A-Za-z0-9_.]+", "_", self._name().replace("<locals>.", ""))[-80:]
         name = f"{label}-{hashlib.sha256(key.encode()).hexdigest()[:40]}.nbk"

@@ -155,8 +155,11 @@ class _Fingerprinter:
                 names.append((name, "builtin"))
             else:
                 names.append((name, "absent"))  # an attribute name, or a global that does not exist (yet)
+        # line numbers too: with lineinfo or debug on they are in the PTX (for the package's own kernels any edit
+        # changes the source hash anyway)
         return (co.co_name, co.co_argcount, co.co_posonlyargcount, co.co_kwonlyargcount, co.co_flags,
-                co.co_varnames, co.co_freevars, co.co_cellvars, co.co_code, consts, tuple(names))
+                co.co_varnames, co.co_freevars, co.co_cellvars, co.co_code, co.co_firstlineno,
+                getattr(co, "co_linetable", None), consts, tuple(names))
 
     def value(self, v, names: tuple = ()):
         """The key of one value; ``names``: the names the code that reaches it uses (the attributes of a module that

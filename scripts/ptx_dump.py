@@ -37,6 +37,14 @@ def dump(out: str) -> int:
     os.makedirs(out, exist_ok=True)
     index = []
     for obj in gc.get_objects():
+        # kernel_jit's kernels compile on first use: a kernel of one signature that was built but never launched
+        # (a combine kernel a pooled plan skips) is compiled now, as cuda.jit(signature) did when it was built
+        if type(obj).__name__ == "CachedKernel" and obj.specialized:
+            try:
+                obj.dispatcher()
+            except Exception as exc:  # noqa: BLE001
+                index.append({"kernel": obj.py_func.__qualname__, "args": str(obj.signature), "error": repr(exc)})
+    for obj in gc.get_objects():
         if not isinstance(obj, CUDADispatcher) or obj.targetoptions.get("device"):
             continue  # device functions are inlined into the kernels that call them
         for argtypes, kernel in list(obj.overloads.items()):

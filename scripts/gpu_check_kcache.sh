@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check of the on-disk kernel cache (runtime/kernel_cache.py, issue #27), from the repo root, one GPU, ~3 min:
-#   bash GPU_CHECK_KCACHE.sh [OUTDIR]
+#   bash scripts/gpu_check_kcache.sh [OUTDIR]
 # 1. tests/runtime/test_kernel_cache.py (its gpu tests compile small kernels in child processes and reload them);
 # 2. the first call of each public function, each in a fresh process (torch fp16 inputs; NUMBA_ATTN_AUTOTUNE=0),
 #    with an empty cache folder, then with the warm one (target: <= 1.0 s warm, the call including kernel loads;
@@ -25,7 +25,7 @@ work=$(mktemp -d)
 cache="$work/cache"
 probe="$work/kcache_probe.py"
 cat > "$probe" <<'PY'
-"""time FN PHASE | all | check: see GPU_CHECK_KCACHE.sh."""
+"""time FN PHASE | all | check: see scripts/gpu_check_kcache.sh."""
 import json, os, sys, time
 
 t0 = time.perf_counter()

@@ -37,7 +37,7 @@ from ..core.constants import LOG2E
 from ..core.mask import hidden, tile_is_partial, visible_end
 from ..core.staging import float32_tile_copy
 from ..forward import common
-from ..runtime.device import SIMULATOR, cuda, kernel_jit
+from ..runtime.device import SIMULATOR, cuda, kernel_jit, max_shared_per_block
 from ..runtime.launch import launch as device_launch
 from ..runtime.views import with_unit_axes
 
@@ -99,17 +99,27 @@ class SimtBackwardConfig:
         return 2 * head_dim_pad * (self.dq_block_m + self.dq_block_n + 2) + self.dq_block_n * (self.dq_block_m + 1)
 
 
-#: GPU tiles (not yet timed on a GPU): 64-key blocks and 64-row tiles up to head dim 128 (166 KB of shared memory at
-#: 128), 32 x 32 above, so that the tiles of head dim 256 fit the 227 KB a block may use. Simulator: tiny blocks.
+#: GPU tiles (not yet timed on a GPU), the first that fits the device's shared memory per block: 64-key blocks and
+#: 64-row tiles (166 KB at head dim 128), 32 x 32 (144 KB at head dim 256), 16 x 16 on 8 x 8 threads (37 KB at 128,
+#: for GPUs with less shared memory). Simulator: tiny blocks, each thread a Python thread.
 GPU_CONFIG = SimtBackwardConfig()
 GPU_CONFIG_LARGE_D = SimtBackwardConfig(rows_per_thread=2, keys_per_thread=2)
+GPU_CONFIG_SMALL = SimtBackwardConfig(threads_x=8, threads_y=8, rows_per_thread=2, keys_per_thread=2)
+GPU_CONFIGS = (GPU_CONFIG, GPU_CONFIG_LARGE_D, GPU_CONFIG_SMALL)
 SIMULATOR_CONFIG = SimtBackwardConfig(threads_x=4, threads_y=4, rows_per_thread=2, keys_per_thread=2)
 
 
 def default_config(head_dim: int = 128) -> SimtBackwardConfig:
+    """The simulator's tiles, or the first GPU tiles whose two kernels fit a block's shared memory (the last
+    otherwise: its launch then says how much it needs)."""
     if SIMULATOR:
         return SIMULATOR_CONFIG
-    return GPU_CONFIG if head_dim <= 128 else GPU_CONFIG_LARGE_D
+    limit = max_shared_per_block()
+    for config in GPU_CONFIGS:
+        pad = padded_head_dim(head_dim, config)
+        if 4 * max(config.shared_words(pad), config.dq_shared_words(pad)) <= limit:
+            return config
+    return GPU_CONFIGS[-1]
 
 
 def supports(dtype: str, head_dim: int) -> bool:

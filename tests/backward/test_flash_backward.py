@@ -85,6 +85,8 @@ def test_strided_inputs(dtype):
     lse_strided = np.zeros(lse.shape[:-1] + (2 * lse.shape[-1],), np.float32)[..., ::2]
     lse_strided[...] = lse
     views = [_transposed(x) for x in (dout, q, k, v, out)]
+    views[3] = np.ascontiguousarray(v[:, :, ::-1])[:, :, ::-1]  # v: a negative stride
+    assert views[3].strides[2] < 0
     assert not any(x.flags.c_contiguous for x in views) and not lse_strided.flags.c_contiguous
     grads = numba_attn.flash_backward(*views, lse_strided, causal=True)
     _check(grads, dout, q, k, v, True, None, dtype)

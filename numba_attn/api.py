@@ -1,8 +1,9 @@
-"""The public API of numba_attn: five functions, each with the same signature as its float64 twin in `reference`.
+"""The public API of numba_attn: six functions, each with the same signature as its float64 twin in `reference`.
 
 | numba_attn              | reference                         |
 |-------------------------|-----------------------------------|
 | ``flash_forward``       | ``reference.attention``           |
+| ``flash_backward``      | ``reference.flash_attention_v2_backward`` (``attention_backward``) |
 | ``flash_decode``        | ``reference.attention`` (via split-KV + ``combine_lse``) |
 | ``combine_lse``         | ``reference.combine_lse``         |
 | ``causal_dot_product``  | ``reference.causal_dot_product``  |
@@ -29,6 +30,7 @@ from __future__ import annotations
 import functools
 import math
 
+from .backward import dispatch as _backward
 from .decode import cached as _decode_plan
 from .decode import dispatch as _decode
 from .decode import simt as _decode_simt
@@ -41,14 +43,14 @@ from .runtime import replay as _replay
 from .runtime import views as _views
 from .runtime.arguments import check_backend, check_eps, check_flag, check_num_splits, check_sm_scale
 from .runtime.arrays import prepare
-from .runtime.attention_args import AttentionArgs
+from .runtime.attention_args import AttentionArgs, BackwardArgs
 from .runtime.device import SIMULATOR, DeviceView, on_device
 from .runtime.launch import SIMULATOR_LOCK
 from .runtime.shapes import attention_shape, check_array, linear_shape
 from .runtime.views import lift
 
 __all__ = [
-    "flash_forward", "flash_decode", "combine_lse", "causal_dot_product", "linear_attention", "BACKENDS",
+    "flash_forward", "flash_backward", "flash_decode", "combine_lse", "causal_dot_product", "linear_attention", "BACKENDS",
     "LINEAR_BACKENDS",
 ]
 
@@ -134,6 +136,58 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
     if out is not None:  # (plans make their outputs)
         return checked()
     return _served("flash_forward", (q, k, v), (causal, sm_scale, return_lse, backend, allow_tf32), checked)
+
+
+@_one_call_at_a_time_under_the_simulator
+def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, deterministic=False):
+    """Gradients ``(dq, dk, dv)`` of ``flash_forward``'s output: FlashAttention-2's backward, which recomputes the
+    attention weights from the forward's ``lse`` instead of keeping them.
+
+    Args:
+        dout: the gradient of the loss with respect to ``out``, ``out``'s (= q's) shape and dtype.
+        q, k, v, causal, sm_scale: as passed to ``flash_forward`` (grouped-query heads; causal aligned bottom-right;
+            ``sm_scale`` default ``1 / sqrt(headdim)``); float16 or float32 (bfloat16: a TypeError, the tensor-core
+            backward is not there yet).
+        out, lse: what ``flash_forward(q, k, v, causal=causal, sm_scale=sm_scale, return_lse=True)`` returned:
+            ``out`` q's shape and dtype, ``lse`` ``(batch, heads, seqlen_q)`` (``(seqlen_q,)`` for 2-D inputs)
+            float32, natural log; rows with ``lse = -inf`` (they see no key) contribute nothing.
+        deterministic: compute ``dq`` in a second kernel over query blocks instead of adding each key block's part
+            with float32 atomics: bitwise the same result on every call, one more pass over K and V.
+
+    Returns:
+        ``(dq, dk, dv)`` in the inputs' dtype and kind, the shapes of q, k, v; ``dk`` and ``dv`` summed over each kv
+        head's group of query heads. Computed in float32 (SIMT kernels, ``numba_attn/backward/``).
+
+    Every call takes the checked path (``runtime.replay`` does not record it yet); torch tensors are not hooked
+    into autograd (call it from a ``torch.autograd.Function``).
+    """
+    causal = check_flag(causal, "causal")
+    deterministic = check_flag(deterministic, "deterministic")
+    sm_scale = check_sm_scale(sm_scale)
+    shape = attention_shape(q, k, v)
+    for name, x in (("dout", dout), ("out", out)):
+        check_array(name, x)
+        if tuple(x.shape) != tuple(q.shape):
+            raise ValueError(f"{name}: expected q's shape {tuple(q.shape)}, got {tuple(x.shape)}")
+    check_array("lse", lse)
+    if tuple(lse.shape) != shape.lse_shape():
+        raise ValueError(f"lse: expected shape {shape.lse_shape()} (batch, heads, seqlen_q), the forward's lse, "
+                         f"got {tuple(lse.shape)}")
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(shape.head_dim)
+    call = prepare({"q": q, "k": k, "v": v, "dout": dout, "out": out, "lse": lse},
+                   own_dtype={"lse": ("float32",)})
+    backend = _backward.choose_backend(call.dtype, shape.head_dim)
+    with on_device(call.device_id):
+        dq = call.output(shape.out_shape(), name="dq")
+        dk = call.output(shape.kv_shape(), name="dk")
+        dv = call.output(shape.kv_shape(), name="dv")
+        if shape.batch * shape.heads > 0 and shape.head_dim > 0:
+            args = BackwardArgs(*(lift(call.inputs[name], 4) for name in ("dout", "q", "k", "v", "out")),
+                                lift(call.inputs["lse"], 3), lift(dq.view, 4), lift(dk.view, 4), lift(dv.view, 4),
+                                sm_scale, causal)
+            _backward.run(call, args, backend, deterministic)
+        return call.result(dq), call.result(dk), call.result(dv)
 
 
 @_one_call_at_a_time_under_the_simulator

@@ -2,13 +2,14 @@
 
 Two grid layouts (``QUERY_MAJOR``, ``HEAD_MAJOR``); ``grid`` builds either on the host and checks it against the
 device's limits, ``block_position`` reads it back on the device. ``key_tiles`` gives the key tiles a block of query
-rows walks (``mask.visible_end``: causal blocks stop at the diagonal). A sequence's keys are ``key_start ..
+rows walks (``mask.visible_end``: causal blocks stop at the diagonal); ``query_tiles_start`` the first query tile a
+block of keys meets (the backward's reverse walk, ``mask.first_row``). A sequence's keys are ``key_start ..
 key_end``: today ``0 .. seqlen_k`` for every batch entry, the place where per-sequence lengths would come in.
 """
 from __future__ import annotations
 
 from ..runtime.device import SIMULATOR, cuda, device_properties
-from .mask import visible_end
+from .mask import first_row, visible_end
 from .staging import device_function
 
 
@@ -105,3 +106,15 @@ def key_tiles(block_m: int, block_n: int):
         return (n_end - key_start + BLOCK_N - 1) // BLOCK_N
 
     return tiles
+
+
+def query_tiles_start(block_m: int):
+    """``start(n0, seqlen_q, causal, diag_offset) -> m0``: the first ``block_m``-aligned tile of query rows that holds
+    a row seeing key ``n0`` (and so any key of a block from ``n0`` on); ``seqlen_q`` or more: none does."""
+    BLOCK_M = block_m
+
+    @device_function
+    def start(n0, seqlen_q, causal, diag_offset):
+        return first_row(n0, 0, seqlen_q, causal, diag_offset) // BLOCK_M * BLOCK_M
+
+    return start

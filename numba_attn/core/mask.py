@@ -4,9 +4,10 @@ Rows and keys are positions in their sequences. A row sees the keys below ``key_
 when ``causal``, only those on or below the bottom-right aligned diagonal: query ``i`` sees keys ``j <= i +
 diag_offset``, ``diag_offset = seqlen_k - seqlen_q`` (a row that sees no key gives 0 and ``lse = -inf``).
 
-Kernels ask three questions, all answered here: is this element hidden (``hidden``), may a whole key tile skip the
-per-element test (``tile_is_partial``), and where do the keys a block of rows sees end (``visible_end``, for the
-block's key range in ``block_info``). The masks are monotone -- a key hidden from a row is hidden from every earlier
+Kernels ask four questions, all answered here: is this element hidden (``hidden``), may a whole key tile skip the
+per-element test (``tile_is_partial``), where do the keys a block of rows sees end (``visible_end``, for the
+block's key range in ``block_info``), and -- the backward's key blocks -- where do the rows that see a key begin
+(``first_row``). The masks are monotone -- a key hidden from a row is hidden from every earlier
 row, and so is every later key -- so one corner of a tile answers for the whole tile. A new kind of mask (a sliding
 window, say) is a new clause in these three functions; a left edge would also test the tile's first key against the
 block's last row.
@@ -49,3 +50,12 @@ def visible_end(row_end, key_start, key_end, causal, diag_offset):
     if causal:
         return min(key_end, max(key_start, row_end + diag_offset))
     return key_end
+
+
+@device_function
+def first_row(key, row_start, row_end, causal, diag_offset):
+    """The first row in ``row_start .. row_end`` that sees ``key`` (``row_end`` when none does). Every later row sees
+    it too, and so a block of keys from ``key`` on is seen by no row before this one."""
+    if causal:
+        return min(row_end, max(row_start, key - diag_offset))
+    return row_start

@@ -7,6 +7,8 @@ column ``c0``, stored in a 1-D shared array as rows of ``row`` elements. Rows >=
 from __future__ import annotations
 
 import numpy as np
+from numba import float32
+from numba import uint32 as index  # unsigned shared-memory indices: no negative-index wraparound code
 
 from ..runtime.device import SIMULATOR, cuda
 from . import ptx
@@ -17,6 +19,27 @@ def device_function(fn):
     if SIMULATOR:
         return fn
     return cuda.jit(device=True, forceinline=True)(fn)
+
+
+def float32_tile_copy(threads_x: int, threads_y: int, rows: int, width: int, row_step: int, column_step: int):
+    """``copy(head, smem, base, n0, seqlen, head_dim, ty, tx)``: rows ``n0 .. n0 + rows`` and columns ``0 .. width``
+    of ``head`` (any dtype and strides, converted to float32) to ``smem[base + r * row_step + d * column_step]``,
+    zeros outside the sequence and past headdim; synchronous, element by element (the CUDA-core kernels: the flash
+    forward and backward ``simt``). Thread ``(ty, tx)`` of a ``threads_x x threads_y`` block takes rows ``ty +
+    threads_y i`` and columns ``tx + threads_x j``; ``column_step = 1``: row-major, ``row_step = 1``: transposed."""
+    TX, TY, ROWS, WIDTH = threads_x, threads_y, rows, width
+    ROW_STEP, COLUMN_STEP = row_step, column_step
+
+    @device_function
+    def copy(head, smem, base, n0, seqlen, head_dim, ty, tx):
+        for r in range(ty, ROWS, TY):
+            for dd in range(tx, WIDTH, TX):
+                val = float32(0.0)
+                if n0 + r < seqlen and dd < head_dim:
+                    val = float32(head[n0 + r, dd])
+                smem[index(base + dd * COLUMN_STEP + r * ROW_STEP)] = val
+
+    return copy
 
 
 def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loads: bool, l2_prefetch: bool = False,

@@ -29,7 +29,7 @@ from numba import uint32 as index  # unsigned shared-memory indices: Numba skips
 from ..core.block_info import HEAD_MAJOR, block_position, grid, sequence_bounds
 from ..core.mask import hidden, tile_is_partial, visible_end
 from ..core.softmax import log_sum_exp
-from ..core.staging import device_function
+from ..core.staging import float32_tile_copy
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
 from . import common
@@ -102,25 +102,6 @@ def padded_head_dim(head_dim: int, config: SimtConfig) -> int:
     return common.padded_head_dim(head_dim, config.threads_x)
 
 
-def _tile_copy(threads_x: int, threads_y: int, rows: int, width: int, row_step: int, column_step: int):
-    """``copy(head, smem, base, n0, seqlen, head_dim, ty, tx)``: rows ``n0 .. n0 + rows`` and columns ``0 .. width``
-    of ``head`` (float32) to ``smem[base + r * row_step + d * column_step]``, zeros outside the sequence and past
-    headdim. Thread ``(ty, tx)`` takes rows ``ty + threads_y i`` and columns ``tx + threads_x j``."""
-    TX, TY, ROWS, WIDTH = threads_x, threads_y, rows, width
-    ROW_STEP, COLUMN_STEP = row_step, column_step
-
-    @device_function
-    def copy(head, smem, base, n0, seqlen, head_dim, ty, tx):
-        for r in range(ty, ROWS, TY):
-            for dd in range(tx, WIDTH, TX):
-                val = float32(0.0)
-                if n0 + r < seqlen and dd < head_dim:
-                    val = float32(head[n0 + r, dd])
-                smem[index(base + dd * COLUMN_STEP + r * ROW_STEP)] = val
-
-    return copy
-
-
 @lru_cache(maxsize=None)
 def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
     """Compile-time specialised kernel: tile shape, padded head dim and causality are constants."""
@@ -141,9 +122,9 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
     NEG_INF = np.float32(-np.inf)  # a float32 constant keeps the softmax arithmetic in float32
     position = block_position(HEAD_MAJOR, BLOCK_M)
     partial = tile_is_partial(BLOCK_N)
-    copy_q_t = _tile_copy(TX, TY, BLOCK_M, D_PAD, 1, M_STRIDE)  # Q^T
-    copy_k_t = _tile_copy(TX, TY, BLOCK_N, D_PAD, 1, N_STRIDE)  # K^T
-    copy_v = _tile_copy(TX, TY, BLOCK_N, D_PAD, D_PAD, 1)  # V
+    copy_q_t = float32_tile_copy(TX, TY, BLOCK_M, D_PAD, 1, M_STRIDE)  # Q^T
+    copy_k_t = float32_tile_copy(TX, TY, BLOCK_N, D_PAD, 1, N_STRIDE)  # K^T
+    copy_v = float32_tile_copy(TX, TY, BLOCK_N, D_PAD, D_PAD, 1)  # V
 
     @kernel_jit(launch_bounds=(NT, config.blocks_per_sm))
     def kernel(q, k, v, out, lse, write_lse, scale_log2):

@@ -34,3 +34,28 @@ class AttentionArgs:
     def writing(self, out, lse, write_lse: bool) -> "AttentionArgs":
         """The same inputs into other outputs (the autotuner times candidates into scratch)."""
         return dataclasses.replace(self, out=out, lse=lse, write_lse=write_lse)
+
+
+@dataclass(frozen=True)
+class BackwardArgs:
+    """One backward call on the device: batched views ``(batch, heads, seqlen, headdim)`` of the inputs ``dout``,
+    ``q``, ``k``, ``v``, ``out`` and the gradients ``dq``, ``dk``, ``dv`` it writes, the forward's ``(batch, heads,
+    seqlen_q)`` natural-log ``lse``, the score scale and the mask."""
+
+    dout: Any
+    q: Any
+    k: Any
+    v: Any
+    out: Any
+    lse: Any
+    dq: Any
+    dk: Any
+    dv: Any
+    sm_scale: float
+    causal: bool
+
+    def __post_init__(self):
+        if type(self.causal) is not bool:
+            raise TypeError("causal: expected bool")
+        if type(self.sm_scale) is not float:
+            raise TypeError(f"sm_scale: expected a float, got {type(self.sm_scale).__name__}")

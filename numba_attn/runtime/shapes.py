@@ -44,6 +44,12 @@ class AttentionShape:
             return (self.seqlen_q, last)
         return (self.batch, self.heads, self.seqlen_q, last)
 
+    def kv_shape(self) -> tuple:
+        """The shape of k and v (and of their gradients)."""
+        if self.ndim == 2:
+            return (self.seqlen_k, self.head_dim)
+        return (self.batch, self.kv_heads, self.seqlen_k, self.head_dim)
+
     def lse_shape(self) -> tuple:
         return (self.seqlen_q,) if self.ndim == 2 else (self.batch, self.heads, self.seqlen_q)
 

@@ -1,0 +1,39 @@
+"""The backward's last kernel where ``dq`` was accumulated with atomics into a float32 buffer: that buffer cast to
+``dq``'s dtype (float16) and stored with ``dq``'s strides. (float32 ``dq`` is accumulated in place: no cast.)"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..core.block_info import HEAD_MAJOR, block_position, grid
+from ..runtime.device import SIMULATOR, cuda, kernel_jit
+from ..runtime.launch import launch as device_launch
+
+#: threads along head-dim columns and rows of a block
+GPU_BLOCK = (32, 8)
+SIMULATOR_BLOCK = (4, 4)
+
+
+@lru_cache(maxsize=None)
+def convert_kernel(threads_x: int, threads_y: int):
+    """``kernel(src, dst)``: ``dst[b, h, i, d] = src[b, h, i, d]`` in ``dst``'s dtype."""
+    TX, TY = threads_x, threads_y
+    position = block_position(HEAD_MAJOR, TY)
+
+    @kernel_jit(launch_bounds=(TX * TY, 1))
+    def kernel(src, dst):
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        b, h, m0, src_head, _, _, dst_head = position(src, src, src, dst, False)
+        row = m0 + ty
+        if row < src.shape[2]:
+            for d in range(tx, src.shape[3], TX):
+                dst_head[row, d] = src_head[row, d]
+
+    return kernel
+
+
+def launch(src, dst, stream) -> None:
+    """Cast ``src`` (float32) into ``dst``: views of one shape ``(batch, heads, seqlen, headdim)``."""
+    batch, heads, seqlen, _ = src.shape
+    tx, ty = SIMULATOR_BLOCK if SIMULATOR else GPU_BLOCK
+    device_launch(convert_kernel(tx, ty), grid(HEAD_MAJOR, batch, heads, seqlen, ty), (tx, ty), stream, 0, src, dst)

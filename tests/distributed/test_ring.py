@@ -215,3 +215,82 @@ def test_merge_equals_reference_combine_lse():
     for bad in (np.nan, np.inf):
         merged, merged_lse = _merge(out, lse, torch.zeros(2, 5, 4), torch.full((2, 5), bad))
         assert torch.isnan(merged).all() and torch.isnan(merged_lse).all()
+
+
+class _FakeRing:
+    """torch.distributed for rank ``rank`` of a ring of ``world`` in one process: the shard that arrives at step
+    ``i`` is rank ``rank - i - 1``'s (copied in at ``wait``); records the order of issues, kernels and waits."""
+
+    def __init__(self, rank, world, kv_shards, events):
+        self.rank, self.world, self.kv_shards, self.events, self.step = rank, world, kv_shards, events, 0
+
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return True
+
+    def get_rank(self, group=None):
+        return self.rank
+
+    def get_world_size(self, group=None):
+        return self.world
+
+    def isend(self, *args):
+        raise AssertionError("isend must go through batch_isend_irecv")
+
+    irecv = isend
+
+    def P2POp(self, op, tensor, peer, group=None):  # noqa: N802 (torch's name)
+        return op, tensor, peer
+
+    def batch_isend_irecv(self, ops):
+        step, self.step = self.step, self.step + 1
+        self.events.append(("issue", step))
+        (send_op, sent, send_to), (receive_op, received, receive_from) = ops
+        assert (send_op, receive_op) == (self.isend, self.irecv)
+        assert (send_to, receive_from) == ((self.rank + 1) % self.world, (self.rank - 1) % self.world)
+        assert torch.equal(sent, self.kv_shards[(self.rank - step) % self.world])  # the shard held now goes on
+        fake = self
+
+        class Request:
+            def wait(self):
+                received.copy_(fake.kv_shards[(fake.rank - step - 1) % fake.world])
+                fake.events.append(("wait", step))
+
+        return [Request()]
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_three_rank_ring_order_and_result(layout, monkeypatch):
+    # an odd world, in one process: each step's transfer is issued before its kernels and waited for after them
+    import numba_attn.api
+    from numba_attn.distributed import ring
+
+    world, rng = 3, np.random.default_rng(7)
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, heads, 12, 8)).astype(np.float32)) for heads in (2, 1, 1))
+    kv_shards = [torch.stack((shard(k, r, world, layout), shard(v, r, world, layout))) for r in range(world)]
+    flash_forward, events = numba_attn.api.flash_forward, []
+
+    def logged(*args, **kwargs):
+        events.append(("kernel",))
+        return flash_forward(*args, **kwargs)
+
+    monkeypatch.setattr(numba_attn.api, "flash_forward", logged)
+    outs, lses = [], []
+    for rank in range(world):
+        del events[:]
+        monkeypatch.setattr(ring, "_torch", lambda: (torch, _FakeRing(rank, world, kv_shards, events)))
+        out, lse = ring_attention(shard(q, rank, world, layout), *kv_shards[rank], causal=True, layout=layout,
+                                  return_lse=True)
+        outs.append(out), lses.append(lse)
+        order = [event[0] for event in events]
+        for step in range(world - 1):
+            issue, wait = order.index("issue"), order.index("wait")
+            blocks = 0 if layout == "contiguous" and step > rank else 1  # later ranks' keys: skipped
+            assert order[issue + 1:wait] == ["kernel"] * blocks and wait == issue + 1 + blocks, events
+            order = order[wait + 1:]
+        assert order == ([] if layout == "contiguous" and rank < world - 1 else ["kernel"]), events
+    ref_out, ref_lse = reference.attention(q.numpy(), k.numpy(), v.numpy(), causal=True, return_lse=True)
+    assert rel_error(unshard(outs, layout), ref_out) < TOLERANCE["float32"]
+    assert_close_lse(unshard(lses, layout), ref_lse, tol=1e-5)

@@ -1,0 +1,335 @@
+"""Ring (context-parallel) attention over ``torch.distributed``: each rank holds one shard of the sequence.
+
+Every rank of the group holds its query shard ``q`` and its key/value shards ``k``, ``v``, each
+``(batch, heads, seqlen / world, headdim)`` (``k``, ``v`` may have fewer heads: grouped-query attention). The
+key/value shards travel around the ring, rank ``r`` sending to ``r + 1`` and receiving from ``r - 1`` (mod
+``world``), so that at step ``i`` rank ``r`` holds the shard of rank ``s = (r - i) mod world``. At each step
+
+1. the transfer of the next shard is issued first (``isend`` of the current shard, ``irecv`` of the next one,
+   batched with ``batch_isend_irecv``; on CUDA tensors on a side stream, so it overlaps the kernel),
+2. ``numba_attn.flash_forward(q_rows, k_keys, v_keys, return_lse=True)`` runs on the current shard (or the part
+   of it the mask lets through, below),
+3. its partial output and lse are merged into the running float32 ``(out, lse)`` (:func:`_merge`), and
+4. the transfer is waited for.
+
+``k`` and ``v`` travel stacked in one buffer (one message per step); two buffers alternate.
+
+**Merge.** Partial attention over disjoint key sets merges exactly by its log-sum-exps (``combine_lse``):
+``lse = log(exp(lse_a) + exp(lse_b))``, ``out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b``. It is done as a
+running merge in torch float32 after each step rather than one ``numba_attn.combine_lse`` over all parts at the
+end: the result is the same convex combination (each step rounds the float32 accumulator once, ~1e-7 relative,
+far below the float32 tolerance of 1e-5), it keeps one output-sized accumulator instead of ``world`` parts, and it
+needs no extra kernel launch. It follows ``reference.combine_lse``'s rules: a part with ``lse = -inf`` has weight
+0, a row that no part reaches gives 0 and ``-inf`` (never NaN), a NaN or ``+inf`` lse makes the row NaN. The
+partials come back from ``flash_forward`` in the inputs' dtype (float16 partials carry one float16 rounding each),
+are converted to float32 for the merge, and the result is cast to the inputs' dtype once at the end; ``lse`` is
+float32.
+
+**Causal masking.** With ``causal=True`` the whole sequence is causal (query ``i`` sees key ``j <= i``, global
+positions). Split into chunks, a (query chunk, key chunk) pair is *full* when the key chunk comes first,
+*diagonal* (``flash_forward(causal=True)``: equal lengths, so the bottom-right alignment is the diagonal) when it
+is the same chunk, and *masked* (skipped) when it comes later.
+
+``layout="contiguous"``: rank ``r`` holds chunk ``r`` of ``world``. The own shard is diagonal, a shard from an
+earlier rank (``s < r``) is full, one from a later rank (``s > r``) is masked and skipped. Rank ``r`` computes
+``r + 1`` blocks, so the last rank does ``world`` times the work of the first.
+
+``layout="zigzag"`` (the load-balanced sharding of Llama 3's context parallelism and of ring-flash-attention):
+the sequence is cut into ``2 * world`` chunks and rank ``r`` holds chunks ``r`` and ``2 * world - 1 - r`` (its
+"first" and "second" half, each ``c = seqlen / world / 2`` rows). For the shard of rank ``s`` at rank ``r``
+(``q0``, ``q1``: the query halves; ``k0``, ``k1``: the key halves)::
+
+    source     | q0 = chunk r                 | q1 = chunk 2w-1-r           | call
+    -----------+------------------------------+-----------------------------+----------------------------------
+    s == r     | k0 diagonal, k1 masked       | k0 full,     k1 diagonal    | whole shard, causal=True
+    s <  r     | k0 full,     k1 masked       | k0 full,     k1 masked      | q (both halves) x k0, v0, unmasked
+    s >  r     | k0 masked,   k1 masked       | k0 full,     k1 full        | q1 x k (both halves), unmasked
+
+(``s < r``: ``k0 = s < r`` comes before both query chunks and ``k1 = 2w-1-s > 2w-1-r`` after both;
+``s > r``: ``k0 = s > r`` but ``s <= w-1 < 2w-1-r``, ``k1 = 2w-1-s < 2w-1-r`` but ``>= w > r``.) The own step,
+causal over the local ``[q0, q1] x [k0, k1]``, is exactly the two diagonal blocks plus ``q1 x k0``. Every other
+step is one unmasked ``2c x c`` (or ``c x 2c``) block, the same work on every rank: rank ``r`` computes
+``2c x 2c`` (causal) plus ``world - 1`` blocks of ``2c x c``, whatever ``r``.
+
+Without ``causal`` every block is full and the layout only says how the caller sharded the sequence (attention
+is the same for any order of the keys, and each query row's output is its own).
+
+The default layout is ``"zigzag"`` when ``causal``, else ``"contiguous"``; it must match how the shards were
+made (:func:`shard`). Backward: none yet (no backward kernels, issue #28): ``ring_attention`` is forward-only
+and refuses inputs that require grad while grad mode is on, rather than silently detaching them.
+
+Not yet verified: runs on GPUs (NCCL, the side-stream overlap); this module is tested on the CPU with the gloo
+backend only (``tests/distributed/test_ring.py``, ``docs/design/distributed.md``).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from ..runtime.arguments import ArgumentTypeError, check_flag, check_sm_scale
+
+__all__ = ["LAYOUTS", "ring_attention", "shard", "unshard", "gather"]
+
+LAYOUTS = ("contiguous", "zigzag")
+
+
+def _torch():
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as error:  # pragma: no cover - CI without torch skips these tests
+        raise ImportError("numba_attn.distributed needs torch (torch.distributed)") from error
+    return torch, dist
+
+
+def _check_layout(layout, causal: bool) -> str:
+    if layout is None:
+        return "zigzag" if causal else "contiguous"
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ValueError(f"layout: expected 'contiguous', 'zigzag' or None, got {layout!r}")
+    return layout
+
+
+def _check_int(value, name: str, low: int, high: int | None = None) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ArgumentTypeError(f"{name}: expected an int, got {value!r}")
+    value = int(value)
+    if value < low or (high is not None and value >= high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high})"
+        raise ValueError(f"{name}: expected an int {bound}, got {value}")
+    return value
+
+
+def _check_dim(dim, ndim: int, name: str) -> int:
+    dim = _check_int(dim, "dim", -ndim, ndim) if ndim else _check_int(dim, "dim", 0, 0)
+    return dim % ndim
+
+
+def _chunks(layout: str, world: int) -> int:
+    return 2 * world if layout == "zigzag" else world
+
+
+def _take(x, dim: int, start: int, stop: int):
+    index = [slice(None)] * len(x.shape)
+    index[dim] = slice(start, stop)
+    return x[tuple(index)]
+
+
+def _concatenate(parts, dim: int):
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts, axis=dim)
+    torch, _ = _torch()
+    return torch.cat(parts, dim=dim)
+
+
+def shard(x, rank, world, layout="contiguous", dim=2):
+    """Rank ``rank``'s shard of ``x`` (a torch tensor or NumPy array) along ``dim`` for ``world`` ranks.
+
+    ``"contiguous"``: chunk ``rank`` of ``world`` equal chunks (a view). ``"zigzag"``: chunks ``rank`` and
+    ``2 * world - 1 - rank`` of ``2 * world``, concatenated (a copy). ``x.shape[dim]`` must be divisible by
+    ``world`` (``2 * world`` for zigzag).
+    """
+    if not hasattr(x, "shape") or not hasattr(x, "__getitem__"):
+        raise TypeError(f"x: expected a torch tensor or NumPy array, got {type(x).__name__}")
+    world = _check_int(world, "world", 1)
+    rank = _check_int(rank, "rank", 0, world)
+    layout = _check_layout(layout, False)
+    dim = _check_dim(dim, len(x.shape), "x")
+    length, chunks = x.shape[dim], _chunks(layout, world)
+    if length % chunks:
+        raise ValueError(f"x: sequence length {length} (dim {dim}) is not divisible by {chunks} "
+                         f"({'2 * world' if layout == 'zigzag' else 'world'}, world = {world}, layout {layout!r})")
+    size = length // chunks
+    if layout == "contiguous":
+        return _take(x, dim, rank * size, (rank + 1) * size)
+    other = chunks - 1 - rank
+    return _concatenate([_take(x, dim, rank * size, (rank + 1) * size),
+                         _take(x, dim, other * size, (other + 1) * size)], dim)
+
+
+def unshard(shards, layout="contiguous", dim=2):
+    """The whole sequence from the shards of ranks ``0 .. world - 1`` (a list, in rank order): inverse of
+    :func:`shard`."""
+    shards = list(shards)
+    if not shards:
+        raise ValueError("shards: expected one shard per rank, got none")
+    layout = _check_layout(layout, False)
+    shape = tuple(shards[0].shape)
+    for index, part in enumerate(shards):
+        if tuple(part.shape) != shape:
+            raise ValueError(f"shards: shard {index} has shape {tuple(part.shape)}, shard 0 {shape}")
+    dim = _check_dim(dim, len(shape), "shards")
+    if layout == "contiguous":
+        return _concatenate(shards, dim)
+    world, length = len(shards), shape[dim]
+    if length % 2:
+        raise ValueError(f"shards: zigzag shards hold two chunks each, got an odd length {length} (dim {dim})")
+    half = length // 2
+    chunks = [None] * (2 * world)
+    for rank, part in enumerate(shards):
+        chunks[rank] = _take(part, dim, 0, half)
+        chunks[2 * world - 1 - rank] = _take(part, dim, half, length)
+    return _concatenate(chunks, dim)
+
+
+def gather(x, layout="contiguous", group=None, dim=2):
+    """All-gather every rank's shard ``x`` (torch tensor) of ``group`` and :func:`unshard` them: the whole
+    sequence, on every rank. For tests and debugging."""
+    torch, dist = _torch()
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    _group_rank_and_size(dist, group)
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x, group=group)
+    return unshard(parts, layout, dim)
+
+
+def _group_rank_and_size(dist, group):
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("group: torch.distributed is not initialised (call torch.distributed.init_process_group "
+                           "first)")
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("group: this process is not a member of the group")
+    return rank, dist.get_world_size(group)
+
+
+def _check_inputs(torch, q, k, v):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"{name}: expected shape (batch, heads, seqlen / world, headdim), got {tuple(x.shape)}")
+    if v.shape != k.shape:
+        raise ValueError(f"v: expected k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    (batch, heads, length, headdim), kv_heads = q.shape, k.shape[1]
+    if (k.shape[0], k.shape[2], k.shape[3]) != (batch, length, headdim):
+        raise ValueError(f"k: expected (batch, kv_heads, seqlen, headdim) = ({batch}, kv_heads, {length}, "
+                         f"{headdim}) as q {tuple(q.shape)} (shards of one sequence), got {tuple(k.shape)}")
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"k: kv_heads ({kv_heads}) must divide q's heads ({heads})")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name}: dtype {x.dtype} differs from q's {q.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name}: on {x.device}, q on {q.device}")
+    if torch.is_grad_enabled():
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if x.requires_grad:
+                raise NotImplementedError(
+                    f"{name}: requires grad, but ring_attention is forward-only (no backward kernels yet, issue "
+                    "#28); call it under torch.no_grad() or pass detached tensors")
+
+
+def _blocks(rank: int, source: int, length: int, causal: bool, layout: str):
+    """``(query rows, key rows, causal)`` of the flash_forward calls of rank ``rank`` on the shard of ``source``
+    (see the module docstring's table); an empty list when the whole shard is masked."""
+    everything = slice(0, length)
+    if not causal or source < rank and layout == "contiguous":
+        return [(everything, everything, False)]
+    if source == rank:
+        return [(everything, everything, True)]
+    if layout == "contiguous":  # a later rank's keys
+        return []
+    half = length // 2
+    if source < rank:
+        return [(everything, slice(0, half), False)]
+    return [(slice(half, length), everything, False)]
+
+
+def _merge(out, lse, part_out, part_lse):
+    """Running LSE merge of float32 ``(out, lse)`` with a part over other keys (``reference.combine_lse`` of
+    the two, the same -inf / NaN rules)."""
+    torch, _ = _torch()
+    top = torch.maximum(lse, part_lse)  # NaN propagates
+    base = torch.where(torch.isneginf(top), torch.zeros_like(top), top)  # both empty: exps of -inf, weights 0
+    weight, part_weight = torch.exp(lse - base), torch.exp(part_lse - base)
+    total = weight + part_weight
+    merged = (weight[..., None] * out + part_weight[..., None] * part_out) / torch.where(
+        total > 0, total, torch.ones_like(total))[..., None]
+    return merged, base + torch.log(total)  # log(0) = -inf: still no key
+
+
+def _exchange(torch, dist, send, receive, send_to, receive_from, group, side):
+    ops = [dist.P2POp(dist.isend, send, send_to, group), dist.P2POp(dist.irecv, receive, receive_from, group)]
+    if side is None:
+        return dist.batch_isend_irecv(ops)
+    side.wait_stream(torch.cuda.current_stream(send.device))  # the shard (and the receive buffer) are ready
+    with torch.cuda.stream(side):
+        requests = dist.batch_isend_irecv(ops)
+    send.record_stream(side)
+    receive.record_stream(side)
+    return requests
+
+
+def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_lse=False, layout=None,
+                   backend=None):
+    """Exact attention over a sequence sharded across the ranks of ``group`` (default: the world).
+
+    Args:
+        q: this rank's query shard ``(batch, heads, seqlen / world, headdim)``, a torch tensor (float16, float32;
+            bfloat16 on GPUs), sharded as ``layout`` says.
+        k, v: this rank's key / value shards ``(batch, kv_heads, seqlen / world, headdim)``; ``kv_heads``
+            divides ``heads``. All ranks pass the same shapes.
+        group: the ``torch.distributed`` process group (initialised by the caller), default the world.
+        causal: query ``i`` sees key ``j <= i`` (global positions).
+        sm_scale: score scale, default ``1 / sqrt(headdim)``.
+        return_lse: also return this shard's ``lse`` ``(batch, heads, seqlen / world)`` float32 (natural log).
+        layout: ``"contiguous"`` or ``"zigzag"`` (see :func:`shard`); default ``"zigzag"`` when ``causal``, else
+            ``"contiguous"``. Zigzag shards have an even length (two chunks).
+        backend: passed to ``numba_attn.flash_forward``.
+
+    Returns:
+        ``out`` (q's shard shape and dtype) or ``(out, lse)``; rows that see no key give 0 and ``lse = -inf``.
+        Forward only: inputs that require grad (with grad mode on) raise ``NotImplementedError``.
+    """
+    from .. import api
+
+    torch, dist = _torch()
+    _check_inputs(torch, q, k, v)
+    causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
+    layout = _check_layout(layout, causal)
+    sm_scale = check_sm_scale(sm_scale)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    rank, world = _group_rank_and_size(dist, group)
+    length = q.shape[2]
+
+    def attend(q_part, k_part, v_part, part_causal):
+        return api.flash_forward(q_part, k_part, v_part, causal=part_causal, sm_scale=sm_scale, return_lse=True,
+                                 backend=backend)
+
+    if world == 1:  # one rank: both layouts are the identity
+        out, lse = attend(q, k, v, causal)
+        return (out, lse) if return_lse else out
+    if layout == "zigzag" and length % 2:
+        raise ValueError(f"q: zigzag shards hold two chunks (seqlen divisible by 2 * world = {2 * world}), got a "
+                         f"shard of {length} rows")
+
+    def peer(group_rank):
+        return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+    send_to, receive_from = peer((rank + 1) % world), peer((rank - 1) % world)
+    buffers = [torch.stack((k, v)), None]  # k and v travel together: one message per step
+    side = torch.cuda.Stream(device=q.device) if q.is_cuda else None
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float32, device=q.device)
+    for step in range(world):
+        current = buffers[step % 2]
+        requests = []
+        if step < world - 1:  # issue the next shard's transfer before computing on this one
+            if buffers[(step + 1) % 2] is None:
+                buffers[(step + 1) % 2] = torch.empty_like(current)
+            requests = _exchange(torch, dist, current, buffers[(step + 1) % 2], send_to, receive_from, group, side)
+        for rows, keys, part_causal in _blocks(rank, (rank - step) % world, length, causal, layout):
+            part_out, part_lse = attend(q[:, :, rows], current[0][:, :, keys], current[1][:, :, keys], part_causal)
+            out[:, :, rows], lse[:, :, rows] = _merge(out[:, :, rows], lse[:, :, rows], part_out.float(), part_lse)
+        for request in requests:
+            request.wait()
+        if side is not None and requests:
+            torch.cuda.current_stream(q.device).wait_stream(side)
+    out = out.to(q.dtype)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,296 @@
+"""numba_attn.distributed.ring_attention against reference.attention, over torch.distributed (gloo, CPU).
+
+The multi-rank tests spawn 2 and 4 processes once each; every process group runs several cases in sequence (the
+simulator and the processes' start-up are slow). The parent writes the whole inputs, each rank shards them, runs
+``ring_attention`` and gathers; rank 0 saves the results, which the parent compares with the float64 reference
+of the (rounded) inputs.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+import reference  # noqa: E402
+from kernel_checks import TOLERANCE, assert_close_lse, rel_error  # noqa: E402
+from numba_attn.distributed import gather, ring_attention, shard, unshard  # noqa: E402
+from numba_attn.distributed.ring import _merge  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="needs torch.distributed with gloo")
+
+# (name, dtype, causal, layout, heads, kv_heads, total seqlen, headdim, sm_scale, group ranks or None)
+CASES = {
+    2: [
+        ("zigzag_gqa_f32", "float32", True, "zigzag", 2, 1, 16, 8, None, None),
+        ("zigzag_f16", "float16", True, None, 2, 2, 16, 16, None, None),  # None: the causal default, zigzag
+        ("contiguous_f32", "float32", True, "contiguous", 2, 2, 16, 8, 0.7, None),
+        ("noncausal_gqa_f16", "float16", False, None, 2, 1, 16, 8, None, None),
+        ("noncausal_zigzag_f32", "float32", False, "zigzag", 2, 2, 16, 8, None, None),
+    ],
+    4: [
+        ("zigzag_gqa_f32", "float32", True, "zigzag", 2, 1, 32, 8, None, None),
+        ("zigzag_f16", "float16", True, "zigzag", 2, 2, 32, 16, None, None),
+        ("contiguous_gqa_f16", "float16", True, "contiguous", 2, 1, 32, 8, None, None),
+        ("noncausal_f32", "float32", False, "contiguous", 2, 2, 32, 8, None, None),
+        ("subgroup_zigzag_f32", "float32", True, "zigzag", 2, 1, 16, 8, None, [1, 3]),
+    ],
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank, world, port, folder, cases):
+    """One rank: run every case, rank 0 (of the case's group) saves the gathered results."""
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for name, dtype, causal, layout, _, _, _, _, sm_scale, ranks in cases:
+            group = dist.new_group(ranks) if ranks is not None else None  # (collective: every rank calls it)
+            if ranks is not None and rank not in ranks:
+                continue
+            group_rank, group_size = dist.get_rank(group), dist.get_world_size(group)
+            inputs = np.load(os.path.join(folder, f"{name}_inputs.npz"))
+            used = layout or ("zigzag" if causal else "contiguous")
+            q, k, v = (shard(torch.from_numpy(inputs[x]).to(getattr(torch, dtype)), group_rank, group_size, used)
+                       for x in "qkv")
+            out, lse = ring_attention(q, k, v, group=group, causal=causal, sm_scale=sm_scale, return_lse=True,
+                                      layout=layout)
+            only_out = ring_attention(q, k, v, group=group, causal=causal, sm_scale=sm_scale, layout=layout) \
+                if name.startswith("contiguous_f32") else out
+            assert out.dtype == q.dtype and out.shape == q.shape, (out.dtype, out.shape)
+            assert lse.dtype == torch.float32 and lse.shape == q.shape[:-1], (lse.dtype, lse.shape)
+            assert torch.equal(only_out, out)
+            whole_out, whole_lse = gather(out, used, group), gather(lse, used, group)
+            if group_rank == 0:
+                np.savez(os.path.join(folder, f"{name}_result.npz"), out=whole_out.float().numpy(),
+                         lse=whole_lse.numpy())
+        if world == 2:  # an odd zigzag shard: every rank refuses before any transfer
+            q = torch.zeros(1, 2, 3, 8)
+            try:
+                ring_attention(q, q, q, causal=True)
+            except ValueError as error:
+                assert str(error).startswith("q: zigzag"), error
+            else:
+                raise AssertionError("an odd zigzag shard was accepted")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_attention_equals_reference(world, tmp_path):
+    cases = CASES[world]
+    rng = np.random.default_rng(world)
+    for name, dtype, _, _, heads, kv_heads, seqlen, headdim, _, _ in cases:
+        arrays = {"q": rng.standard_normal((1, heads, seqlen, headdim)),
+                  "k": rng.standard_normal((1, kv_heads, seqlen, headdim)),
+                  "v": rng.standard_normal((1, kv_heads, seqlen, headdim))}
+        np.savez(tmp_path / f"{name}_inputs.npz", **{x: a.astype(dtype) for x, a in arrays.items()})
+    torch.multiprocessing.spawn(_worker, args=(world, _free_port(), str(tmp_path), cases), nprocs=world)
+    for name, dtype, causal, _, _, _, _, _, sm_scale, _ in cases:
+        inputs = np.load(tmp_path / f"{name}_inputs.npz")
+        result = np.load(tmp_path / f"{name}_result.npz")
+        ref_out, ref_lse = reference.attention(inputs["q"], inputs["k"], inputs["v"], causal=causal,
+                                               sm_scale=sm_scale, return_lse=True)
+        error = rel_error(result["out"], ref_out)
+        assert error < TOLERANCE[dtype], f"{name}: relative error {error:.3g}"
+        assert_close_lse(result["lse"], ref_lse, tol=1e-5)
+
+
+def test_one_rank_is_plain_attention():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        rng = np.random.default_rng(5)
+        q, k, v = (torch.from_numpy(rng.standard_normal((1, 2, 7, 8)).astype(np.float32)) for _ in range(3))
+        for layout in ("contiguous", "zigzag"):  # one rank: both are the identity, odd lengths included
+            out, lse = ring_attention(q, k, v, causal=True, layout=layout, return_lse=True)
+            ref_out, ref_lse = reference.attention(q.numpy(), k.numpy(), v.numpy(), causal=True, return_lse=True)
+            assert rel_error(out, ref_out) < TOLERANCE["float32"]
+            assert_close_lse(lse, ref_lse, tol=1e-5)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_shard_unshard_round_trip(world, layout, kind):
+    x = np.arange(2 * 3 * 24 * 2).reshape(2, 3, 24, 2)
+    x = torch.from_numpy(x) if kind == "torch" else x
+    shards = [shard(x, rank, world, layout) for rank in range(world)]
+    back = unshard(shards, layout)
+    assert type(back) is type(x) and np.array_equal(np.asarray(back), np.asarray(x))
+    chunk = 24 // (2 * world if layout == "zigzag" else world)
+    for rank, part in enumerate(shards):  # rank r holds chunk r (and, zigzag, chunk 2 * world - 1 - r)
+        rows = np.asarray(part)[0, 0, :, 0] // 2
+        expected = list(range(rank * chunk, (rank + 1) * chunk))
+        if layout == "zigzag":
+            other = 2 * world - 1 - rank
+            expected += list(range(other * chunk, (other + 1) * chunk))
+        assert rows.tolist() == expected
+    # another axis
+    y = np.arange(12 * 5).reshape(12, 5)
+    assert np.array_equal(unshard([shard(y, r, 2, layout, dim=0) for r in range(2)], layout, dim=0), y)
+
+
+def test_shard_bad_inputs():
+    x = np.zeros((1, 1, 6, 2))
+    with pytest.raises(ValueError, match="^x: sequence length 6 .* divisible by 4"):
+        shard(x, 0, 2, "zigzag")
+    with pytest.raises(ValueError, match="^x: sequence length 6 .* divisible by 4"):
+        shard(x, 0, 4, "contiguous")
+    with pytest.raises(ValueError, match="^rank"):
+        shard(x, 2, 2)
+    with pytest.raises(TypeError, match="^world"):
+        shard(x, 0, 2.0)
+    with pytest.raises(ValueError, match="^layout"):
+        shard(x, 0, 2, "ring")
+    with pytest.raises(ValueError, match="^shards"):
+        unshard([x, x[:, :, :4]])
+    with pytest.raises(ValueError, match="^shards: zigzag"):
+        unshard([x[:, :, :3], x[:, :, :3]], "zigzag")
+
+
+def _qkv(heads=2, kv_heads=2, length=4, headdim=8, dtype=torch.float32):
+    return (torch.zeros(1, heads, length, headdim, dtype=dtype), torch.zeros(1, kv_heads, length, headdim, dtype=dtype),
+            torch.zeros(1, kv_heads, length, headdim, dtype=dtype))
+
+
+def test_ring_attention_bad_inputs():
+    q, k, v = _qkv()
+    cases = [
+        (TypeError, "^q: expected a torch.Tensor", (q.numpy(), k, v), {}),
+        (TypeError, "^v: expected a torch.Tensor", (q, k, [1.0]), {}),
+        (ValueError, "^k: expected shape", (q, k[0], v), {}),
+        (ValueError, "^v: expected k's shape", (q, k, v[:, :, :3]), {}),
+        (ValueError, "^k: expected .* got \\(1, 2, 3, 8\\)", (q, k[:, :, :3], v[:, :, :3]), {}),
+        (ValueError, "^k: expected", (q, k[..., :4], v[..., :4]), {}),
+        (ValueError, "^k: kv_heads \\(3\\) must divide", (q,) + _qkv(kv_heads=3)[1:], {}),
+        (TypeError, "^k: dtype", (q, k.half(), v.half()), {}),
+        (TypeError, "^v: dtype", (q, k, v.half()), {}),
+        (NotImplementedError, "^q: requires grad, but ring_attention is forward-only", (q.requires_grad_(), k, v), {}),
+        (TypeError, "^causal", (q.detach(), k, v), {"causal": 1}),
+        (TypeError, "^return_lse", (q.detach(), k, v), {"return_lse": None}),
+        (ValueError, "^layout", (q.detach(), k, v), {"layout": "ring"}),
+        (ValueError, "^sm_scale", (q.detach(), k, v), {"sm_scale": float("inf")}),
+        (RuntimeError, "^group: torch.distributed is not initialised", (q.detach(), k, v), {}),
+    ]
+    assert not dist.is_initialized()
+    for error, message, args, kwargs in cases:
+        with pytest.raises(error, match=message):
+            ring_attention(*args, **kwargs)
+    with torch.no_grad():  # grad mode off: requires_grad inputs are fine (nothing to differentiate)
+        with pytest.raises(RuntimeError, match="^group"):
+            ring_attention(q.requires_grad_(), k, v)
+
+
+def test_merge_equals_reference_combine_lse():
+    # running merges of float32 parts (empty rows, a part that reaches no row, one reaching a row alone)
+    rng = np.random.default_rng(3)
+    o_parts = rng.standard_normal((3, 2, 5, 4)).astype(np.float32)
+    lse_parts = (rng.standard_normal((3, 2, 5)) * 4).astype(np.float32)
+    lse_parts[:, 0, 0] = -np.inf  # a row no part reaches
+    lse_parts[1:, 1, 2] = -np.inf  # a row only part 0 reaches
+    lse_parts[2, 1] = -np.inf  # a part that reaches no row
+    o_parts[lse_parts == -np.inf] = 0.0
+    out, lse = torch.zeros(2, 5, 4), torch.full((2, 5), -np.inf)
+    for o, l in zip(o_parts, lse_parts):
+        out, lse = _merge(out, lse, torch.from_numpy(o), torch.from_numpy(l))
+    ref_out, ref_lse = reference.combine_lse(o_parts, lse_parts)
+    assert rel_error(out, ref_out) < 1e-6
+    assert_close_lse(lse, ref_lse, tol=1e-6)
+    assert torch.equal(out[0, 0], torch.zeros(4)) and torch.isneginf(lse[0, 0])
+    # NaN and +inf part lse make the row NaN, as reference.combine_lse
+    for bad in (np.nan, np.inf):
+        merged, merged_lse = _merge(out, lse, torch.zeros(2, 5, 4), torch.full((2, 5), bad))
+        assert torch.isnan(merged).all() and torch.isnan(merged_lse).all()
+
+
+class _FakeRing:
+    """torch.distributed for rank ``rank`` of a ring of ``world`` in one process: the shard that arrives at step
+    ``i`` is rank ``rank - i - 1``'s (copied in at ``wait``); records the order of issues, kernels and waits."""
+
+    def __init__(self, rank, world, kv_shards, events):
+        self.rank, self.world, self.kv_shards, self.events, self.step = rank, world, kv_shards, events, 0
+
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return True
+
+    def get_rank(self, group=None):
+        return self.rank
+
+    def get_world_size(self, group=None):
+        return self.world
+
+    def isend(self, *args):
+        raise AssertionError("isend must go through batch_isend_irecv")
+
+    irecv = isend
+
+    def P2POp(self, op, tensor, peer, group=None):  # noqa: N802 (torch's name)
+        return op, tensor, peer
+
+    def batch_isend_irecv(self, ops):
+        step, self.step = self.step, self.step + 1
+        self.events.append(("issue", step))
+        (send_op, sent, send_to), (receive_op, received, receive_from) = ops
+        assert (send_op, receive_op) == (self.isend, self.irecv)
+        assert (send_to, receive_from) == ((self.rank + 1) % self.world, (self.rank - 1) % self.world)
+        assert torch.equal(sent, self.kv_shards[(self.rank - step) % self.world])  # the shard held now goes on
+        fake = self
+
+        class Request:
+            def wait(self):
+                received.copy_(fake.kv_shards[(fake.rank - step - 1) % fake.world])
+                fake.events.append(("wait", step))
+
+        return [Request()]
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_three_rank_ring_order_and_result(layout, monkeypatch):
+    # an odd world, in one process: each step's transfer is issued before its kernels and waited for after them
+    import numba_attn.api
+    from numba_attn.distributed import ring
+
+    world, rng = 3, np.random.default_rng(7)
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, heads, 12, 8)).astype(np.float32)) for heads in (2, 1, 1))
+    kv_shards = [torch.stack((shard(k, r, world, layout), shard(v, r, world, layout))) for r in range(world)]
+    flash_forward, events = numba_attn.api.flash_forward, []
+
+    def logged(*args, **kwargs):
+        events.append(("kernel",))
+        return flash_forward(*args, **kwargs)
+
+    monkeypatch.setattr(numba_attn.api, "flash_forward", logged)
+    outs, lses = [], []
+    for rank in range(world):
+        del events[:]
+        monkeypatch.setattr(ring, "_torch", lambda: (torch, _FakeRing(rank, world, kv_shards, events)))
+        out, lse = ring_attention(shard(q, rank, world, layout), *kv_shards[rank], causal=True, layout=layout,
+                                  return_lse=True)
+        outs.append(out), lses.append(lse)
+        order = [event[0] for event in events]
+        for step in range(world - 1):
+            issue, wait = order.index("issue"), order.index("wait")
+            blocks = 0 if layout == "contiguous" and step > rank else 1  # later ranks' keys: skipped
+            assert order[issue + 1:wait] == ["kernel"] * blocks and wait == issue + 1 + blocks, events
+            order = order[wait + 1:]
+        assert order == ([] if layout == "contiguous" and rank < world - 1 else ["kernel"]), events
+    ref_out, ref_lse = reference.attention(q.numpy(), k.numpy(), v.numpy(), causal=True, return_lse=True)
+    assert rel_error(unshard(outs, layout), ref_out) < TOLERANCE["float32"]
+    assert_close_lse(unshard(lses, layout), ref_lse, tol=1e-5)

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._masks import mask_band
 from ._shapes import (
-    causal_mask,
     check_flag,
     check_positive_int,
     finish,
@@ -194,7 +194,8 @@ def flash_attention_v2_backward(
 
             s_ij = score_scale * (q_i @ k_j.swapaxes(-1, -2))
             if causal and kv_end - 1 > q_start + diagonal_offset:
-                visible = causal_mask(np.arange(q_start, q_end), np.arange(kv_start, kv_end), seqlen_q, seqlen_k)
+                visible = mask_band(True, None).visible(np.arange(q_start, q_end), np.arange(kv_start, kv_end),
+                                                        seqlen_q, seqlen_k)
                 s_ij = np.where(visible, s_ij, -np.inf)
 
             # exp2(s - lse) with the saved lse; a row with lse = -inf sees no key and has P = 0 (its scores

@@ -12,7 +12,7 @@ generation stays fast and shrinking still works on every other parameter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from hypothesis import strategies as st
@@ -78,17 +78,28 @@ def standard_normal(rng, shape, scale):
 
 @dataclass
 class AttentionCase:
-    """One attention problem: arrays plus the keyword arguments every algorithm takes."""
+    """One attention problem: arrays plus the keyword arguments every algorithm takes.
+
+    ``window`` and ``softcap`` (drawn by :func:`masked_attention_cases` only) join ``kwargs`` when set, so the
+    cases of the functions without them stay valid for those.
+    """
 
     q: np.ndarray
     k: np.ndarray
     v: np.ndarray
     causal: bool
     sm_scale: float | None
+    window: tuple | None = None
+    softcap: float | None = None
 
     @property
     def kwargs(self):
-        return {"causal": self.causal, "sm_scale": self.sm_scale}
+        kwargs = {"causal": self.causal, "sm_scale": self.sm_scale}
+        if self.window is not None:
+            kwargs["window"] = self.window
+        if self.softcap is not None:
+            kwargs["softcap"] = self.softcap
+        return kwargs
 
     @property
     def unbatched(self) -> bool:
@@ -160,6 +171,26 @@ def attention_cases(draw, max_seqlen: int = 24, max_headdim: int = 16, causal=No
     sm_scale = draw(st.one_of(st.none(), st.sampled_from([0.0, 0.125, 1.0]),
                               st.floats(-1.0, 1.0, allow_nan=False)))
     return AttentionCase(q, k, v, causal, sm_scale)
+
+
+def windows(max_side: int = 30):
+    """``window`` arguments: None or ``(left, right)``, each side None (unbounded), small (0 included) or any size."""
+    side = st.one_of(st.none(), st.integers(0, 3), st.integers(0, max_side))
+    return st.one_of(st.none(), st.tuples(side, side))
+
+
+def softcaps():
+    """``softcap`` arguments: None (off) or a cap from well below the logits here to well above most of them."""
+    return st.one_of(st.none(), st.floats(0.05, 50.0))
+
+
+@st.composite
+def masked_attention_cases(draw, window=None, softcap=None, **kwargs):
+    """:func:`attention_cases` (same keyword arguments) with a drawn ``window`` and ``softcap`` as well."""
+    case = draw(attention_cases(**kwargs))
+    window = draw(windows() if window is None else window)
+    softcap = draw(softcaps() if softcap is None else softcap)
+    return replace(case, window=window, softcap=softcap)
 
 
 @st.composite

@@ -173,10 +173,14 @@ def attention_cases(draw, max_seqlen: int = 24, max_headdim: int = 16, causal=No
     return AttentionCase(q, k, v, causal, sm_scale)
 
 
-def windows(max_side: int = 30):
-    """``window`` arguments: None or ``(left, right)``, each side None (unbounded), small (0 included) or any size."""
+def windows(max_side: int = 30, optional: bool = True):
+    """``window`` arguments: ``(left, right)``, each side None (unbounded), small (0 included) or any size.
+
+    With ``optional`` None (no window) too, a third of the time.
+    """
     side = st.one_of(st.none(), st.integers(0, 3), st.integers(0, max_side))
-    return st.one_of(st.none(), st.tuples(side, side))
+    window = st.tuples(side, side)
+    return st.one_of(st.none(), window, window) if optional else window
 
 
 def softcaps():
@@ -247,6 +251,19 @@ def linear_cases(draw, max_seqlen: int = 40, with_state=None, unbatched=None):
     if with_state:
         initial_state = standard_normal(rng, leading + (features, values), draw(value_scales))
     return LinearCase(q, k, v, initial_state)
+
+
+def mask_by_hand(seqlen_q, seqlen_k, causal, window):
+    """The band mask from its definition, one element at a time: query ``i`` sees key ``j`` iff
+    ``i' - left <= j <= i' + right`` (``i' = i + seqlen_k - seqlen_q``, None: unbounded) and, if causal, ``j <= i'``."""
+    left, right = (None, None) if window is None else window
+    visible = np.zeros((seqlen_q, seqlen_k), dtype=bool)
+    for i in range(seqlen_q):
+        diagonal = i + seqlen_k - seqlen_q
+        for j in range(seqlen_k):
+            visible[i, j] = ((left is None or j >= diagonal - left) and (right is None or j <= diagonal + right)
+                             and (not causal or j <= diagonal))
+    return visible
 
 
 def assert_close(actual, expected, *, rtol: float = 1e-10, atol: float = 0.0):

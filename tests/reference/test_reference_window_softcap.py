@@ -10,6 +10,7 @@ from strategies import (
     assert_close,
     block_sizes,
     lengths_with_unseen_queries,
+    mask_by_hand,
     masked_attention_cases,
     softcaps,
     windows,
@@ -33,18 +34,6 @@ def assert_same_attention(actual, expected, case):
     assert_close(lse, expected_lse, atol=case.lse_atol)
 
 
-def _mask_by_hand(seqlen_q, seqlen_k, causal, window):
-    """The mask from the definition, one element at a time: ``i' - left <= j <= i' + right``, and ``j <= i'``."""
-    left, right = (None, None) if window is None else window
-    visible = np.zeros((seqlen_q, seqlen_k), dtype=bool)
-    for i in range(seqlen_q):
-        diagonal = i + seqlen_k - seqlen_q
-        for j in range(seqlen_k):
-            visible[i, j] = ((left is None or j >= diagonal - left) and (right is None or j <= diagonal + right)
-                             and (not causal or j <= diagonal))
-    return visible
-
-
 def _attention_by_hand(case):
     """Dense attention with the hand-built mask and ``c * tanh(s / c)`` written out: ``(out, lse)``."""
     q, k, v = case.as_4d()
@@ -54,7 +43,7 @@ def _attention_by_hand(case):
     scores = sm_scale * np.einsum("bhid,bhjd->bhij", q, k)
     if case.softcap is not None:
         scores = case.softcap * np.tanh(scores / case.softcap)
-    scores = np.where(_mask_by_hand(q.shape[2], k.shape[2], case.causal, case.window), scores, -np.inf)
+    scores = np.where(mask_by_hand(q.shape[2], k.shape[2], case.causal, case.window), scores, -np.inf)
     lse = np.logaddexp.reduce(scores, axis=-1, initial=-np.inf)
     seen = np.isfinite(lse)[..., None]
     weights = np.where(seen, np.exp(scores - np.where(seen, lse[..., None], 0.0)), 0.0)
@@ -120,7 +109,7 @@ def test_a_large_softcap_approaches_no_softcap(case):
 def test_capped_scores_bound_the_lse(case):
     """Every capped score lies in (-c, c), so ``lse`` lies within ``c`` of ``log(number of keys seen)``."""
     _, lse = attention(case.q, case.k, case.v, return_lse=True, **case.kwargs)
-    seen = _mask_by_hand(case.q.shape[-2], case.k.shape[-2], case.causal, case.window).sum(axis=-1)
+    seen = mask_by_hand(case.q.shape[-2], case.k.shape[-2], case.causal, case.window).sum(axis=-1)
     with np.errstate(divide="ignore"):
         log_seen = np.log(seen)
     finite = seen > 0
@@ -137,7 +126,7 @@ def test_flash_attention_v1_and_v2_equal_attention_for_any_block_sizes(case, blo
     assert_same_attention(v2, expected, case)
 
 
-@given(masked_attention_cases(unbatched=True), block_sizes(), block_sizes())
+@given(masked_attention_cases(unbatched=True, window=windows(optional=False)), block_sizes(), block_sizes())
 def test_flash_attention_v2_visits_exactly_the_tiles_that_hold_a_visible_key(case, block_m, block_n):
     """Tiles wholly outside the band are skipped; every other tile (aligned to block_n) is visited once."""
     visited = []
@@ -151,7 +140,7 @@ def test_flash_attention_v2_visits_exactly_the_tiles_that_hold_a_visible_key(cas
         patch.setattr(Band, "covers", recording)
         flash_attention_v2(case.q, case.k, case.v, block_m=block_m, block_n=block_n, **case.kwargs)
     seqlen_q, seqlen_k = case.q.shape[-2], case.k.shape[-2]
-    visible = _mask_by_hand(seqlen_q, seqlen_k, case.causal, case.window)
+    visible = mask_by_hand(seqlen_q, seqlen_k, case.causal, case.window)
     expected = [(q_start, kv_start)
                 for q_start in range(0, seqlen_q, block_m) for kv_start in range(0, seqlen_k, block_n)
                 if visible[q_start:q_start + block_m, kv_start:kv_start + block_n].any()]
@@ -187,7 +176,7 @@ def test_rows_whose_window_holds_no_key_give_zero_and_minus_inf(name, case):
 def test_keys_outside_the_window_never_affect_a_row(name, case, poison):
     q, k, v = case.as_4d()
     seqlen_q, seqlen_k = q.shape[2], k.shape[2]
-    visible = _mask_by_hand(seqlen_q, seqlen_k, case.causal, case.window)
+    visible = mask_by_hand(seqlen_q, seqlen_k, case.causal, case.window)
     expected = ALGORITHMS[name](q, k, v, return_lse=True, **case.kwargs)
     for i in range(seqlen_q):
         hidden = ~visible[i]

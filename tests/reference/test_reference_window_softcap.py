@@ -105,6 +105,23 @@ def test_a_large_softcap_approaches_no_softcap(case):
     assert_close(capped_out, out, atol=case.out_atol + 2 * shift * float(np.max(np.abs(case.v), initial=0.0)))
 
 
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_the_cap_turns_infinite_scores_finite_and_keeps_nan(name):
+    """The NaN and inf rules apply to the capped score: a raw +-inf score is +-c, a NaN score stays NaN."""
+    q = np.array([[np.inf, 0.0], [np.nan, 0.0], [1.0, 0.0]])
+    k = np.array([[1.0, 0.0], [-1.0, 0.0]])
+    v = np.array([[1.0, 2.0], [3.0, 4.0]])
+    with np.errstate(invalid="ignore"):
+        out, lse = ALGORITHMS[name](q, k, v, sm_scale=1.0, softcap=2.0, return_lse=True)
+        uncapped, _ = ALGORITHMS[name](q, k, v, sm_scale=1.0, return_lse=True)
+    weight = 1.0 / (1.0 + math.exp(-4.0))  # softmax of the capped scores (2, -2)
+    assert_close(out[0], weight * v[0] + (1 - weight) * v[1])
+    assert_close(lse[0:1], [math.log(math.exp(2.0) + math.exp(-2.0))])
+    assert np.isnan(out[1]).all() and np.isnan(lse[1])
+    assert np.isnan(uncapped[0]).all()  # without the cap, a +inf score makes the row NaN
+    assert np.isfinite(out[2]).all() and np.isfinite(lse[2])
+
+
 @given(masked_attention_cases(max_seqlen=12, softcap=st.floats(0.05, 50.0)))
 def test_capped_scores_bound_the_lse(case):
     """Every capped score lies in (-c, c), so ``lse`` lies within ``c`` of ``log(number of keys seen)``."""

@@ -1,10 +1,18 @@
 """NumPy float64 reference implementations: the ground truth for every GPU kernel in numba_attn.
 
 Readable rather than fast. Shapes are ``(batch, heads, seqlen, headdim)``; every
-function also takes ``(seqlen, headdim)`` inputs. See the module docstrings of
+function but the two of :mod:`reference.varlen` also takes ``(seqlen, headdim)``
+inputs. See the module docstrings of
 :mod:`reference.attention` and :mod:`reference.decode` for the conventions the
-kernels share (bottom-right causal mask, grouped-query heads, rows that see no
-key give output 0 and ``lse = -inf``, the split-KV partition rule).
+kernels share (bottom-right causal mask, sliding windows ``window=(left, right)``
+and soft-capping ``softcap`` around the same diagonal, grouped-query heads, rows
+that see no key give output 0 and ``lse = -inf``, the split-KV partition rule).
+
+Real batches, in :mod:`reference.varlen`: :func:`attention_varlen` (sequences of
+different lengths packed as ``(total_tokens, heads, headdim)`` with
+``cu_seqlens`` offsets) and :func:`attention_with_kvcache` (a dense or paged KV
+cache, each batch row seeing its own ``cache_seqlens`` keys); every sequence is
+an independent problem under the same conventions.
 
 Backward passes, float64 gradients under the same conventions:
 :func:`attention_backward` (the definition) and :func:`flash_attention_v2_backward`
@@ -13,22 +21,27 @@ Backward passes, float64 gradients under the same conventions:
 :func:`linear_attention_backward` in :mod:`reference.linear_backward`.
 
 Arguments: flags (``causal``, ``return_lse``, ``return_state``) must be
-``bool`` (NumPy bools too) and numbers (``sm_scale``, ``eps``) real numbers;
-a wrong type raises ``ArgumentTypeError`` (a ``TypeError`` and a
-``ValueError``), every other bad argument a ``ValueError`` naming it. The
+``bool`` (NumPy bools too), numbers (``sm_scale``, ``eps``, ``softcap``) real
+numbers, and ``window`` None or a pair of (ints >= 0 or None); a wrong type
+raises ``ArgumentTypeError`` (a ``TypeError`` and a ``ValueError``), every
+other bad argument a ``ValueError`` naming it. The
 defaults are those of ``numba_attn``'s functions of the same name.
 
 NaN and inf, the rules every kernel follows too (scores
 ``s_ij = sm_scale * q_i . k_j``, IEEE arithmetic everywhere else):
 
-* a NaN or ``+inf`` score makes that row's output and lse NaN;
+* a NaN or ``+inf`` score makes that row's output and lse NaN; with ``softcap``
+  the rules apply to the capped score ``c * tanh(s / c)``, so a raw ``+-inf``
+  score counts as the finite ``+-c`` (only NaN survives the cap);
 * a ``-inf`` score is a key of weight 0; a row whose scores are all ``-inf``
   (or that sees no key) gives exactly 0 and ``lse = -inf``, whatever ``v`` holds;
 * NaN in ``v`` gives NaN in its column; ``+-inf`` gives ``+-inf`` where its
   weight is positive and NaN where the weight is 0 or ``+inf`` meets ``-inf``;
-* keys a row does not see (causal mask, later positions of the causal linear
-  functions) never affect it, whatever they hold (the kernels promise this only
-  for finite values: they multiply whole tiles, and ``0 * NaN`` is NaN);
+* keys a row does not see (causal mask, window, other sequences of a packed
+  batch, cache entries past ``cache_seqlens``, later positions of the causal
+  linear functions) never affect it, whatever they hold (the kernels promise
+  this only for finite values: they multiply whole tiles, and ``0 * NaN`` is
+  NaN);
 * :func:`combine_lse`: a NaN or ``+inf`` part lse makes the row NaN; parts with
   ``lse = -inf`` have weight 0 (their ``o`` must be finite); all ``-inf``: 0
   and ``-inf``;
@@ -61,6 +74,7 @@ from .softmax import (
     safe_softmax,
     softmax_state,
 )
+from .varlen import attention_varlen, attention_with_kvcache
 
 __all__ = [
     "naive_softmax",
@@ -71,6 +85,8 @@ __all__ = [
     "attention",
     "flash_attention_v1",
     "flash_attention_v2",
+    "attention_varlen",
+    "attention_with_kvcache",
     "attention_backward",
     "flash_attention_v2_backward",
     "split_boundaries",

@@ -22,7 +22,6 @@ __all__ = [
     "prepare_qkv",
     "resolve_sm_scale",
     "kv_head_for_q_head",
-    "causal_mask",
     "finish",
 ]
 
@@ -147,23 +146,6 @@ def kv_head_for_q_head(heads_q: int, heads_kv: int) -> np.ndarray:
     """Index array mapping each query head ``h`` to its key/value head ``h // (Hq // Hkv)``."""
     group_size = heads_q // heads_kv
     return np.arange(heads_q) // group_size
-
-
-def causal_mask(query_positions, key_positions, seqlen_q: int, seqlen_k: int) -> np.ndarray:
-    """Boolean ``(len(query_positions), len(key_positions))`` array, True where the key is visible.
-
-    The mask is aligned bottom-right, as in FlashAttention-2: query ``i`` sees key
-    ``j`` iff ``j <= i + seqlen_k - seqlen_q``. With ``seqlen_q == seqlen_k`` this
-    is the usual lower triangle; with ``seqlen_q < seqlen_k`` the queries are the
-    last ``seqlen_q`` positions of the sequence (decoding with a KV cache); with
-    ``seqlen_q > seqlen_k`` the first ``seqlen_q - seqlen_k`` queries see nothing.
-    Positions are absolute, so a block of the full mask is
-    ``causal_mask(arange(q0, q1), arange(k0, k1), seqlen_q, seqlen_k)``.
-    """
-    query_positions = np.asarray(query_positions)
-    key_positions = np.asarray(key_positions)
-    last_visible_key = query_positions + (seqlen_k - seqlen_q)
-    return key_positions[None, :] <= last_visible_key[:, None]
 
 
 def finish(array: np.ndarray, unbatched: bool, dtype, leading: int = 0) -> np.ndarray:

@@ -12,7 +12,7 @@ generation stays fast and shrinking still works on every other parameter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from hypothesis import strategies as st
@@ -78,17 +78,28 @@ def standard_normal(rng, shape, scale):
 
 @dataclass
 class AttentionCase:
-    """One attention problem: arrays plus the keyword arguments every algorithm takes."""
+    """One attention problem: arrays plus the keyword arguments every algorithm takes.
+
+    ``window`` and ``softcap`` (drawn by :func:`masked_attention_cases` only) join ``kwargs`` when set, so the
+    cases of the functions without them stay valid for those.
+    """
 
     q: np.ndarray
     k: np.ndarray
     v: np.ndarray
     causal: bool
     sm_scale: float | None
+    window: tuple | None = None
+    softcap: float | None = None
 
     @property
     def kwargs(self):
-        return {"causal": self.causal, "sm_scale": self.sm_scale}
+        kwargs = {"causal": self.causal, "sm_scale": self.sm_scale}
+        if self.window is not None:
+            kwargs["window"] = self.window
+        if self.softcap is not None:
+            kwargs["softcap"] = self.softcap
+        return kwargs
 
     @property
     def unbatched(self) -> bool:
@@ -162,6 +173,30 @@ def attention_cases(draw, max_seqlen: int = 24, max_headdim: int = 16, causal=No
     return AttentionCase(q, k, v, causal, sm_scale)
 
 
+def windows(max_side: int = 30, optional: bool = True):
+    """``window`` arguments: ``(left, right)``, each side None (unbounded), small (0 included) or any size.
+
+    With ``optional`` None (no window) too, a third of the time.
+    """
+    side = st.one_of(st.none(), st.integers(0, 3), st.integers(0, max_side))
+    window = st.tuples(side, side)
+    return st.one_of(st.none(), window, window) if optional else window
+
+
+def softcaps():
+    """``softcap`` arguments: None (off) or a cap from well below the logits here to well above most of them."""
+    return st.one_of(st.none(), st.floats(0.05, 50.0))
+
+
+@st.composite
+def masked_attention_cases(draw, window=None, softcap=None, **kwargs):
+    """:func:`attention_cases` (same keyword arguments) with a drawn ``window`` and ``softcap`` as well."""
+    case = draw(attention_cases(**kwargs))
+    window = draw(windows() if window is None else window)
+    softcap = draw(softcaps() if softcap is None else softcap)
+    return replace(case, window=window, softcap=softcap)
+
+
 @st.composite
 def lengths_with_unseen_queries(draw, max_seqlen: int = 24):
     """``(seqlen_q, seqlen_k)`` with seqlen_q > seqlen_k: causally, queries ``i < seqlen_q - seqlen_k`` see no key."""
@@ -216,6 +251,19 @@ def linear_cases(draw, max_seqlen: int = 40, with_state=None, unbatched=None):
     if with_state:
         initial_state = standard_normal(rng, leading + (features, values), draw(value_scales))
     return LinearCase(q, k, v, initial_state)
+
+
+def mask_by_hand(seqlen_q, seqlen_k, causal, window):
+    """The band mask from its definition, one element at a time: query ``i`` sees key ``j`` iff
+    ``i' - left <= j <= i' + right`` (``i' = i + seqlen_k - seqlen_q``, None: unbounded) and, if causal, ``j <= i'``."""
+    left, right = (None, None) if window is None else window
+    visible = np.zeros((seqlen_q, seqlen_k), dtype=bool)
+    for i in range(seqlen_q):
+        diagonal = i + seqlen_k - seqlen_q
+        for j in range(seqlen_k):
+            visible[i, j] = ((left is None or j >= diagonal - left) and (right is None or j <= diagonal + right)
+                             and (not causal or j <= diagonal))
+    return visible
 
 
 def assert_close(actual, expected, *, rtol: float = 1e-10, atol: float = 0.0):

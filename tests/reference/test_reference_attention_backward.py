@@ -6,9 +6,19 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import assert_close, attention_cases, block_sizes, causal_cases_with_unseen_queries, seeds
+from strategies import (
+    assert_close,
+    attention_cases,
+    block_sizes,
+    causal_cases_with_unseen_queries,
+    mask_by_hand,
+    masked_attention_cases,
+    seeds,
+    windows,
+)
 
 from reference import attention, attention_backward, flash_attention_v2, flash_attention_v2_backward
+from reference._masks import Band
 
 # Central differences (f(x + h d) - f(x - h d)) / 2h have truncation error ~ h^2 |f'''| and rounding error
 # ~ 1e-16 |f| / h; h = 1e-6 balances the two. Values of moderate size keep |f'''| small (logits up to ~10).
@@ -21,10 +31,10 @@ FD_RTOL = 1e-6
 FD_ATOL = 1e-8
 
 
-def _flash_v2_backward(dout, q, k, v, causal=False, sm_scale=None, block_m=5, block_n=3):
-    out, lse = attention(q, k, v, causal=causal, sm_scale=sm_scale, return_lse=True)
+def _flash_v2_backward(dout, q, k, v, causal=False, sm_scale=None, block_m=5, block_n=3, window=None, softcap=None):
+    out, lse = attention(q, k, v, causal=causal, sm_scale=sm_scale, return_lse=True, window=window, softcap=softcap)
     return flash_attention_v2_backward(dout, q, k, v, out, lse, causal=causal, sm_scale=sm_scale,
-                                       block_m=block_m, block_n=block_n)
+                                       block_m=block_m, block_n=block_n, window=window, softcap=softcap)
 
 
 BACKWARDS = {
@@ -62,10 +72,13 @@ def _assert_fd_matches(fd, terms, case, dout, what):
 
 
 fd_cases = attention_cases(max_seqlen=6, max_headdim=4, scales=FD_SCALES)
+# windows and soft-capping (caps from 0.5: a steeper tanh needs a smaller step)
+masked_fd_cases = masked_attention_cases(max_seqlen=6, max_headdim=4, scales=FD_SCALES,
+                                         softcap=st.none() | st.floats(0.5, 20.0))
 
 
 @pytest.mark.parametrize("name", BACKWARDS)
-@given(case=fd_cases, seed=seeds)
+@given(case=st.one_of(fd_cases, masked_fd_cases), seed=seeds)
 def test_gradients_equal_central_differences_along_a_random_direction(name, case, seed):
     rng = np.random.default_rng(seed)
     dout = rng.standard_normal(case.q.shape)
@@ -80,7 +93,7 @@ def test_gradients_equal_central_differences_along_a_random_direction(name, case
         _assert_fd_matches(_directional_derivative(case, dout, only), [terms[index]], case, dout, what)
 
 
-@given(case=fd_cases, seed=seeds, data=st.data())
+@given(case=st.one_of(fd_cases, masked_fd_cases), seed=seeds, data=st.data())
 def test_individual_gradient_entries_equal_central_differences(case, seed, data):
     dout = _dout(case, seed)
     gradients = attention_backward(dout, case.q, case.k, case.v, **case.kwargs)
@@ -121,7 +134,7 @@ def assert_same_gradients(actual, expected, case, dout):
         assert_close(a, e, atol=atol)
 
 
-@given(attention_cases(), block_sizes(), block_sizes(), seeds)
+@given(st.one_of(attention_cases(), masked_attention_cases()), block_sizes(), block_sizes(), seeds)
 def test_flash_attention_v2_backward_equals_attention_backward_for_any_block_sizes(case, block_m, block_n, seed):
     dout = _dout(case, seed)
     expected = attention_backward(dout, case.q, case.k, case.v, **case.kwargs)
@@ -154,6 +167,44 @@ def test_rows_that_see_no_key_get_zero_dq_and_add_nothing(name, case, seed):
     changed[..., :unseen, :] = 7.0
     for gradient, expected in zip(BACKWARDS[name](changed, case.q, case.k, case.v, **case.kwargs), (dq, dk, dv)):
         np.testing.assert_array_equal(gradient, expected)
+
+
+@pytest.mark.parametrize("name", BACKWARDS)
+@given(case=masked_attention_cases(window=st.tuples(st.none() | st.integers(0, 4), st.integers(0, 3)),
+                                   lengths=st.tuples(st.integers(0, 12), st.integers(0, 12))), seed=seeds)
+def test_rows_whose_window_holds_no_key_get_zero_dq_and_add_nothing(name, case, seed):
+    dout = _dout(case, seed)
+    dq, dk, dv = BACKWARDS[name](dout, case.q, case.k, case.v, **case.kwargs)
+    _, lse = attention(case.q, case.k, case.v, return_lse=True, **case.kwargs)
+    unseen = np.isneginf(lse)
+    assert (dq[unseen] == 0).all()
+    changed = dout.copy()
+    changed[unseen] = 7.0
+    for gradient, expected in zip(BACKWARDS[name](changed, case.q, case.k, case.v, **case.kwargs), (dq, dk, dv)):
+        np.testing.assert_array_equal(gradient, expected)
+
+
+@given(masked_attention_cases(unbatched=True, window=windows(optional=False)), block_sizes(), block_sizes(), seeds)
+def test_flash_attention_v2_backward_visits_exactly_the_tiles_that_hold_a_visible_key(case, block_m, block_n, seed):
+    """Query tiles wholly outside the band are skipped; every other tile (aligned to block_m) is visited once."""
+    visited = []
+    covers = Band.covers
+
+    def recording(band, q_start, q_end, kv_start, kv_end, seqlen_q, seqlen_k):
+        visited.append((kv_start, q_start))
+        return covers(band, q_start, q_end, kv_start, kv_end, seqlen_q, seqlen_k)
+
+    out, lse = attention(case.q, case.k, case.v, return_lse=True, **case.kwargs)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Band, "covers", recording)
+        flash_attention_v2_backward(_dout(case, seed), case.q, case.k, case.v, out, lse, block_m=block_m,
+                                    block_n=block_n, **case.kwargs)
+    seqlen_q, seqlen_k = case.q.shape[-2], case.k.shape[-2]
+    visible = mask_by_hand(seqlen_q, seqlen_k, case.causal, case.window)
+    expected = [(kv_start, q_start)
+                for kv_start in range(0, seqlen_k, block_n) for q_start in range(0, seqlen_q, block_m)
+                if visible[q_start:q_start + block_m, kv_start:kv_start + block_n].any()]
+    assert visited == expected
 
 
 @pytest.mark.parametrize("name", BACKWARDS)
@@ -215,6 +266,12 @@ BAD_INPUTS = [
     ("causal", _arguments(), {"causal": None}),
     ("sm_scale", _arguments(), {"sm_scale": "0.5"}),
     ("sm_scale", _arguments(), {"sm_scale": np.inf}),
+    ("window", _arguments(), {"window": (-1, 0)}),
+    ("window", _arguments(), {"window": (0, True)}),
+    ("window", _arguments(), {"window": 4}),
+    ("softcap", _arguments(), {"softcap": -1.0}),
+    ("softcap", _arguments(), {"softcap": np.nan}),
+    ("softcap", _arguments(), {"softcap": True}),
 ]
 
 

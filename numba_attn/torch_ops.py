@@ -1,7 +1,7 @@
 """Training through numba_attn from torch: ``flash_forward`` / ``flash_backward`` as ``torch.library`` custom ops
 linked by autograd.
 
-The ops, registered once on first use:
+The ops, registered once, when this module is first imported (on first use):
 
 * ``numba_attn::flash_forward(Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, str? backend,
   bool allow_tf32) -> (Tensor out, Tensor lse)``
@@ -36,22 +36,24 @@ _FORWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale,
 _BACKWARD_SCHEMA = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
                     "float? sm_scale, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)")
 
-_OPS = None
 _LOCK = threading.Lock()
+_OPS = None
 
 
 def ops() -> SimpleNamespace:
-    """The registered ops (``.flash_forward``, ``.flash_backward``), registering them on the first call."""
-    if _OPS is None:
-        _register_once()
+    """The registered ops: ``.flash_forward``, ``.flash_backward`` (``torch.ops.numba_attn.*``)."""
     return _OPS
 
 
-def _register_once() -> None:
+def _register_once() -> SimpleNamespace:
+    """Registers the ops unless done: once per process, whichever thread comes first. Called when this module is
+    first imported (the first grad-requiring call, or the caller's import), never inside a ``torch.compile`` trace,
+    which cannot trace the lock."""
     global _OPS
     with _LOCK:
         if _OPS is None:
             _OPS = _register()
+    return _OPS
 
 
 def _register() -> SimpleNamespace:
@@ -120,3 +122,6 @@ def forward_with_grad(q, k, v, causal, sm_scale, return_lse, out, backend, allow
     sm_scale, backend = check_sm_scale(sm_scale), check_backend(backend, BACKENDS)
     result, lse = ops().flash_forward(q, k, v, causal, sm_scale, backend, check_flag(allow_tf32, "allow_tf32"))
     return (result, lse) if return_lse else result
+
+
+_register_once()

@@ -107,6 +107,27 @@ def test_opcheck_forward_and_backward():
                                                  False))
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_deterministic_follows_torch(monkeypatch, deterministic):
+    from numba_attn import torch_ops
+
+    seen, backward = [], torch_ops._api.flash_backward
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["deterministic"])
+        return backward(*args, **kwargs)
+
+    monkeypatch.setattr(torch_ops._api, "flash_backward", recording)
+    (q, k, v), dout = _inputs(12, 2, 2, 5, 6, 8, "float32")
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        numba_attn.flash_forward(q, k, v).backward(dout)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert seen == [deterministic]
+
+
 # -- torch.compile -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_compile_fullgraph_matches_eager(backend):
@@ -197,6 +218,22 @@ def test_no_torch_ops_import_without_grad():
         "numba_attn.flash_forward(q.requires_grad_(), q, q)\n"
         "assert 'numba_attn.torch_ops' in sys.modules\n"
     )
+    _run_alone(code)
+
+
+def test_first_use_inside_torch_compile():
+    """The ops register when ``torch_ops`` is first imported, which may happen inside a ``torch.compile`` trace."""
+    _run_alone(
+        "import sys, numba_attn, torch\n"
+        "q = torch.randn(1, 2, 5, 8, requires_grad=True)\n"
+        "f = torch.compile(lambda q: numba_attn.flash_forward(q, q, q).sum(), fullgraph=True, backend='aot_eager')\n"
+        "assert 'numba_attn.torch_ops' not in sys.modules\n"
+        "f(q).backward()\n"
+        "assert q.grad is not None and 'numba_attn.torch_ops' in sys.modules\n"
+    )
+
+
+def _run_alone(code):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), root) if p)
     result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": path},

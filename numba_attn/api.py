@@ -97,7 +97,6 @@ def _served(name: str, arrays: tuple, options: tuple, checked):
     return _replay.record(key, arrays, layouts, checked)
 
 
-@_one_call_at_a_time_under_the_simulator
 def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out=None, backend=None,
                   allow_tf32=False):
     """Exact attention ``softmax(sm_scale * q k^T) v`` without materialising the scores.
@@ -127,7 +126,23 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
     Returns:
         ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key (or whose scores are all -inf) give 0
         and ``lse = -inf``; a NaN or +inf score gives the row NaN output and lse.
+
+    Torch tensors of which one requires grad, in grad mode, go through the ``numba_attn::flash_forward`` custom op
+    (``torch_ops``): autograd records the call (its backward is ``flash_backward``), ``lse`` is not differentiable,
+    ``out=`` is a ValueError, and ``torch.compile(fullgraph=True)`` traces the call without a graph break.
     """
+    if type(q).__module__.startswith("torch") and (
+            q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)):
+        from . import torch_ops  # (torch is imported by now: q is a tensor)
+
+        result = torch_ops.forward_with_grad(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32)
+        if result is not None:
+            return result
+    return _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32)
+
+
+@_one_call_at_a_time_under_the_simulator
+def _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32):
     def checked():
         return _attention(q, k, v, check_flag(causal, "causal"), check_sm_scale(sm_scale),
                           check_flag(return_lse, "return_lse"), out, num_splits=None, decode=False,
@@ -158,8 +173,9 @@ def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, dete
         ``(dq, dk, dv)`` in the inputs' dtype and kind, the shapes of q, k, v; ``dk`` and ``dv`` summed over each kv
         head's group of query heads. Computed in float32 (SIMT kernels, ``numba_attn/backward/``).
 
-    Every call takes the checked path (``runtime.replay`` does not record it yet); torch tensors are not hooked
-    into autograd (call it from a ``torch.autograd.Function``).
+    Every call takes the checked path (``runtime.replay`` does not record it yet). Called directly it is not
+    hooked into autograd: ``flash_forward`` with torch tensors that require grad records it as its backward
+    (``torch_ops``, custom op ``numba_attn::flash_backward``).
     """
     causal = check_flag(causal, "causal")
     deterministic = check_flag(deterministic, "deterministic")

@@ -53,20 +53,22 @@ from .recurrent_plan import (APPLY, CAUSAL, REDUCE, Layout, LinearConfig, Stagin
 
 
 
-def row_copier(pattern: Staging, rows: int, width: int, phi: bool, first: bool, second: bool):
+def row_copier(pattern: Staging, rows: int, width: int, phi: bool, first: bool, second: bool, reverse: bool = False):
     """``(origin, load, store)``: how a thread copies its share (``pattern``) of ``rows`` rows of ``width`` staged
     columns. ``origin(tid)`` -> ``at = (c0, r0, lane_ok)``, its first column and row (lanes past the last whole row
     group stay idle); ``load(x, rx, y, ry, b, h, t0, row_end, col_base, dim, at)`` reads rows ``t0 ..`` (before
     ``row_end``), columns ``col_base ..`` (before ``dim``) of ``x[b, h]`` into registers ``rx`` when ``first`` and of
     ``y[b, h]`` into ``ry`` when ``second`` (q and k in one pass over their rows), ``phi = elu + 1`` applied when
     ``phi``, zeros outside (not phi(0)); ``store(bx, rx, by, ry, lb, at)`` writes them to rows of ``bx[lb]``,
-    ``by[lb]``."""
+    ``by[lb]``. ``reverse``: row ``t`` of the walk is row ``row_end - 1 - t`` of memory (the backward's sweeps from
+    the last row; ``row_begin`` must be 0)."""
     BY_ROW, ROW_STEP, COL_STEP = pattern.by_row, pattern.row_step, pattern.col_step
     N_ROWS, N_COLS = pattern.n_rows, pattern.n_cols
     R = rows
     WIDTH = width
     PHI = phi
     FIRST, SECOND = first, second
+    REVERSE = reverse
 
     @device_function
     def element(x, b, h, row, col, ok):
@@ -88,13 +90,14 @@ def row_copier(pattern: Staging, rows: int, width: int, phi: bool, first: bool, 
         for a in range(N_ROWS):
             r = r0 + ROW_STEP * a
             row_ok = lane_ok and r < R and t0 + r < row_end
+            row = row_end - 1 - (t0 + r) if REVERSE else t0 + r
             for c in range(N_COLS):
                 col = col_base + c0 + COL_STEP * c
                 ok = row_ok and col < dim
                 if FIRST:
-                    rx[a * N_COLS + c] = element(x, b, h, t0 + r, col, ok)
+                    rx[a * N_COLS + c] = element(x, b, h, row, col, ok)
                 if SECOND:
-                    ry[a * N_COLS + c] = element(y, b, h, t0 + r, col, ok)
+                    ry[a * N_COLS + c] = element(y, b, h, row, col, ok)
 
     @device_function
     def store(bx, rx, by, ry, lb, at):
@@ -114,18 +117,25 @@ def row_copier(pattern: Staging, rows: int, width: int, phi: bool, first: bool, 
 
 
 @lru_cache(maxsize=None)
-def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: bool):
+def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: bool, reverse: bool = False,
+                    read_init: bool = False, write_final: bool = False):
     """The walk over rows, specialised on layout and mode.
 
     CAUSAL: state from 0, updated then read at every row. REDUCE: state from 0, updated, written to ``part`` at the
     end. APPLY: state read from ``part``, never updated, read at every row. ``feature_map`` applies phi to q and k on
     load, ``normalise`` keeps ``z`` and divides by ``phi(q) . z + eps``.
+
+    CAUSAL only (the backward's walks, ``recurrent_backward``): ``reverse`` walks from the last row to the first,
+    ``read_init`` starts the state from ``init[b, h]`` (float32 ``E x M``, any strides) instead of 0, and
+    ``write_final`` writes the state after the last row to ``final[b, h]``. Each state entry is read and written by
+    the one thread that owns it, so ``init`` and ``final`` may be the same array.
     """
     TE, TM, RE, RM, R = layout.te, layout.tm, layout.re, layout.rm, layout.rows
     NT = layout.threads
     E_PAD, M_COLS = layout.e_pad, layout.m_cols
     MODE = mode
     PHI, NORM = feature_map, normalise
+    REVERSE, INIT, FINAL = reverse and mode == CAUSAL, read_init and mode == CAUSAL, write_final and mode == CAUSAL
     EMIT = mode != REDUCE  # rows produce outputs
     UPDATE = mode != APPLY  # the state accumulates k v^T
     # unused buffers keep a size of 1 so that every mode shares one body
@@ -138,13 +148,13 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
     LQ = QK.count if EMIT else 1
     LK = QK.count if UPDATE else 1
     LV = VS.count if UPDATE else 1
-    origin_qk, load_qk, store_qk = row_copier(QK, R, E_PAD, PHI, EMIT, UPDATE)
-    origin_v, load_v, store_v = row_copier(VS, R, M_COLS, False, UPDATE, False)
+    origin_qk, load_qk, store_qk = row_copier(QK, R, E_PAD, PHI, EMIT, UPDATE, REVERSE)
+    origin_v, load_v, store_v = row_copier(VS, R, M_COLS, False, UPDATE, False, REVERSE)
     # the partial sums of one column sit TE + 1 words apart: the reading threads (one per column) hit distinct banks
     TE_PAD = TE + 1
 
     @kernel_jit(launch_bounds=(NT,))  # the exact block size: ptxas budgets registers for it
-    def kernel(q, k, v, out, part, eps, rows_per_block):
+    def kernel(q, k, v, out, part, eps, rows_per_block, init, final):
         tid = cuda.threadIdx.x
         te = tid % TE
         tm = tid // TE
@@ -190,10 +200,11 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
                 zs[i] = float32(part[bh, 0, e, m_dim])
             for j in range(RM):
                 st[i, j] = float32(0.0)
-                if MODE == APPLY:
-                    m = m_base + tm + TM * j
-                    if e < e_dim and m < m_dim:
-                        st[i, j] = float32(part[bh, 0, e, m])
+                m = m_base + tm + TM * j
+                if MODE == APPLY and e < e_dim and m < m_dim:
+                    st[i, j] = float32(part[bh, 0, e, m])
+                if INIT and e < e_dim and m < m_dim:
+                    st[i, j] = float32(init[b, h, e, m])
 
         # iteration `it` loads chunk it, reduces chunk it - 2 and computes chunk it - 1 (see the module docstring)
         for it in range(n_chunks + 2):
@@ -223,7 +234,7 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
                             for x in range(TE):
                                 den += den_red[rb, r, x]
                             acc = acc / (den + eps)
-                        out[b, h, t, m_base + c] = acc
+                        out[b, h, row_end - 1 - t if REVERSE else t, m_base + c] = acc
 
             # (3) the recurrence over chunk it - 1, from shared memory; state indices are all constants
             if it >= 1 and it <= n_chunks:
@@ -262,6 +273,14 @@ def row_walk_kernel(layout: Layout, mode: int, feature_map: bool, normalise: boo
                 if UPDATE:
                     store_v(v_buf, pv, v_buf, pv, lb, v_at)
             cuda.syncthreads()
+
+        if FINAL:
+            for i in range(RE):
+                e = te + TE * i
+                for j in range(RM):
+                    m = m_base + tm + TM * j
+                    if e < e_dim and m < m_dim:
+                        final[b, h, e, m] = st[i, j]
 
         if MODE == REDUCE:
             split = cuda.blockIdx.y
@@ -321,15 +340,18 @@ def launch_causal_dot_product(q, k, v, out, stream, *, m_splits=None, config: Li
     _walk(q, k, v, out, stream, False, float32(0.0), m_splits, config or default_config())
 
 
-def _walk(q, k, v, out, stream, layer: bool, eps, m_splits, config: LinearConfig):
-    """The causal walk: the plain product, or the layer (``phi``, the normaliser, ``eps``). ``part`` is unused in
-    this mode; q stands in for it."""
+def _walk(q, k, v, out, stream, layer: bool, eps, m_splits, config: LinearConfig, *, reverse=False, init=None,
+          final=None):
+    """The causal walk: the plain product, or the layer (``phi``, the normaliser, ``eps``); ``reverse``, ``init``,
+    ``final`` (float32 ``(batch, heads, E, M)`` views, or None) as in :func:`row_walk_kernel`. ``part`` is unused in
+    this mode, and so are ``init`` / ``final`` when None: q stands in for them."""
     bh, seqlen, _, e, m = sizes(q, v)
-    if bh == 0 or seqlen == 0:
+    if bh == 0 or (seqlen == 0 and final is None):
         return
     p = plan(e, m, CAUSAL, layer, _m_splits(m_splits, bh, e, m, config), config)
-    kernel = row_walk_kernel(p.layout, CAUSAL, layer, layer)
-    device_launch(kernel, (bh, 1, p.m_splits), p.layout.threads, stream, 0, q, k, v, out, q, eps, 0)
+    kernel = row_walk_kernel(p.layout, CAUSAL, layer, layer, reverse, init is not None, final is not None)
+    device_launch(kernel, (bh, 1, p.m_splits), p.layout.threads, stream, 0, q, k, v, out, q, eps, 0,
+                  q if init is None else init, q if final is None else final)
 
 
 def launch_linear_attention(
@@ -366,11 +388,11 @@ def launch_linear_attention(
     part = scratch_state(scratch, (bh, seq_splits, e, m + 1), stream)
     reduce_kernel = row_walk_kernel(reduce_plan.layout, REDUCE, True, True)
     device_launch(reduce_kernel, (bh, seq_splits, reduce_plan.m_splits), reduce_plan.layout.threads, stream, 0,
-                  q, k, v, out, part, eps32, reduce_rows)
+                  q, k, v, out, part, eps32, reduce_rows, q, q)
     if seq_splits > 1:
         threads = config.combine_threads
         blocks = min(cdiv(bh * e * (m + 1), threads), config.combine_blocks_per_sm * sm_count)
         device_launch(combine_kernel(threads), blocks, threads, stream, 0, part)
     apply_kernel = row_walk_kernel(apply_plan.layout, APPLY, True, True)
     device_launch(apply_kernel, (bh, apply_splits, apply_plan.m_splits), apply_plan.layout.threads, stream, 0,
-                  q, k, v, out, part, eps32, apply_rows)
+                  q, k, v, out, part, eps32, apply_rows, q, q)

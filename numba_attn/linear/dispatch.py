@@ -4,6 +4,9 @@ Backends: "chunked" (tensor cores, sm_80+: float16, bfloat16, float32; a state i
 sequential walk of "Transformers are RNNs": float16, float32, any GPU). ``None`` takes the chunked kernel from
 ``CHUNKED_MIN_SEQLEN`` rows on (always for bfloat16 or a state in / out); docs/benchmarks.md has the measurements
 behind the thresholds.
+
+``causal_dot_product_backward`` has one backend so far, the recurrent walk (``recurrent_backward``; float16,
+float32); the chunked tensor-core backward is not there yet.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from ..runtime.device import SIMULATOR, compute_capability
 from ..runtime.views import lift
 from . import launch as _chunked  # the chunked backend's entry
 from . import recurrent as _recurrent
+from . import recurrent_backward as _recurrent_backward
 
 BACKENDS = ("chunked", "recurrent")
 #: rows from which ``backend=None`` takes the chunked kernel, per input dtype
@@ -61,3 +65,22 @@ def run_linear_attention(call, backend: str, out, causal: bool, eps: float, allo
         _chunked.launch_noncausal(*views, eps, call.stream, tf32=allow_tf32, dtype=call.dtype, scratch=call.scratch)
     else:
         _recurrent.launch_linear_attention(*views, causal, eps, call.stream, scratch=call.scratch)
+
+
+def check_backward_dtype(dtype: str) -> None:
+    """``causal_dot_product_backward`` runs on the recurrent walk only: float16 and float32."""
+    if dtype == BFLOAT16:
+        raise TypeError("q: bfloat16 is not supported by causal_dot_product_backward yet: it needs the chunked "
+                        "tensor-core backward, which is not there yet (the recurrent backward takes float16 and "
+                        "float32)")
+
+
+def run_causal_dot_product_backward(call, dq, dk, dv, dinitial_state) -> None:
+    """Launch the recurrent backward of ``call``'s dout, q, k, v (and ``initial_state``, ``dstate``) into ``dq``,
+    ``dk``, ``dv`` (and ``dinitial_state``: an Output, or None)."""
+    views = [lift(call.inputs[name], 4) for name in ("dout", "q", "k", "v")] + [lift(x.view, 4) for x in (dq, dk, dv)]
+    states = {name: lift(call.inputs[name], 4) if name in call.inputs else None
+              for name in ("initial_state", "dstate")}
+    _recurrent_backward.launch_causal_dot_product_backward(
+        *views, call.stream, **states,
+        dinitial_state=None if dinitial_state is None else lift(dinitial_state.view, 4))

@@ -1,4 +1,4 @@
-"""The public API of numba_attn: six functions, each with the same signature as its float64 twin in `reference`.
+"""The public API of numba_attn: seven functions, each with the same signature as its float64 twin in `reference`.
 
 | numba_attn              | reference                         |
 |-------------------------|-----------------------------------|
@@ -7,6 +7,7 @@
 | ``flash_decode``        | ``reference.attention`` (via split-KV + ``combine_lse``) |
 | ``combine_lse``         | ``reference.combine_lse``         |
 | ``causal_dot_product``  | ``reference.causal_dot_product``  |
+| ``causal_dot_product_backward`` | ``reference.causal_dot_product_backward`` |
 | ``linear_attention``    | ``reference.linear_attention``    |
 
 Every function takes NumPy arrays, CuPy arrays, Numba device arrays or torch tensors and returns the same kind
@@ -50,8 +51,8 @@ from .runtime.shapes import attention_shape, check_array, linear_shape
 from .runtime.views import lift
 
 __all__ = [
-    "flash_forward", "flash_backward", "flash_decode", "combine_lse", "causal_dot_product", "linear_attention", "BACKENDS",
-    "LINEAR_BACKENDS",
+    "flash_forward", "flash_backward", "flash_decode", "combine_lse", "causal_dot_product",
+    "causal_dot_product_backward", "linear_attention", "BACKENDS", "LINEAR_BACKENDS",
 ]
 
 
@@ -385,6 +386,62 @@ def _run_causal_dot_product(call, shape, has_initial_state: bool, return_state: 
     if return_state:
         return call.result(out), call.result(final)
     return call.result(out)
+
+
+def _state_argument(name: str, x, state_shape: tuple) -> None:
+    """A state argument (``initial_state``, ``dstate``): an array of the state's shape (its dtype: ``prepare``)."""
+    if not hasattr(x, "shape"):
+        raise TypeError(f"{name}: expected an array of shape {state_shape}, got {type(x).__name__}")
+    check_array(name, x)
+    if tuple(x.shape) != state_shape:
+        raise ValueError(f"{name}: expected shape {state_shape} (batch, heads, E, M), got {tuple(x.shape)}")
+
+
+@_one_call_at_a_time_under_the_simulator
+def causal_dot_product_backward(dout, q, k, v, *, initial_state=None, dstate=None):
+    """Gradients of :func:`causal_dot_product`'s output (and final state): ``reference.causal_dot_product_backward``.
+
+    With ``S_i = S_0 + sum_{j <= i} k_j v_j^T`` and ``R_j = dstate + sum_{i >= j} q_i dout_i^T``: ``dq_i = S_i
+    dout_i``, ``dk_j = R_j v_j``, ``dv_j = R_j^T k_j`` and ``dinitial_state = R_0 = dstate + Q^T dout``.
+
+    Args:
+        dout: the gradient of the loss with respect to the output, the output's shape ``(batch, heads, seqlen, M)``
+            (v's) and q's dtype.
+        q, k, v, initial_state: as passed to :func:`causal_dot_product`: float16 or float32 (bfloat16: a TypeError,
+            the chunked backward is not there yet); E, M <= 256 may differ; ``initial_state`` float32
+            ``(batch, heads, E, M)`` (``(E, M)`` for 2-D inputs) or None.
+        dstate: the gradient of the returned final state, float32 of the state's shape, or None (the final state
+            was not used).
+
+    Returns:
+        ``(dq, dk, dv)`` in the inputs' dtype and kind with the shapes of q, k, v, and ``dinitial_state`` (float32,
+        the state's shape) as a fourth element when ``initial_state`` is given. Computed in float32 by three
+        sequential walks over the sequence (``linear/recurrent_backward.py``): one forward for ``dq``, two from the
+        last row for ``dv`` (and ``dinitial_state``) and ``dk``.
+
+    Every call takes the checked path (``runtime.replay`` does not record it) and it is not hooked into autograd.
+    """
+    shape = linear_shape(q, k, v)
+    check_array("dout", dout)
+    if tuple(dout.shape) != shape.out_shape():
+        raise ValueError(f"dout: expected the output's shape {shape.out_shape()} (v's), got {tuple(dout.shape)}")
+    state_shape = shape.state_shape()
+    arrays = {"q": q, "k": k, "v": v, "dout": dout}
+    for name, x in (("initial_state", initial_state), ("dstate", dstate)):
+        if x is not None:
+            _state_argument(name, x, state_shape)
+            arrays[name] = x
+    call = prepare(arrays, own_dtype={"initial_state": ("float32",), "dstate": ("float32",)})
+    _linear.check_backward_dtype(call.dtype)
+    with on_device(call.device_id):
+        dq = call.output(tuple(q.shape), name="dq")
+        dk = call.output(tuple(k.shape), name="dk")
+        dv = call.output(tuple(v.shape), name="dv")
+        dinit = None if initial_state is None else call.output(state_shape, "float32", name="dinitial_state")
+        if shape.batch * shape.heads > 0 and (shape.seqlen > 0 or dinit is not None):
+            _linear.run_causal_dot_product_backward(call, dq, dk, dv, dinit)
+        grads = (call.result(dq), call.result(dk), call.result(dv))
+        return grads if dinit is None else grads + (call.result(dinit),)
 
 
 @_one_call_at_a_time_under_the_simulator

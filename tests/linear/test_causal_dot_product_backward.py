@@ -180,6 +180,15 @@ def test_bfloat16_says_not_yet():
         numba_attn.causal_dot_product_backward(*arrays)
 
 
+def test_signature_is_the_references():
+    import inspect
+
+    ours = inspect.signature(numba_attn.causal_dot_product_backward)
+    theirs = inspect.signature(reference.causal_dot_product_backward)
+    assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == \
+        [(p.name, p.kind, p.default) for p in theirs.parameters.values()]
+
+
 # -- realistic sizes, on a GPU only ----------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -209,3 +218,4 @@ def test_gpu_cupy_arrays_in_place():
                                                    dstate=cupy.asarray(arrays[5]))
     assert all(isinstance(g, cupy.ndarray) for g in grads)
     _check(grads, *arrays, "float32")
+

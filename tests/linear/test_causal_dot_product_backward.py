@@ -1,8 +1,8 @@
 """numba_attn.causal_dot_product_backward (the recurrent walks, ``linear/recurrent_backward.py``) against
 reference.causal_dot_product_backward (float64).
 
-Tiny shapes run under the CUDA simulator (heads 2, seqlen 1..20, E, M 4..16, E != M; E or M = 16 already splits the
-state's columns over two blocks there); the `gpu` tests run realistic sizes on real hardware only. The error metric
+Tiny shapes run under the CUDA simulator (heads 2, seqlen 1..20, E, M 4..16, E != M; the simulator's 4 "SMs" make
+every walk split its state's columns over two blocks by default, and one test forces one and three); the `gpu` tests run realistic sizes on real hardware only. The error metric
 is ‖g − ref‖ / ‖ref‖ per gradient (kernel_checks.TOLERANCE); float16 is compared with the float64 gradients of the
 float16-rounded inputs.
 """
@@ -51,7 +51,7 @@ CASES = [
     (1, 4, 4, "float32", False, False),  # one row
     (7, 4, 8, "float32", True, True),
     (13, 8, 4, "float16", True, False),
-    (20, 16, 16, "float32", False, True),  # M and E split over two blocks in every walk
+    (20, 16, 16, "float32", False, True),
     (11, 16, 5, "float16", True, True),
     (9, 6, 12, "float32", True, False),
 ]
@@ -65,12 +65,14 @@ def test_equals_reference(seqlen, e, m, dtype, with_initial_state, with_dstate):
     _check(grads, *arrays, dtype)
 
 
-def test_forced_column_split():
-    """Every walk with its state columns split over 3 blocks (E = 6 and M = 7 columns: the last block's partial)."""
+@pytest.mark.parametrize("m_splits", [1, 3])
+def test_forced_column_split(m_splits):
+    """Each walk's state columns in one block, or asked in three (E = 7, M = 6: the dv walk gets three blocks of 2
+    columns, the dq and dk walks two of 4 and 3: whole register tiles)."""
     arrays = _case(3, (1, 2, 10), 7, 6, "float32", True, True)
     launch = _rb.launch_causal_dot_product_backward
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_rb, "launch_causal_dot_product_backward", functools.partial(launch, m_splits=3))
+        mp.setattr(_rb, "launch_causal_dot_product_backward", functools.partial(launch, m_splits=m_splits))
         grads = numba_attn.causal_dot_product_backward(arrays[0], *arrays[1:4], initial_state=arrays[4],
                                                        dstate=arrays[5])
     _check(grads, *arrays, "float32")

@@ -13,6 +13,10 @@ in shared memory for the whole kernel; each key tile brings ``K^T``, then ``V`` 
 four barriers per tile. The buffer is dynamic shared memory (over 48 KB for large head dims, so the launch raises
 the kernel's limit).
 
+Masks come from ``core.mask`` / ``core.block_info``: causal, and a sliding window (a compile-time pair of sides, part
+of the kernel's cache key) whose key tiles wholly outside the window are skipped; this is the only forward kernel that
+takes a window so far.
+
 Everything here also runs under ``NUMBA_ENABLE_CUDASIM=1`` (no warp shuffles: row reductions go through shared
 memory), so the tile shape is a parameter and the tests use tiny tiles.
 """

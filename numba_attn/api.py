@@ -42,7 +42,8 @@ from .linear.dispatch import BACKENDS as LINEAR_BACKENDS
 from .runtime import autotune as _autotune
 from .runtime import replay as _replay
 from .runtime import views as _views
-from .runtime.arguments import check_backend, check_eps, check_flag, check_num_splits, check_sm_scale
+from .runtime.arguments import (check_backend, check_eps, check_flag, check_num_splits, check_sm_scale,
+                                check_window)
 from .runtime.arrays import prepare
 from .runtime.attention_args import AttentionArgs, BackwardArgs
 from .runtime.device import SIMULATOR, DeviceView, on_device
@@ -99,7 +100,7 @@ def _served(name: str, arrays: tuple, options: tuple, checked):
 
 
 def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out=None, backend=None,
-                  allow_tf32=False):
+                  allow_tf32=False, window=None):
     """Exact attention ``softmax(sm_scale * q k^T) v`` without materialising the scores.
 
     Args:
@@ -123,6 +124,11 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
         allow_tf32: float32 inputs only: one plain tf32 product on the tensor cores instead of three (about 3x less
             tensor-core work, relative error about 1e-3 instead of 1e-6). Ignored for 16-bit inputs and by ``backend="simt"``, which computes in float32
             throughout.
+        window: a sliding window ``(left, right)`` around the same bottom-right diagonal: query ``i`` sees keys
+            ``i' - left <= j <= i' + right``, ``i' = i + seqlen_k - seqlen_q``; each side an int >= 0 or None
+            (unbounded); with ``causal`` the right side is ``min(right, 0)``. None (default): no window. Runs on the
+            SIMT kernel only so far (float16 / float32): ``backend=None`` picks "simt", "mma" or "wgmma" is a
+            ValueError; not with autograd (``flash_backward`` takes no window yet).
 
     Returns:
         ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key (or whose scores are all -inf) give 0
@@ -132,26 +138,32 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
     (``torch_ops``): autograd records the call (its backward is ``flash_backward``), ``lse`` is not differentiable,
     ``out=`` is a ValueError, and ``torch.compile(fullgraph=True)`` traces the call without a graph break.
     """
+    window = check_window(window)  # (checked here, not in ``checked``: a list is no replay plan's key)
     if type(q).__module__.startswith("torch") and (
             q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)):
         from . import torch_ops  # (torch is imported by now: q is a tensor)
 
+        if window is not None and torch_ops.torch.is_grad_enabled():
+            raise ValueError("window: flash_backward takes no window yet, so a windowed call cannot be recorded "
+                             "for autograd; detach the inputs or use torch.no_grad()")
+
         result = torch_ops.forward_with_grad(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32)
         if result is not None:
             return result
-    return _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32)
+    return _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window)
 
 
 @_one_call_at_a_time_under_the_simulator
-def _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32):
+def _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window=None):
     def checked():
         return _attention(q, k, v, check_flag(causal, "causal"), check_sm_scale(sm_scale),
                           check_flag(return_lse, "return_lse"), out, num_splits=None, decode=False,
-                          backend=check_backend(backend, BACKENDS), allow_tf32=check_flag(allow_tf32, "allow_tf32"))
+                          backend=check_backend(backend, BACKENDS), allow_tf32=check_flag(allow_tf32, "allow_tf32"),
+                          window=window)
 
     if out is not None:  # (plans make their outputs)
         return checked()
-    return _served("flash_forward", (q, k, v), (causal, sm_scale, return_lse, backend, allow_tf32), checked)
+    return _served("flash_forward", (q, k, v), (causal, sm_scale, return_lse, backend, allow_tf32, window), checked)
 
 
 @_one_call_at_a_time_under_the_simulator
@@ -240,7 +252,7 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
 
 
 def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, backend, allow_tf32=False,
-               plan_key=None):
+               plan_key=None, window=None):
     shape = attention_shape(q, k, v)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(shape.head_dim)
@@ -249,21 +261,21 @@ def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, b
     call = prepare({"q": q, "k": k, "v": v})
     with on_device(call.device_id):
         return _run_attention(call, shape, causal, sm_scale, return_lse, out, num_splits, decode, backend,
-                              allow_tf32, plan_key)
+                              allow_tf32, plan_key, window)
 
 
 def _run_attention(call, shape, causal, sm_scale, return_lse, out, num_splits, decode, backend, allow_tf32,
-                   plan_key):
+                   plan_key, window=None):
     out = call.output(shape.out_shape(), out=out)
     lse = call.output(shape.lse_shape(), "float32") if return_lse else None
     if decode:
         _decode.check_dtype(call.dtype)
     else:
-        backend = _forward.backend_for(call, shape, backend, allow_tf32)
+        backend = _forward.backend_for(call, shape, backend, allow_tf32, window)
     if shape.seqlen_q > 0 and shape.batch * shape.heads > 0:
         args = AttentionArgs(
             lift(call.inputs["q"], 4), lift(call.inputs["k"], 4), lift(call.inputs["v"], 4), lift(out.view, 4),
-            lift(lse.view, 3) if return_lse else _lse_placeholder(call), return_lse, sm_scale, causal)
+            lift(lse.view, 3) if return_lse else _lse_placeholder(call), return_lse, sm_scale, causal, window)
         if decode:
             _decode.run(call, shape, args, num_splits, plan_key)
         else:

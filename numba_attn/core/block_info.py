@@ -2,15 +2,16 @@
 
 Two grid layouts (``QUERY_MAJOR``, ``HEAD_MAJOR``); ``grid`` builds either on the host and checks it against the
 device's limits, ``block_position`` reads it back on the device. ``key_tiles`` gives the key tiles a block of query
-rows walks (``mask.visible_end``: causal blocks stop at the diagonal); ``query_tiles_start`` the first query tile a
+rows walks (``mask.visible_end``: causal blocks stop at the diagonal), ``key_tile_range`` the same under a sliding
+window, where a block's keys also begin late (``mask.visible_start``); ``query_tiles_start`` the first query tile a
 block of keys meets (the backward's reverse walk, ``mask.first_row``). A sequence's keys are ``key_start ..
 key_end``: today ``0 .. seqlen_k`` for every batch entry, the place where per-sequence lengths would come in.
 """
 from __future__ import annotations
 
 from ..runtime.device import SIMULATOR, cuda, device_properties
-from .mask import first_row, visible_end
-from .staging import device_function
+from .mask import NO_WINDOW, first_row, visible_end, visible_end_in, visible_start
+from .staging import device_function, inlined_function
 
 
 def _reads_thread_position(fn):
@@ -106,6 +107,37 @@ def key_tiles(block_m: int, block_n: int):
         return (n_end - key_start + BLOCK_N - 1) // BLOCK_N
 
     return tiles
+
+
+def key_tile_range(block_m: int, block_n: int, window=NO_WINDOW):
+    """``tiles(m0, key_start, key_end, causal, diag_offset) -> (n_begin, n_end)``: rows ``m0 .. m0 + block_m - 1``
+    walk the ``block_n``-key tiles ``range(n_begin, n_end, block_n)`` (none when ``n_begin >= n_end``; rows past
+    the sequence's end count, as in ``key_tiles``): from the
+    tile of ``key_start``'s grid that holds the first key any of them sees under the compile-time ``window``
+    (``mask.window_sides``), to the last such key. Tiles wholly outside the window are never visited; the ones it
+    cuts are masked (``mask.tile_is_partial``). Without a window: ``(key_start, mask.visible_end(...))``."""
+    BLOCK_M = block_m
+    BLOCK_N = block_n
+    first_key = visible_start(window)
+    end_key = visible_end_in(window)
+    # (inlined into the kernel's IR: without a window it compiles to the ``visible_end`` call kernels made before)
+    if window == NO_WINDOW:
+        @inlined_function
+        def causal_range(m0, key_start, key_end, causal, diag_offset):
+            return key_start, visible_end(m0 + BLOCK_M, key_start, key_end, causal, diag_offset)
+
+        return causal_range
+
+    @inlined_function
+    def window_range(m0, key_start, key_end, causal, diag_offset):
+        first = first_key(m0, key_start, key_end, diag_offset)
+        end = end_key(m0 + BLOCK_M, key_start, key_end, causal, diag_offset)
+        begin = key_start + (first - key_start) // BLOCK_N * BLOCK_N
+        if first >= end:  # the window holds no key of these rows: no tile (not the aligned one before ``first``)
+            end = begin
+        return begin, end
+
+    return window_range
 
 
 def query_tiles_start(block_m: int):

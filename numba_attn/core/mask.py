@@ -8,9 +8,15 @@ Kernels ask four questions, all answered here: is this element hidden (``hidden`
 per-element test (``tile_is_partial``), where do the keys a block of rows sees end (``visible_end``, for the
 block's key range in ``block_info``), and -- the backward's key blocks -- where do the rows that see a key begin
 (``first_row``). The masks are monotone -- a key hidden from a row is hidden from every earlier
-row, and so is every later key -- so one corner of a tile answers for the whole tile. A new kind of mask (a sliding
-window, say) is a new clause in these three functions; a left edge would also test the tile's first key against the
-block's last row.
+row, and so is every later key -- so one corner of a tile answers for the whole tile.
+
+Sliding windows (``window=(left, right)``, as ``reference._masks``): query ``i`` sees keys ``i + diag_offset - left
+<= j <= i + diag_offset + right``; with ``causal`` the right side is ``min(right, 0)``. A window is a compile-time
+pair of sides (``window_sides``: ints, ``UNBOUNDED`` for an open side) given to the builders ``hidden_in``,
+``tile_is_partial`` and ``visible_start`` / ``visible_end_in``, which return a device function specialised to it; for
+``NO_WINDOW`` they return the causal-only functions above unchanged, so kernels built without a window compile to
+the code they always did. The left edge adds a clause: a tile is partial when its first key is hidden from the
+block's last row, and a block's keys begin at ``visible_start``.
 """
 from __future__ import annotations
 
@@ -29,21 +35,6 @@ def hidden(key, row, key_end, causal, diag_offset):
     return False
 
 
-def tile_is_partial(block_n: int):
-    """``partial(n0, m0, key_end, causal, diag_offset)``: True when some key of the tile ``n0 .. n0 + block_n - 1``
-    is hidden from some row ``>= m0`` (its last key from the first row): only such tiles need the element test."""
-    BLOCK_N = block_n
-
-    @device_function
-    def partial(n0, m0, key_end, causal, diag_offset):
-        crosses = n0 + BLOCK_N > key_end
-        if causal:
-            crosses = crosses or (n0 + BLOCK_N - 1 > m0 + diag_offset)
-        return crosses
-
-    return partial
-
-
 @device_function
 def visible_end(row_end, key_start, key_end, causal, diag_offset):
     """One past the last key that any row below ``row_end`` sees (at least ``key_start``)."""
@@ -59,3 +50,127 @@ def first_row(key, row_start, row_end, causal, diag_offset):
     if causal:
         return min(row_end, max(row_start, key - diag_offset))
     return row_start
+
+
+#: a window side without a bound (compile-time sentinel of ``window_sides``)
+UNBOUNDED = -1
+#: no window: the masks above, and only them
+NO_WINDOW = (UNBOUNDED, UNBOUNDED)
+
+
+def window_sides(window, causal: bool) -> tuple:
+    """The compile-time ``(left, right)`` of a checked ``window`` (None or ``(left, right)`` of ints >= 0 or None)
+    under ``causal``: ints, ``UNBOUNDED`` for an open side. A right side the causal diagonal already bounds (``right
+    >= 0`` with ``causal``) is dropped, so such windows build the causal kernel's code; ``NO_WINDOW`` when no side is
+    left."""
+    if window is None:
+        return NO_WINDOW
+    left, right = window
+    if right is not None and causal and right >= 0:
+        right = None
+    return (UNBOUNDED if left is None else int(left), UNBOUNDED if right is None else int(right))
+
+
+def _check_sides(window) -> tuple:
+    left, right = window
+    for side in (left, right):
+        if type(side) is not int or side < UNBOUNDED:
+            raise ValueError(f"window sides: expected ints >= 0 or UNBOUNDED, got {window!r}")
+    return left, right
+
+
+def hidden_in(window=NO_WINDOW):
+    """``hidden`` for the compile-time ``window`` (``window_sides``): the same arguments, and also True where
+    ``key`` is right of ``row + diag_offset + right`` or left of ``row + diag_offset - left``."""
+    left, right = _check_sides(window)
+    if window == NO_WINDOW:
+        return hidden
+    HAS_LEFT, LEFT = left != UNBOUNDED, left
+    HAS_RIGHT, RIGHT = right != UNBOUNDED, right
+
+    @device_function
+    def hidden_windowed(key, row, key_end, causal, diag_offset):
+        if key >= key_end:
+            return True
+        if causal and key > row + diag_offset:
+            return True
+        if HAS_RIGHT and key > row + diag_offset + RIGHT:
+            return True
+        if HAS_LEFT and key < row + diag_offset - LEFT:
+            return True
+        return False
+
+    return hidden_windowed
+
+
+def tile_is_partial(block_n: int, block_m: int = 0, window=NO_WINDOW):
+    """``partial(n0, m0, key_end, causal, diag_offset)``: True when some key of the tile ``n0 .. n0 + block_n - 1``
+    is hidden from some row of ``m0 .. m0 + block_m - 1`` (right side: its last key from the first row; a window's
+    left side: its first key from the last row): only such tiles need the element test. ``block_m`` is needed with
+    a left side only."""
+    left, right = _check_sides(window)
+    BLOCK_N = block_n
+    if window == NO_WINDOW:
+        @device_function
+        def partial(n0, m0, key_end, causal, diag_offset):
+            crosses = n0 + BLOCK_N > key_end
+            if causal:
+                crosses = crosses or (n0 + BLOCK_N - 1 > m0 + diag_offset)
+            return crosses
+
+        return partial
+    if left != UNBOUNDED and block_m < 1:
+        raise ValueError("tile_is_partial: a window's left side needs block_m")
+    LAST_ROW = block_m - 1
+    HAS_LEFT, LEFT = left != UNBOUNDED, left
+    HAS_RIGHT, RIGHT = right != UNBOUNDED, right
+
+    @device_function
+    def partial_windowed(n0, m0, key_end, causal, diag_offset):
+        crosses = n0 + BLOCK_N > key_end
+        if causal:
+            crosses = crosses or (n0 + BLOCK_N - 1 > m0 + diag_offset)
+        if HAS_RIGHT:
+            crosses = crosses or (n0 + BLOCK_N - 1 > m0 + diag_offset + RIGHT)
+        if HAS_LEFT:
+            crosses = crosses or (n0 < m0 + LAST_ROW + diag_offset - LEFT)
+        return crosses
+
+    return partial_windowed
+
+
+def visible_end_in(window=NO_WINDOW):
+    """``visible_end`` for the compile-time ``window``: a right side ends the keys at ``row_end + diag_offset +
+    right`` too."""
+    left, right = _check_sides(window)
+    if right == UNBOUNDED:
+        return visible_end
+    RIGHT = right
+
+    @device_function
+    def visible_end_windowed(row_end, key_start, key_end, causal, diag_offset):
+        end = row_end + diag_offset + RIGHT
+        if causal:
+            end = min(end, row_end + diag_offset)
+        return min(key_end, max(key_start, end))
+
+    return visible_end_windowed
+
+
+def visible_start(window=NO_WINDOW):
+    """``start(row_start, key_start, key_end, diag_offset)``: the first key that any row from ``row_start`` on sees
+    (``key_start`` without a left side; at most ``key_end``)."""
+    left, right = _check_sides(window)
+    LEFT = left
+    if left == UNBOUNDED:
+        @device_function
+        def start_unbounded(row_start, key_start, key_end, diag_offset):
+            return key_start
+
+        return start_unbounded
+
+    @device_function
+    def start_windowed(row_start, key_start, key_end, diag_offset):
+        return min(key_end, max(key_start, row_start + diag_offset - LEFT))
+
+    return start_windowed

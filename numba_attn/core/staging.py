@@ -21,6 +21,15 @@ def device_function(fn):
     return cuda.jit(device=True, forceinline=True)(fn)
 
 
+def inlined_function(fn):
+    """A device function Numba inlines into its caller's IR (``inline="always"``; a plain function under the
+    simulator): for thin wrappers whose callers must compile to what calling their body directly does -- no
+    function of their own in the module, so no PTX declaration of its own either."""
+    if SIMULATOR:
+        return fn
+    return cuda.jit(device=True, inline="always")(fn)
+
+
 def float32_tile_copy(threads_x: int, threads_y: int, rows: int, width: int, row_step: int, column_step: int):
     """``copy(head, smem, base, n0, seqlen, head_dim, ty, tx)``: rows ``n0 .. n0 + rows`` and columns ``0 .. width``
     of ``head`` (any dtype and strides, converted to float32) to ``smem[base + r * row_step + d * column_step]``,

@@ -13,6 +13,10 @@ in shared memory for the whole kernel; each key tile brings ``K^T``, then ``V`` 
 four barriers per tile. The buffer is dynamic shared memory (over 48 KB for large head dims, so the launch raises
 the kernel's limit).
 
+Masks come from ``core.mask`` / ``core.block_info``: causal, and a sliding window (a compile-time pair of sides, part
+of the kernel's cache key) whose key tiles wholly outside the window are skipped; this is the only forward kernel that
+takes a window so far.
+
 Everything here also runs under ``NUMBA_ENABLE_CUDASIM=1`` (no warp shuffles: row reductions go through shared
 memory), so the tile shape is a parameter and the tests use tiny tiles.
 """
@@ -26,8 +30,8 @@ import numpy as np
 from numba import float32
 from numba import uint32 as index  # unsigned shared-memory indices: Numba skips its negative-index wraparound code
 
-from ..core.block_info import HEAD_MAJOR, block_position, grid, sequence_bounds
-from ..core.mask import hidden, tile_is_partial, visible_end
+from ..core.block_info import HEAD_MAJOR, block_position, grid, key_tile_range, sequence_bounds
+from ..core.mask import NO_WINDOW, hidden_in, tile_is_partial, window_sides
 from ..core.softmax import log_sum_exp
 from ..core.staging import float32_tile_copy
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
@@ -103,8 +107,9 @@ def padded_head_dim(head_dim: int, config: SimtConfig) -> int:
 
 
 @lru_cache(maxsize=None)
-def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
-    """Compile-time specialised kernel: tile shape, padded head dim and causality are constants."""
+def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool, window: tuple = NO_WINDOW):
+    """Compile-time specialised kernel: tile shape, padded head dim, causality and the sliding window's sides
+    (``mask.window_sides``; ``NO_WINDOW``: the causal-only code) are constants."""
     TX, TY = config.threads_x, config.threads_y
     RM, RN = config.rows_per_thread, config.keys_per_thread
     BLOCK_M, BLOCK_N = config.block_m, config.block_n
@@ -121,7 +126,9 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
     ROW_OFFSET = P_OFFSET + BLOCK_N * M_STRIDE
     NEG_INF = np.float32(-np.inf)  # a float32 constant keeps the softmax arithmetic in float32
     position = block_position(HEAD_MAJOR, BLOCK_M)
-    partial = tile_is_partial(BLOCK_N)
+    partial = tile_is_partial(BLOCK_N, BLOCK_M, window)
+    hidden = hidden_in(window)
+    key_range = key_tile_range(BLOCK_M, BLOCK_N, window)
     copy_q_t = float32_tile_copy(TX, TY, BLOCK_M, D_PAD, 1, M_STRIDE)  # Q^T
     copy_k_t = float32_tile_copy(TX, TY, BLOCK_N, D_PAD, 1, N_STRIDE)  # K^T
     copy_v = float32_tile_copy(TX, TY, BLOCK_N, D_PAD, D_PAD, 1)  # V
@@ -154,8 +161,9 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
             for j in range(RD):
                 acc[i, j] = 0.0
 
-        n_end = visible_end(m0 + BLOCK_M, key_start, key_end, CAUSAL, diag_offset)
-        for n0 in range(key_start, n_end, BLOCK_N):
+        # the key tiles these rows see: to the diagonal when causal; tiles wholly outside a window are skipped
+        n_begin, n_end = key_range(m0, key_start, key_end, CAUSAL, diag_offset)
+        for n0 in range(n_begin, n_end, BLOCK_N):
             # ---- K^T tile -> shared (barrier A also publishes Q^T on the first tile) ------------------------------
             copy_k_t(k_head, smem, KV_OFFSET, n0, key_end, head_dim, ty, tx)
             cuda.syncthreads()
@@ -170,7 +178,7 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
                     for j in range(RN):
                         s[i, j] += qv * smem[index(KV_OFFSET + dd * N_STRIDE + tx + TX * j)]
 
-            # ---- online softmax: masks only on the tail tile and tiles that cross the diagonal ------------------
+            # ---- online softmax: masks only on the tail tile and tiles that cross the diagonal or window edges ---
             needs_mask = partial(n0, m0, key_end, CAUSAL, diag_offset)
             for i in range(RM):
                 row = m0 + ty + TY * i
@@ -225,7 +233,7 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
                 l = float32(0.0)
                 for t in range(TX):
                     l += smem[index(ROW_OFFSET + r * TX + t)]
-                # rows that see no key (causal, Lq > Lk) give 0 and lse = -inf, as in the reference
+                # rows that see no key (causal, Lq > Lk; an empty window) give 0 and lse = -inf, as in the reference
                 inv_l = float32(1.0) / l if l > 0.0 else float32(0.0)
                 for j in range(RD):
                     d = tx + TX * j
@@ -237,14 +245,16 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool):
     return kernel
 
 
-def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: SimtConfig | None = None):
-    """Launch on device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q)."""
+def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: SimtConfig | None = None,
+           window=None):
+    """Launch on device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q). ``window``:
+    None or a checked ``(left, right)`` sliding window (``runtime.arguments.check_window``)."""
     batch, heads, seqlen_q, head_dim = q.shape
     config = config or default_config(head_dim)
     head_dim_pad = padded_head_dim(head_dim, config)
     shared_bytes = 4 * config.shared_words(head_dim_pad)
     common.check_shared_memory(shared_bytes)
-    kernel = flash_forward_kernel(config, head_dim_pad, bool(causal))
+    kernel = flash_forward_kernel(config, head_dim_pad, bool(causal), window_sides(window, bool(causal)))
     shape = grid(HEAD_MAJOR, batch, heads, seqlen_q, config.block_m)
     block = (config.threads_x, config.threads_y)
     scale_log2, _ = common.scale_args(sm_scale)  # scores are scaled before the max here, whatever the sign

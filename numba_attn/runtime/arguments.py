@@ -76,6 +76,26 @@ def check_num_splits(num_splits) -> int | None:
     return int(num_splits)
 
 
+def check_window(window) -> tuple | None:
+    """``flash_forward``'s ``window``: None (no window) or a ``(left, right)`` tuple of ints >= 0 or None (unbounded
+    on that side), as ``reference``'s ``check_window``: a tuple or list of two entries, each None or a Python or
+    NumPy integer >= 0, not a bool (``-1`` is no way to say "unbounded": None is)."""
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)):
+        raise ArgumentTypeError(f"window: expected None or a (left, right) tuple, got {window!r}")
+    if len(window) != 2:
+        raise ValueError(f"window: expected two entries (left, right), got {window!r}")
+    for side, value in zip(("left", "right"), window):
+        if value is None:
+            continue
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+            raise ArgumentTypeError(f"window: {side} must be an int >= 0 or None (unbounded), got {value!r}")
+        if value < 0:
+            raise ValueError(f"window: {side} must be an int >= 0 or None (unbounded), got {value!r}")
+    return tuple(None if value is None else int(value) for value in window)
+
+
 def check_backend(backend, backends: tuple) -> str | None:
     """``backend``: None or one of ``backends`` (the family's dispatch says which apply to the call)."""
     if backend is None:

@@ -10,7 +10,8 @@ from typing import Any
 class AttentionArgs:
     """One attention call on the device: batched views ``(batch, heads, seqlen, headdim)`` of ``q``, ``k``, ``v``
     and ``out``, the ``(batch, heads, seqlen_q)`` lse view (a placeholder the kernels never write when
-    ``write_lse`` is False), the score scale and the mask."""
+    ``write_lse`` is False), the score scale and the mask: ``causal`` and a checked sliding ``window`` (None or
+    ``(left, right)``; only the SIMT forward takes one so far, and ``launch_args`` leaves it out)."""
 
     q: Any
     k: Any
@@ -20,12 +21,15 @@ class AttentionArgs:
     write_lse: bool
     sm_scale: float
     causal: bool
+    window: tuple | None = None
 
     def __post_init__(self):
         if type(self.write_lse) is not bool or type(self.causal) is not bool:
             raise TypeError("write_lse, causal: expected bool")
         if type(self.sm_scale) is not float:
             raise TypeError(f"sm_scale: expected a float, got {type(self.sm_scale).__name__}")
+        if self.window is not None and type(self.window) is not tuple:
+            raise TypeError(f"window: expected None or a checked (left, right) tuple, got {self.window!r}")
 
     def launch_args(self) -> tuple:
         """In the order of the kernels' ``launch(q, k, v, out, lse, write_lse, sm_scale, causal, stream, ...)``."""

@@ -1,0 +1,225 @@
+"""Sliding windows in numba_attn.flash_forward (the SIMT kernel) against reference.attention(..., window=...).
+
+Query ``i`` sees keys ``i' - left <= j <= i' + right``, ``i' = i + seqlen_k - seqlen_q`` (None: unbounded; causal:
+``right = min(right, 0)``). Tiny shapes run under the CUDA simulator (tiles of 8 rows / 8 keys there, so lengths
+1..40 reach tiles the window skips, cuts and covers); outputs start as NaN so an unwritten element fails. The block
+range and the tile predicates (``core.block_info.key_tile_range``, ``core.mask``) are checked in pure Python
+against ``reference``'s band, element by element. The `gpu` tests run realistic sizes on real hardware only.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import numba_attn
+import reference
+from kernel_checks import TOLERANCE, assert_close_lse, rel_error
+from numba_attn.core import block_info, mask
+from numba_attn.forward import dispatch
+from numba_attn.runtime import arrays as _arrays
+from reference._masks import mask_band
+
+WINDOWS = [(0, 0), (3, None), (None, 2), (2, 5)]
+
+
+def _inputs(seed, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, heads, seqlen_q, head_dim)).astype(dtype)
+    k = rng.standard_normal((1, kv_heads, seqlen_k, head_dim)).astype(dtype)
+    v = rng.standard_normal((1, kv_heads, seqlen_k, head_dim)).astype(dtype)
+    return q, k, v
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Outputs start as NaN: an element the kernel leaves unwritten shows as NaN."""
+    output = _arrays.Call.output
+
+    def poisoned_output(self, *args, **kwargs):
+        result = output(self, *args, **kwargs)
+        result.view[...] = np.nan
+        return result
+
+    monkeypatch.setattr(_arrays.Call, "output", poisoned_output)
+
+
+# (seqlen_q, seqlen_k, head_dim, dtype, kv_heads, window, causal): every window with and without causal, Lq = Lk,
+# Lq < Lk and Lq > Lk, GQA 2:1, rows whose window holds no key (Lq > Lk, or a narrow window pushed off the keys)
+CASES = [
+    (40, 40, 16, "float32", 2, (0, 0), False),
+    (13, 29, 16, "float32", 1, (0, 0), True),
+    (40, 3, 16, "float16", 2, (0, 0), False),  # rows 0..36 see no key
+    (17, 33, 8, "float16", 1, (3, None), False),
+    (29, 13, 8, "float16", 2, (3, None), True),  # Lq > Lk: the first 16 rows see nothing
+    (1, 40, 8, "float32", 2, (3, None), True),
+    (33, 17, 8, "float32", 2, (None, 2), True),
+    (40, 40, 8, "float16", 2, (None, 2), False),
+    (9, 9, 16, "float32", 1, (None, 2), False),
+    (24, 40, 16, "float16", 1, (2, 5), True),
+    (40, 24, 8, "float32", 1, (2, 5), False),
+    (5, 5, 8, "float32", 2, (2, 5), False),
+]
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k,head_dim,dtype,kv_heads,window,causal", CASES)
+def test_window_matches_reference(poisoned, seqlen_q, seqlen_k, head_dim, dtype, kv_heads, window, causal):
+    q, k, v = _inputs(seqlen_q * 41 + seqlen_k, 2, kv_heads, seqlen_q, seqlen_k, head_dim, dtype)
+    out, lse = numba_attn.flash_forward(q, k, v, causal=causal, window=window, return_lse=True)
+    ref, ref_lse = reference.attention(q, k, v, causal=causal, window=window, return_lse=True)
+    assert not np.isnan(out).any() and not np.isnan(lse).any()
+    assert rel_error(out, ref) < TOLERANCE[dtype]
+    assert_close_lse(lse, ref_lse)
+    empty = np.isneginf(ref_lse)  # rows whose window holds no key: exactly 0 and -inf
+    assert (out[empty] == 0).all()
+
+
+def test_empty_windows_give_zero_and_minus_inf(poisoned):
+    # window (0, 0) with seqlen_q > seqlen_k: query i sees key i - 30 only, so rows 0..29 see nothing
+    q, k, v = _inputs(3, 2, 2, 40, 10, 8, "float32")
+    out, lse = numba_attn.flash_forward(q, k, v, window=(0, 0), return_lse=True)
+    assert (out[:, :, :30] == 0).all() and np.isneginf(lse[:, :, :30]).all()
+    ref, ref_lse = reference.attention(q, k, v, window=(0, 0), return_lse=True)
+    assert rel_error(out, ref) < TOLERANCE["float32"]
+    assert_close_lse(lse, ref_lse)
+
+
+def test_unbounded_window_is_no_window():
+    # (None, None) builds the kernel without a window (mask.window_sides): bitwise the plain call
+    q, k, v = _inputs(4, 2, 1, 11, 19, 8, "float32")
+    for causal in (False, True):
+        plain = numba_attn.flash_forward(q, k, v, causal=causal)
+        np.testing.assert_array_equal(numba_attn.flash_forward(q, k, v, causal=causal, window=(None, None)), plain)
+        # with causal, a right side >= 0 is the diagonal's already
+        if causal:
+            np.testing.assert_array_equal(numba_attn.flash_forward(q, k, v, causal=True, window=[None, 7]), plain)
+
+
+def test_window_takes_simt_even_when_tf32_would_take_mma():
+    # under the simulator float32 with allow_tf32 picks "mma"; a window keeps it on "simt"
+    assert dispatch.choose_backend(None, "float32", allow_tf32=True, windowed=True) == "simt"
+    assert dispatch.choose_backend(None, "float16", wgmma_ok=True, windowed=True) == "simt"
+    q, k, v = _inputs(5, 2, 2, 10, 12, 8, "float32")
+    out = numba_attn.flash_forward(q, k, v, window=(2, 1), allow_tf32=True)
+    assert rel_error(out, reference.attention(q, k, v, window=(2, 1))) < TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("backend", ["mma", "wgmma"])
+def test_tensor_core_backends_refuse_windows(backend):
+    q, k, v = _inputs(6, 2, 2, 4, 4, 8, "float16")
+    with pytest.raises(ValueError, match="SIMT kernel only"):
+        numba_attn.flash_forward(q, k, v, window=(1, 1), backend=backend)
+
+
+@pytest.mark.parametrize("window,error", [
+    (3, TypeError), ("ab", TypeError), ({0: 1}, TypeError), ((1,), ValueError), ((1, 2, 3), ValueError),
+    ((-1, 0), ValueError), ((0, -2), ValueError), ((True, 0), TypeError), ((0, np.bool_(False)), TypeError),
+    ((0, 1.5), TypeError), ((0.0, None), TypeError),
+])
+def test_bad_windows_raise(window, error):
+    q, k, v = _inputs(7, 1, 1, 3, 3, 8, "float32")
+    with pytest.raises(error, match="^window"):
+        numba_attn.flash_forward(q, k, v, window=window)
+    with pytest.raises(error):  # the reference refuses the same values
+        reference.attention(q, k, v, window=window)
+
+
+def test_numpy_integer_sides_are_taken():
+    q, k, v = _inputs(8, 1, 1, 6, 6, 8, "float32")
+    out = numba_attn.flash_forward(q, k, v, window=(np.int64(1), np.int32(0)))
+    assert rel_error(out, reference.attention(q, k, v, window=(1, 0))) < TOLERANCE["float32"]
+
+
+# ---- the building blocks in pure Python (device functions are plain functions under the simulator) ----------------
+BLOCK_M, BLOCK_N = 8, 8
+
+
+@pytest.mark.parametrize("window", WINDOWS + [(None, None), (0, None), (None, 0), (17, 3)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(64, 64), (23, 61), (61, 23), (1, 40), (40, 1)])
+def test_block_range_skips_tiles_outside_the_window(window, causal, seqlen_q, seqlen_k):
+    """Each query block visits exactly the key tiles that hold a key one of its rows sees -- tiles wholly outside
+    the window are never visited -- and a tile the predicate calls whole is seen entirely by every row."""
+    sides = mask.window_sides(window, causal)
+    key_range = block_info.key_tile_range(BLOCK_M, BLOCK_N, sides)
+    partial = mask.tile_is_partial(BLOCK_N, BLOCK_M, sides)
+    hidden = mask.hidden_in(sides)
+    band = mask_band(causal, window)
+    diag = seqlen_k - seqlen_q
+    visited_total = 0
+    for m0 in range(0, seqlen_q, BLOCK_M):
+        # the block's rows, those past seqlen_q included (the kernel computes them; it writes no such row)
+        rows = np.arange(m0, m0 + BLOCK_M)
+        block_visible = band.visible(rows, np.arange(seqlen_k), seqlen_q, seqlen_k)
+        n_begin, n_end = key_range(m0, 0, seqlen_k, causal, diag)
+        visited = set(range(n_begin, n_end, BLOCK_N))
+        needed = {n0 for n0 in range(0, seqlen_k, BLOCK_N) if block_visible[:, n0:n0 + BLOCK_N].any()}
+        assert visited == needed, (m0, sorted(visited), sorted(needed))
+        visited_total += len(visited)
+        for n0 in visited:
+            keys = np.arange(n0, n0 + BLOCK_N)
+            # the element predicate is the band (rows past seqlen_q and keys past seqlen_k included)
+            expect = band.visible(rows, keys, seqlen_q, seqlen_k) & (keys < seqlen_k)[None, :]
+            got = ~np.array([[hidden(j, i, seqlen_k, causal, diag) for j in keys] for i in rows])
+            np.testing.assert_array_equal(got, expect)
+            if not partial(n0, m0, seqlen_k, causal, diag):
+                assert expect.all(), (m0, n0)
+    if band.left is not None and band.left <= 3 and band.right is not None and seqlen_q == seqlen_k == 64:
+        # a narrow window: each block sees at most 2 or 3 of the 8 tiles, not all up to the diagonal
+        assert visited_total <= 3 * (seqlen_q // BLOCK_M)
+
+
+def test_window_sides():
+    assert mask.window_sides(None, False) == mask.NO_WINDOW
+    assert mask.window_sides((None, None), True) == mask.NO_WINDOW
+    assert mask.window_sides((None, 4), True) == mask.NO_WINDOW  # the diagonal bounds it already
+    assert mask.window_sides((3, 0), True) == (3, mask.UNBOUNDED)
+    assert mask.window_sides((3, 2), False) == (3, 2)
+    # without a window the builders give the causal-only functions (what the kernels compiled before windows)
+    assert mask.hidden_in(mask.NO_WINDOW) is mask.hidden
+    assert mask.visible_end_in(mask.NO_WINDOW) is mask.visible_end
+
+
+# ---- realistic sizes on a GPU -----------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize(
+    "heads,kv_heads,seqlen_q,seqlen_k,head_dim,window,causal",
+    [
+        (4, 4, 1000, 1000, 64, (256, 0), True),  # local causal attention (Mistral-style)
+        (8, 2, 777, 1531, 128, (100, 50), False),  # GQA, Lq != Lk
+        (2, 1, 1531, 777, 59, (None, 3), False),  # Lq > Lk, odd head dim
+        (2, 2, 300, 5000, 128, (64, None), True),  # queries at the end of a long cache
+        (2, 2, 2000, 200, 80, (0, 0), False),  # most rows see no key
+    ],
+)
+def test_gpu_flash_forward_window(dtype, heads, kv_heads, seqlen_q, seqlen_k, head_dim, window, causal):
+    import cupy
+
+    rng = np.random.default_rng(10)
+    q = rng.standard_normal((2, heads, seqlen_q, head_dim)).astype(dtype)
+    k = rng.standard_normal((2, kv_heads, seqlen_k, head_dim)).astype(dtype)
+    v = rng.standard_normal((2, kv_heads, seqlen_k, head_dim)).astype(dtype)
+    dq, dk, dv = (cupy.asarray(x) for x in (q, k, v))
+    out = cupy.full(q.shape, cupy.nan, dtype=dtype)  # poison: unwritten elements show as NaN
+    _, lse = numba_attn.flash_forward(dq, dk, dv, causal=causal, window=window, out=out, return_lse=True)
+    rows = np.unique(np.r_[0:8, seqlen_q // 2: seqlen_q // 2 + 8, seqlen_q - 8: seqlen_q].clip(0, seqlen_q - 1))
+    ref, ref_lse = reference.attention(q, k, v, causal=causal, window=window, rows=rows, return_lse=True)
+    host = out.get()
+    assert not np.isnan(host).any()
+    assert rel_error(host[:, :, rows], ref) < TOLERANCE[dtype]
+    assert_close_lse(lse.get()[:, :, rows], ref_lse)
+
+
+@pytest.mark.gpu
+def test_gpu_replayed_calls_keep_their_window():
+    # CuPy calls replay recorded plans (runtime.replay): the window is part of a plan's key
+    import cupy
+
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((1, 2, 300, 64)).astype("float16") for _ in range(3))
+    dq, dk, dv = (cupy.asarray(x) for x in (q, k, v))
+    for _ in range(2):
+        for window in [(16, 0), [16, 0], (64, 8), None]:
+            out = numba_attn.flash_forward(dq, dk, dv, window=window)
+            ref = reference.attention(q, k, v, window=None if window is None else tuple(window))
+            assert rel_error(out.get(), ref) < TOLERANCE["float16"]

@@ -38,3 +38,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Every output and scratch array of a call starts as NaN: an element a kernel leaves unwritten, or scratch read
+    before it is written, shows as NaN (the poisoned-output pattern for functions that allocate their outputs)."""
+    import numpy as np
+
+    from numba_attn.runtime import arrays
+
+    output, scratch = arrays.Call.output, arrays.Call.scratch
+
+    def poisoned_output(self, *args, **kwargs):
+        result = output(self, *args, **kwargs)
+        result.view[...] = np.nan
+        return result
+
+    def poisoned_scratch(self, *args, **kwargs):
+        view = scratch(self, *args, **kwargs)
+        view[...] = np.nan
+        return view
+
+    monkeypatch.setattr(arrays.Call, "output", poisoned_output)
+    monkeypatch.setattr(arrays.Call, "scratch", poisoned_scratch)

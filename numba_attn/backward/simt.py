@@ -35,7 +35,7 @@ from numba import uint32 as index  # unsigned shared-memory indices: Numba skips
 from ..core.block_info import HEAD_MAJOR, block_position, grid, query_tiles_start, sequence_bounds
 from ..core.constants import LOG2E
 from ..core.mask import hidden, tile_is_partial, visible_end
-from ..core.staging import float32_tile_copy
+from ..core.staging import float32_tile_copy, inlined_function
 from ..forward import common
 from ..runtime.device import SIMULATOR, cuda, kernel_jit, max_shared_per_block
 from ..runtime.launch import launch as device_launch
@@ -132,6 +132,29 @@ def padded_head_dim(head_dim: int, config: SimtBackwardConfig) -> int:
     return common.padded_head_dim(head_dim, config.threads_x)
 
 
+def tile_products(rows: int, cols: int, threads_y: int, threads_x: int, depth: int, a_s: int, a_dp: int,
+                  a_stride: int, b_s: int, b_dp: int, b_stride: int):
+    """``products(s, dp, smem, ty, tx)``: the thread's ``rows x cols`` register tiles of two products over ``depth``
+    transposed shared-memory operands, ``s = A_s B_s^T`` and ``dp = A_dp B_dp^T`` (row ``ty + threads_y i`` of A at
+    ``a + d * a_stride``, column ``tx + threads_x j`` of B at ``b + d * b_stride``). Both kernels need S and dP
+    side by side, the key kernel as ``K Q^T`` / ``V dO^T``, the query kernel as ``Q K^T`` / ``dO V^T``."""
+
+    def products(s, dp, smem, ty, tx):
+        for i in range(rows):
+            for j in range(cols):
+                s[i, j] = 0.0
+                dp[i, j] = 0.0
+        for dd in range(depth):
+            for i in range(rows):
+                x_s = smem[index(a_s + dd * a_stride + ty + threads_y * i)]
+                x_dp = smem[index(a_dp + dd * a_stride + ty + threads_y * i)]
+                for j in range(cols):
+                    s[i, j] += x_s * smem[index(b_s + dd * b_stride + tx + threads_x * j)]
+                    dp[i, j] += x_dp * smem[index(b_dp + dd * b_stride + tx + threads_x * j)]
+
+    return inlined_function(products)
+
+
 @lru_cache(maxsize=None)
 def dkdv_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool, atomic_dq: bool):
     """``kernel(q, k, v, dout, lse, delta, dq_acc, dk, dv, scale_log2, sm_scale)``; ``atomic_dq``: also add each
@@ -161,6 +184,7 @@ def dkdv_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool, ato
     partial = tile_is_partial(BLOCK_N)
     copy_keys_t = float32_tile_copy(TX, TY, BLOCK_N, D_PAD, 1, N_STRIDE)
     copy_rows_t = float32_tile_copy(TX, TY, BLOCK_M, D_PAD, 1, M_STRIDE)
+    key_products = tile_products(RN, RM, TY, TX, D_PAD, K_T, V_T, N_STRIDE, Q_T, DO_T, M_STRIDE)
 
     @kernel_jit(launch_bounds=(NT, config.blocks_per_sm))
     def kernel(q, k, v, dout, lse, delta, dq_acc, dk, dv, scale_log2, sm_scale):
@@ -209,17 +233,7 @@ def dkdv_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool, ato
                 cuda.syncthreads()  # (the first time also publishes K^T, V^T)
 
                 # ---- S^T = K Q^T and dP^T = V dO^T in registers ---------------------------------------------------
-                for i in range(RN):
-                    for j in range(RM):
-                        s[i, j] = 0.0
-                        dp[i, j] = 0.0
-                for dd in range(D_PAD):
-                    for i in range(RN):
-                        kk = smem[index(K_T + dd * N_STRIDE + ty + TY * i)]
-                        vv = smem[index(V_T + dd * N_STRIDE + ty + TY * i)]
-                        for j in range(RM):
-                            s[i, j] += kk * smem[index(Q_T + dd * M_STRIDE + tx + TX * j)]
-                            dp[i, j] += vv * smem[index(DO_T + dd * M_STRIDE + tx + TX * j)]
+                key_products(s, dp, smem, ty, tx)
 
                 # ---- P^T, dS^T -> shared; masks only where the tile crosses the diagonal or the last key --------
                 needs_mask = partial(n0, m0, key_end, CAUSAL, diag_offset)
@@ -298,6 +312,7 @@ def dq_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool):
     partial = tile_is_partial(BLOCK_N)
     copy_rows_t = float32_tile_copy(TX, TY, BLOCK_M, D_PAD, 1, M_STRIDE)
     copy_keys_t = float32_tile_copy(TX, TY, BLOCK_N, D_PAD, 1, N_STRIDE)
+    query_products = tile_products(RM, RN, TY, TX, D_PAD, Q_T, DO_T, M_STRIDE, K_T, V_T, N_STRIDE)
 
     @kernel_jit(launch_bounds=(NT, config.blocks_per_sm))
     def kernel(q, k, v, dout, lse, delta, dq, scale_log2, sm_scale):
@@ -335,17 +350,7 @@ def dq_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool):
             cuda.syncthreads()
 
             # ---- S = Q K^T, dP = dO V^T in registers ---------------------------------------------------------------
-            for i in range(RM):
-                for j in range(RN):
-                    s[i, j] = 0.0
-                    dp[i, j] = 0.0
-            for dd in range(D_PAD):
-                for i in range(RM):
-                    qv = smem[index(Q_T + dd * M_STRIDE + ty + TY * i)]
-                    ov = smem[index(DO_T + dd * M_STRIDE + ty + TY * i)]
-                    for j in range(RN):
-                        s[i, j] += qv * smem[index(K_T + dd * N_STRIDE + tx + TX * j)]
-                        dp[i, j] += ov * smem[index(V_T + dd * N_STRIDE + tx + TX * j)]
+            query_products(s, dp, smem, ty, tx)
 
             # ---- dS^T -> shared ------------------------------------------------------------------------------------
             needs_mask = partial(n0, m0, key_end, CAUSAL, diag_offset)

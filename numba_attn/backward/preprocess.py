@@ -45,6 +45,7 @@ def default_config() -> PreprocessConfig:
 def preprocess_kernel(config: PreprocessConfig, zero_dq: bool):
     """``kernel(out, dout, delta, dq_acc)``; ``zero_dq``: also set ``dq_acc`` (float32, q's shape) to 0."""
     TX, TY = config.threads_x, config.threads_y
+    PARTS = TX * TY  # a shared array's size must be a constant of the closure, not an expression of two
     ZERO_DQ = zero_dq
     position = block_position(HEAD_MAJOR, TY)
 
@@ -63,7 +64,7 @@ def preprocess_kernel(config: PreprocessConfig, zero_dq: bool):
                 part += float32(do_head[row, d]) * float32(out_head[row, d])
                 if ZERO_DQ:
                     dq_head[row, d] = float32(0.0)
-        parts = cuda.shared.array(TX * TY, float32)
+        parts = cuda.shared.array(PARTS, float32)
         parts[index(ty * TX + tx)] = part
         cuda.syncthreads()
         if tx == 0 and row < seqlen_q:

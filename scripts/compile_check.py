@@ -1,0 +1,102 @@
+"""Compile GPU kernels for sm_90 offline (no GPU needed): Numba's typing and lowering errors show here, which the
+simulator never meets.
+
+    CUDA_HOME=/usr/local/cuda-13.0 NUMBA_ENABLE_CUDASIM=0 python scripts/compile_check.py [FAMILY ...] [--out DIR]
+
+Families: ``backward`` (preprocess, the SIMT dK/dV and dQ kernels, convert) -- each kernel specialisation its
+launch can build, compiled with the argument types its launch passes (4-d arrays of the input dtype, layout "A";
+float32 lse / delta / accumulators). Prints one line per kernel (``OK`` with its instruction count, or ``FAIL`` and
+the error's first lines); exit status 1 if any failed. ``--out`` also writes the PTX.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def _fake_sm90():
+    import numba.cuda.dispatcher as dispatcher
+
+    class _Sm90:  # device functions ask the current device for its compute capability; there is none
+        compute_capability = (9, 0)
+
+    dispatcher.get_current_device = lambda: _Sm90()
+
+
+def backward_cases():
+    """(name, kernel, argument types, launch bounds) of every backward kernel the launches build."""
+    from numba import types
+
+    from numba_attn.backward import convert, preprocess, simt
+
+    f32 = types.float32
+    arr4 = lambda dtype: types.Array(dtype, 4, "A")  # noqa: E731
+    arr3 = types.Array(f32, 3, "A")
+    cases = []
+    for zero in (False, True):
+        config = preprocess.GPU_CONFIG
+        for dtype in (types.float16, f32):
+            cases.append((f"preprocess_{dtype}_zero{int(zero)}", preprocess.preprocess_kernel(config, zero),
+                          (arr4(dtype), arr4(dtype), arr3, arr4(f32)), (config.threads_x * config.threads_y, 1)))
+    tx, ty = convert.GPU_BLOCK
+    cases.append(("convert_f16", convert.convert_kernel(tx, ty), (arr4(f32), arr4(types.float16)), (tx * ty, 1)))
+    for config in simt.GPU_CONFIGS:
+        for d in (64, 128, 256):
+            pad = simt.padded_head_dim(d, config)
+            for dtype in (types.float16, f32):
+                a = arr4(dtype)
+                for causal in (False, True):
+                    bounds = (config.threads, config.blocks_per_sm)
+                    tag = f"t{config.threads_x}x{config.threads_y}_r{config.rows_per_thread}_d{d}_{dtype}_c{int(causal)}"
+                    for atomic in (False, True):
+                        cases.append((f"dkdv_{tag}_atomic{int(atomic)}", simt.dkdv_kernel(config, pad, causal, atomic),
+                                      (a, a, a, a, arr3, arr3, arr4(f32), a, a, f32, f32), bounds))
+                    cases.append((f"dq_{tag}", simt.dq_kernel(config, pad, causal),
+                                  (a, a, a, a, arr3, arr3, a, f32, f32), bounds))
+    return cases
+
+
+FAMILIES = {"backward": backward_cases}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("families", nargs="*", default=list(FAMILIES))
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--first", type=int, default=0, help="only the first N kernels of each family (0: all)")
+    args = parser.parse_args()
+    import numba_attn  # noqa: F401  (decides simulator or not before numba.cuda is imported)
+    from numba_attn.runtime.device import SIMULATOR, cuda
+
+    if SIMULATOR:
+        print("needs NUMBA_ENABLE_CUDASIM=0 (Numba's compiler, no GPU needed)")
+        return 1
+    _fake_sm90()
+    failed = 0
+    for family in args.families:
+        cases = FAMILIES[family]()
+        for name, kernel, argtypes, bounds in cases[:args.first or None]:
+            try:
+                ptx, _ = cuda.compile_ptx(getattr(kernel, "py_func", kernel), argtypes, cc=(9, 0),
+                                          launch_bounds=bounds)
+            except Exception as error:  # noqa: BLE001 - reported per kernel
+                failed += 1
+                first = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()
+                print(f"FAIL {family}/{name}: " + " | ".join(line.strip() for line in first[:6]), flush=True)
+                continue
+            count = sum(1 for line in ptx.splitlines() if line.strip().endswith(";"))
+            print(f"OK   {family}/{name}: {count} instructions", flush=True)
+            if args.out:
+                os.makedirs(args.out, exist_ok=True)
+                with open(os.path.join(args.out, f"{family}_{name}.ptx"), "w") as handle:
+                    handle.write(ptx)
+    print(f"{failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

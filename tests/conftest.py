@@ -50,14 +50,18 @@ def poisoned_outputs(monkeypatch):
 
     output, scratch = arrays.Call.output, arrays.Call.scratch
 
+    def poison(view):
+        # Numba device arrays take a scalar through full slices, not through an Ellipsis
+        view[(slice(None),) * len(view.shape)] = np.nan
+
     def poisoned_output(self, *args, **kwargs):
         result = output(self, *args, **kwargs)
-        result.view[...] = np.nan
+        poison(result.view)
         return result
 
     def poisoned_scratch(self, *args, **kwargs):
         view = scratch(self, *args, **kwargs)
-        view[...] = np.nan
+        poison(view)
         return view
 
     monkeypatch.setattr(arrays.Call, "output", poisoned_output)

@@ -1,0 +1,181 @@
+"""Ring attention across the GPUs of one host: numba_attn's ``ring_attention`` against torch's own context
+parallelism (``torch.distributed.tensor.experimental.context_parallel`` around SDPA), and scaling against one GPU.
+
+    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node=2 scripts/bench_ring.py [--seqlens 131072,262144] [--heads 8]
+        [--kv-heads 8] [--headdim 128] [--dtype bfloat16] [--causal/--no-causal] [--json FILE]
+
+Per total sequence length N (B = 1, one call at a time, median of CUDA-event times after warm-up, the slowest rank's
+time of each call):
+
+* ``ring``: ``numba_attn.distributed.ring_attention`` on N / world rows per rank (zig-zag shards when causal);
+* ``torch_cp``: SDPA inside ``context_parallel`` (torch's shards and rotation; its SDPA backend as torch picks it,
+  and once more with each backend in ``--torch-backends``);
+* ``single``: ``numba_attn.flash_forward`` of the whole sequence on rank 0's GPU alone (strong scaling), and of
+  N / world rows (weak scaling: the per-GPU length of this run on one GPU).
+
+TFLOP/s count ``4 B H N^2 D`` (halved when causal) for the whole sequence. Strong-scaling efficiency
+``t_single(N) / (world * t_ring(N))``; weak-scaling efficiency: TFLOP/s per GPU of the ring at N over the single
+GPU's TFLOP/s at N / world (the same rows per GPU, ``world`` times the keys).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def _time(torch, dist, fn, budget_s: float, min_reps: int = 3, max_reps: int = 20):
+    """Median over calls of the slowest rank's CUDA-event time (ms); the same number of calls on every rank."""
+    fn()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    dist.barrier()
+    start.record()
+    fn()
+    stop.record()
+    torch.cuda.synchronize()
+    first = torch.tensor([start.elapsed_time(stop)], device="cuda")
+    dist.all_reduce(first, op=dist.ReduceOp.MAX)
+    reps = int(max(min_reps, min(max_reps, budget_s * 1e3 / max(first.item(), 1e-3))))
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        start.record()
+        fn()
+        stop.record()
+        torch.cuda.synchronize()
+        t = torch.tensor([start.elapsed_time(stop)], device="cuda")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        times.append(t.item())
+    return statistics.median(times)
+
+
+def _tflops(batch, heads, seqlen, headdim, causal, ms):
+    flops = 4.0 * batch * heads * seqlen * seqlen * headdim * (0.5 if causal else 1.0)
+    return flops / (ms * 1e-3) / 1e12
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seqlens", default="131072,262144")
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv-heads", type=int, default=None)
+    parser.add_argument("--headdim", type=int, default=128)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--budget", type=float, default=2.0, help="seconds of timed calls per case")
+    parser.add_argument("--torch-backends", default="flash,cudnn", help="SDPA backends for torch_cp (',' list)")
+    parser.add_argument("--no-single", action="store_true", help="skip the one-GPU runs")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    device = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group("nccl", device_id=device)
+    import numba_attn
+    from numba_attn.distributed import ring_attention, shard
+
+    dtype, causal = getattr(torch, args.dtype), args.causal
+    heads, kv_heads, headdim = args.heads, args.kv_heads or args.heads, args.headdim
+    layout = "zigzag" if causal else "contiguous"
+    rows = []
+
+    def report(row):
+        rows.append(row)
+        if rank == 0:
+            print(json.dumps(row), flush=True)
+
+    for seqlen in (int(x) for x in args.seqlens.split(",")):
+        generator = torch.Generator(device="cuda").manual_seed(seqlen)
+        q = torch.randn((1, heads, seqlen, headdim), device=device, dtype=dtype, generator=generator)
+        k, v = (torch.randn((1, kv_heads, seqlen, headdim), device=device, dtype=dtype, generator=generator)
+                for _ in range(2))
+        shards = [shard(x, rank, world, layout).contiguous() for x in (q, k, v)]
+        base = {"seqlen": seqlen, "world": world, "heads": heads, "kv_heads": kv_heads, "headdim": headdim,
+                "dtype": args.dtype, "causal": causal}
+
+        with torch.no_grad():
+            ms = _time(torch, dist, lambda: ring_attention(*shards, causal=causal, layout=layout), args.budget)
+        report({**base, "provider": "ring", "ms": ms, "tflops": _tflops(1, heads, seqlen, headdim, causal, ms)})
+
+        if not args.no_single:
+            for length, kind in ((seqlen, "single"), (seqlen // world, "single_per_gpu")):
+                def one_gpu(length=length):
+                    if rank == 0:
+                        numba_attn.flash_forward(q[:, :, :length], k[:, :, :length], v[:, :, :length],
+                                                 causal=causal)
+                ms = _time(torch, dist, one_gpu, args.budget)
+                report({**base, "provider": kind, "seqlen": length, "ms": ms,
+                        "tflops": _tflops(1, heads, length, headdim, causal, ms)})
+
+        del shards
+        for backend in [None] + [b for b in args.torch_backends.split(",") if b]:
+            name = "torch_cp" + (f"_{backend}" if backend else "")
+            try:
+                ms = _torch_context_parallel(torch, dist, q, k, v, causal, world, backend, args.budget)
+            except Exception as error:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
+                report({**base, "provider": name, "error": f"{type(error).__name__}: {str(error)[:300]}"})
+                continue
+            report({**base, "provider": name, "ms": ms, "tflops": _tflops(1, heads, seqlen, headdim, causal, ms)})
+        del q, k, v
+        torch.cuda.empty_cache()
+
+    if rank == 0:
+        _summary(rows, world)
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump(rows, handle, indent=1)
+    dist.destroy_process_group()
+    return 0
+
+
+def _torch_context_parallel(torch, dist, q, k, v, causal, world, backend, budget_s):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    try:  # torch shards for causal load balance by default, which it refuses without is_causal
+        from torch.distributed.tensor.experimental._attention import _cp_options
+    except ImportError:  # (older layout)
+        from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options
+    _cp_options.enable_load_balance = causal
+    mesh = init_device_mesh("cuda", (world,))
+    q, k, v = (x.clone() for x in (q, k, v))  # context_parallel shards its buffers in place
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    chosen = [backends[backend]] if backend else list(backends.values())
+    with torch.no_grad(), sdpa_kernel(chosen), context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2],
+                                                                 no_restore_buffers={q, k, v}):
+        return _time(torch, dist, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), budget_s)
+
+
+def _summary(rows, world):
+    by = {(r["provider"], r["seqlen"]): r for r in rows if "ms" in r}
+    print(f"\nworld {world}: seqlen | ring TFLOP/s | torch_cp (best) | ring / torch_cp | strong eff. | weak eff.")
+    for row in rows:
+        if row["provider"] != "ring":
+            continue
+        n = row["seqlen"]
+        peers = [r for (p, s), r in by.items() if p.startswith("torch_cp") and s == n]
+        best = max(peers, key=lambda r: r["tflops"]) if peers else None
+        single, per_gpu = by.get(("single", n)), by.get(("single_per_gpu", n // world))
+        strong = single["ms"] / (world * row["ms"]) if single else math.nan
+        weak = row["tflops"] / world / per_gpu["tflops"] if per_gpu else math.nan
+        vs = row["tflops"] / best["tflops"] if best else math.nan
+        print(f"{n:>8} | {row['tflops']:12.1f} | {best['tflops'] if best else math.nan:8.1f} "
+              f"({best['provider'] if best else '-'}) | {vs:5.2f} | {strong:5.2f} | {weak:5.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -71,6 +71,8 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of timed calls per case")
     parser.add_argument("--torch-backends", default="flash,cudnn", help="SDPA backends for torch_cp (',' list)")
     parser.add_argument("--no-single", action="store_true", help="skip the one-GPU runs")
+    parser.add_argument("--backward", action="store_true",
+                        help="time forward + backward (autograd) instead of the forward; FLOPs 3.5x the forward's")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -104,11 +106,22 @@ def main() -> int:
         base = {"seqlen": seqlen, "world": world, "heads": heads, "kv_heads": kv_heads, "headdim": headdim,
                 "dtype": args.dtype, "causal": causal}
 
-        with torch.no_grad():
-            ms = _time(torch, dist, lambda: ring_attention(*shards, causal=causal, layout=layout), args.budget)
-        report({**base, "provider": "ring", "ms": ms, "tflops": _tflops(1, heads, seqlen, headdim, causal, ms)})
+        factor = 3.5 if args.backward else 1.0
+        base["pass"] = "forward+backward" if args.backward else "forward"
+        if args.backward:
+            leaves = [x.requires_grad_() for x in shards]
+            dout = torch.randn_like(shards[0])
 
-        if not args.no_single:
+            def ring():
+                ring_attention(*leaves, causal=causal, layout=layout).backward(dout)
+            ms = _time(torch, dist, ring, args.budget)
+        else:
+            with torch.no_grad():
+                ms = _time(torch, dist, lambda: ring_attention(*shards, causal=causal, layout=layout), args.budget)
+        report({**base, "provider": "ring", "ms": ms,
+                "tflops": factor * _tflops(1, heads, seqlen, headdim, causal, ms)})
+
+        if not args.no_single and not args.backward:
             for length, kind in ((seqlen, "single"), (seqlen // world, "single_per_gpu")):
                 def one_gpu(length=length):
                     if rank == 0:
@@ -122,11 +135,13 @@ def main() -> int:
         for backend in [None] + [b for b in args.torch_backends.split(",") if b]:
             name = "torch_cp" + (f"_{backend}" if backend else "")
             try:
-                ms = _torch_context_parallel(torch, dist, q, k, v, causal, world, backend, args.budget)
+                ms = _torch_context_parallel(torch, dist, q, k, v, causal, world, backend, args.budget,
+                                             args.backward)
             except Exception as error:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
                 report({**base, "provider": name, "error": f"{type(error).__name__}: {str(error)[:300]}"})
                 continue
-            report({**base, "provider": name, "ms": ms, "tflops": _tflops(1, heads, seqlen, headdim, causal, ms)})
+            report({**base, "provider": name, "ms": ms,
+                    "tflops": factor * _tflops(1, heads, seqlen, headdim, causal, ms)})
         del q, k, v
         torch.cuda.empty_cache()
 
@@ -139,7 +154,7 @@ def main() -> int:
     return 0
 
 
-def _torch_context_parallel(torch, dist, q, k, v, causal, world, backend, budget_s):
+def _torch_context_parallel(torch, dist, q, k, v, causal, world, backend, budget_s, backward=False):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -151,10 +166,18 @@ def _torch_context_parallel(torch, dist, q, k, v, causal, world, backend, budget
         from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options
     _cp_options.enable_load_balance = causal
     mesh = init_device_mesh("cuda", (world,))
-    q, k, v = (x.clone() for x in (q, k, v))  # context_parallel shards its buffers in place
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
     chosen = [backends[backend]] if backend else list(backends.values())
+    q, k, v = (x.clone() for x in (q, k, v))  # context_parallel shards its buffers in place
+    if backward:
+        dout = torch.randn_like(q)
+        with sdpa_kernel(chosen), context_parallel(mesh, buffers=[q, k, v, dout], buffer_seq_dims=[2, 2, 2, 2],
+                                                   no_restore_buffers={q, k, v, dout}):
+            leaves = [x.requires_grad_() for x in (q, k, v)]
+            def step():
+                F.scaled_dot_product_attention(*leaves, is_causal=causal).backward(dout)
+            return _time(torch, dist, step, budget_s)
     with torch.no_grad(), sdpa_kernel(chosen), context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2],
                                                                  no_restore_buffers={q, k, v}):
         return _time(torch, dist, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), budget_s)

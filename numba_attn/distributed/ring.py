@@ -55,8 +55,8 @@ Without ``causal`` every block is full and the layout only says how the caller s
 is the same for any order of the keys, and each query row's output is its own).
 
 The default layout is ``"zigzag"`` when ``causal``, else ``"contiguous"``; it must match how the shards were
-made (:func:`shard`). Backward: none yet (no backward kernels, issue #28): ``ring_attention`` is forward-only
-and refuses inputs that require grad while grad mode is on, rather than silently detaching them.
+made (:func:`shard`). Backward: ``ring_backward.ring_attention_backward`` (the same table, the key/value gradients
+travelling with the shards); ``ring_attention`` on inputs that require grad records it for autograd.
 
 Tested on the CPU with gloo (``tests/distributed/test_ring.py``) and on two GPUs with NCCL
 (``tests/distributed/test_ring_gpu.py``); scaling and the comparison with torch's context parallel in
@@ -217,12 +217,6 @@ def _check_inputs(torch, q, k, v):
             raise TypeError(f"{name}: dtype {x.dtype} differs from q's {q.dtype}")
         if x.device != q.device:
             raise ValueError(f"{name}: on {x.device}, q on {q.device}")
-    if torch.is_grad_enabled():
-        for name, x in (("q", q), ("k", k), ("v", v)):
-            if x.requires_grad:
-                raise NotImplementedError(
-                    f"{name}: requires grad, but ring_attention is forward-only (no backward kernels yet, issue "
-                    "#28); call it under torch.no_grad() or pass detached tensors")
 
 
 def _blocks(rank: int, source: int, length: int, causal: bool, layout: str):
@@ -285,7 +279,8 @@ def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_l
 
     Returns:
         ``out`` (q's shard shape and dtype) or ``(out, lse)``; rows that see no key give 0 and ``lse = -inf``.
-        Forward only: inputs that require grad (with grad mode on) raise ``NotImplementedError``.
+        Differentiable: with grad mode on and inputs that require grad, the backward runs over the ring too
+        (``ring_backward``).
     """
     from .. import api
 
@@ -294,6 +289,11 @@ def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_l
     causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
     layout = _check_layout(layout, causal)
     sm_scale = check_sm_scale(sm_scale)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        from .ring_backward import RingAttention
+
+        out, lse = RingAttention().apply(q, k, v, group, causal, sm_scale, layout, backend)
+        return (out, lse) if return_lse else out
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
     rank, world = _group_rank_and_size(dist, group)

@@ -43,6 +43,10 @@ CASES = {
 }
 
 
+#: cases whose gradients are checked too (autograd through ``ring_attention``, ``ring_attention_backward``)
+BACKWARD = {"zigzag_gqa_f32", "zigzag_f16", "contiguous_f32", "noncausal_gqa_f16", "contiguous_gqa_f16"}
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -72,9 +76,15 @@ def _worker(rank, world, port, folder, cases):
             assert lse.dtype == torch.float32 and lse.shape == q.shape[:-1], (lse.dtype, lse.shape)
             assert torch.equal(only_out, out)
             whole_out, whole_lse = gather(out, used, group), gather(lse, used, group)
+            grads = {}
+            if name in BACKWARD:  # autograd through the ring: the backward's gradients, gathered
+                dout = shard(torch.from_numpy(inputs["dout"]).to(getattr(torch, dtype)), group_rank, group_size, used)
+                leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+                ring_attention(*leaves, group=group, causal=causal, sm_scale=sm_scale, layout=layout).backward(dout)
+                grads = {f"d{x}": gather(t.grad, used, group).float().numpy() for x, t in zip("qkv", leaves)}
             if group_rank == 0:
                 np.savez(os.path.join(folder, f"{name}_result.npz"), out=whole_out.float().numpy(),
-                         lse=whole_lse.numpy())
+                         lse=whole_lse.numpy(), **grads)
         if world == 2:  # an odd zigzag shard: every rank refuses before any transfer
             q = torch.zeros(1, 2, 3, 8)
             try:
@@ -95,7 +105,8 @@ def test_ring_attention_equals_reference(world, tmp_path):
     for name, dtype, _, _, heads, kv_heads, seqlen, headdim, _, _ in cases:
         arrays = {"q": rng.standard_normal((1, heads, seqlen, headdim)),
                   "k": rng.standard_normal((1, kv_heads, seqlen, headdim)),
-                  "v": rng.standard_normal((1, kv_heads, seqlen, headdim))}
+                  "v": rng.standard_normal((1, kv_heads, seqlen, headdim)),
+                  "dout": rng.standard_normal((1, heads, seqlen, headdim))}
         np.savez(tmp_path / f"{name}_inputs.npz", **{x: a.astype(dtype) for x, a in arrays.items()})
     torch.multiprocessing.spawn(_worker, args=(world, _free_port(), str(tmp_path), cases), nprocs=world)
     for name, dtype, causal, _, _, _, _, _, sm_scale, _ in cases:
@@ -106,6 +117,12 @@ def test_ring_attention_equals_reference(world, tmp_path):
         error = rel_error(result["out"], ref_out)
         assert error < TOLERANCE[dtype], f"{name}: relative error {error:.3g}"
         assert_close_lse(result["lse"], ref_lse, tol=1e-5)
+        if name in BACKWARD:
+            ref_grads = reference.attention_backward(inputs["dout"], inputs["q"], inputs["k"], inputs["v"],
+                                                     causal=causal, sm_scale=sm_scale)
+            for x, ref in zip(("dq", "dk", "dv"), ref_grads):
+                error = rel_error(result[x], ref)
+                assert error < TOLERANCE[dtype], f"{name} {x}: relative error {error:.3g}"
 
 
 def test_one_rank_is_plain_attention():
@@ -179,7 +196,7 @@ def test_ring_attention_bad_inputs():
         (ValueError, "^k: kv_heads \\(3\\) must divide", (q,) + _qkv(kv_heads=3)[1:], {}),
         (TypeError, "^k: dtype", (q, k.half(), v.half()), {}),
         (TypeError, "^v: dtype", (q, k, v.half()), {}),
-        (NotImplementedError, "^q: requires grad, but ring_attention is forward-only", (q.requires_grad_(), k, v), {}),
+        (RuntimeError, "^group: torch.distributed is not initialised", (q.requires_grad_(), k, v), {}),  # autograd
         (TypeError, "^causal", (q.detach(), k, v), {"causal": 1}),
         (TypeError, "^return_lse", (q.detach(), k, v), {"return_lse": None}),
         (ValueError, "^layout", (q.detach(), k, v), {"layout": "ring"}),

@@ -32,6 +32,10 @@ CASES = [
 ]
 
 
+#: dtypes whose gradients are checked too (those flash_backward takes)
+BACKWARD_DTYPES = ("float16", "float32")
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -62,11 +66,18 @@ def _worker(rank, world, port, folder):
             assert out.dtype == q.dtype and out.shape == shards[0].shape
             assert torch.equal(out, again), f"{name}: two calls differ"
             whole_out, whole_lse = gather(out, layout), gather(lse, layout)
+            grads = {}
+            if dtype in BACKWARD_DTYPES:  # autograd through the ring, gathered
+                dout = _inputs(name + "dout", dtype, heads, heads, per_rank * world, headdim, device)[0]
+                leaves = [x.clone().requires_grad_() for x in shards]
+                ring_attention(*leaves, causal=causal, layout=layout).backward(shard(dout, rank, world, layout))
+                grads = {f"d{x}": gather(t.grad, layout).float().cpu().numpy() for x, t in zip("qkv", leaves)}
+                grads["dout"] = dout.float().cpu().numpy()
             if rank == 0:
                 single_out, single_lse = numba_attn.flash_forward(q, k, v, causal=causal, return_lse=True)
                 np.savez(os.path.join(folder, f"{name}.npz"), out=whole_out.float().cpu().numpy(),
                          lse=whole_lse.cpu().numpy(), single_out=single_out.float().cpu().numpy(),
-                         single_lse=single_lse.cpu().numpy(),
+                         single_lse=single_lse.cpu().numpy(), **grads,
                          **{x: t.float().cpu().numpy() for x, t in zip("qkv", (q, k, v))})
         dist.barrier()
     finally:
@@ -88,3 +99,8 @@ def test_ring_attention_on_gpus_equals_single_gpu(tmp_path):
         error = rel_error(saved["out"], ref_out)
         assert error < TOLERANCE[dtype], f"{name}: relative error {error:.3g} against float64"
         assert_close_lse(saved["lse"], ref_lse, tol=1e-4)
+        if "dq" in saved:
+            refs = reference.attention_backward(saved["dout"], saved["q"], saved["k"], saved["v"], causal=causal)
+            for x, ref in zip(("dq", "dk", "dv"), refs):
+                error = rel_error(saved[x], ref)
+                assert error < TOLERANCE[dtype], f"{name} {x}: relative error {error:.3g} against float64"

@@ -13,7 +13,8 @@ compile options and the argument types.
 One file per key under ``$NUMBA_ATTN_CACHE_DIR/kernels/`` (default ``~/.cache/numba_attn/kernels``; delete the
 folder to clear it), written atomically, checksummed: a damaged or unreadable file is a miss (compiled and written
 again), an unwritable folder only costs the saving. ``NUMBA_ATTN_KERNEL_CACHE=0`` turns the cache off;
-``NUMBA_ATTN_KERNEL_CACHE_LOG=1`` reports each hit, miss, save and uncached kernel on stderr.
+``NUMBA_ATTN_KERNEL_CACHE_LOG=1`` reports each hit, miss, save and uncached kernel on stderr. The folder is kept
+under ``NUMBA_ATTN_KERNEL_CACHE_MAX_MB`` (least recently used files go first, ``cache_prune``).
 
 ``CachedKernel`` is what ``runtime.device.kernel_jit`` gives on a GPU: it stands in for Numba's dispatcher, compiles
 nothing when made and plugs this cache into the dispatcher it creates on first use.
@@ -35,6 +36,7 @@ import types as _pytypes
 
 import numpy as np
 
+from . import cache_prune
 from .autotune import cache_dir
 
 ENABLE_ENV = "NUMBA_ATTN_KERNEL_CACHE"
@@ -485,6 +487,7 @@ class DiskCache:
             _log("unreadable", path)
             return None
         _log("hit", path)
+        cache_prune.touch(path)
         return kernel
 
     def save_overload(self, sig, kernel):
@@ -499,6 +502,8 @@ class DiskCache:
         except Exception:  # noqa: BLE001  (device arrays captured, linked files: Numba refuses to pickle them)
             saved = False
         _log("stored" if saved else "unsaved", path)
+        if saved:
+            cache_prune.prune_once(self.cache_path)
 
     def flush(self):
         pass

@@ -470,3 +470,39 @@ def test_threads_asking_for_one_kernel_compile_it_once(tmp_path, monkeypatch):
     grew = {event: kernel_cache.stats[event] - before.get(event, 0) for event in ("miss", "stored", "hit")}
     assert grew == {"miss": 1, "stored": 1, "hit": 0}, grew
     assert len(os.listdir(tmp_path / "kernels")) == 1
+
+
+def test_prune_removes_least_recently_used_files_down_to_the_share(tmp_path):
+    from numba_attn.runtime import cache_prune
+
+    now = 1_000_000.0
+    for i in range(10):  # file i used at now - 100 + i: file 0 longest ago
+        path = tmp_path / f"k{i}.nbk"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (now - 100 + i, now - 100 + i))
+    (tmp_path / ".tmp-old.nbk").write_bytes(b"x")
+    os.utime(tmp_path / ".tmp-old.nbk", (now - 7200, now - 7200))
+    (tmp_path / ".tmp-new.nbk").write_bytes(b"x")
+    os.utime(tmp_path / ".tmp-new.nbk", (now - 10, now - 10))
+    (tmp_path / "other.txt").write_bytes(b"x" * 5000)  # not a kernel file: never counted or removed
+    assert cache_prune.prune(str(tmp_path), cap=1000, now=now) == 1  # within the cap: only the old temporary
+    removed = cache_prune.prune(str(tmp_path), cap=500, now=now)  # 1000 bytes > 500: down to 400
+    assert removed == 6
+    assert sorted(p.name for p in tmp_path.glob("k*.nbk")) == [f"k{i}.nbk" for i in range(6, 10)]
+    assert (tmp_path / ".tmp-new.nbk").exists() and (tmp_path / "other.txt").exists()
+    assert cache_prune.prune(str(tmp_path), cap=0, now=now) == 0  # 0: off
+
+
+def test_prune_cap_from_the_environment(monkeypatch):
+    from numba_attn.runtime import cache_prune
+
+    monkeypatch.setenv(cache_prune.MAX_MB_ENV, "2")
+    assert cache_prune.max_bytes() == 2 << 20
+    monkeypatch.setenv(cache_prune.MAX_MB_ENV, "0")
+    assert cache_prune.max_bytes() == 0
+    monkeypatch.delenv(cache_prune.MAX_MB_ENV)
+    assert cache_prune.max_bytes() == cache_prune.DEFAULT_MAX_MB << 20
+    for bad in ("lots", "-1"):
+        monkeypatch.setenv(cache_prune.MAX_MB_ENV, bad)
+        with pytest.raises(ValueError, match=f"^{cache_prune.MAX_MB_ENV}"):
+            cache_prune.max_bytes()

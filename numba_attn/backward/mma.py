@@ -1,0 +1,583 @@
+"""FlashAttention-2 backward on tensor cores (``mma.sync.m16n8k16``, float32 accumulation), float16 and bfloat16.
+
+Same interface as ``simt`` (views ``(batch, heads, seqlen, headdim)``, any strides, grouped-query heads, the
+bottom-right causal mask, rows with ``lse = -inf`` contribute nothing), but the per-row statistics come from
+``preprocess`` as ``stats`` (``(lse log2(e), D)`` pairs, padded rows) and 16-bit arrays travel as uint16 bit views.
+
+Key-block kernel (``key_block_kernel``), grid ``(batch * kv_heads, key blocks)``
+    ``warps`` warps, warp ``w`` owning keys ``16 key_tiles w ..`` of the block's ``block_n``; K and V of the block
+    stay in shared memory, ``dK`` and ``dV`` in registers. The block streams the query tiles that see its keys (causal:
+    from ``block_info.query_tiles_start``), for every query head of the kv head's group in one flat walk, so the
+    group's sum needs no second pass and the ``cp.async`` double buffer of (Q, dO, stats) tiles runs across heads.
+    Per tile, each warp for its keys: ``S^T = K Q^T`` and ``dP^T = V dO^T`` (A: K / V by ``ldmatrix``; B: Q / dO by
+    ``ldmatrix``, as the forward's K), then ``P^T``, ``dS^T`` on the fragments (``core.gradients``), then ``dV += P^T
+    dO`` and ``dK += dS^T Q`` with ``P^T`` / ``dS^T`` packed to 16 bits IN REGISTERS as the A operand (C fragments
+    of n8 blocks ``2j, 2j + 1`` = A fragment of k-step ``j``) and dO / Q as B by ``ldmatrix.trans``. Unless
+    deterministic, ``dS^T`` also goes to shared memory (16-bit, 32-bit stores), and after a barrier the warps split
+    ``dQ_tile = dS K`` (A: ``ldmatrix.trans`` of ``dS^T``; B: ``ldmatrix.trans`` of K; ``dq_row_tiles`` m-tiles x a
+    share of the columns per warp) and add it to a float32 accumulator with ``red.global.add`` (``.v2`` on sm_90).
+    Padded head dims above ``max_single_pass_dim`` take two launches, one for ``dV`` (no ``dP``) and one for ``dK``
+    and ``dQ``, so that one ``16 x d_pad`` accumulator per warp is live.
+Query-block kernel (``query_block_kernel``, ``deterministic=True``), grid ``(query blocks, heads, batch)``
+    The forward's walk: Q, dO and stats resident, K / V tiles double-buffered up to the diagonal; ``S = Q K^T``,
+    ``dP = dO V^T``, ``dS`` on the fragments, ``dQ += dS K`` with ``dS`` from registers and K by ``ldmatrix.trans``;
+    ``dQ`` written once (the same sums in the same order on every call).
+
+Shared-memory rows are ``d_pad + 8`` (``dS^T``: ``block_m + 8``) 16-bit elements, an odd number of 16-byte pieces,
+so the 8 rows an ``ldmatrix`` matrix reads (and the 8 rows of a fragment's 32-bit stores) fall in distinct banks.
+Rows past a sequence and columns past headdim are zeros. Runs under the CUDA simulator with the ``ptx`` twins.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numba import float32, types, uint16, uint32
+
+from ..core import ptx
+from ..core.block_info import (HEAD_MAJOR, QUERY_MAJOR, block_position, grid, key_tiles, lane_position,
+                               query_tiles_start, sequence_bounds)
+from ..core.constants import LOG2E
+from ..core.epilogue import add_fragments, as_16bit, store_fragments
+from ..core.gradients import probabilities_and_grads
+from ..core.mask import tile_is_partial
+from ..core.softmax import fragment_clear
+from ..core.staging import device_function, tile_loader
+from ..forward import common
+from ..runtime.device import SIMULATOR, cuda, kernel_jit, max_shared_per_block
+from ..runtime.launch import launch as device_launch
+
+#: float16 and bfloat16 (float32 stays on the SIMT kernels)
+DTYPES = ("float16", "bfloat16")
+#: mma.sync.m16n8k16 with bf16 operands, ldmatrix and cp.async need sm_80; red.add.v2.f32 needs sm_90
+MIN_COMPUTE_CAPABILITY = (8, 0)
+VECTOR_RED_CAPABILITY = (9, 0)
+
+
+@dataclass(frozen=True)
+class MmaBackwardConfig:
+    """Tiles of both kernels (validated where made; ``check`` validates them against a padded head dim)."""
+
+    warps: int = 8  # key-block kernel: warps per block
+    key_tiles: int = 1  # 16-key MMA tiles per warp: block_n = 16 key_tiles warps keys per block
+    block_m: int = 64  # query rows per streamed tile
+    dq_row_tiles: int = 1  # 16-row m-tiles of a tile's dQ = dS K per warp (the warps of one m-tile split the columns)
+    stages: int = 2  # cp.async stages of (Q, dO, stats) tiles
+    min_warps: int = 8  # launch bound, as warps per SM to keep resident (as the forward's MmaConfig)
+    max_single_pass_dim: int = 128  # padded head dims above this take two key-block launches (dV, then dK and dQ)
+    dq_warps: int = 4  # query-block kernel: warps per block
+    dq_m_tiles: int = 1  # 16-row m-tiles per warp there: dq_block_m = 16 dq_m_tiles dq_warps
+    dq_block_n: int = 64  # keys per K / V tile there
+    dq_stages: int = 2
+
+    def __post_init__(self):
+        common.check_fields(self, warps=(1, 32, 1), key_tiles=(1, 8, 1), block_m=(16, 256, 16),
+                            dq_row_tiles=(1, 16, 1), stages=(2, 4, 1), min_warps=(1, None, 1),
+                            max_single_pass_dim=(16, common.MAX_HEAD_DIM, 16), dq_warps=(1, 32, 1),
+                            dq_m_tiles=(1, 8, 1), dq_block_n=(16, 256, 16), dq_stages=(2, 4, 1))
+        m_tiles = self.block_m // 16
+        if m_tiles % self.dq_row_tiles or self.warps % (m_tiles // self.dq_row_tiles):
+            raise ValueError(f"MmaBackwardConfig: dq_row_tiles ({self.dq_row_tiles}) must divide block_m / 16 "
+                             f"({m_tiles}) into groups whose count divides warps ({self.warps})")
+
+    @property
+    def block_n(self) -> int:
+        """Keys per block of the key-block kernel."""
+        return 16 * self.key_tiles * self.warps
+
+    @property
+    def dq_block_m(self) -> int:
+        """Query rows per block of the query-block kernel."""
+        return 16 * self.dq_m_tiles * self.dq_warps
+
+    def key_launch_bounds(self) -> tuple:
+        return 32 * self.warps, max(1, self.min_warps // self.warps)
+
+    def query_launch_bounds(self) -> tuple:
+        return 32 * self.dq_warps, max(1, self.min_warps // self.dq_warps)
+
+    def key_shared_bytes(self, d_pad: int, atomic_dq: bool) -> int:
+        """K, V; ``stages`` x (Q, dO, stats); ``dS^T`` when ``dQ`` is added by atomics."""
+        row = d_pad + 8
+        stage = 2 * self.block_m * row + 4 * self.block_m
+        ds = self.block_n * (self.block_m + 8) if atomic_dq else 0
+        return 2 * (2 * self.block_n * row + self.stages * stage + ds)
+
+    def query_shared_bytes(self, d_pad: int) -> int:
+        """Q, dO, stats; ``dq_stages`` x (K, V)."""
+        row = d_pad + 8
+        return 2 * (2 * self.dq_block_m * row + 4 * self.dq_block_m + self.dq_stages * 2 * self.dq_block_n * row)
+
+    def shared_bytes(self, d_pad: int) -> int:
+        """The most either kernel needs at this padded head dim."""
+        return max(self.key_shared_bytes(d_pad, True), self.query_shared_bytes(d_pad))
+
+
+#: GPU tiles by padded head dim (not yet timed on a GPU: ``scripts/check_backward.py --configs`` compares them).
+#: <= 64 and <= 128: 8 warps of 16 keys (128-key blocks, one block per SM at 128) and 64-row query tiles, as FA2's
+#: sm80 backward; above 128: 64-key blocks, 32-row tiles, two key-block launches (158 KB at 128, 141 KB at 256).
+GPU_CONFIG_64 = MmaBackwardConfig()
+GPU_CONFIG_128 = MmaBackwardConfig()
+GPU_CONFIG_256 = MmaBackwardConfig(warps=4, block_m=32, dq_block_n=32)
+#: alternatives for ``scripts/check_backward.py --configs``
+GPU_CANDIDATES = {
+    "w8m64": GPU_CONFIG_128,
+    "w8m64q2": MmaBackwardConfig(dq_row_tiles=2),
+    "w8m128": MmaBackwardConfig(block_m=128, dq_row_tiles=2),
+    "w4m64": MmaBackwardConfig(warps=4),
+    "w8m32": MmaBackwardConfig(block_m=32),
+    "w4k2m32": MmaBackwardConfig(warps=4, key_tiles=2, block_m=32),
+    "w8m64dq8": MmaBackwardConfig(dq_warps=8, dq_block_n=64),
+    "w4m32": GPU_CONFIG_256,
+}
+#: one warp, 16-key blocks and 16-row tiles; two passes above 32 (every thread is a Python thread there)
+SIMULATOR_CONFIG = MmaBackwardConfig(warps=1, block_m=16, dq_warps=1, dq_block_n=16, max_single_pass_dim=32)
+
+
+def default_config(head_dim: int = 128) -> MmaBackwardConfig:
+    """The simulator's tiles, or the GPU tiles for this head dim."""
+    if SIMULATOR:
+        return SIMULATOR_CONFIG
+    d_pad = padded_head_dim(head_dim)
+    return GPU_CONFIG_64 if d_pad <= 64 else GPU_CONFIG_128 if d_pad <= 128 else GPU_CONFIG_256
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """A multiple of 16 (one MMA k-step; dK / dV / dQ columns in pairs of n8 blocks)."""
+    return common.padded_head_dim(head_dim, 16)
+
+
+def supports(dtype: str, head_dim: int) -> bool:
+    """True when these kernels take the call on this device: float16 / bfloat16, head dims up to 256 whose default
+    tiles fit a block's shared memory (every one on sm_80 / sm_90), any strides, sm_80 or newer."""
+    if dtype not in DTYPES or not 1 <= head_dim <= common.MAX_HEAD_DIM:
+        return False
+    if not common.runs_here(MIN_COMPUTE_CAPABILITY):
+        return False
+    return SIMULATOR or default_config(head_dim).shared_bytes(padded_head_dim(head_dim)) <= max_shared_per_block()
+
+
+def stats_rows(seqlen_q: int, config: MmaBackwardConfig) -> int:
+    """Rows of the ``stats`` scratch (``preprocess``): ``seqlen_q`` rounded up to whole tiles of both kernels."""
+    multiple = math.lcm(config.block_m, config.dq_block_m)
+    return -(-seqlen_q // multiple) * multiple
+
+
+_OPERAND = types.Array(types.uint16, 4, "A")
+_FLOATS = types.Array(types.float32, 4, "A")
+#: ``kernel(q, k, v, dout, stats, dq_acc, dk, dv, causal, scale_log2, sm_scale)``
+KEY_SIGNATURE = types.void(_OPERAND, _OPERAND, _OPERAND, _OPERAND, _FLOATS, _FLOATS, _OPERAND, _OPERAND,
+                           types.boolean, types.float32, types.float32)
+#: ``kernel(q, k, v, dout, stats, dq, causal, scale_log2, sm_scale)``
+QUERY_SIGNATURE = types.void(_OPERAND, _OPERAND, _OPERAND, _OPERAND, _FLOATS, _OPERAND, types.boolean,
+                             types.float32, types.float32)
+
+
+def _mma_into(bf16: bool):
+    mma = ptx.mma_m16n8k16_bf16 if bf16 else ptx.mma_m16n8k16_f16
+
+    @device_function
+    def mma_into(c, mt, n, a0, a1, a2, a3, b0, b1):
+        """``c[mt, n, :] += A B``: one MMA accumulating into a C fragment of a register array."""
+        c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3] = mma(a0, a1, a2, a3, b0, b1,
+                                                                 c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3])
+
+    return mma_into
+
+
+def _a_from_c(pack):
+    """``a_from_c(a, i, c, mt, kk)``: ``a[i, :]`` = the A fragment of k-step ``kk`` packed from the C fragments of
+    n8 blocks ``2 kk``, ``2 kk + 1`` of m-tile ``mt`` (the ``ptx`` docstring's C -> A identity)."""
+
+    @device_function
+    def a_from_c(a, i, c, mt, kk):
+        a[i, 0] = pack(c[mt, 2 * kk, 0], c[mt, 2 * kk, 1])
+        a[i, 1] = pack(c[mt, 2 * kk, 2], c[mt, 2 * kk, 3])
+        a[i, 2] = pack(c[mt, 2 * kk + 1, 0], c[mt, 2 * kk + 1, 1])
+        a[i, 3] = pack(c[mt, 2 * kk + 1, 2], c[mt, 2 * kk + 1, 3])
+
+    return a_from_c
+
+
+def _key_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_loads: bool, want_dv: bool,
+                      want_dk: bool, atomic_dq: bool, vector_red: bool):
+    """The Python function of one key-block specialisation (not yet jitted); also what the offline checks compile.
+    ``want_dv`` / ``want_dk``: which of ``dV`` and ``dK`` this launch computes (both unless the head dim takes two
+    passes); ``atomic_dq`` (with ``want_dk``): ``dQ`` by reductions into ``dq_acc``."""
+    if atomic_dq and not want_dk:
+        raise ValueError("atomic_dq needs want_dk (dS)")
+    W, KT = config.warps, config.key_tiles
+    BLOCK_N, BLOCK_M, STAGES = config.block_n, config.block_m, config.stages
+    ROW = d_pad + 8
+    D_PAD = d_pad
+    WANT_DV, WANT_DK, ATOMIC_DQ = want_dv, want_dk, atomic_dq
+    Q_BLOCKS = BLOCK_M // 8  # n8 blocks of S^T (query columns)
+    D_STEPS = d_pad // 16  # k-steps of S^T, dP^T
+    M_STEPS = BLOCK_M // 16  # k-steps of dV, dK (query rows); also the m-tiles of dQ
+    D_BLOCKS = d_pad // 8  # n8 blocks of dK, dV
+    KEY_STEPS = BLOCK_N // 16  # k-steps of dQ = dS K
+    # shared memory, 16-bit units: K, V; stages of (Q, dO, stats: block_m float32 pairs); dS^T
+    K_OFF = 0
+    V_OFF = BLOCK_N * ROW
+    STAGE0 = 2 * BLOCK_N * ROW
+    Q_TILE = BLOCK_M * ROW
+    STAGE = 2 * Q_TILE + 4 * BLOCK_M
+    DS_OFF = STAGE0 + STAGES * STAGE
+    DS_ROW = BLOCK_M + 8
+    # dQ = dS K: the warps of one group of DQ_ROWS m-tiles split the 16-column pairs of the head dim
+    DQ_ROWS = config.dq_row_tiles
+    GROUPS = M_STEPS // DQ_ROWS
+    PAIRS = -(-(d_pad // 16) // (W // GROUPS))  # 16-column pairs per warp
+    DQ_BLOCKS = 2 * PAIRS
+    pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
+    ldmatrix = ptx.ldmatrix_x4
+    ldmatrix_trans = ptx.ldmatrix_x4_trans
+    store_word = ptx.store1
+    commit = ptx.cp_async_commit
+    wait_tile = ptx.cp_async_wait_group(STAGES - 2)
+    threads = 32 * W
+    load_keys = tile_loader(threads, ROW, d_pad, BLOCK_N, np.uint16, vector_loads)
+    load_rows = tile_loader(threads, ROW, d_pad, BLOCK_M, np.uint16, vector_loads)
+    load_stats = tile_loader(threads, 4, 4, BLOCK_M // 2, np.float32, True)
+    position = block_position(HEAD_MAJOR, BLOCK_N)
+    first_tile = query_tiles_start(BLOCK_M)
+    partial = tile_is_partial(BLOCK_N)
+    clear_st = fragment_clear(KT, Q_BLOCKS)
+    clear_acc = fragment_clear(KT, D_BLOCKS)
+    clear_dq = fragment_clear(DQ_ROWS, DQ_BLOCKS)
+    grads = probabilities_and_grads(KT, Q_BLOCKS, keys_on_rows=True)
+    store = store_fragments(KT, D_BLOCKS, as_16bit(bf16))
+    add_dq = add_fragments(DQ_ROWS, DQ_BLOCKS, vector_red)
+    mma_into = _mma_into(bf16)
+    a_from_c = _a_from_c(pack)
+
+    @device_function
+    def load_tile(q, dout, stats, smem, floats, base, b, h, m0, tid, seqlen_q, head_dim):
+        """Start the copies of query tile ``m0`` of head ``h``: Q, dO and their stats into the stage at ``base``."""
+        load_rows(q[b, h], smem, base, tid, m0, seqlen_q, 0, head_dim)
+        load_rows(dout[b, h], smem, base + Q_TILE, tid, m0, seqlen_q, 0, head_dim)
+        load_stats(stats[b, h], floats, (base + 2 * Q_TILE) // 2, tid, m0 // 2, stats.shape[2], 0, 4)
+
+    def kernel(q, k, v, dout, stats, dq_acc, dk, dv, causal, scale_log2, sm_scale):
+        tid, warp, lane, g, t = lane_position()
+        # a block per (batch, kv head, key block): k in q's place gives the kv head and its views
+        b, hk, n0, k_head, _, v_head, dk_head = position(k, k, v, dk, False)
+        dv_head = dv[b, hk]
+        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
+        head_dim = q.shape[3]
+        group = q.shape[1] // k.shape[1]
+        key0 = 16 * KT * warp  # this warp's first key in the block
+        # ldmatrix row addresses of this lane (lane 8i + r: row r of matrix i). a_lane: matrices (rows +0, cols +0),
+        # (+8, +0), (+0, +8), (+8, +8): the A fragment of a [row][k] tile, or (.trans) the B fragments of two n8
+        # blocks of a [k][n] tile. b_lane: (+0, +0), (+0, +8), (+8, +0), (+8, +8): the B fragments of two n8 blocks
+        # of a [n][k] tile, or (.trans, over dS^T [key][query]) the A fragment of dS.
+        a_lane = (8 * ((lane // 8) % 2) + lane % 8) * ROW + 8 * (lane // 16)
+        b_lane = (8 * (lane // 16) + lane % 8) * ROW + 8 * ((lane // 8) % 2)
+        ds_lane = (8 * (lane // 16) + lane % 8) * DS_ROW + 8 * ((lane // 8) % 2)
+
+        smem = cuda.shared.array(0, uint16)  # dynamic: the layout above
+        words = cuda.shared.array(0, uint32)  # the same memory: dS^T stored as packed pairs
+        floats = cuda.shared.array(0, float32)  # the same memory: the stats
+        ka = cuda.local.array((KT, 4), uint32)
+        va = cuda.local.array((KT, 4), uint32)
+        pa = cuda.local.array((KT, 4), uint32)
+        da = cuda.local.array((KT, 4), uint32)
+        qa = cuda.local.array((DQ_ROWS, 4), uint32)
+        s = cuda.local.array((KT, Q_BLOCKS, 4), float32)
+        dp = cuda.local.array((KT, Q_BLOCKS, 4), float32)
+        acc_v = cuda.local.array((KT, D_BLOCKS, 4), float32)
+        acc_k = cuda.local.array((KT, D_BLOCKS, 4), float32)
+        acc_q = cuda.local.array((DQ_ROWS, DQ_BLOCKS, 4), float32)
+
+        load_keys(k_head, smem, K_OFF, tid, n0, key_end, 0, head_dim)
+        if WANT_DK:  # (dP = dO V^T only feeds dS)
+            load_keys(v_head, smem, V_OFF, tid, n0, key_end, 0, head_dim)
+        m_begin = first_tile(n0, seqlen_q, causal, diag_offset)
+        tiles = (seqlen_q - m_begin + BLOCK_M - 1) // BLOCK_M  # per query head (>= 0)
+        total = group * tiles  # the walk: head-major over (query head of the group, query tile)
+        for ahead in range(STAGES - 1):  # tiles 0 .. STAGES - 2, one commit group each (K and V in the first)
+            if ahead < total:
+                gi = ahead // tiles
+                load_tile(q, dout, stats, smem, floats, STAGE0 + ahead * STAGE, b, hk * group + gi,
+                          m_begin + (ahead - gi * tiles) * BLOCK_M, tid, seqlen_q, head_dim)
+            commit()
+        if WANT_DV:
+            clear_acc(acc_v)
+        if WANT_DK:
+            clear_acc(acc_k)
+
+        for j in range(total):
+            gi = j // tiles
+            h = hk * group + gi
+            m0 = m_begin + (j - gi * tiles) * BLOCK_M
+            base = STAGE0 + (j % STAGES) * STAGE
+            wait_tile()
+            # tile j has landed for everyone; everyone is done with tile j - 1 (its stage, and dS^T)
+            cuda.syncthreads()
+            if j + STAGES - 1 < total:
+                jn = j + STAGES - 1
+                gn = jn // tiles
+                load_tile(q, dout, stats, smem, floats, STAGE0 + (jn % STAGES) * STAGE, b, hk * group + gn,
+                          m_begin + (jn - gn * tiles) * BLOCK_M, tid, seqlen_q, head_dim)
+            commit()  # an empty group past the last tile keeps "oldest group = tile j" true
+
+            # ---- S^T = K Q^T, dP^T = V dO^T: one Q / dO fragment feeds every key tile of the warp --------------
+            clear_st(s)
+            clear_st(dp)
+            for kk in range(D_STEPS):
+                for kt in range(KT):
+                    at = a_lane + (key0 + 16 * kt) * ROW + 16 * kk
+                    ka[kt, 0], ka[kt, 1], ka[kt, 2], ka[kt, 3] = ldmatrix(smem, K_OFF + at)
+                    if WANT_DK:
+                        va[kt, 0], va[kt, 1], va[kt, 2], va[kt, 3] = ldmatrix(smem, V_OFF + at)
+                for nb in range(0, Q_BLOCKS, 2):
+                    b0, b1, b2, b3 = ldmatrix(smem, base + b_lane + 8 * nb * ROW + 16 * kk)
+                    for kt in range(KT):
+                        mma_into(s, kt, nb, ka[kt, 0], ka[kt, 1], ka[kt, 2], ka[kt, 3], b0, b1)
+                        mma_into(s, kt, nb + 1, ka[kt, 0], ka[kt, 1], ka[kt, 2], ka[kt, 3], b2, b3)
+                    if WANT_DK:
+                        c0, c1, c2, c3 = ldmatrix(smem, base + Q_TILE + b_lane + 8 * nb * ROW + 16 * kk)
+                        for kt in range(KT):
+                            mma_into(dp, kt, nb, va[kt, 0], va[kt, 1], va[kt, 2], va[kt, 3], c0, c1)
+                            mma_into(dp, kt, nb + 1, va[kt, 0], va[kt, 1], va[kt, 2], va[kt, 3], c2, c3)
+
+            # ---- P^T and dS^T on the fragments; masks only where the tile crosses the diagonal or the last key ---
+            grads(s, dp, floats, (base + 2 * Q_TILE) // 2 + 4 * t, partial(n0, m0, key_end, causal, diag_offset),
+                  n0 + key0 + g, m0 + 2 * t, key_end, causal, diag_offset, scale_log2)
+            if ATOMIC_DQ:  # dS^T -> shared memory (16 bits, as the MMAs see it) for dQ = dS K
+                for kt in range(KT):
+                    at = DS_OFF + (key0 + 16 * kt + g) * DS_ROW + 2 * t
+                    for nb in range(Q_BLOCKS):
+                        store_word(words, (at + 8 * nb) // 2, pack(dp[kt, nb, 0], dp[kt, nb, 1]))
+                        store_word(words, (at + 8 * DS_ROW + 8 * nb) // 2, pack(dp[kt, nb, 2], dp[kt, nb, 3]))
+
+            # ---- dV += P^T dO, dK += dS^T Q: P^T / dS^T from registers, dO / Q as B by ldmatrix.trans ------------
+            for kq in range(M_STEPS):
+                for kt in range(KT):
+                    if WANT_DV:
+                        a_from_c(pa, kt, s, kt, kq)
+                    if WANT_DK:
+                        a_from_c(da, kt, dp, kt, kq)
+                for ob in range(0, D_BLOCKS, 2):
+                    at = a_lane + 16 * kq * ROW + 8 * ob
+                    if WANT_DV:
+                        b0, b1, b2, b3 = ldmatrix_trans(smem, base + Q_TILE + at)
+                        for kt in range(KT):
+                            mma_into(acc_v, kt, ob, pa[kt, 0], pa[kt, 1], pa[kt, 2], pa[kt, 3], b0, b1)
+                            mma_into(acc_v, kt, ob + 1, pa[kt, 0], pa[kt, 1], pa[kt, 2], pa[kt, 3], b2, b3)
+                    if WANT_DK:
+                        c0, c1, c2, c3 = ldmatrix_trans(smem, base + at)
+                        for kt in range(KT):
+                            mma_into(acc_k, kt, ob, da[kt, 0], da[kt, 1], da[kt, 2], da[kt, 3], c0, c1)
+                            mma_into(acc_k, kt, ob + 1, da[kt, 0], da[kt, 1], da[kt, 2], da[kt, 3], c2, c3)
+
+            # ---- dQ += sm_scale dS K: this warp's m-tiles and columns, added by reductions ---------------------------
+            if ATOMIC_DQ:
+                cuda.syncthreads()  # dS^T of every warp is in
+                mq0 = (warp % GROUPS) * DQ_ROWS
+                d0 = (warp // GROUPS) * 16 * PAIRS
+                clear_dq(acc_q)
+                for kn in range(KEY_STEPS):
+                    for mw in range(DQ_ROWS):
+                        qa[mw, 0], qa[mw, 1], qa[mw, 2], qa[mw, 3] = ldmatrix_trans(
+                            smem, DS_OFF + ds_lane + 16 * kn * DS_ROW + 16 * (mq0 + mw))
+                    for ob in range(0, DQ_BLOCKS, 2):
+                        if d0 + 8 * ob < D_PAD:  # (warp-uniform: the last warp's share may be short)
+                            b0, b1, b2, b3 = ldmatrix_trans(smem, K_OFF + a_lane + 16 * kn * ROW + d0 + 8 * ob)
+                            for mw in range(DQ_ROWS):
+                                mma_into(acc_q, mw, ob, qa[mw, 0], qa[mw, 1], qa[mw, 2], qa[mw, 3], b0, b1)
+                                mma_into(acc_q, mw, ob + 1, qa[mw, 0], qa[mw, 1], qa[mw, 2], qa[mw, 3], b2, b3)
+                add_dq(acc_q, dq_acc[b, h], m0 + 16 * mq0 + g, seqlen_q, d0 + 2 * t, D_PAD, sm_scale)
+
+        # ---- every key of the block is written, 0 where no row sees it ------------------------------------------------
+        if WANT_DV:
+            store(acc_v, dv_head, n0 + key0 + g, key_end, 2 * t, head_dim, float32(1.0))
+        if WANT_DK:
+            store(acc_k, dk_head, n0 + key0 + g, key_end, 2 * t, head_dim, sm_scale)
+
+    return kernel
+
+
+@lru_cache(maxsize=None)
+def key_block_kernel(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_loads: bool, want_dv: bool,
+                     want_dk: bool, atomic_dq: bool, vector_red: bool):
+    """The compiled key-block kernel of one specialisation (``_key_block_source``)."""
+    source = _key_block_source(config, d_pad, bf16, vector_loads, want_dv, want_dk, atomic_dq, vector_red)
+    return kernel_jit(config.key_launch_bounds(), KEY_SIGNATURE)(source)
+
+
+def _query_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_loads: bool):
+    """The Python function of one query-block specialisation (``deterministic=True``'s ``dQ``)."""
+    W, MT = config.dq_warps, config.dq_m_tiles
+    BLOCK_M, BLOCK_N, STAGES = config.dq_block_m, config.dq_block_n, config.dq_stages
+    ROW = d_pad + 8
+    S_BLOCKS = BLOCK_N // 8  # n8 blocks of S (keys)
+    D_STEPS = d_pad // 16  # k-steps of S, dP
+    N_STEPS = BLOCK_N // 16  # k-steps of dQ = dS K
+    D_BLOCKS = d_pad // 8  # n8 blocks of dQ
+    # shared memory, 16-bit units: Q, dO, stats (resident); stages of (K, V)
+    Q_OFF = 0
+    DO_OFF = BLOCK_M * ROW
+    STATS_OFF = 2 * BLOCK_M * ROW
+    STAGE0 = STATS_OFF + 4 * BLOCK_M
+    TILE = BLOCK_N * ROW
+    STAGE = 2 * TILE
+    pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
+    ldmatrix = ptx.ldmatrix_x4
+    ldmatrix_trans = ptx.ldmatrix_x4_trans
+    commit = ptx.cp_async_commit
+    wait_tile = ptx.cp_async_wait_group(STAGES - 2)
+    threads = 32 * W
+    load_rows = tile_loader(threads, ROW, d_pad, BLOCK_M, np.uint16, vector_loads)
+    load_keys = tile_loader(threads, ROW, d_pad, BLOCK_N, np.uint16, vector_loads)
+    load_stats = tile_loader(threads, 4, 4, BLOCK_M // 2, np.float32, True)
+    position = block_position(QUERY_MAJOR, BLOCK_M)
+    count_tiles = key_tiles(BLOCK_M, BLOCK_N)
+    partial = tile_is_partial(BLOCK_N)
+    clear_s = fragment_clear(MT, S_BLOCKS)
+    clear_acc = fragment_clear(MT, D_BLOCKS)
+    grads = probabilities_and_grads(MT, S_BLOCKS, keys_on_rows=False)
+    store = store_fragments(MT, D_BLOCKS, as_16bit(bf16))
+    mma_into = _mma_into(bf16)
+    a_from_c = _a_from_c(pack)
+
+    def kernel(q, k, v, dout, stats, dq, causal, scale_log2, sm_scale):
+        tid, warp, lane, g, t = lane_position()
+        # causal: the longest (last) query blocks start first
+        b, h, m0, q_head, k_head, v_head, dq_head = position(q, k, v, dq, causal)
+        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
+        head_dim = q.shape[3]
+        warp_row = 16 * MT * warp
+        a_lane = (8 * ((lane // 8) % 2) + lane % 8) * ROW + 8 * (lane // 16)  # as in the key-block kernel
+        b_lane = (8 * (lane // 16) + lane % 8) * ROW + 8 * ((lane // 8) % 2)
+
+        smem = cuda.shared.array(0, uint16)
+        floats = cuda.shared.array(0, float32)  # the same memory: the stats
+        qa = cuda.local.array((MT, 4), uint32)
+        oa = cuda.local.array((MT, 4), uint32)
+        da = cuda.local.array((MT, 4), uint32)
+        s = cuda.local.array((MT, S_BLOCKS, 4), float32)
+        dp = cuda.local.array((MT, S_BLOCKS, 4), float32)
+        acc = cuda.local.array((MT, D_BLOCKS, 4), float32)
+
+        n_tiles = count_tiles(m0, key_start, key_end, causal, diag_offset)  # <= 0: nothing to read
+        load_rows(q_head, smem, Q_OFF, tid, m0, seqlen_q, 0, head_dim)
+        load_rows(dout[b, h], smem, DO_OFF, tid, m0, seqlen_q, 0, head_dim)
+        load_stats(stats[b, h], floats, STATS_OFF // 2, tid, m0 // 2, stats.shape[2], 0, 4)
+        for ahead in range(STAGES - 1):  # one commit group each (Q, dO and stats in the first)
+            if ahead < n_tiles:
+                n_ahead = key_start + ahead * BLOCK_N
+                load_keys(k_head, smem, STAGE0 + ahead * STAGE, tid, n_ahead, key_end, 0, head_dim)
+                load_keys(v_head, smem, STAGE0 + ahead * STAGE + TILE, tid, n_ahead, key_end, 0, head_dim)
+            commit()
+        clear_acc(acc)
+
+        for j in range(n_tiles):
+            n0 = key_start + j * BLOCK_N
+            base = STAGE0 + (j % STAGES) * STAGE
+            wait_tile()
+            cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
+            if j + STAGES - 1 < n_tiles:
+                nxt = STAGE0 + ((j + STAGES - 1) % STAGES) * STAGE
+                n_next = n0 + (STAGES - 1) * BLOCK_N
+                load_keys(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
+                load_keys(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
+            commit()
+
+            # ---- S = Q K^T, dP = dO V^T ------------------------------------------------------------------------
+            clear_s(s)
+            clear_s(dp)
+            for kk in range(D_STEPS):
+                for mt in range(MT):
+                    at = a_lane + (warp_row + 16 * mt) * ROW + 16 * kk
+                    qa[mt, 0], qa[mt, 1], qa[mt, 2], qa[mt, 3] = ldmatrix(smem, Q_OFF + at)
+                    oa[mt, 0], oa[mt, 1], oa[mt, 2], oa[mt, 3] = ldmatrix(smem, DO_OFF + at)
+                for nb in range(0, S_BLOCKS, 2):
+                    b0, b1, b2, b3 = ldmatrix(smem, base + b_lane + 8 * nb * ROW + 16 * kk)
+                    c0, c1, c2, c3 = ldmatrix(smem, base + TILE + b_lane + 8 * nb * ROW + 16 * kk)
+                    for mt in range(MT):
+                        mma_into(s, mt, nb, qa[mt, 0], qa[mt, 1], qa[mt, 2], qa[mt, 3], b0, b1)
+                        mma_into(s, mt, nb + 1, qa[mt, 0], qa[mt, 1], qa[mt, 2], qa[mt, 3], b2, b3)
+                        mma_into(dp, mt, nb, oa[mt, 0], oa[mt, 1], oa[mt, 2], oa[mt, 3], c0, c1)
+                        mma_into(dp, mt, nb + 1, oa[mt, 0], oa[mt, 1], oa[mt, 2], oa[mt, 3], c2, c3)
+
+            # ---- P, dS on the fragments -------------------------------------------------------------------------
+            grads(s, dp, floats, STATS_OFF // 2 + 2 * (warp_row + g), partial(n0, m0, key_end, causal, diag_offset),
+                  m0 + warp_row + g, n0 + 2 * t, key_end, causal, diag_offset, scale_log2)
+
+            # ---- dQ += dS K: dS from registers, K as B by ldmatrix.trans ------------------------------------------
+            for kn in range(N_STEPS):
+                for mt in range(MT):
+                    a_from_c(da, mt, dp, mt, kn)
+                for ob in range(0, D_BLOCKS, 2):
+                    b0, b1, b2, b3 = ldmatrix_trans(smem, base + a_lane + 16 * kn * ROW + 8 * ob)
+                    for mt in range(MT):
+                        mma_into(acc, mt, ob, da[mt, 0], da[mt, 1], da[mt, 2], da[mt, 3], b0, b1)
+                        mma_into(acc, mt, ob + 1, da[mt, 0], da[mt, 1], da[mt, 2], da[mt, 3], b2, b3)
+
+        store(acc, dq_head, m0 + warp_row + g, seqlen_q, 2 * t, head_dim, sm_scale)
+
+    return kernel
+
+
+@lru_cache(maxsize=None)
+def query_block_kernel(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_loads: bool):
+    """The compiled query-block kernel of one specialisation (``_query_block_source``)."""
+    return kernel_jit(config.query_launch_bounds(), QUERY_SIGNATURE)(
+        _query_block_source(config, d_pad, bf16, vector_loads))
+
+
+def key_block_passes(config: MmaBackwardConfig, d_pad: int) -> tuple:
+    """``(want_dv, want_dk)`` of each key-block launch: one, or two above ``max_single_pass_dim``."""
+    if d_pad <= config.max_single_pass_dim:
+        return ((True, True),)
+    return ((True, False), (False, True))
+
+
+def _operands(dtype, *arrays):
+    if dtype not in DTYPES:
+        raise TypeError(f"dtype: the tensor-core backward takes float16 or bfloat16, got {dtype}")
+    return [common.bits(x, name) for x, name in zip(arrays, ("q", "k", "v", "dout", "dq / dk", "dv"))]
+
+
+def launch_dkdv(q, k, v, dout, stats, dq_acc, dk, dv, sm_scale: float, causal: bool, stream,
+                config: MmaBackwardConfig | None = None, dtype: str | None = None) -> None:
+    """``dk``, ``dv`` (and, unless ``dq_acc`` is None, ``sm_scale dS K`` added to ``dq_acc``: float32 ``(batch,
+    heads, seqlen_q, padded head dim)``, zeroed before) from views ``(batch, heads, seqlen, headdim)`` of float16 or
+    bfloat16 (bit views); ``stats`` from ``preprocess`` (``stats_rows`` rows)."""
+    batch, kv_heads, seqlen_k, head_dim = k.shape
+    config = config or default_config(head_dim)
+    dtype = common.sixteen_bit_dtype(q, dtype)
+    q, k, v, dout, dk, dv = _operands(dtype, q, k, v, dout, dk, dv)
+    d_pad = padded_head_dim(head_dim)
+    atomic = dq_acc is not None
+    vector_red = atomic and not SIMULATOR and common.runs_here(VECTOR_RED_CAPABILITY)
+    vector = common.vector_loads_ok(q, k, v, dout)
+    shape = grid(HEAD_MAJOR, batch, kv_heads, seqlen_k, config.block_n)
+    for want_dv, want_dk in key_block_passes(config, d_pad):
+        shared_bytes = config.key_shared_bytes(d_pad, atomic and want_dk)
+        common.check_shared_memory(shared_bytes)
+        kernel = key_block_kernel(config, d_pad, dtype == "bfloat16", vector, want_dv, want_dk, atomic and want_dk,
+                                  vector_red)
+        # without atomics the kernel never touches dq_acc: the float32 stats stand in (one compiled type)
+        device_launch(kernel, shape, config.warps * 32, stream, shared_bytes, q, k, v, dout, stats,
+                      dq_acc if atomic else stats, dk, dv, bool(causal), np.float32(sm_scale * LOG2E),
+                      np.float32(sm_scale))
+
+
+def launch_dq(q, k, v, dout, stats, dq, sm_scale: float, causal: bool, stream,
+              config: MmaBackwardConfig | None = None, dtype: str | None = None) -> None:
+    """``dq`` (q's dtype, any strides) from the query-block kernel; arguments as ``launch_dkdv``."""
+    batch, heads, seqlen_q, head_dim = q.shape
+    config = config or default_config(head_dim)
+    dtype = common.sixteen_bit_dtype(q, dtype)
+    q, k, v, dout, dq = _operands(dtype, q, k, v, dout, dq)
+    d_pad = padded_head_dim(head_dim)
+    shared_bytes = config.query_shared_bytes(d_pad)
+    common.check_shared_memory(shared_bytes)
+    kernel = query_block_kernel(config, d_pad, dtype == "bfloat16", common.vector_loads_ok(q, k, v, dout))
+    device_launch(kernel, grid(QUERY_MAJOR, batch, heads, seqlen_q, config.dq_block_m), config.dq_warps * 32,
+                  stream, shared_bytes, q, k, v, dout, stats, dq, bool(causal), np.float32(sm_scale * LOG2E),
+                  np.float32(sm_scale))

@@ -63,7 +63,7 @@ class MmaBackwardConfig:
     warps: int = 8  # key-block kernel: warps per block
     key_tiles: int = 1  # 16-key MMA tiles per warp: block_n = 16 key_tiles warps keys per block
     block_m: int = 64  # query rows per streamed tile
-    dq_row_tiles: int = 1  # 16-row m-tiles of a tile's dQ = dS K per warp (the warps of one m-tile split the columns)
+    dq_row_tiles: int = 2  # 16-row m-tiles of a tile's dQ = dS K per warp (the warps of one group split the columns)
     stages: int = 2  # cp.async stages of (Q, dO, stats) tiles
     min_warps: int = 8  # launch bound, as warps per SM to keep resident (as the forward's MmaConfig)
     max_single_pass_dim: int = 128  # padded head dims above this take two key-block launches (dV, then dK and dQ)
@@ -120,20 +120,22 @@ class MmaBackwardConfig:
 #: sm80 backward; above 128: 64-key blocks, 32-row tiles, two key-block launches (158 KB at 128, 141 KB at 256).
 GPU_CONFIG_64 = MmaBackwardConfig()
 GPU_CONFIG_128 = MmaBackwardConfig()
-GPU_CONFIG_256 = MmaBackwardConfig(warps=4, block_m=32, dq_block_n=32)
+GPU_CONFIG_256 = MmaBackwardConfig(warps=4, block_m=32, dq_row_tiles=1, dq_block_n=32)
 #: alternatives for ``scripts/check_backward.py --configs``
 GPU_CANDIDATES = {
     "w8m64": GPU_CONFIG_128,
-    "w8m64q2": MmaBackwardConfig(dq_row_tiles=2),
-    "w8m128": MmaBackwardConfig(block_m=128, dq_row_tiles=2),
+    "w8m64q1": MmaBackwardConfig(dq_row_tiles=1),
+    "w8m128": MmaBackwardConfig(block_m=128),
     "w4m64": MmaBackwardConfig(warps=4),
-    "w8m32": MmaBackwardConfig(block_m=32),
-    "w4k2m32": MmaBackwardConfig(warps=4, key_tiles=2, block_m=32),
-    "w8m64dq8": MmaBackwardConfig(dq_warps=8, dq_block_n=64),
+    "w8m32": MmaBackwardConfig(block_m=32, dq_row_tiles=1),
+    "w4k2m32": MmaBackwardConfig(warps=4, key_tiles=2, block_m=32, dq_row_tiles=1),
+    "w8k2m32": MmaBackwardConfig(key_tiles=2, block_m=32, dq_row_tiles=1),
+    "w8m64dq8": MmaBackwardConfig(dq_warps=8),
     "w4m32": GPU_CONFIG_256,
 }
 #: one warp, 16-key blocks and 16-row tiles; two passes above 32 (every thread is a Python thread there)
-SIMULATOR_CONFIG = MmaBackwardConfig(warps=1, block_m=16, dq_warps=1, dq_block_n=16, max_single_pass_dim=32)
+SIMULATOR_CONFIG = MmaBackwardConfig(warps=1, block_m=16, dq_row_tiles=1, dq_warps=1, dq_block_n=16,
+                                    max_single_pass_dim=32)
 
 
 def default_config(head_dim: int = 128) -> MmaBackwardConfig:
@@ -187,18 +189,23 @@ def _mma_into(bf16: bool):
     return mma_into
 
 
-def _a_from_c(pack):
-    """``a_from_c(a, i, c, mt, kk)``: ``a[i, :]`` = the A fragment of k-step ``kk`` packed from the C fragments of
-    n8 blocks ``2 kk``, ``2 kk + 1`` of m-tile ``mt`` (the ``ptx`` docstring's C -> A identity)."""
+def _packed(m_tiles: int, blocks: int, pack):
+    """``pack_c(words, c)``: the ``(m_tiles, blocks, 4)`` float32 C fragments ``c`` rounded to 16 bits in pairs,
+    ``words[mt, nb, 0] = (c0, c1)`` (row g) and ``[mt, nb, 1] = (c2, c3)`` (row g + 8). Words ``[mt, 2j, 0]``,
+    ``[mt, 2j, 1]``, ``[mt, 2j + 1, 0]``, ``[mt, 2j + 1, 1]`` are the A fragment of k-step ``j`` (the ``ptx``
+    docstring's C -> A identity), and each word is also the pair a lane stores of a transposed copy. Packed once, the
+    float32 fragments are dead before the products that use them."""
+    M_TILES = m_tiles
+    BLOCKS = blocks
 
     @device_function
-    def a_from_c(a, i, c, mt, kk):
-        a[i, 0] = pack(c[mt, 2 * kk, 0], c[mt, 2 * kk, 1])
-        a[i, 1] = pack(c[mt, 2 * kk, 2], c[mt, 2 * kk, 3])
-        a[i, 2] = pack(c[mt, 2 * kk + 1, 0], c[mt, 2 * kk + 1, 1])
-        a[i, 3] = pack(c[mt, 2 * kk + 1, 2], c[mt, 2 * kk + 1, 3])
+    def pack_c(words, c):
+        for mt in range(M_TILES):
+            for nb in range(BLOCKS):
+                words[mt, nb, 0] = pack(c[mt, nb, 0], c[mt, nb, 1])
+                words[mt, nb, 1] = pack(c[mt, nb, 2], c[mt, nb, 3])
 
-    return a_from_c
+    return pack_c
 
 
 def _key_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_loads: bool, want_dv: bool,
@@ -232,8 +239,8 @@ def _key_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_
     PAIRS = -(-(d_pad // 16) // (W // GROUPS))  # 16-column pairs per warp
     DQ_BLOCKS = 2 * PAIRS
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
-    ldmatrix = ptx.ldmatrix_x4
-    ldmatrix_trans = ptx.ldmatrix_x4_trans
+    ldmatrix = ptx.ldmatrix_x4_short
+    ldmatrix_trans = ptx.ldmatrix_x4_trans_short
     store_word = ptx.store1
     commit = ptx.cp_async_commit
     wait_tile = ptx.cp_async_wait_group(STAGES - 2)
@@ -251,7 +258,7 @@ def _key_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_
     store = store_fragments(KT, D_BLOCKS, as_16bit(bf16))
     add_dq = add_fragments(DQ_ROWS, DQ_BLOCKS, vector_red)
     mma_into = _mma_into(bf16)
-    a_from_c = _a_from_c(pack)
+    pack_c = _packed(KT, Q_BLOCKS, pack)
 
     @device_function
     def load_tile(q, dout, stats, smem, floats, base, b, h, m0, tid, seqlen_q, head_dim):
@@ -263,8 +270,7 @@ def _key_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_
     def kernel(q, k, v, dout, stats, dq_acc, dk, dv, causal, scale_log2, sm_scale):
         tid, warp, lane, g, t = lane_position()
         # a block per (batch, kv head, key block): k in q's place gives the kv head and its views
-        b, hk, n0, k_head, _, v_head, dk_head = position(k, k, v, dk, False)
-        dv_head = dv[b, hk]
+        b, hk, n0, k_head, _, v_head, _ = position(k, k, v, k, False)
         seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
         head_dim = q.shape[3]
         group = q.shape[1] // k.shape[1]
@@ -282,8 +288,8 @@ def _key_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_
         floats = cuda.shared.array(0, float32)  # the same memory: the stats
         ka = cuda.local.array((KT, 4), uint32)
         va = cuda.local.array((KT, 4), uint32)
-        pa = cuda.local.array((KT, 4), uint32)
-        da = cuda.local.array((KT, 4), uint32)
+        pw = cuda.local.array((KT, Q_BLOCKS, 2), uint32)  # P^T, packed
+        dw = cuda.local.array((KT, Q_BLOCKS, 2), uint32)  # dS^T, packed
         qa = cuda.local.array((DQ_ROWS, 4), uint32)
         s = cuda.local.array((KT, Q_BLOCKS, 4), float32)
         dp = cuda.local.array((KT, Q_BLOCKS, 4), float32)
@@ -346,32 +352,35 @@ def _key_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_
             # ---- P^T and dS^T on the fragments; masks only where the tile crosses the diagonal or the last key ---
             grads(s, dp, floats, (base + 2 * Q_TILE) // 2 + 4 * t, partial(n0, m0, key_end, causal, diag_offset),
                   n0 + key0 + g, m0 + 2 * t, key_end, causal, diag_offset, scale_log2)
+            if WANT_DV:
+                pack_c(pw, s)
+            if WANT_DK:
+                pack_c(dw, dp)
             if ATOMIC_DQ:  # dS^T -> shared memory (16 bits, as the MMAs see it) for dQ = dS K
                 for kt in range(KT):
                     at = DS_OFF + (key0 + 16 * kt + g) * DS_ROW + 2 * t
                     for nb in range(Q_BLOCKS):
-                        store_word(words, (at + 8 * nb) // 2, pack(dp[kt, nb, 0], dp[kt, nb, 1]))
-                        store_word(words, (at + 8 * DS_ROW + 8 * nb) // 2, pack(dp[kt, nb, 2], dp[kt, nb, 3]))
+                        store_word(words, (at + 8 * nb) // 2, dw[kt, nb, 0])
+                        store_word(words, (at + 8 * DS_ROW + 8 * nb) // 2, dw[kt, nb, 1])
 
             # ---- dV += P^T dO, dK += dS^T Q: P^T / dS^T from registers, dO / Q as B by ldmatrix.trans ------------
             for kq in range(M_STEPS):
-                for kt in range(KT):
-                    if WANT_DV:
-                        a_from_c(pa, kt, s, kt, kq)
-                    if WANT_DK:
-                        a_from_c(da, kt, dp, kt, kq)
                 for ob in range(0, D_BLOCKS, 2):
                     at = a_lane + 16 * kq * ROW + 8 * ob
                     if WANT_DV:
                         b0, b1, b2, b3 = ldmatrix_trans(smem, base + Q_TILE + at)
                         for kt in range(KT):
-                            mma_into(acc_v, kt, ob, pa[kt, 0], pa[kt, 1], pa[kt, 2], pa[kt, 3], b0, b1)
-                            mma_into(acc_v, kt, ob + 1, pa[kt, 0], pa[kt, 1], pa[kt, 2], pa[kt, 3], b2, b3)
+                            x0, x1 = pw[kt, 2 * kq, 0], pw[kt, 2 * kq, 1]
+                            x2, x3 = pw[kt, 2 * kq + 1, 0], pw[kt, 2 * kq + 1, 1]
+                            mma_into(acc_v, kt, ob, x0, x1, x2, x3, b0, b1)
+                            mma_into(acc_v, kt, ob + 1, x0, x1, x2, x3, b2, b3)
                     if WANT_DK:
                         c0, c1, c2, c3 = ldmatrix_trans(smem, base + at)
                         for kt in range(KT):
-                            mma_into(acc_k, kt, ob, da[kt, 0], da[kt, 1], da[kt, 2], da[kt, 3], c0, c1)
-                            mma_into(acc_k, kt, ob + 1, da[kt, 0], da[kt, 1], da[kt, 2], da[kt, 3], c2, c3)
+                            x0, x1 = dw[kt, 2 * kq, 0], dw[kt, 2 * kq, 1]
+                            x2, x3 = dw[kt, 2 * kq + 1, 0], dw[kt, 2 * kq + 1, 1]
+                            mma_into(acc_k, kt, ob, x0, x1, x2, x3, c0, c1)
+                            mma_into(acc_k, kt, ob + 1, x0, x1, x2, x3, c2, c3)
 
             # ---- dQ += sm_scale dS K: this warp's m-tiles and columns, added by reductions ---------------------------
             if ATOMIC_DQ:
@@ -392,10 +401,11 @@ def _key_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_
                 add_dq(acc_q, dq_acc[b, h], m0 + 16 * mq0 + g, seqlen_q, d0 + 2 * t, D_PAD, sm_scale)
 
         # ---- every key of the block is written, 0 where no row sees it ------------------------------------------------
+        # (the views made here, not at the start: nothing of them stays live through the walk)
         if WANT_DV:
-            store(acc_v, dv_head, n0 + key0 + g, key_end, 2 * t, head_dim, float32(1.0))
+            store(acc_v, dv[b, hk], n0 + key0 + g, key_end, 2 * t, head_dim, float32(1.0))
         if WANT_DK:
-            store(acc_k, dk_head, n0 + key0 + g, key_end, 2 * t, head_dim, sm_scale)
+            store(acc_k, dk[b, hk], n0 + key0 + g, key_end, 2 * t, head_dim, sm_scale)
 
     return kernel
 
@@ -425,8 +435,8 @@ def _query_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vecto
     TILE = BLOCK_N * ROW
     STAGE = 2 * TILE
     pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
-    ldmatrix = ptx.ldmatrix_x4
-    ldmatrix_trans = ptx.ldmatrix_x4_trans
+    ldmatrix = ptx.ldmatrix_x4_short
+    ldmatrix_trans = ptx.ldmatrix_x4_trans_short
     commit = ptx.cp_async_commit
     wait_tile = ptx.cp_async_wait_group(STAGES - 2)
     threads = 32 * W
@@ -441,7 +451,7 @@ def _query_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vecto
     grads = probabilities_and_grads(MT, S_BLOCKS, keys_on_rows=False)
     store = store_fragments(MT, D_BLOCKS, as_16bit(bf16))
     mma_into = _mma_into(bf16)
-    a_from_c = _a_from_c(pack)
+    pack_c = _packed(MT, S_BLOCKS, pack)
 
     def kernel(q, k, v, dout, stats, dq, causal, scale_log2, sm_scale):
         tid, warp, lane, g, t = lane_position()
@@ -457,7 +467,7 @@ def _query_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vecto
         floats = cuda.shared.array(0, float32)  # the same memory: the stats
         qa = cuda.local.array((MT, 4), uint32)
         oa = cuda.local.array((MT, 4), uint32)
-        da = cuda.local.array((MT, 4), uint32)
+        dw = cuda.local.array((MT, S_BLOCKS, 2), uint32)  # dS, packed
         s = cuda.local.array((MT, S_BLOCKS, 4), float32)
         dp = cuda.local.array((MT, S_BLOCKS, 4), float32)
         acc = cuda.local.array((MT, D_BLOCKS, 4), float32)
@@ -508,14 +518,15 @@ def _query_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vecto
                   m0 + warp_row + g, n0 + 2 * t, key_end, causal, diag_offset, scale_log2)
 
             # ---- dQ += dS K: dS from registers, K as B by ldmatrix.trans ------------------------------------------
+            pack_c(dw, dp)
             for kn in range(N_STEPS):
-                for mt in range(MT):
-                    a_from_c(da, mt, dp, mt, kn)
                 for ob in range(0, D_BLOCKS, 2):
                     b0, b1, b2, b3 = ldmatrix_trans(smem, base + a_lane + 16 * kn * ROW + 8 * ob)
                     for mt in range(MT):
-                        mma_into(acc, mt, ob, da[mt, 0], da[mt, 1], da[mt, 2], da[mt, 3], b0, b1)
-                        mma_into(acc, mt, ob + 1, da[mt, 0], da[mt, 1], da[mt, 2], da[mt, 3], b2, b3)
+                        x0, x1 = dw[mt, 2 * kn, 0], dw[mt, 2 * kn, 1]
+                        x2, x3 = dw[mt, 2 * kn + 1, 0], dw[mt, 2 * kn + 1, 1]
+                        mma_into(acc, mt, ob, x0, x1, x2, x3, b0, b1)
+                        mma_into(acc, mt, ob + 1, x0, x1, x2, x3, b2, b3)
 
         store(acc, dq_head, m0 + warp_row + g, seqlen_q, 2 * t, head_dim, sm_scale)
 
@@ -581,3 +592,5 @@ def launch_dq(q, k, v, dout, stats, dq, sm_scale: float, causal: bool, stream,
     device_launch(kernel, grid(QUERY_MAJOR, batch, heads, seqlen_q, config.dq_block_m), config.dq_warps * 32,
                   stream, shared_bytes, q, k, v, dout, stats, dq, bool(causal), np.float32(sm_scale * LOG2E),
                   np.float32(sm_scale))
+GPU_CANDIDATES["w8m64b2"] = MmaBackwardConfig(min_warps=16)
+GPU_CANDIDATES["w8m32b2"] = MmaBackwardConfig(block_m=32, dq_row_tiles=1, min_warps=16)

@@ -143,7 +143,7 @@ def test_backend_choice():
     (dict(block_m=24), "block_m"),
     (dict(warps=0), "warps"),
     (dict(block_m=64, dq_row_tiles=3), "dq_row_tiles"),
-    (dict(warps=2, block_m=128), "dq_row_tiles"),  # 8 m-tiles in 8 groups: more groups than warps
+    (dict(warps=2, block_m=128), "dq_row_tiles"),  # 8 m-tiles in 4 groups of 2: more groups than warps
 ])
 def test_config_is_validated(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -71,8 +71,11 @@ class MmaBackwardConfig:
     dq_m_tiles: int = 1  # 16-row m-tiles per warp there: dq_block_m = 16 dq_m_tiles dq_warps
     dq_block_n: int = 64  # keys per K / V tile there
     dq_stages: int = 2
+    kv_in_registers: bool = False  # key-block kernel, padded head dims up to 64 / key_tiles: K, V fragments held
 
     def __post_init__(self):
+        if type(self.kv_in_registers) is not bool:
+            raise ValueError(f"MmaBackwardConfig.kv_in_registers: expected a bool, got {self.kv_in_registers!r}")
         common.check_fields(self, warps=(1, 32, 1), key_tiles=(1, 8, 1), block_m=(16, 256, 16),
                             dq_row_tiles=(1, 16, 1), stages=(2, 4, 1), min_warps=(1, None, 1),
                             max_single_pass_dim=(16, common.MAX_HEAD_DIM, 16), dq_warps=(1, 32, 1),
@@ -131,6 +134,7 @@ GPU_CANDIDATES = {
     "w4k2m32": MmaBackwardConfig(warps=4, key_tiles=2, block_m=32, dq_row_tiles=1),
     "w8k2m32": MmaBackwardConfig(key_tiles=2, block_m=32, dq_row_tiles=1),
     "w8m64dq8": MmaBackwardConfig(dq_warps=8),
+    "w8m64kv": MmaBackwardConfig(kv_in_registers=True),
     "w4m32": GPU_CONFIG_256,
 }
 #: one warp, 16-key blocks and 16-row tiles; two passes above 32 (every thread is a Python thread there)
@@ -225,6 +229,9 @@ def _key_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_
     M_STEPS = BLOCK_M // 16  # k-steps of dV, dK (query rows); also the m-tiles of dQ
     D_BLOCKS = d_pad // 8  # n8 blocks of dK, dV
     KEY_STEPS = BLOCK_N // 16  # k-steps of dQ = dS K
+    # the warp's K and V A fragments in registers for the whole walk (4 KT d_pad / 16 words each) instead of an
+    # ldmatrix per tile: small head dims only (at 64 it adds a few spills)
+    KV_REGS = config.kv_in_registers and KT * D_STEPS <= 4
     # shared memory, 16-bit units: K, V; stages of (Q, dO, stats: block_m float32 pairs); dS^T
     K_OFF = 0
     V_OFF = BLOCK_N * ROW
@@ -244,6 +251,7 @@ def _key_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_
     store_word = ptx.store1
     commit = ptx.cp_async_commit
     wait_tile = ptx.cp_async_wait_group(STAGES - 2)
+    wait_all = ptx.cp_async_wait_all
     threads = 32 * W
     load_keys = tile_loader(threads, ROW, d_pad, BLOCK_N, np.uint16, vector_loads)
     load_rows = tile_loader(threads, ROW, d_pad, BLOCK_M, np.uint16, vector_loads)
@@ -286,8 +294,8 @@ def _key_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_
         smem = cuda.shared.array(0, uint16)  # dynamic: the layout above
         words = cuda.shared.array(0, uint32)  # the same memory: dS^T stored as packed pairs
         floats = cuda.shared.array(0, float32)  # the same memory: the stats
-        ka = cuda.local.array((KT, 4), uint32)
-        va = cuda.local.array((KT, 4), uint32)
+        ka = cuda.local.array((KT, D_STEPS, 4), uint32)  # K's A fragments (k-step kk, or only [kt, 0])
+        va = cuda.local.array((KT, D_STEPS, 4), uint32)
         pw = cuda.local.array((KT, Q_BLOCKS, 2), uint32)  # P^T, packed
         dw = cuda.local.array((KT, Q_BLOCKS, 2), uint32)  # dS^T, packed
         qa = cuda.local.array((DQ_ROWS, 4), uint32)
@@ -313,6 +321,15 @@ def _key_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_
             clear_acc(acc_v)
         if WANT_DK:
             clear_acc(acc_k)
+        if KV_REGS and total > 0:
+            wait_all()
+            cuda.syncthreads()  # K and V have landed
+            for kk in range(D_STEPS):
+                for kt in range(KT):
+                    at = a_lane + (key0 + 16 * kt) * ROW + 16 * kk
+                    ka[kt, kk, 0], ka[kt, kk, 1], ka[kt, kk, 2], ka[kt, kk, 3] = ldmatrix(smem, K_OFF + at)
+                    if WANT_DK:
+                        va[kt, kk, 0], va[kt, kk, 1], va[kt, kk, 2], va[kt, kk, 3] = ldmatrix(smem, V_OFF + at)
 
         for j in range(total):
             gi = j // tiles
@@ -333,21 +350,25 @@ def _key_block_source(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_
             clear_st(s)
             clear_st(dp)
             for kk in range(D_STEPS):
-                for kt in range(KT):
-                    at = a_lane + (key0 + 16 * kt) * ROW + 16 * kk
-                    ka[kt, 0], ka[kt, 1], ka[kt, 2], ka[kt, 3] = ldmatrix(smem, K_OFF + at)
-                    if WANT_DK:
-                        va[kt, 0], va[kt, 1], va[kt, 2], va[kt, 3] = ldmatrix(smem, V_OFF + at)
+                f = kk if KV_REGS else 0  # where this k-step's K / V fragments are
+                if not KV_REGS:
+                    for kt in range(KT):
+                        at = a_lane + (key0 + 16 * kt) * ROW + 16 * kk
+                        ka[kt, 0, 0], ka[kt, 0, 1], ka[kt, 0, 2], ka[kt, 0, 3] = ldmatrix(smem, K_OFF + at)
+                        if WANT_DK:
+                            va[kt, 0, 0], va[kt, 0, 1], va[kt, 0, 2], va[kt, 0, 3] = ldmatrix(smem, V_OFF + at)
                 for nb in range(0, Q_BLOCKS, 2):
                     b0, b1, b2, b3 = ldmatrix(smem, base + b_lane + 8 * nb * ROW + 16 * kk)
                     for kt in range(KT):
-                        mma_into(s, kt, nb, ka[kt, 0], ka[kt, 1], ka[kt, 2], ka[kt, 3], b0, b1)
-                        mma_into(s, kt, nb + 1, ka[kt, 0], ka[kt, 1], ka[kt, 2], ka[kt, 3], b2, b3)
+                        x0, x1, x2, x3 = ka[kt, f, 0], ka[kt, f, 1], ka[kt, f, 2], ka[kt, f, 3]
+                        mma_into(s, kt, nb, x0, x1, x2, x3, b0, b1)
+                        mma_into(s, kt, nb + 1, x0, x1, x2, x3, b2, b3)
                     if WANT_DK:
                         c0, c1, c2, c3 = ldmatrix(smem, base + Q_TILE + b_lane + 8 * nb * ROW + 16 * kk)
                         for kt in range(KT):
-                            mma_into(dp, kt, nb, va[kt, 0], va[kt, 1], va[kt, 2], va[kt, 3], c0, c1)
-                            mma_into(dp, kt, nb + 1, va[kt, 0], va[kt, 1], va[kt, 2], va[kt, 3], c2, c3)
+                            x0, x1, x2, x3 = va[kt, f, 0], va[kt, f, 1], va[kt, f, 2], va[kt, f, 3]
+                            mma_into(dp, kt, nb, x0, x1, x2, x3, c0, c1)
+                            mma_into(dp, kt, nb + 1, x0, x1, x2, x3, c2, c3)
 
             # ---- P^T and dS^T on the fragments; masks only where the tile crosses the diagonal or the last key ---
             grads(s, dp, floats, (base + 2 * Q_TILE) // 2 + 4 * t, partial(n0, m0, key_end, causal, diag_offset),
@@ -592,5 +613,3 @@ def launch_dq(q, k, v, dout, stats, dq, sm_scale: float, causal: bool, stream,
     device_launch(kernel, grid(QUERY_MAJOR, batch, heads, seqlen_q, config.dq_block_m), config.dq_warps * 32,
                   stream, shared_bytes, q, k, v, dout, stats, dq, bool(causal), np.float32(sm_scale * LOG2E),
                   np.float32(sm_scale))
-GPU_CANDIDATES["w8m64b2"] = MmaBackwardConfig(min_warps=16)
-GPU_CANDIDATES["w8m32b2"] = MmaBackwardConfig(block_m=32, dq_row_tiles=1, min_warps=16)

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import numpy as np
@@ -93,15 +94,22 @@ def test_float16_equals_reference(poisoned_outputs, heads, kv_heads, seqlen_q, s
         np.testing.assert_array_equal(refs[0][:, :, :seqlen_q - seqlen_k], 0.0)
 
 
-# (heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, deterministic, sm_scale)
+# (heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, deterministic, sm_scale, tiles: SIMULATOR_CONFIG changes)
 BFLOAT16_CASES = [
-    (1, 1, 13, 11, 40, False, False, None),  # head dim 40: padded to 48, two key-block passes (dV; dK and dQ)
-    (2, 1, 9, 12, 16, True, True, -0.5),  # GQA, a negative scale, deterministic
+    (1, 1, 13, 11, 40, False, False, None, {}),  # head dim 40: padded to 48, two key-block passes (dV; dK and dQ)
+    (2, 1, 7, 10, 16, True, True, -0.5, {}),  # GQA, a negative scale, deterministic
+    # two warps: 32-key blocks, 32-row tiles, K / V fragments held in registers, the dQ columns split between warps
+    (1, 1, 9, 20, 32, True, False, None, dict(warps=2, block_m=32, dq_row_tiles=2, kv_in_registers=True)),
 ]
 
 
-@pytest.mark.parametrize("heads,kv_heads,seqlen_q,seqlen_k,head_dim,causal,deterministic,sm_scale", BFLOAT16_CASES)
-def test_bfloat16_equals_reference(heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, deterministic, sm_scale):
+@pytest.mark.parametrize("heads,kv_heads,seqlen_q,seqlen_k,head_dim,causal,deterministic,sm_scale,tiles",
+                         BFLOAT16_CASES)
+def test_bfloat16_equals_reference(monkeypatch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, deterministic,
+                                   sm_scale, tiles):
+    if tiles:
+        monkeypatch.setattr(backward_mma, "SIMULATOR_CONFIG", dataclasses.replace(backward_mma.SIMULATOR_CONFIG,
+                                                                                  **tiles))
     inputs, exact = _case(seqlen_q * 100 + seqlen_k, heads, kv_heads, seqlen_q, seqlen_k, head_dim, "bfloat16",
                           causal, sm_scale)
     _check(_bits_backward(inputs, causal, sm_scale, deterministic, "bfloat16"), exact, causal, sm_scale, "bfloat16")
@@ -114,7 +122,7 @@ def _transposed(x):
 
 def test_strided_inputs_and_deterministic_repeats(poisoned_outputs):
     # rows of 16-bit elements 2 heads apart, headdim 12 (not whole 16-byte pieces): the element-wise loaders
-    inputs, exact = _case(3, 2, 2, 10, 12, 12, "float16", True)
+    inputs, exact = _case(3, 2, 2, 7, 9, 12, "float16", True)
     views = [_transposed(x) for x in inputs[:5]]
     assert not any(x.flags.c_contiguous for x in views)
     first = numba_attn.flash_backward(*views, inputs[5], causal=True, deterministic=True, backend="mma")

@@ -132,6 +132,21 @@ def test_strided_inputs_and_deterministic_repeats(poisoned_outputs):
     _check(first, exact, True, None, "float16")
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_empty_sequences_give_zero_gradients(poisoned_outputs, deterministic):
+    # no query row: every key is still written (0); no key: dq = 0
+    inputs, _ = _case(11, 2, 1, 0, 9, 16, "float16", False)
+    dq, dk, dv = numba_attn.flash_backward(*inputs, deterministic=deterministic, backend="mma")
+    assert dq.shape == (1, 2, 0, 16)
+    np.testing.assert_array_equal(dk, 0.0)
+    np.testing.assert_array_equal(dv, 0.0)
+    inputs, _ = _case(12, 2, 2, 5, 0, 16, "float16", False)
+    dq, dk, dv = numba_attn.flash_backward(*inputs[:5], np.full((1, 2, 5), -np.inf, np.float32),
+                                           deterministic=deterministic, backend="mma")
+    np.testing.assert_array_equal(dq, 0.0)
+    assert dk.shape == dv.shape == (1, 2, 0, 16)
+
+
 def test_backend_choice():
     assert dispatch.choose_backend(None, "bfloat16", 64) == "mma"
     assert dispatch.choose_backend(None, "float32", 64) == "simt"

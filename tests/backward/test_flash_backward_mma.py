@@ -203,7 +203,9 @@ def _torch_error(inputs_exact, causal, dtype, refs):
         mask = torch.ones(lq, lk, dtype=torch.bool, device="cuda").tril(lk - lq)
     out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=False)
     out.backward(do)
-    return [rel_error(x.grad.float().cpu().numpy(), r) for x, r in zip((q, k, v), refs)]
+    errors = [rel_error(x.grad.float().cpu().numpy(), r) for x, r in zip((q, k, v), refs)]
+    # (rows that see no key come out NaN from torch: no bound to take from it then)
+    return errors if all(np.isfinite(errors)) else None
 
 
 @pytest.mark.gpu

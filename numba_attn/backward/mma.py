@@ -11,8 +11,8 @@ Key-block kernel (``key_block_kernel``), grid ``(batch * kv_heads, key blocks)``
     group's sum needs no second pass and the ``cp.async`` double buffer of (Q, dO, stats) tiles runs across heads.
     Per tile, each warp for its keys: ``S^T = K Q^T`` and ``dP^T = V dO^T`` (A: K / V by ``ldmatrix``; B: Q / dO by
     ``ldmatrix``, as the forward's K), then ``P^T``, ``dS^T`` on the fragments (``core.gradients``), then ``dV += P^T
-    dO`` and ``dK += dS^T Q`` with ``P^T`` / ``dS^T`` packed to 16 bits IN REGISTERS as the A operand (C fragments
-    of n8 blocks ``2j, 2j + 1`` = A fragment of k-step ``j``) and dO / Q as B by ``ldmatrix.trans``. Unless
+    dO`` and ``dK += dS^T Q`` with ``P^T`` / ``dS^T`` packed to 16 bits once, IN REGISTERS, as the A operand (C
+    fragments of n8 blocks ``2j, 2j + 1`` = A fragment of k-step ``j``) and dO / Q as B by ``ldmatrix.trans``. Unless
     deterministic, ``dS^T`` also goes to shared memory (16-bit, 32-bit stores), and after a barrier the warps split
     ``dQ_tile = dS K`` (A: ``ldmatrix.trans`` of ``dS^T``; B: ``ldmatrix.trans`` of K; ``dq_row_tiles`` m-tiles x a
     share of the columns per warp) and add it to a float32 accumulator with ``red.global.add`` (``.v2`` on sm_90).
@@ -55,7 +55,8 @@ VECTOR_RED_CAPABILITY = (9, 0)
 
 @dataclass(frozen=True)
 class MmaBackwardConfig:
-    """Tiles of both kernels (validated where made; ``check`` validates them against a padded head dim)."""
+    """Tiles of both kernels, validated where made (whether they fit a device's shared memory at a head dim is the
+    launch's question: ``shared_bytes``, ``common.check_shared_memory``)."""
 
     warps: int = 8  # key-block kernel: warps per block
     key_tiles: int = 1  # 16-key MMA tiles per warp: block_n = 16 key_tiles warps keys per block
@@ -121,18 +122,18 @@ class MmaBackwardConfig:
 GPU_CONFIG_64 = MmaBackwardConfig()
 GPU_CONFIG_128 = MmaBackwardConfig()
 GPU_CONFIG_256 = MmaBackwardConfig(warps=4, block_m=32, dq_row_tiles=1, dq_block_n=32)
-#: alternatives for ``scripts/check_backward.py --configs``
+#: alternatives for ``scripts/check_backward.py --configs`` (ptxas for sm_90, fp16: registers / spill stores)
 GPU_CANDIDATES = {
-    "w8m64": GPU_CONFIG_128,
-    "w8m64q1": MmaBackwardConfig(dq_row_tiles=1),
-    "w8m128": MmaBackwardConfig(block_m=128),
-    "w4m64": MmaBackwardConfig(warps=4),
-    "w8m32": MmaBackwardConfig(block_m=32, dq_row_tiles=1),
-    "w4k2m32": MmaBackwardConfig(warps=4, key_tiles=2, block_m=32, dq_row_tiles=1),
-    "w8k2m32": MmaBackwardConfig(key_tiles=2, block_m=32, dq_row_tiles=1),
-    "w8m64dq8": MmaBackwardConfig(dq_warps=8),
-    "w8m64kv": MmaBackwardConfig(kv_in_registers=True),
-    "w4m32": GPU_CONFIG_256,
+    "w8m64": GPU_CONFIG_128,  # the default: 255 regs, spills 0 B at 64, 60 B at 128
+    "w8m64q1": MmaBackwardConfig(dq_row_tiles=1),  # dQ: one m-tile x half the columns per warp
+    "w8m128": MmaBackwardConfig(block_m=128),  # 128-row query tiles (head dim 64 only: 147 KB; spills 132 B)
+    "w4m64": MmaBackwardConfig(warps=4),  # 64-key blocks, two blocks per SM (115 KB at 128)
+    "w8m32": MmaBackwardConfig(block_m=32, dq_row_tiles=1),  # 32-row tiles: no spills at 128
+    "w4k2m32": MmaBackwardConfig(warps=4, key_tiles=2, block_m=32, dq_row_tiles=1),  # 32 keys per warp
+    "w8k2m32": MmaBackwardConfig(key_tiles=2, block_m=32, dq_row_tiles=1),  # 256-key blocks: half the dQ atomics
+    "w8m64dq8": MmaBackwardConfig(dq_warps=8),  # deterministic dQ: 128-row query blocks
+    "w8m64kv": MmaBackwardConfig(kv_in_registers=True),  # head dim <= 64: K / V fragments held in registers
+    "w4m32": GPU_CONFIG_256,  # the default above 128
 }
 #: one warp, 16-key blocks and 16-row tiles; two passes above 32 (every thread is a Python thread there)
 SIMULATOR_CONFIG = MmaBackwardConfig(warps=1, block_m=16, dq_row_tiles=1, dq_warps=1, dq_block_n=16,

@@ -167,24 +167,27 @@ def _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf
 
 
 @_one_call_at_a_time_under_the_simulator
-def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, deterministic=False):
+def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, deterministic=False, backend=None):
     """Gradients ``(dq, dk, dv)`` of ``flash_forward``'s output: FlashAttention-2's backward, which recomputes the
     attention weights from the forward's ``lse`` instead of keeping them.
 
     Args:
         dout: the gradient of the loss with respect to ``out``, ``out``'s (= q's) shape and dtype.
         q, k, v, causal, sm_scale: as passed to ``flash_forward`` (grouped-query heads; causal aligned bottom-right;
-            ``sm_scale`` default ``1 / sqrt(headdim)``); float16 or float32 (bfloat16: a TypeError, the tensor-core
-            backward is not there yet).
+            ``sm_scale`` default ``1 / sqrt(headdim)``); float16, bfloat16 (torch tensors) or float32.
         out, lse: what ``flash_forward(q, k, v, causal=causal, sm_scale=sm_scale, return_lse=True)`` returned:
             ``out`` q's shape and dtype, ``lse`` ``(batch, heads, seqlen_q)`` (``(seqlen_q,)`` for 2-D inputs)
             float32, natural log; rows with ``lse = -inf`` (they see no key) contribute nothing.
         deterministic: compute ``dq`` in a second kernel over query blocks instead of adding each key block's part
             with float32 atomics: bitwise the same result on every call, one more pass over K and V.
+        backend: ``"mma"`` (tensor cores, GPUs of compute capability >= 8.0: float16 / bfloat16, headdim up to
+            256, any strides), ``"simt"`` (CUDA cores: float16 / float32, any GPU) or None: "mma" where it applies
+            (under the simulator only for bfloat16), else "simt". float32 always runs on "simt".
 
     Returns:
         ``(dq, dk, dv)`` in the inputs' dtype and kind, the shapes of q, k, v; ``dk`` and ``dv`` summed over each kv
-        head's group of query heads. Computed in float32 (SIMT kernels, ``numba_attn/backward/``).
+        head's group of query heads. Accumulated in float32 (``numba_attn/backward/``; the tensor-core kernels round
+        ``P`` and ``dS`` to the inputs' dtype for their products, as FlashAttention-2 does).
 
     Every call takes the checked path (``runtime.replay`` does not record it yet). Called directly it is not
     hooked into autograd: ``flash_forward`` with torch tensors that require grad records it as its backward
@@ -192,6 +195,7 @@ def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, dete
     """
     causal = check_flag(causal, "causal")
     deterministic = check_flag(deterministic, "deterministic")
+    backend = check_backend(backend, _backward.BACKENDS)
     sm_scale = check_sm_scale(sm_scale)
     shape = attention_shape(q, k, v)
     for name, x in (("dout", dout), ("out", out)):
@@ -206,7 +210,7 @@ def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, dete
         sm_scale = 1.0 / math.sqrt(shape.head_dim)
     call = prepare({"q": q, "k": k, "v": v, "dout": dout, "out": out, "lse": lse},
                    own_dtype={"lse": ("float32",)})
-    backend = _backward.choose_backend(call.dtype, shape.head_dim)
+    backend = _backward.choose_backend(backend, call.dtype, shape.head_dim)
     with on_device(call.device_id):
         dq = call.output(shape.out_shape(), name="dq")
         dk = call.output(shape.kv_shape(), name="dk")

@@ -12,8 +12,8 @@ each with a fake (meta) implementation, so that ``torch.compile`` traces them wi
 backward registered as the forward's autograd formula. ``numba_attn.flash_forward`` takes this path by itself for
 torch tensors when grad mode is on and one of q, k, v requires grad (``api.flash_forward``); a model calling it
 compiles with ``torch.compile(fullgraph=True)`` without a graph break. :func:`flash_attention` is the same as a
-plain differentiable function. The backward is the SIMT one (``numba_attn/backward/``): float16 / float32 (a
-bfloat16 forward works, its backward raises ``flash_backward``'s TypeError); ``deterministic`` follows
+plain differentiable function. The backward is ``flash_backward``'s default choice (``numba_attn/backward/``: tensor cores for
+float16 / bfloat16 on sm_80+, CUDA cores for float32); ``deterministic`` follows
 ``torch.are_deterministic_algorithms_enabled()``.
 
 This module imports torch; ``import numba_attn`` does not import it.

@@ -1,10 +1,12 @@
 """The backward's last kernel where ``dq`` was accumulated with atomics into a float32 buffer: that buffer cast to
-``dq``'s dtype (float16) and stored with ``dq``'s strides. (float32 ``dq`` is accumulated in place: no cast.)"""
+``dq``'s dtype (float16, or bfloat16 bit patterns) and stored with ``dq``'s strides. (float32 ``dq`` is accumulated
+in place: no cast.)"""
 from __future__ import annotations
 
 from functools import lru_cache
 
 from ..core.block_info import HEAD_MAJOR, block_position, grid
+from ..core.epilogue import as_16bit
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
 
@@ -14,10 +16,13 @@ SIMULATOR_BLOCK = (4, 4)
 
 
 @lru_cache(maxsize=None)
-def convert_kernel(threads_x: int, threads_y: int):
-    """``kernel(src, dst)``: ``dst[b, h, i, d] = src[b, h, i, d]`` in ``dst``'s dtype."""
+def convert_kernel(threads_x: int, threads_y: int, bf16: bool = False):
+    """``kernel(src, dst)``: ``dst[b, h, i, d] = src[b, h, i, d]`` in ``dst``'s dtype; ``bf16``: ``dst`` holds
+    bfloat16 bit patterns (uint16), rounded to nearest even."""
     TX, TY = threads_x, threads_y
+    BF16 = bf16
     position = block_position(HEAD_MAJOR, TY)
+    to_bf16 = as_16bit(True)
 
     @kernel_jit(launch_bounds=(TX * TY, 1))
     def kernel(src, dst):
@@ -26,14 +31,20 @@ def convert_kernel(threads_x: int, threads_y: int):
         b, h, m0, src_head, _, _, dst_head = position(src, src, src, dst, False)
         row = m0 + ty
         if row < src.shape[2]:
-            for d in range(tx, src.shape[3], TX):
-                dst_head[row, d] = src_head[row, d]
+            for d in range(tx, dst.shape[3], TX):
+                if BF16:
+                    bits, _ = to_bf16(src_head[row, d], src_head[row, d])
+                    dst_head[row, d] = bits
+                else:
+                    dst_head[row, d] = src_head[row, d]
 
     return kernel
 
 
-def launch(src, dst, stream) -> None:
-    """Cast ``src`` (float32) into ``dst``: views of one shape ``(batch, heads, seqlen, headdim)``."""
-    batch, heads, seqlen, _ = src.shape
+def launch(src, dst, stream, bf16: bool = False) -> None:
+    """Cast ``src`` (float32) into ``dst``: views ``(batch, heads, seqlen, headdim)``, ``src`` as wide as ``dst`` or
+    wider along headdim (its first ``headdim`` columns are read); ``bf16``: ``dst`` holds bfloat16 bits."""
+    batch, heads, seqlen, _ = dst.shape
     tx, ty = SIMULATOR_BLOCK if SIMULATOR else GPU_BLOCK
-    device_launch(convert_kernel(tx, ty), grid(HEAD_MAJOR, batch, heads, seqlen, ty), (tx, ty), stream, 0, src, dst)
+    device_launch(convert_kernel(tx, ty, bool(bf16)), grid(HEAD_MAJOR, batch, heads, seqlen, ty), (tx, ty), stream, 0,
+                  src, dst)

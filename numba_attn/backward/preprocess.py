@@ -1,19 +1,27 @@
 """The backward's first kernel: ``D_i = rowsum(dout_i * out_i)`` in float32 for every query row (FlashAttention-2's
 preprocessing), and, where ``dq`` is accumulated with atomics, the float32 accumulator zeroed in the same pass.
 
-Grid ``(batch * heads, ceil(seqlen_q / threads_y))``; thread ``(ty, tx)`` sums columns ``tx + threads_x j`` of row
+Grid ``(batch * heads, ceil(rows / threads_y))``; thread ``(ty, tx)`` sums columns ``tx + threads_x j`` of row
 ``ty`` of its block, the partial sums meet in shared memory and are added in a fixed order (the result does not
 depend on timing).
+
+Two outputs: ``delta`` ``(batch, heads, seqlen_q)`` (the SIMT kernels), or, for the tensor-core kernels, ``stats``:
+per row the pair ``(lse log2(e), D)``, float32, rows padded to a whole number of tiles, stored as ``(batch, heads,
+rows / 2, 4)`` (two rows per 16-byte piece, what ``cp.async`` copies). There a row that sees no key (``lse = -inf``)
+and every padding row get ``(+inf, 0)``: ``P = exp2(s - inf) = 0`` needs no test in the kernels.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 from numba import float32
 from numba import uint32 as index
 
+from ..core import ptx
 from ..core.block_info import HEAD_MAJOR, block_position, grid
+from ..core.constants import LOG2E
 from ..forward import common
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
@@ -41,48 +49,77 @@ def default_config() -> PreprocessConfig:
     return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
 
 
+_INF = np.float32(np.inf)
+_LOG2E = np.float32(LOG2E)
+
+
 @lru_cache(maxsize=None)
-def preprocess_kernel(config: PreprocessConfig, zero_dq: bool):
-    """``kernel(out, dout, delta, dq_acc)``; ``zero_dq``: also set ``dq_acc`` (float32, q's shape) to 0."""
+def preprocess_kernel(config: PreprocessConfig, zero_dq: bool, bf16: bool = False, stats: bool = False):
+    """``kernel(out, dout, lse, delta, dq_acc)``; ``zero_dq``: also set ``dq_acc`` (float32, q's shape, or wider) to 0
+    in the columns below headdim; ``bf16``: ``out`` and ``dout`` are bfloat16 bit patterns (uint16); ``stats``:
+    ``delta`` is the ``stats`` array of the module docstring (``lse`` is read only then)."""
     TX, TY = config.threads_x, config.threads_y
     PARTS = TX * TY  # a shared array's size must be a constant of the closure, not an expression of two
     ZERO_DQ = zero_dq
+    STATS = stats
+    BF16 = bf16
+    INF = _INF
+    LOG2E_F32 = _LOG2E
     position = block_position(HEAD_MAJOR, TY)
+    bf16_to_float = ptx.bf16_to_float
 
     @kernel_jit(launch_bounds=(TX * TY, 1))
-    def kernel(out, dout, delta, dq_acc):
+    def kernel(out, dout, lse, delta, dq_acc):
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
         # (out twice: one head per block, no grouped heads here)
         b, h, m0, out_head, _, do_head, dq_head = position(out, out, dout, dq_acc, False)
         seqlen_q = out.shape[2]
         head_dim = out.shape[3]
+        rows = delta.shape[2] * 2 if STATS else seqlen_q
         row = m0 + ty
         part = float32(0.0)
         if row < seqlen_q:
             for d in range(tx, head_dim, TX):
-                part += float32(do_head[row, d]) * float32(out_head[row, d])
+                if BF16:
+                    part += bf16_to_float(do_head[row, d]) * bf16_to_float(out_head[row, d])
+                else:
+                    part += float32(do_head[row, d]) * float32(out_head[row, d])
                 if ZERO_DQ:
                     dq_head[row, d] = float32(0.0)
         parts = cuda.shared.array(PARTS, float32)
         parts[index(ty * TX + tx)] = part
         cuda.syncthreads()
-        if tx == 0 and row < seqlen_q:
+        if tx == 0 and row < rows:
             total = float32(0.0)
             for t in range(TX):
                 total += parts[index(ty * TX + t)]
-            delta[b, h, row] = total
+            if STATS:
+                lse2 = INF
+                if row < seqlen_q:
+                    x = lse[b, h, row]
+                    if x != -INF:
+                        lse2 = x * LOG2E_F32
+                delta[b, h, row // 2, 2 * (row % 2)] = lse2
+                delta[b, h, row // 2, 2 * (row % 2) + 1] = total
+            else:
+                delta[b, h, row] = total
 
     return kernel
 
 
-def launch(out, dout, delta, dq_acc, stream, config: PreprocessConfig | None = None) -> None:
-    """``delta[b, h, i] = sum_d dout * out`` (float32 ``(batch, heads, seqlen_q)``); ``dq_acc`` (float32, q's shape)
-    zeroed unless None. Views of shape ``(batch, heads, seqlen_q, headdim)``, any strides."""
+def launch(out, dout, delta, dq_acc, stream, config: PreprocessConfig | None = None, bf16: bool = False,
+           lse=None) -> None:
+    """``delta[b, h, i] = sum_d dout * out`` (float32 ``(batch, heads, seqlen_q)``); ``dq_acc`` (float32, q's shape
+    or wider along headdim) zeroed unless None. Views of shape ``(batch, heads, seqlen_q, headdim)``, any strides;
+    ``bf16``: they hold bfloat16 bits. With ``lse`` (the forward's, ``(batch, heads, seqlen_q)``) ``delta`` is the
+    ``stats`` array ``(batch, heads, padded_rows / 2, 4)`` of the module docstring instead."""
     batch, heads, seqlen_q, _ = out.shape
     config = config or default_config()
     zero_dq = dq_acc is not None
-    kernel = preprocess_kernel(config, zero_dq)
-    shape = grid(HEAD_MAJOR, batch, heads, seqlen_q, config.threads_y)
-    device_launch(kernel, shape, (config.threads_x, config.threads_y), stream, 0, out, dout, delta,
-                  dq_acc if zero_dq else out)
+    stats = lse is not None
+    kernel = preprocess_kernel(config, zero_dq, bool(bf16), stats)
+    rows = 2 * delta.shape[2] if stats else seqlen_q
+    shape = grid(HEAD_MAJOR, batch, heads, rows, config.threads_y)
+    device_launch(kernel, shape, (config.threads_x, config.threads_y), stream, 0, out, dout,
+                  lse if stats else delta, delta, dq_acc if zero_dq else out)

@@ -1,4 +1,5 @@
-"""The end of the tensor-core kernels: each row's output divided by its sum and stored, and its lse.
+"""The end of the tensor-core kernels: each row's output divided by its sum and stored, and its lse; the backward's
+gradients stored as they are, or added to a float32 accumulator.
 
 The output accumulator ``acc[mt, ob, e]`` is in the C-fragment layout of ``softmax`` (lane ``(g, t)``: rows ``row0 +
 16 mt`` for e = 0, 1 and ``+ 8`` for e = 2, 3; columns ``8 ob + 2t + e % 2`` of the pass's first column ``d_off``).
@@ -63,3 +64,60 @@ def store_rows(m_tiles: int, o_blocks: int, convert):
                     lse[b, h, row] = log_sum_exp(m_run[2 * mt + half], l_row, post)
 
     return finish
+
+
+def store_fragments(m_tiles: int, blocks: int, convert):
+    """``store(acc, out_head, row0, row_end, col0, head_dim, scale)``: the C fragments ``acc[mt, nb, e]`` (the
+    layout above: rows ``row0 + 16 mt + 8 (e // 2)``, ``row0`` with this lane's ``g``; columns ``col0 + 8 nb + e % 2``,
+    ``col0`` with its ``2t``) times ``scale``, ``convert``ed and stored to ``out_head[row, col]`` for rows below
+    ``row_end`` and columns below ``head_dim`` (the backward's gradients: no row sums, no lse)."""
+    M_TILES = m_tiles
+    BLOCKS = blocks
+    store2 = ptx.store2
+
+    @device_function
+    def store(acc, out_head, row0, row_end, col0, head_dim, scale):
+        for mt in range(M_TILES):
+            for half in range(2):
+                row = row0 + 16 * mt + 8 * half
+                if row < row_end:
+                    for nb in range(BLOCKS):
+                        col = col0 + 8 * nb
+                        w0, w1 = convert(acc[mt, nb, 2 * half] * scale, acc[mt, nb, 2 * half + 1] * scale)
+                        if col < head_dim:
+                            store2(out_head, row, col, w0)
+                        if col + 1 < head_dim:
+                            store2(out_head, row, col + 1, w1)
+
+    return store
+
+
+def add_fragments(m_tiles: int, blocks: int, vector: bool):
+    """``add(acc, dst_head, row0, row_end, col0, col_end, scale)``: ``acc * scale`` (C fragments, as
+    ``store_fragments``) added to the float32 ``dst_head[row, col]`` by atomic reductions, for rows below ``row_end``
+    and column pairs below ``col_end`` (even: the destination is as wide as the padded head dim, so a pair is whole).
+    ``vector``: one ``red.add.v2.f32`` per column pair (sm_90; the rows 8-byte aligned), else two scalar ones."""
+    M_TILES = m_tiles
+    BLOCKS = blocks
+    VECTOR = vector
+    red = ptx.red_add_f32
+    red2 = ptx.red_add_f32x2
+
+    @device_function
+    def add(acc, dst_head, row0, row_end, col0, col_end, scale):
+        for mt in range(M_TILES):
+            for half in range(2):
+                row = row0 + 16 * mt + 8 * half
+                if row < row_end:
+                    for nb in range(BLOCKS):
+                        col = col0 + 8 * nb
+                        if col < col_end:
+                            x0 = acc[mt, nb, 2 * half] * scale
+                            x1 = acc[mt, nb, 2 * half + 1] * scale
+                            if VECTOR:
+                                red2(dst_head, row, col, x0, x1)
+                            else:
+                                red(dst_head, row, col, x0)
+                                red(dst_head, row, col + 1, x1)
+
+    return add

@@ -7,6 +7,11 @@ Sweeps (``--sweeps``):
   (``peers/triton_flash.py``) and a naive CuPy attention, over sequence length, causal and not, per (headdim, heads)
   configuration. Metric: TFLOP/s with FLOPs = 4 * B * H * Lq * Lk * D (two matrix products), **halved for causal**
   (the masked half is not counted, whatever a kernel actually computes).
+* ``flash_bwd`` (``--sweeps flash --direction backward`` or ``both``) -- ``numba_attn.flash_backward`` vs the
+  backward of torch SDPA's forced backends on the flash grid: each provider records one forward when prepared
+  (untimed) and the backward alone is timed (SDPA: ``torch.autograd.grad`` with the graph retained); the check
+  compares ``dq`` (a row's depends on that row only, so the slice is exact). Metric: TFLOP/s with FLOPs = 2.5 times
+  the forward's (five products of its size instead of two), halved for causal.
 * ``decode`` -- ``numba_attn.flash_decode`` (one query row against a long KV cache) vs torch SDPA and the Triton
   kernel, plain multi-head and grouped-query. Metric: GB/s = bytes of K and V read plus q read and out written, per
   second, and its percentage of the device-to-device copy bandwidth measured in the same run (read + written

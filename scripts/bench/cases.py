@@ -9,7 +9,9 @@ if TYPE_CHECKING:  # annotations only: cli and environment import this module
     from .cli import Options
     from .environment import Env
 
-SWEEPS = ("flash", "decode", "linear")
+SWEEPS = ("flash", "flash_bwd", "decode", "linear")
+#: what ``--sweeps`` runs when not given (``--direction`` swaps or adds ``flash_bwd`` for ``flash``)
+DEFAULT_SWEEPS = ("flash", "decode", "linear")
 
 #: dtype name -> its short form in labels and tolerance keys
 SHORT = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16"}
@@ -66,12 +68,16 @@ class Case:
         return f"{self.sweep} {SHORT[self.dtype]} {self.config} {size_label(self.size)}"
 
     def shapes(self) -> dict:
+        """The random inputs of the case: q, k, v (and, for the backward, the output's gradient ``dout``)."""
         b, h, hk = self.batch, self.heads, self.kv_heads
-        return {
+        shapes = {
             "q": (b, h, self.seqlen_q, self.head_dim),
             "k": (b, hk, self.seqlen_k, self.head_dim),
             "v": (b, hk, self.seqlen_k, self.value_dim),
         }
+        if self.sweep == "flash_bwd":
+            shapes["dout"] = self.out_shape()
+        return shapes
 
     def out_shape(self) -> tuple:
         return (self.batch, self.heads, self.seqlen_q, self.value_dim)
@@ -89,6 +95,15 @@ def flash_cases(o: Options):
                 for n in o.seqlens:
                     flops = 4.0 * o.flash_batch * h * n * n * d * (0.5 if causal else 1.0)
                     yield Case("flash", config, dtype, n, o.flash_batch, h, h, n, n, d, d, causal, flops=flops)
+
+
+def flash_backward_cases(o: Options):
+    """The flash grid, timed as the backward (gradients of q, k, v from ``dout``, ``out`` and ``lse``): FLOPs are
+    2.5 times the forward's (five products of the forward's size instead of two, as FlashAttention-2 counts)."""
+    for case in flash_cases(o):
+        case.sweep = "flash_bwd"
+        case.flops *= 2.5
+        yield case
 
 
 def decode_cases(o: Options):
@@ -114,7 +129,7 @@ def linear_cases(o: Options):
             yield Case("linear", config, dtype, n, o.linear_batch, h, h, n, n, e, e, True)
 
 
-CASES = {"flash": flash_cases, "decode": decode_cases, "linear": linear_cases}
+CASES = {"flash": flash_cases, "flash_bwd": flash_backward_cases, "decode": decode_cases, "linear": linear_cases}
 
 
 def make_inputs(env: Env, case: Case, seed: int) -> dict:

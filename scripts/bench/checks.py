@@ -36,7 +36,8 @@ def check_slice(case: Case, rows: int) -> CheckSlice:
 
 
 def reference_output(case: Case, inputs: dict, sl: CheckSlice) -> np.ndarray:
-    """float64 reference for the slice: ``reference.attention`` / ``reference.causal_dot_product``."""
+    """float64 reference for the slice: ``reference.attention`` / ``reference.causal_dot_product``; for the backward
+    (``flash_bwd``) the slice of ``dq`` from ``reference.attention_backward`` (backward providers return ``dq``)."""
     group = case.heads // case.kv_heads
     kv_heads = [h // group for h in sl.heads]
     q = to_numpy(inputs["q"][0][sl.heads])
@@ -48,6 +49,10 @@ def reference_output(case: Case, inputs: dict, sl: CheckSlice) -> np.ndarray:
     # The last rows of a bottom-right-aligned causal problem against all keys are themselves a bottom-right-aligned
     # causal problem: the reference on the slice is exact.
     q = q[:, case.seqlen_q - sl.rows:]
+    if case.sweep == "flash_bwd":
+        # dq of a row depends on that row alone (and on every key): the slice's dq is exact too
+        dout = to_numpy(inputs["dout"][0][sl.heads])[:, case.seqlen_q - sl.rows:]
+        return reference.attention_backward(dout[None], q[None], k[None], v[None], causal=case.causal)[0][0]
     return reference.attention(q[None], k[None], v[None], causal=case.causal)[0]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from .cases import GRIDS, SHORT, SWEEPS
+from .cases import DEFAULT_SWEEPS, GRIDS, SHORT, SWEEPS
 from .checks import DEFAULT_TOLERANCES
 
 _DTYPE_ALIASES = {
@@ -69,6 +69,7 @@ examples:
   python scripts/sweep.py --quick                      # < 2 minutes smoke test
   python scripts/sweep.py --sweeps flash --dtypes fp16,bf16 --seqlens 2k,8k --providers numba,triton,flash
   python scripts/sweep.py --sweeps decode --decode-kv-heads 8 --decode-lengths 16k,128k
+  python scripts/sweep.py --sweeps flash --direction backward --seqlens 2k,4k,8k --providers numba,flash,cudnn
 """
 
 
@@ -83,7 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
     )
     add = p.add_argument
-    add("--sweeps", type=_list(str), default=list(SWEEPS), help="sweeps to run [flash,decode,linear]")
+    add("--sweeps", type=_list(str), default=list(DEFAULT_SWEEPS),
+        help="sweeps to run: flash, flash_bwd (the backward), decode, linear [flash,decode,linear]")
+    add("--direction", choices=("forward", "backward", "both"), default="forward",
+        help="flash attention: time the forward (flash_forward), the backward (flash_backward vs the SDPA "
+             "backends' backward, FLOPs 2.5x the forward's; the sweep named flash_bwd) or both [forward]")
     add("--quick", action="store_true",
         help="smoke-test grid: flash N=1k,4k with D=128 H=32; decode Lk=4k,16k; linear N=1k,4k fp16; 10 reps")
     add("--seqlens", type=_list(parse_size), help="flash and linear sequence lengths [1k,2k,4k,8k,16k]")
@@ -172,6 +177,11 @@ def resolve_options(args: argparse.Namespace, simulator: bool) -> Options:
     unknown = [s for s in args.sweeps if s not in SWEEPS]
     if unknown:
         raise SystemExit(f"--sweeps: unknown {unknown}; choose from {','.join(SWEEPS)}")
+    sweeps = list(args.sweeps)
+    if "flash" in sweeps and args.direction != "forward":
+        sweeps += ["flash_bwd"]
+        if args.direction == "backward":
+            sweeps.remove("flash")
     configs = g["flash_configs"]
     if args.flash_configs:
         configs = args.flash_configs
@@ -189,7 +199,7 @@ def resolve_options(args: argparse.Namespace, simulator: bool) -> Options:
     tolerances = dict(DEFAULT_TOLERANCES, **args.tol)
     return Options(
         mode=mode,
-        sweeps=[s for s in SWEEPS if s in args.sweeps],
+        sweeps=[s for s in SWEEPS if s in sweeps],
         seqlens=pick("seqlens", "seqlens"),
         flash_configs=configs,
         flash_causal={"both": [False, True], "causal": [True], "noncausal": [False]}[args.causal],

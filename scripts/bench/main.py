@@ -50,7 +50,7 @@ def main(argv: list | None = None, *, extra_providers: dict | None = None) -> di
         "git_commit": git_commit(), "versions": versions(), "timer": env.timer, "options": asdict(opts),
         "copy_bandwidth_gbs": None, "unavailable_peers": unavailable,
         "providers": {s: {n: p.note for n, p in registry.get(s, {}).items()} for s in opts.sweeps},
-        "flops": "flash: 4*B*H*Lq*Lk*D, halved for causal",
+        "flops": "flash: 4*B*H*Lq*Lk*D, halved for causal; flash_bwd: 2.5 times that",
         "bytes": "decode: K and V read + q read + out written",
         "correctness": f"batch 0, heads first and last, last {opts.check_rows} query rows vs float64 reference",
     }

@@ -74,12 +74,22 @@ def _float32_only(case: Case, env: Env) -> str | None:
     return None if case.dtype == "float32" else "tf32 applies to float32 inputs only"
 
 
+def _backward_backends() -> tuple:
+    try:
+        from numba_attn.backward.dispatch import BACKENDS
+    except ImportError:
+        return ()
+    return BACKENDS
+
+
 def numba_attn_providers(sweep: str) -> dict:
     """``numba_attn`` (default dispatch), ``numba_attn[<backend>]`` for each backend the function offers, and
-    ``numba_attn[tf32]`` (float32 inputs in one tf32 term) where it offers ``allow_tf32``."""
-    fn = {"flash": numba_attn.flash_forward, "decode": numba_attn.flash_decode,
-          "linear": numba_attn.causal_dot_product}[sweep]
-    names = {"flash": getattr(numba_attn, "BACKENDS", ("simt", "mma")),
+    ``numba_attn[tf32]`` (float32 inputs in one tf32 term) where it offers ``allow_tf32``. The backward
+    (``flash_bwd``) times ``flash_backward`` on the ``out`` and ``lse`` of one ``flash_forward`` call made when the
+    provider is prepared (not timed), and returns ``dq`` for the check."""
+    fn = {"flash": numba_attn.flash_forward, "flash_bwd": numba_attn.flash_backward,
+          "decode": numba_attn.flash_decode, "linear": numba_attn.causal_dot_product}[sweep]
+    names = {"flash": getattr(numba_attn, "BACKENDS", ("simt", "mma")), "flash_bwd": _backward_backends(),
              "linear": getattr(numba_attn, "LINEAR_BACKENDS", ())}.get(sweep, ())
     variants = [(backend, {} if backend is None else {"backend": backend}) for backend in _backend_variants(fn, names)]
     if _takes(fn, "allow_tf32"):
@@ -90,6 +100,10 @@ def numba_attn_providers(sweep: str) -> dict:
         def prepare(case, x, env, kwargs=kwargs):
             if sweep == "flash":
                 return Prepared(lambda: fn(x["q"], x["k"], x["v"], causal=case.causal, **kwargs))
+            if sweep == "flash_bwd":
+                out, lse = numba_attn.flash_forward(x["q"], x["k"], x["v"], causal=case.causal, return_lse=True)
+                return Prepared(lambda: fn(x["dout"], x["q"], x["k"], x["v"], out, lse, causal=case.causal, **kwargs),
+                                post=lambda grads: grads[0])
             return Prepared(lambda: fn(x["q"], x["k"], x["v"], **kwargs))
 
         name = OURS if variant is None else f"{OURS}[{variant}]"

@@ -34,6 +34,7 @@ def add_comparisons(rows: list, copy_gbs: float | None):
 
 METRIC_TEXT = {
     "flash": "cell = median ms / TFLOP/s (FLOPs = 4*B*H*N*N*D, halved for causal)",
+    "flash_bwd": "backward: cell = median ms / TFLOP/s (FLOPs = 2.5 * 4*B*H*N*N*D, halved for causal); dq checked",
     "decode": "cell = median ms / GB/s (K, V, q read + out written) (% of device copy bandwidth); tables marked "
               "(CUDA graph replays): the same calls captured in a CUDA graph, ms per call",
     "linear": "cell = median ms",
@@ -53,7 +54,7 @@ def _cell(r: dict, prefix: str = "") -> str:
     ms = r[prefix + "ms"]
     if ms is None:
         return "-"
-    if r["sweep"] == "flash" and r["tflops"] is not None and not prefix:
+    if r["sweep"] in ("flash", "flash_bwd") and r["tflops"] is not None and not prefix:
         return f"{ms:.3f} / {short_num(r['tflops'])}"
     if r["sweep"] == "decode" and r[prefix + "gbs"] is not None:
         pct = f" ({r[prefix + 'pct_copy_bw']:.0f}%)" if r[prefix + "pct_copy_bw"] is not None else ""
@@ -208,7 +209,8 @@ def write_plot(path: str, rows: list, sweep: str, meta: dict) -> str | None:
         import matplotlib.pyplot as plt
     except Exception as exc:  # noqa: BLE001
         return f"no plot ({type(exc).__name__}: {exc})"
-    metric, ylabel = {"flash": ("tflops", "TFLOP/s"), "decode": ("gbs", "GB/s"), "linear": ("ms", "ms")}[sweep]
+    metric, ylabel = {"flash": ("tflops", "TFLOP/s"), "flash_bwd": ("tflops", "TFLOP/s"), "decode": ("gbs", "GB/s"),
+                      "linear": ("ms", "ms")}[sweep]
     sweep_rows = [r for r in rows if r["sweep"] == sweep]
     panels = list(dict.fromkeys((r["config"], r["dtype"]) for r in sweep_rows))
     if not panels:

@@ -181,15 +181,20 @@ def test_float64_is_refused():
         numba_attn.flash_backward(*(x.astype(np.float64) for x in _valid()[:5]), _valid()[5])
 
 
-def test_bfloat16_says_the_tensor_core_backward_is_missing():
+def test_bfloat16_takes_the_tensor_core_backward():
     from numba_attn.backward import dispatch
 
-    with pytest.raises(TypeError, match="tensor-core backward"):
-        dispatch.choose_backend("bfloat16", 64)
+    assert dispatch.choose_backend(None, "bfloat16", 64) == "mma"
+    with pytest.raises(ValueError, match="'simt' does not take bfloat16"):
+        dispatch.choose_backend("simt", "bfloat16", 64)
     torch = pytest.importorskip("torch")
-    arrays = [torch.from_numpy(x).to(torch.bfloat16) for x in _valid()[:5]]
-    with pytest.raises(TypeError, match="tensor-core backward"):
-        numba_attn.flash_backward(*arrays, torch.from_numpy(_valid()[5]))
+    dout, q, k, v, out, lse = _case(14, 1, 2, 1, 6, 5, 16, "float32", True, None)
+    arrays = [torch.from_numpy(x).to(torch.bfloat16) for x in (dout, q, k, v, out)]
+    grads = numba_attn.flash_backward(*arrays, torch.from_numpy(lse), causal=True)
+    assert all(g.dtype == torch.bfloat16 for g in grads)
+    exact = [x.double().numpy() for x in arrays[:4]]
+    for g, ref in zip(grads, reference.attention_backward(*exact, causal=True)):
+        assert rel_error(g.float().numpy(), ref) < TOLERANCE["bfloat16"]
 
 
 # -- realistic sizes, on a GPU only ---------------------------------------------------------------------------------

@@ -242,3 +242,15 @@ def test_graph_times_get_their_own_tables_and_ratios(bench):
     for r in rows:
         r["graph_ms"] = r["graph_gbs"] = None
     assert len(bench.report.pivot_tables(rows, "decode")) == 1
+
+
+def test_backward_direction(sweep, tmp_path):
+    """``--direction backward`` turns the flash sweep into ``flash_bwd``: flash_backward timed, dq checked against
+    the reference, FLOPs 2.5 times the forward's."""
+    args = ["--sweeps", "flash", "--direction", "backward", "--seqlens", "16", "--flash-configs", "16:1", "--batch",
+            "1", "--dtypes", "fp32", "--causal", "causal", "--reps", "1", "--warmup", "0", "--budget", "0.2",
+            "--no-plot", "--providers", "=numba_attn", "--out", str(tmp_path)]
+    rows = sweep.main(args)["rows"]
+    assert [(r["sweep"], r["provider"], r["status"]) for r in rows] == [("flash_bwd", "numba_attn", "ok")]
+    assert rows[0]["flops"] == 2.5 * 4 * 16 * 16 * 16 * 0.5
+    assert rows[0]["rel_err"] <= rows[0]["tol"]

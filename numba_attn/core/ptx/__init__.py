@@ -46,10 +46,11 @@ next product: ``(a0, a1, a2, a3) = (c0, c2, c1, c3)``, and the matching B regist
 One module per instruction family; every name is re-exported here, so kernels write ``ptx.mma_m16n8k16_f16(...)``:
 
 * ``mma``: ``mma.sync`` (m16n8k16 float16 / bfloat16, m16n8k8 tf32, the layouts above), ``to_tf32``.
-* ``ldmatrix``: ``ldmatrix.x4`` and ``.trans`` (shared memory straight into A / B fragments).
+* ``ldmatrix``: ``ldmatrix.x4`` and ``.trans`` (shared memory straight into A / B fragments; ``_short``: the
+  address in 32-bit arithmetic).
 * ``cp_async``: ``cp.async`` copies from global to shared memory, commit groups and their waits.
 * ``memory``: loads and stores without negative-index wraparound, vector widths and byte offsets (plain LLVM).
-* ``atomics``: ``atom.acq_rel.gpu.inc``.
+* ``atomics``: ``atom.acq_rel.gpu.inc``, ``red.global.add.f32`` (scalar and, sm_90, ``.v2``).
 * ``convert``: ``cvt`` packs of float32 pairs to float16 / bfloat16, 16-bit floats to float32, raw bit moves, and the
   host (NumPy) bfloat16 helpers.
 * ``warp``: ``shfl.sync.bfly``, ``vote.sync.all``, ``bar.warp.sync``.
@@ -68,11 +69,11 @@ tested without a GPU.
 """
 from __future__ import annotations
 
-from .atomics import atomic_inc_acq_rel
+from .atomics import atomic_inc_acq_rel, red_add_f32, red_add_f32x2
 from .convert import (bf16_bits_to_float32, bf16_to_float, bits_float, float32_to_bf16_bits, float_bits, half_to_float,
                       high_u16, interleave_high, interleave_low, low_u16, pack_bf16x2, pack_half2, pack_u16x2)
 from .cp_async import cp_async_16, cp_async_16_prefetch, cp_async_commit, cp_async_wait_all, cp_async_wait_group
-from .ldmatrix import ldmatrix_x4, ldmatrix_x4_trans
+from .ldmatrix import ldmatrix_x4, ldmatrix_x4_short, ldmatrix_x4_trans, ldmatrix_x4_trans_short
 from .memory import (load1, load2, load_f32_at, load_f32x2, load_f32x4, load_f32x4_1d, load_u16x2, load_u16x4,
                      load_u16x8, store1, store2, store_f32x2, store_f32x2_at, store_f32x4, store_pair, store_u32_at,
                      store_u32x4)
@@ -89,6 +90,8 @@ __all__ = [
     # ldmatrix
     "ldmatrix_x4",
     "ldmatrix_x4_trans",
+    "ldmatrix_x4_short",
+    "ldmatrix_x4_trans_short",
     # cp_async
     "cp_async_16",
     "cp_async_16_prefetch",
@@ -115,6 +118,8 @@ __all__ = [
     "load_f32_at",
     # atomics
     "atomic_inc_acq_rel",
+    "red_add_f32",
+    "red_add_f32x2",
     # convert
     "float32_to_bf16_bits",
     "bf16_bits_to_float32",

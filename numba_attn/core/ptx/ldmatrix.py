@@ -13,7 +13,7 @@ from ._asm import _I32, _is_1d, _is_int, _pointer1, _shared_address, simulated_b
 from ._sim import _sim_lane, _sim_warp_gather
 
 
-def _ldmatrix(trans):
+def _ldmatrix(trans, short=False):
     def typer(arr, i):
         if not (_is_1d(arr) and arr.dtype == types.uint16 and _is_int(i)):
             return None
@@ -22,8 +22,14 @@ def _ldmatrix(trans):
                 "{$0, $1, $2, $3}, [$4];")
 
         def codegen(context, builder, sig, args):
-            addr = _shared_address(builder, _pointer1(context, builder, sig.args[0], args[0], sig.args[1],
-                                                      args[1]))
+            if short:  # the array's 32-bit shared-window address plus 2 i, in 32-bit arithmetic
+                array = context.make_array(sig.args[0])(context, builder, value=args[0])
+                window = builder.addrspacecast(array.data, ir.PointerType(array.data.type.pointee, 3))
+                offset = builder.shl(context.cast(builder, args[1], sig.args[1], types.uint32), ir.Constant(_I32, 1))
+                addr = builder.add(builder.ptrtoint(window, _I32), offset)
+            else:
+                addr = _shared_address(builder, _pointer1(context, builder, sig.args[0], args[0], sig.args[1],
+                                                          args[1]))
             # side effects: never hoisted or merged across the barrier that publishes the tile
             asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I32]), text,
                                "=r,=r,=r,=r,r,~{memory}", side_effect=True)
@@ -77,3 +83,17 @@ def ldmatrix_x4_trans(typingctx, arr, i):
     ``l // 4``, rows ``2 (l % 4)`` (low) and ``+ 1``. With the rows = keys of a ``[key][d]`` V tile this is the B
     fragment of ``P V`` without a transposed copy of V."""
     return _ldmatrix(True)(arr, i)
+
+
+@simulated_by(_sim_ldmatrix_x4)
+def ldmatrix_x4_short(typingctx, arr, i):
+    """As ``ldmatrix_x4``, with the address computed in 32 bits (the array's shared-window address plus ``2 i``,
+    ``0 <= i < 2**31``): the many constant offsets of fully unrolled fragment loops then cost one register each
+    where they are hoisted, not two (the backward's key-block kernel spilled without it)."""
+    return _ldmatrix(False, short=True)(arr, i)
+
+
+@simulated_by(_sim_ldmatrix_x4_trans)
+def ldmatrix_x4_trans_short(typingctx, arr, i):
+    """As ``ldmatrix_x4_trans``, with the address computed in 32 bits (``ldmatrix_x4_short``)."""
+    return _ldmatrix(True, short=True)(arr, i)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["BACKENDS", "backend_context", "attention", "decode", "providers"]
+__all__ = ["BACKENDS", "backend_context", "attention", "backward_prepared", "decode", "providers"]
 
 #: provider suffix -> SDPBackend member name
 BACKENDS = {
@@ -68,11 +68,22 @@ def decode(q, k, v, sm_scale: float | None = None):
 # --------------------------------------------------------------------------------------------------------------------
 # The sweep's plug-in hook (bench/peers/__init__.py)
 # --------------------------------------------------------------------------------------------------------------------
+def backward_prepared(q, k, v, dout, causal: bool, name: str):
+    """``(fn, post)``: the backward of one SDPA forward recorded now (backend ``name`` forced while recording, which
+    is when SDPA picks it): ``fn()`` returns ``(dq, dk, dv)`` by ``torch.autograd.grad`` (nothing accumulates
+    into ``.grad``), ``post`` picks ``dq``. Inputs are detached aliases: the shared input tensors stay untouched."""
+    qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
+    with sdpa_kernel(getattr(SDPBackend, BACKENDS[name])):
+        out = attention(qq, kk, vv, causal)
+    return (lambda: torch.autograd.grad(out, (qq, kk, vv), dout, retain_graph=True)), (lambda grads: grads[0])
+
+
 def providers(opts) -> dict:
-    """``torch-sdpa-<backend>`` for flash and decode, one per forced backend (math: flash only, within the budget)."""
+    """``torch-sdpa-<backend>`` for flash, flash_bwd (the backward of a forward recorded when prepared) and decode,
+    one per forced backend (math: flash and flash_bwd only, within the budget)."""
     from ..providers import Prepared, Provider, all_checks, naive_check, torch_only  # the sweep's, not the wrappers'
 
-    flash, decode_ = {}, {}
+    flash, flash_bwd, decode_ = {}, {}, {}
     for backend in BACKENDS:
         context = backend_context(backend)
 
@@ -82,11 +93,17 @@ def providers(opts) -> dict:
         def prep_decode(case, x, env, context=context):
             return Prepared(lambda: decode(x["q"], x["k"], x["v"]), context=context)
 
+        def prep_backward(case, x, env, backend=backend):
+            fn, post = backward_prepared(x["q"], x["k"], x["v"], x["dout"], case.causal, backend)
+            return Prepared(fn, post=post)
+
         check = torch_only
         if backend == "math":
             check = all_checks(torch_only, naive_check(opts.naive_mem_bytes))
         flash[f"torch-sdpa-{backend}"] = Provider(prep_flash, check=check, note=f"SDPA, {backend} backend forced")
+        flash_bwd[f"torch-sdpa-{backend}"] = Provider(
+            prep_backward, check=check, note=f"SDPA backward ({backend} backend forced for the recorded forward)")
         if backend != "math":
             decode_[f"torch-sdpa-{backend}"] = Provider(
                 prep_decode, check=torch_only, note=f"SDPA, {backend} backend forced, GQA heads packed as rows")
-    return {"flash": flash, "decode": decode_}
+    return {"flash": flash, "flash_bwd": flash_bwd, "decode": decode_}

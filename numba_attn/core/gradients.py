@@ -1,0 +1,75 @@
+"""The backward's element-wise step on MMA C fragments: the attention weights ``P`` recomputed from the forward's
+lse, and ``dS = P (dP - D)``, shared by the tensor-core backward kernels.
+
+Fragments ``s[mt, nb, e]`` (scores) and ``dp[mt, nb, e]`` (``dO V^T``) as in ``softmax``: lane ``(g, t)`` has
+fragment rows ``g`` (e = 0, 1) and ``g + 8`` (e = 2, 3) of each 16-row m-tile and columns ``8 nb + 2t + e % 2``.
+Either the rows are keys and the columns query rows (``keys_on_rows``: the key-block kernel's ``S^T = K Q^T``, whose
+``P^T`` and ``dS^T`` feed ``dV += P^T dO`` and ``dK += dS^T Q`` from registers) or the other way round (the
+query-block kernel's ``S = Q K^T``, whose ``dS`` feeds ``dQ += dS K``).
+
+Each query row's statistics sit in shared memory as float32 pairs ``(lse log2(e), D)`` (``backward.preprocess``):
+``lse log2(e)`` is ``+inf`` for a row that sees no key (and for the padding rows past the sequence), so its ``P =
+exp2(s scale_log2 - lse log2(e))`` is 0 without a test. The scale may have either sign (it is applied inside the
+exponent, never to a running max). Masked elements (``mask.hidden``, tested only where ``needs_mask``) get ``P = 0``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import ptx
+from .mask import hidden
+from .staging import device_function
+
+_ZERO = np.float32(0.0)
+
+
+def probabilities_and_grads(m_tiles: int, blocks: int, keys_on_rows: bool):
+    """``step(s, dp, stats, stats_at, needs_mask, row0, col0, key_end, causal, diag_offset, scale_log2)``: ``s``
+    becomes ``P`` and ``dp`` becomes ``dS``, in place, for ``(m_tiles, blocks, 4)`` register arrays.
+
+    ``row0``: this lane's first fragment row (``g`` included), ``col0``: its first column (``2t`` included), both as
+    positions in their sequences. ``stats`` is the float32 view of shared memory; ``stats_at`` indexes this lane's
+    first pair: with ``keys_on_rows`` the pair of query column ``col0`` (read as ``(lse, D)`` of columns ``col0,
+    col0 + 1`` in one 16-byte load per n8 block, 16 floats apart), else the pair of row ``row0`` (8 floats per row:
+    ``+16`` for ``g + 8``, ``+32`` per m-tile)."""
+    M_TILES = m_tiles
+    BLOCKS = blocks
+    KEYS_ON_ROWS = keys_on_rows
+    exp2 = ptx.exp2_approx
+    load_pair = ptx.load_f32x2
+    load_two_pairs = ptx.load_f32x4_1d
+
+    @device_function
+    def element(x, dpx, lse2, delta, masked, scale_log2):
+        p = exp2(x * scale_log2 - lse2)
+        if masked:  # (a select: -inf scores would turn into +inf under a negative scale)
+            p = _ZERO
+        return p, p * (dpx - delta)
+
+    @device_function
+    def is_hidden(row, col, key_end, causal, diag_offset):
+        if KEYS_ON_ROWS:
+            return hidden(row, col, key_end, causal, diag_offset)
+        return hidden(col, row, key_end, causal, diag_offset)
+
+    def step(s, dp, stats, stats_at, needs_mask, row0, col0, key_end, causal, diag_offset, scale_log2):
+        lse_a = d_a = lse_b = d_b = _ZERO
+        for mt in range(M_TILES):
+            if not KEYS_ON_ROWS:  # query rows on rows: row g, then g + 8
+                lse_a, d_a = load_pair(stats, stats_at + 32 * mt)
+                lse_b, d_b = load_pair(stats, stats_at + 32 * mt + 16)
+            for nb in range(BLOCKS):
+                if KEYS_ON_ROWS:  # query rows on columns: columns 2t, 2t + 1 of the n8 block
+                    lse_a, d_a, lse_b, d_b = load_two_pairs(stats, stats_at + 16 * nb)
+                for e in range(4):
+                    row = row0 + 16 * mt + 8 * (e // 2)
+                    col = col0 + 8 * nb + e % 2
+                    masked = False
+                    if needs_mask:
+                        masked = is_hidden(row, col, key_end, causal, diag_offset)
+                    # the statistics of element e's query row: by column (e % 2) or by row (e // 2)
+                    first = (e % 2 == 0) if KEYS_ON_ROWS else (e < 2)
+                    s[mt, nb, e], dp[mt, nb, e] = element(s[mt, nb, e], dp[mt, nb, e], lse_a if first else lse_b,
+                                                          d_a if first else d_b, masked, scale_log2)
+
+    return device_function(step)

@@ -32,8 +32,8 @@ CASES = [
 ]
 
 
-#: dtypes whose gradients are checked too (those flash_backward takes)
-BACKWARD_DTYPES = ("float16", "float32")
+#: dtypes whose gradients are checked too
+BACKWARD_DTYPES = ("float16", "bfloat16", "float32")
 
 
 def _free_port() -> int:

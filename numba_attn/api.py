@@ -410,7 +410,7 @@ def _state_argument(name: str, x, state_shape: tuple) -> None:
 
 
 @_one_call_at_a_time_under_the_simulator
-def causal_dot_product_backward(dout, q, k, v, *, initial_state=None, dstate=None):
+def causal_dot_product_backward(dout, q, k, v, *, initial_state=None, dstate=None, allow_tf32=False, backend=None):
     """Gradients of :func:`causal_dot_product`'s output (and final state): ``reference.causal_dot_product_backward``.
 
     With ``S_i = S_0 + sum_{j <= i} k_j v_j^T`` and ``R_j = dstate + sum_{i >= j} q_i dout_i^T``: ``dq_i = S_i
@@ -419,20 +419,25 @@ def causal_dot_product_backward(dout, q, k, v, *, initial_state=None, dstate=Non
     Args:
         dout: the gradient of the loss with respect to the output, the output's shape ``(batch, heads, seqlen, M)``
             (v's) and q's dtype.
-        q, k, v, initial_state: as passed to :func:`causal_dot_product`: float16 or float32 (bfloat16: a TypeError,
-            the chunked backward is not there yet); E, M <= 256 may differ; ``initial_state`` float32
-            ``(batch, heads, E, M)`` (``(E, M)`` for 2-D inputs) or None.
+        q, k, v, initial_state: as passed to :func:`causal_dot_product`: float16, bfloat16 (torch tensors) or
+            float32; E, M <= 256 may differ; ``initial_state`` float32 ``(batch, heads, E, M)`` (``(E, M)`` for
+            2-D inputs) or None.
         dstate: the gradient of the returned final state, float32 of the state's shape, or None (the final state
             was not used).
+        allow_tf32, backend: as :func:`causal_dot_product` (extras beyond ``reference``'s signature):
+            ``"chunked"`` runs the forward's chunked tensor-core kernels three times on rearranged operands
+            (``linear/chunked_backward.py``: ``dq`` forward over the sequence, ``dk`` and ``dv`` from the last
+            row), ``"recurrent"`` three sequential walks on CUDA cores (``linear/recurrent_backward.py``; float16,
+            float32), None picks as the forward does. float32 is float32-accurate (3xTF32) unless ``allow_tf32``.
 
     Returns:
         ``(dq, dk, dv)`` in the inputs' dtype and kind with the shapes of q, k, v, and ``dinitial_state`` (float32,
-        the state's shape) as a fourth element when ``initial_state`` is given. Computed in float32 by three
-        sequential walks over the sequence (``linear/recurrent_backward.py``): one forward for ``dq``, two from the
-        last row for ``dv`` (and ``dinitial_state``) and ``dk``.
+        the state's shape) as a fourth element when ``initial_state`` is given. States and sums are float32.
 
     Every call takes the checked path (``runtime.replay`` does not record it) and it is not hooked into autograd.
     """
+    allow_tf32 = check_flag(allow_tf32, "allow_tf32")
+    backend = check_backend(backend, LINEAR_BACKENDS)
     shape = linear_shape(q, k, v)
     check_array("dout", dout)
     if tuple(dout.shape) != shape.out_shape():
@@ -444,14 +449,15 @@ def causal_dot_product_backward(dout, q, k, v, *, initial_state=None, dstate=Non
             _state_argument(name, x, state_shape)
             arrays[name] = x
     call = prepare(arrays, own_dtype={"initial_state": ("float32",), "dstate": ("float32",)})
-    _linear.check_backward_dtype(call.dtype)
+    stateful = initial_state is not None or dstate is not None
+    backend = _linear.choose_backend(backend, call.dtype, shape.seqlen, stateful, states_ok=True)
     with on_device(call.device_id):
         dq = call.output(tuple(q.shape), name="dq")
         dk = call.output(tuple(k.shape), name="dk")
         dv = call.output(tuple(v.shape), name="dv")
         dinit = None if initial_state is None else call.output(state_shape, "float32", name="dinitial_state")
         if shape.batch * shape.heads > 0 and (shape.seqlen > 0 or dinit is not None):
-            _linear.run_causal_dot_product_backward(call, dq, dk, dv, dinit)
+            _linear.run_causal_dot_product_backward(call, backend, dq, dk, dv, dinit, allow_tf32)
         grads = (call.result(dq), call.result(dk), call.result(dv))
         return grads if dinit is None else grads + (call.result(dinit),)
 

@@ -9,6 +9,7 @@
 | ``causal_dot_product``  | ``reference.causal_dot_product``  |
 | ``causal_dot_product_backward`` | ``reference.causal_dot_product_backward`` |
 | ``linear_attention``    | ``reference.linear_attention``    |
+| ``linear_attention_backward`` | ``reference.linear_attention_backward`` |
 
 Every function takes NumPy arrays, CuPy arrays, Numba device arrays or torch tensors and returns the same kind
 (see ``runtime.arrays``); device inputs are used in place and kernels run on the caller's current stream.
@@ -53,7 +54,7 @@ from .runtime.views import lift
 
 __all__ = [
     "flash_forward", "flash_backward", "flash_decode", "combine_lse", "causal_dot_product",
-    "causal_dot_product_backward", "linear_attention", "BACKENDS", "LINEAR_BACKENDS",
+    "causal_dot_product_backward", "linear_attention", "linear_attention_backward", "BACKENDS", "LINEAR_BACKENDS",
 ]
 
 
@@ -501,3 +502,42 @@ def _run_linear_attention(call, shape, causal: bool, eps: float, allow_tf32: boo
     if shape.seqlen > 0 and shape.batch * shape.heads > 0:
         _linear.run_linear_attention(call, backend, out, causal, eps, allow_tf32)
     return call.result(out)
+
+
+@_one_call_at_a_time_under_the_simulator
+def linear_attention_backward(dout, q, k, v, *, causal=False, eps=1e-6, allow_tf32=False, backend=None):
+    """Gradients ``(dq, dk, dv)`` of :func:`linear_attention`'s output: ``reference.linear_attention_backward``.
+
+    Args:
+        dout: the gradient of the loss with respect to the output, its shape ``(batch, heads, seqlen_q, M)`` and
+            q's dtype.
+        q, k, v, causal, eps: as passed to :func:`linear_attention` (``elu + 1`` feature map); float16, bfloat16
+            (torch tensors) or float32.
+        allow_tf32, backend: as :func:`linear_attention` (extras beyond ``reference``'s signature). The products run
+            in float32 on the kernels of the causal dot product's backward (``backend="chunked"``: tensor cores;
+            ``"recurrent"``: CUDA cores), as 3xTF32, or in one tf32 term for bfloat16 inputs or with
+            ``allow_tf32`` (``linear/layer_backward.py``).
+
+    Returns:
+        ``(dq, dk, dv)`` in the inputs' dtype and kind with the shapes of q, k, v. A row whose denominator is 0 (no
+        keys and ``eps = 0``) passes no gradient back, as in ``reference``.
+
+    Every call takes the checked path (``runtime.replay`` does not record it) and it is not hooked into autograd.
+    """
+    eps = check_eps(eps)
+    causal = check_flag(causal, "causal")
+    allow_tf32 = check_flag(allow_tf32, "allow_tf32")
+    backend = check_backend(backend, LINEAR_BACKENDS)
+    shape = linear_shape(q, k, v, same_length=causal)
+    check_array("dout", dout)
+    if tuple(dout.shape) != shape.out_shape():
+        raise ValueError(f"dout: expected the output's shape {shape.out_shape()}, got {tuple(dout.shape)}")
+    call = prepare({"q": q, "k": k, "v": v, "dout": dout})
+    backend = _linear.choose_backend(backend, call.dtype, max(shape.seqlen, shape.seqlen_k), False)
+    with on_device(call.device_id):
+        dq = call.output(tuple(q.shape), name="dq")
+        dk = call.output(tuple(k.shape), name="dk")
+        dv = call.output(tuple(v.shape), name="dv")
+        if shape.batch * shape.heads > 0 and max(shape.seqlen, shape.seqlen_k) > 0:
+            _linear.run_linear_attention_backward(call, backend, dq, dk, dv, causal, eps, allow_tf32)
+        return call.result(dq), call.result(dk), call.result(dv)

@@ -17,6 +17,7 @@ from ..runtime.device import SIMULATOR, compute_capability
 from ..runtime.views import lift
 from . import chunked_backward as _chunked_backward
 from . import launch as _chunked  # the chunked backend's entry
+from . import layer_backward as _layer_backward
 from . import recurrent as _recurrent
 from . import recurrent_backward as _recurrent_backward
 
@@ -85,3 +86,10 @@ def run_causal_dot_product_backward(call, backend: str, dq, dk, dv, dinitial_sta
     else:
         _recurrent_backward.launch_causal_dot_product_backward(*views, call.stream, **states, dinitial_state=dinit)
 
+
+def run_linear_attention_backward(call, backend: str, dq, dk, dv, causal: bool, eps: float, allow_tf32: bool) -> None:
+    """Launch the layer's backward of ``call``'s dout, q, k, v into ``dq``, ``dk``, ``dv``."""
+    views = [lift(call.inputs[name], 4) for name in ("dout", "q", "k", "v")] + [lift(x.view, 4) for x in (dq, dk, dv)]
+    _layer_backward.launch_linear_attention_backward(*views, call.stream, causal=causal, eps=eps,
+                                                     chunked=backend == "chunked", tf32=allow_tf32, dtype=call.dtype,
+                                                     scratch=call.scratch)

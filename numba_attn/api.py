@@ -344,7 +344,6 @@ def _run_combine(call, parts_shape: tuple, o_ndim: int):
     return call.result(out), call.result(lse)
 
 
-@_one_call_at_a_time_under_the_simulator
 def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow_tf32=False, backend=None):
     """``out_i = sum_{j <= i} (q_i . k_j) v_j  (+ q_i^T S_0)``, the causal numerator of linear attention
     ("Transformers are RNNs"); fla's ``chunk_linear_attn`` with ``scale=1, normalize=False``.
@@ -363,7 +362,29 @@ def causal_dot_product(q, k, v, *, initial_state=None, return_state=False, allow
 
     Returns:
         ``out`` ``(batch, heads, seqlen, M)`` in the inputs' dtype, or ``(out, final_state)``.
+
+    Torch tensors of which one requires grad, in grad mode, go through the ``numba_attn::causal_dot_product``
+    custom op (``torch_ops``): autograd records the call, its backward is :func:`causal_dot_product_backward` (with
+    this call's ``allow_tf32`` and ``backend``; ``final_state`` differentiable too), and ``torch.compile(fullgraph=
+    True)`` traces it without a graph break.
     """
+    if _wants_grad(q, k, v, initial_state):
+        from . import torch_ops  # (torch is imported by now: q is a tensor)
+
+        result = torch_ops.causal_dot_product_with_grad(q, k, v, initial_state, return_state, allow_tf32, backend)
+        if result is not None:
+            return result
+    return _causal_dot_product_served(q, k, v, initial_state, return_state, allow_tf32, backend)
+
+
+def _wants_grad(*arrays) -> bool:
+    """Torch tensors of which one requires grad (None entries ignored)."""
+    return type(arrays[0]).__module__.startswith("torch") and any(
+        getattr(x, "requires_grad", False) for x in arrays if x is not None)
+
+
+@_one_call_at_a_time_under_the_simulator
+def _causal_dot_product_served(q, k, v, initial_state, return_state, allow_tf32, backend):
     arrays = (q, k, v) if initial_state is None else (q, k, v, initial_state)
     return _served("causal_dot_product", arrays, (return_state, allow_tf32, backend),
                    lambda: _causal_dot_product(q, k, v, initial_state, return_state, allow_tf32, backend))
@@ -435,7 +456,8 @@ def causal_dot_product_backward(dout, q, k, v, *, initial_state=None, dstate=Non
         ``(dq, dk, dv)`` in the inputs' dtype and kind with the shapes of q, k, v, and ``dinitial_state`` (float32,
         the state's shape) as a fourth element when ``initial_state`` is given. States and sums are float32.
 
-    Every call takes the checked path (``runtime.replay`` does not record it) and it is not hooked into autograd.
+    Every call takes the checked path (``runtime.replay`` does not record it). :func:`causal_dot_product` with
+    torch tensors that require grad records it as its backward (``torch_ops``).
     """
     allow_tf32 = check_flag(allow_tf32, "allow_tf32")
     backend = check_backend(backend, LINEAR_BACKENDS)
@@ -463,7 +485,6 @@ def causal_dot_product_backward(dout, q, k, v, *, initial_state=None, dstate=Non
         return grads if dinit is None else grads + (call.result(dinit),)
 
 
-@_one_call_at_a_time_under_the_simulator
 def linear_attention(q, k, v, *, causal=False, eps=1e-6, allow_tf32=False, backend=None):
     """The linear-attention layer of "Transformers are RNNs" with the ``elu(x) + 1`` feature map ``phi``.
 
@@ -480,7 +501,22 @@ def linear_attention(q, k, v, *, causal=False, eps=1e-6, allow_tf32=False, backe
 
     Returns:
         ``(batch, heads, seqlen_q, M)`` in the inputs' dtype.
+
+    Torch tensors of which one requires grad, in grad mode, go through the ``numba_attn::linear_attention`` custom op
+    (``torch_ops``), with :func:`linear_attention_backward` as its backward; ``torch.compile(fullgraph=True)``
+    traces it without a graph break.
     """
+    if _wants_grad(q, k, v):
+        from . import torch_ops  # (torch is imported by now: q is a tensor)
+
+        result = torch_ops.linear_attention_with_grad(q, k, v, causal, eps, allow_tf32, backend)
+        if result is not None:
+            return result
+    return _linear_attention_served(q, k, v, causal, eps, allow_tf32, backend)
+
+
+@_one_call_at_a_time_under_the_simulator
+def _linear_attention_served(q, k, v, causal, eps, allow_tf32, backend):
     return _served("linear_attention", (q, k, v), (causal, eps, allow_tf32, backend),
                    lambda: _linear_attention(q, k, v, causal, eps, allow_tf32, backend))
 
@@ -522,7 +558,8 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, eps=1e-6, allow_tf
         ``(dq, dk, dv)`` in the inputs' dtype and kind with the shapes of q, k, v. A row whose denominator is 0 (no
         keys and ``eps = 0``) passes no gradient back, as in ``reference``.
 
-    Every call takes the checked path (``runtime.replay`` does not record it) and it is not hooked into autograd.
+    Every call takes the checked path; :func:`linear_attention` with torch tensors that require grad records it as
+    its backward (``torch_ops``).
     """
     eps = check_eps(eps)
     causal = check_flag(causal, "causal")

@@ -1,5 +1,5 @@
-"""Training through numba_attn from torch: ``flash_forward`` / ``flash_backward`` as ``torch.library`` custom ops
-linked by autograd.
+"""Training through numba_attn from torch: ``flash_forward``, ``causal_dot_product`` and ``linear_attention`` as
+``torch.library`` custom ops linked by autograd to their backward ops.
 
 The ops, registered once, when this module is first imported (on first use):
 
@@ -7,14 +7,25 @@ The ops, registered once, when this module is first imported (on first use):
   bool allow_tf32) -> (Tensor out, Tensor lse)``
 * ``numba_attn::flash_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal,
   float? sm_scale, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)``
+* ``numba_attn::causal_dot_product(Tensor q, Tensor k, Tensor v, Tensor? initial_state, bool return_state,
+  bool allow_tf32, str? backend) -> (Tensor out, Tensor final_state)`` (``final_state`` empty without
+  ``return_state``)
+* ``numba_attn::causal_dot_product_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor? initial_state,
+  Tensor? dstate, bool allow_tf32, str? backend) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dinitial_state)``
+  (``dinitial_state`` empty without ``initial_state``)
+* ``numba_attn::linear_attention(Tensor q, Tensor k, Tensor v, bool causal, float eps, bool allow_tf32,
+  str? backend) -> Tensor``
+* ``numba_attn::linear_attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, bool causal, float eps,
+  bool allow_tf32, str? backend) -> (Tensor dq, Tensor dk, Tensor dv)``
 
-each with a fake (meta) implementation, so that ``torch.compile`` traces them without running kernels, and the
-backward registered as the forward's autograd formula. ``numba_attn.flash_forward`` takes this path by itself for
-torch tensors when grad mode is on and one of q, k, v requires grad (``api.flash_forward``); a model calling it
-compiles with ``torch.compile(fullgraph=True)`` without a graph break. :func:`flash_attention` is the same as a
-plain differentiable function. The backward is ``flash_backward``'s default choice (``numba_attn/backward/``: tensor cores for
-float16 / bfloat16 on sm_80+, CUDA cores for float32); ``deterministic`` follows
-``torch.are_deterministic_algorithms_enabled()``.
+each with a fake (meta) implementation, so that ``torch.compile`` traces them without running kernels, and each
+backward registered as its forward's autograd formula. The public functions take this path by themselves for torch
+tensors when grad mode is on and one of their tensors requires grad (``api``); a model calling them compiles with
+``torch.compile(fullgraph=True)`` without a graph break. :func:`flash_attention` is the same as a plain
+differentiable function. ``flash_forward``'s backward is ``flash_backward``'s default choice
+(``numba_attn/backward/``: tensor cores for float16 / bfloat16 on sm_80+, CUDA cores for float32); ``deterministic``
+follows ``torch.are_deterministic_algorithms_enabled()``. The linear functions' backwards take every dtype of their
+forwards and the forward's ``allow_tf32`` and ``backend``.
 
 This module imports torch; ``import numba_attn`` does not import it.
 """
@@ -27,7 +38,8 @@ import torch
 
 from . import api as _api
 from .forward.dispatch import BACKENDS
-from .runtime.arguments import check_backend, check_flag, check_sm_scale
+from .linear.dispatch import BACKENDS as LINEAR_BACKENDS
+from .runtime.arguments import check_backend, check_eps, check_flag, check_sm_scale
 
 __all__ = ["flash_attention", "ops"]
 
@@ -35,13 +47,23 @@ _FORWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale,
                    "-> (Tensor out, Tensor lse)")
 _BACKWARD_SCHEMA = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
                     "float? sm_scale, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)")
+_CDP_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? initial_state, bool return_state, bool allow_tf32, "
+               "str? backend) -> (Tensor out, Tensor final_state)")
+_CDP_BACKWARD_SCHEMA = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor? initial_state, Tensor? dstate, "
+                        "bool allow_tf32, str? backend) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dinitial_state)")
+_LINEAR_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float eps, bool allow_tf32, str? backend) "
+                  "-> Tensor")
+_LINEAR_BACKWARD_SCHEMA = ("(Tensor dout, Tensor q, Tensor k, Tensor v, bool causal, float eps, bool allow_tf32, "
+                           "str? backend) -> (Tensor dq, Tensor dk, Tensor dv)")
 
 _LOCK = threading.Lock()
 _OPS = None
 
 
 def ops() -> SimpleNamespace:
-    """The registered ops: ``.flash_forward``, ``.flash_backward`` (``torch.ops.numba_attn.*``)."""
+    """The registered ops (``torch.ops.numba_attn.*``): ``.flash_forward``, ``.flash_backward``,
+    ``.causal_dot_product``, ``.causal_dot_product_backward``, ``.linear_attention``,
+    ``.linear_attention_backward``."""
     return _OPS
 
 
@@ -93,8 +115,105 @@ def _register() -> SimpleNamespace:
         return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None, None, None)
 
     flash_forward.register_autograd(backward, setup_context=setup_context)
-    return SimpleNamespace(flash_forward=torch.ops.numba_attn.flash_forward,
-                           flash_backward=torch.ops.numba_attn.flash_backward)
+    _register_linear()
+    names = ("flash_forward", "flash_backward", "causal_dot_product", "causal_dot_product_backward",
+             "linear_attention", "linear_attention_backward")
+    return SimpleNamespace(**{name: getattr(torch.ops.numba_attn, name) for name in names})
+
+
+def _empty_float32(like):
+    """The stand-in for an absent state output: an op returns a fixed number of tensors."""
+    return like.new_empty((0,), dtype=torch.float32)
+
+
+def _state_shape(q, v):
+    return tuple(q.shape[:-2]) + (q.shape[-1], v.shape[-1])
+
+
+def _register_linear() -> None:
+    """The linear functions' ops and their autograd formulas."""
+
+    @torch.library.custom_op("numba_attn::causal_dot_product", mutates_args=(), schema=_CDP_SCHEMA)
+    def causal_dot_product(q, k, v, initial_state, return_state, allow_tf32, backend):
+        result = _api.causal_dot_product(q.detach(), k.detach(), v.detach(),
+                                         initial_state=None if initial_state is None else initial_state.detach(),
+                                         return_state=return_state, allow_tf32=allow_tf32, backend=backend)
+        return result if return_state else (result, _empty_float32(q))
+
+    @causal_dot_product.register_fake
+    def _(q, k, v, initial_state, return_state, allow_tf32, backend):
+        _check_ranks(q, k, v)
+        final = q.new_empty(_state_shape(q, v), dtype=torch.float32) if return_state else _empty_float32(q)
+        return q.new_empty(v.shape), final
+
+    @torch.library.custom_op("numba_attn::causal_dot_product_backward", mutates_args=(),
+                             schema=_CDP_BACKWARD_SCHEMA)
+    def causal_dot_product_backward(dout, q, k, v, initial_state, dstate, allow_tf32, backend):
+        states = {name: None if x is None else x.detach()
+                  for name, x in (("initial_state", initial_state), ("dstate", dstate))}
+        grads = _api.causal_dot_product_backward(dout.detach(), q.detach(), k.detach(), v.detach(), **states,
+                                                 allow_tf32=allow_tf32, backend=backend)
+        return grads if initial_state is not None else grads + (_empty_float32(q),)
+
+    @causal_dot_product_backward.register_fake
+    def _(dout, q, k, v, initial_state, dstate, allow_tf32, backend):
+        _check_ranks(q, k, v)
+        dinit = q.new_empty(_state_shape(q, v), dtype=torch.float32) if initial_state is not None \
+            else _empty_float32(q)
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dinit
+
+    def cdp_setup_context(ctx, inputs, output):
+        q, k, v, initial_state, return_state, allow_tf32, backend = inputs
+        ctx.save_for_backward(q, k, v, initial_state)
+        ctx.return_state, ctx.allow_tf32, ctx.backend = return_state, allow_tf32, backend
+        if not return_state:
+            ctx.mark_non_differentiable(output[1])
+
+    def cdp_backward(ctx, dout, dfinal):
+        q, k, v, initial_state = ctx.saved_tensors
+        dstate = dfinal if ctx.return_state else None
+        dq, dk, dv, dinit = torch.ops.numba_attn.causal_dot_product_backward(
+            dout, q, k, v, initial_state, dstate, ctx.allow_tf32, ctx.backend)
+        need = ctx.needs_input_grad
+        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
+                dinit if need[3] else None, None, None, None)
+
+    causal_dot_product.register_autograd(cdp_backward, setup_context=cdp_setup_context)
+
+    @torch.library.custom_op("numba_attn::linear_attention", mutates_args=(), schema=_LINEAR_SCHEMA)
+    def linear_attention(q, k, v, causal, eps, allow_tf32, backend):
+        return _api.linear_attention(q.detach(), k.detach(), v.detach(), causal=causal, eps=eps,
+                                     allow_tf32=allow_tf32, backend=backend)
+
+    @linear_attention.register_fake
+    def _(q, k, v, causal, eps, allow_tf32, backend):
+        _check_ranks(q, k, v)
+        return q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+
+    @torch.library.custom_op("numba_attn::linear_attention_backward", mutates_args=(),
+                             schema=_LINEAR_BACKWARD_SCHEMA)
+    def linear_attention_backward(dout, q, k, v, causal, eps, allow_tf32, backend):
+        return _api.linear_attention_backward(dout.detach(), q.detach(), k.detach(), v.detach(), causal=causal,
+                                              eps=eps, allow_tf32=allow_tf32, backend=backend)
+
+    @linear_attention_backward.register_fake
+    def _(dout, q, k, v, causal, eps, allow_tf32, backend):
+        _check_ranks(q, k, v)
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    def linear_setup_context(ctx, inputs, output):
+        q, k, v, causal, eps, allow_tf32, backend = inputs
+        ctx.save_for_backward(q, k, v)
+        ctx.causal, ctx.eps, ctx.allow_tf32, ctx.backend = causal, eps, allow_tf32, backend
+
+    def linear_backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        dq, dk, dv = torch.ops.numba_attn.linear_attention_backward(dout, q, k, v, ctx.causal, ctx.eps,
+                                                                    ctx.allow_tf32, ctx.backend)
+        need = ctx.needs_input_grad
+        return dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None, None, None
+
+    linear_attention.register_autograd(linear_backward, setup_context=linear_setup_context)
 
 
 def _check_ranks(q, k, v) -> None:
@@ -122,6 +241,26 @@ def forward_with_grad(q, k, v, causal, sm_scale, return_lse, out, backend, allow
     sm_scale, backend = check_sm_scale(sm_scale), check_backend(backend, BACKENDS)
     result, lse = ops().flash_forward(q, k, v, causal, sm_scale, backend, check_flag(allow_tf32, "allow_tf32"))
     return (result, lse) if return_lse else result
+
+
+def causal_dot_product_with_grad(q, k, v, initial_state, return_state, allow_tf32, backend):
+    """``api.causal_dot_product`` for torch tensors of which one requires grad: through the custom op while grad mode
+    is on; None when it is off (the caller takes the plain path)."""
+    if not torch.is_grad_enabled():
+        return None
+    return_state = check_flag(return_state, "return_state")
+    out, final = ops().causal_dot_product(q, k, v, initial_state, return_state, check_flag(allow_tf32, "allow_tf32"),
+                                          check_backend(backend, LINEAR_BACKENDS))
+    return (out, final) if return_state else out
+
+
+def linear_attention_with_grad(q, k, v, causal, eps, allow_tf32, backend):
+    """``api.linear_attention`` for torch tensors of which one requires grad (as
+    :func:`causal_dot_product_with_grad`)."""
+    if not torch.is_grad_enabled():
+        return None
+    return ops().linear_attention(q, k, v, check_flag(causal, "causal"), check_eps(eps),
+                                  check_flag(allow_tf32, "allow_tf32"), check_backend(backend, LINEAR_BACKENDS))
 
 
 _register_once()

@@ -5,15 +5,19 @@ sequential walk of "Transformers are RNNs": float16, float32, any GPU). ``None``
 ``CHUNKED_MIN_SEQLEN`` rows on (always for bfloat16 or a state in / out); docs/benchmarks.md has the measurements
 behind the thresholds.
 
-``causal_dot_product_backward`` has one backend so far, the recurrent walk (``recurrent_backward``; float16,
-float32); the chunked tensor-core backward is not there yet.
+``causal_dot_product_backward`` has the same two backends: "chunked" (``chunked_backward``: the chunked forward
+kernels run three times on rearranged operands; float16, bfloat16, float32) and "recurrent" (``recurrent_backward``:
+three sequential walks; float16, float32), chosen as the forward's are (both take states in and out). The layer's
+backward (``layer_backward``) is built on them.
 """
 from __future__ import annotations
 
 from ..runtime.arrays import BFLOAT16
 from ..runtime.device import SIMULATOR, compute_capability
 from ..runtime.views import lift
+from . import chunked_backward as _chunked_backward
 from . import launch as _chunked  # the chunked backend's entry
+from . import layer_backward as _layer_backward
 from . import recurrent as _recurrent
 from . import recurrent_backward as _recurrent_backward
 
@@ -22,20 +26,22 @@ BACKENDS = ("chunked", "recurrent")
 CHUNKED_MIN_SEQLEN = {"float16": 1024, "bfloat16": 1, "float32": 2048}
 
 
-def choose_backend(backend, dtype: str, seqlen: int, stateful: bool) -> str:
+def choose_backend(backend, dtype: str, seqlen: int, stateful: bool, states_ok: bool = False) -> str:
+    """The backend of a call: ``backend`` checked, or None's choice. ``states_ok``: the recurrent kernels of this
+    function take states in and out (the backward's do, the forward's do not)."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
     chunked_ok = SIMULATOR or compute_capability() >= _chunked.MIN_COMPUTE_CAPABILITY
     if backend == "chunked" and not chunked_ok:
         raise ValueError(f"backend: 'chunked' needs a GPU of compute capability >= 8.0, got {compute_capability()}")
-    if backend == "recurrent" and stateful:
+    if backend == "recurrent" and stateful and not states_ok:
         raise ValueError("backend: 'recurrent' takes no initial_state / return_state; use 'chunked' or None")
     if backend == "recurrent" and dtype == BFLOAT16:
         raise ValueError("backend: 'recurrent' does not take bfloat16; use 'chunked' or None")
     if backend is None:
         wants_chunked = stateful or seqlen >= CHUNKED_MIN_SEQLEN[dtype]
         backend = "chunked" if chunked_ok and wants_chunked else "recurrent"
-    if backend == "recurrent" and not _recurrent.supports(dtype, stateful):
+    if backend == "recurrent" and not _recurrent.supports(dtype, stateful and not states_ok):
         raise TypeError("bfloat16 inputs and initial_state / return_state need a GPU of compute capability >= 8.0")
     return backend
 
@@ -67,20 +73,23 @@ def run_linear_attention(call, backend: str, out, causal: bool, eps: float, allo
         _recurrent.launch_linear_attention(*views, causal, eps, call.stream, scratch=call.scratch)
 
 
-def check_backward_dtype(dtype: str) -> None:
-    """``causal_dot_product_backward`` runs on the recurrent walk only: float16 and float32."""
-    if dtype == BFLOAT16:
-        raise TypeError("q: bfloat16 is not supported by causal_dot_product_backward yet: it needs the chunked "
-                        "tensor-core backward, which is not there yet (the recurrent backward takes float16 and "
-                        "float32)")
-
-
-def run_causal_dot_product_backward(call, dq, dk, dv, dinitial_state) -> None:
-    """Launch the recurrent backward of ``call``'s dout, q, k, v (and ``initial_state``, ``dstate``) into ``dq``,
-    ``dk``, ``dv`` (and ``dinitial_state``: an Output, or None)."""
+def run_causal_dot_product_backward(call, backend: str, dq, dk, dv, dinitial_state, allow_tf32: bool) -> None:
+    """Launch the backward of ``call``'s dout, q, k, v (and ``initial_state``, ``dstate``) into ``dq``, ``dk``,
+    ``dv`` (and ``dinitial_state``: an Output, or None)."""
     views = [lift(call.inputs[name], 4) for name in ("dout", "q", "k", "v")] + [lift(x.view, 4) for x in (dq, dk, dv)]
     states = {name: lift(call.inputs[name], 4) if name in call.inputs else None
               for name in ("initial_state", "dstate")}
-    _recurrent_backward.launch_causal_dot_product_backward(
-        *views, call.stream, **states,
-        dinitial_state=None if dinitial_state is None else lift(dinitial_state.view, 4))
+    dinit = None if dinitial_state is None else lift(dinitial_state.view, 4)
+    if backend == "chunked":
+        _chunked_backward.launch_causal_backward(*views, call.stream, **states, dinitial_state=dinit,
+                                                 tf32=allow_tf32, dtype=call.dtype, scratch=call.scratch)
+    else:
+        _recurrent_backward.launch_causal_dot_product_backward(*views, call.stream, **states, dinitial_state=dinit)
+
+
+def run_linear_attention_backward(call, backend: str, dq, dk, dv, causal: bool, eps: float, allow_tf32: bool) -> None:
+    """Launch the layer's backward of ``call``'s dout, q, k, v into ``dq``, ``dk``, ``dv``."""
+    views = [lift(call.inputs[name], 4) for name in ("dout", "q", "k", "v")] + [lift(x.view, 4) for x in (dq, dk, dv)]
+    _layer_backward.launch_linear_attention_backward(*views, call.stream, causal=causal, eps=eps,
+                                                     chunked=backend == "chunked", tf32=allow_tf32, dtype=call.dtype,
+                                                     scratch=call.scratch)

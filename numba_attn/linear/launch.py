@@ -53,12 +53,12 @@ def launch_causal(q, k, v, out, stream, *, initial_state=None, final_state=None,
 
 
 def launch_noncausal(q, k, v, out, eps, stream, *, tf32=False, dtype=None, segments=None,
-                     config: ChunkConfig | None = None, scratch=None):
-    """Non-causal linear attention with ``phi = elu + 1`` and the normaliser (``shared_state.launch_noncausal``);
-    k, v may have a seqlen different from q's."""
+                     config: ChunkConfig | None = None, scratch=None, layer: bool = True):
+    """Non-causal linear attention with ``phi = elu + 1`` and the normaliser (``shared_state.launch_noncausal``;
+    ``layer=False``: the plain product ``Q (K^T V)``); k, v may have a seqlen different from q's."""
     bh, seqlen_q, _, _, _ = sizes(q, v)
     if bh == 0 or seqlen_q == 0:
         return
     q, k, v, out, dtype = _inputs(q, k, v, out, dtype)
     shared_state.launch_noncausal(q, k, v, out, eps, stream, dtype=dtype, split=dtype == FLOAT32 and not tf32,
-                                  segments=segments, config=config, scratch=scratch)
+                                  segments=segments, config=config, scratch=scratch, layer=layer)

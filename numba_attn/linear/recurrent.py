@@ -365,10 +365,20 @@ def launch_linear_attention(
     Non-causal also accepts k, v with a seqlen different from q's.
     """
     config = config or default_config()
-    eps32 = float32(eps)
     if causal:
-        _walk(q, k, v, out, stream, True, eps32, m_splits, config)
+        _walk(q, k, v, out, stream, True, float32(eps), m_splits, config)
         return
+    launch_noncausal(q, k, v, out, eps, stream, m_splits=m_splits, seq_splits=seq_splits, config=config,
+                     scratch=scratch)
+
+
+def launch_noncausal(q, k, v, out, eps, stream, *, layer: bool = True, m_splits=None, seq_splits=None,
+                     config: LinearConfig | None = None, scratch=None):
+    """The non-causal layer (``layer``: phi, the normaliser, ``eps``) or the plain product ``out = Q (K^T V)``: a
+    REDUCE pass, the combine kernel, an APPLY pass (module docstring); arguments as :func:`launch_linear_attention`.
+    """
+    config = config or default_config()
+    eps32 = float32(eps)
     bh, seqlen_q, seqlen_k, e, m = sizes(q, v)
     if bh == 0 or seqlen_q == 0:
         return
@@ -378,21 +388,21 @@ def launch_linear_attention(
         isinstance(seq_splits, bool) or not isinstance(seq_splits, (int, np.integer)) or seq_splits < 1
     ):
         raise ValueError(f"seq_splits: expected an integer >= 1 or None, got {seq_splits!r}")
-    reduce_plan = plan(e, m, REDUCE, True, m_splits, config)
-    apply_plan = plan(e, m, APPLY, True, m_splits, config)
+    reduce_plan = plan(e, m, REDUCE, layer, m_splits, config)
+    apply_plan = plan(e, m, APPLY, layer, m_splits, config)
     sm_count = multiprocessor_count()
     seq_splits, reduce_rows = sequence_blocks(seqlen_k, bh * reduce_plan.m_splits, sm_count, config, seq_splits)
     apply_splits, apply_rows = sequence_blocks(seqlen_q, bh * apply_plan.m_splits, sm_count, config)
 
-    # partial KV | z per sequence block, float32; column m holds z
+    # partial KV | z per sequence block, float32; column m holds z (the layer's)
     part = scratch_state(scratch, (bh, seq_splits, e, m + 1), stream)
-    reduce_kernel = row_walk_kernel(reduce_plan.layout, REDUCE, True, True)
+    reduce_kernel = row_walk_kernel(reduce_plan.layout, REDUCE, layer, layer)
     device_launch(reduce_kernel, (bh, seq_splits, reduce_plan.m_splits), reduce_plan.layout.threads, stream, 0,
                   q, k, v, out, part, eps32, reduce_rows, q, q)
     if seq_splits > 1:
         threads = config.combine_threads
         blocks = min(cdiv(bh * e * (m + 1), threads), config.combine_blocks_per_sm * sm_count)
         device_launch(combine_kernel(threads), blocks, threads, stream, 0, part)
-    apply_kernel = row_walk_kernel(apply_plan.layout, APPLY, True, True)
+    apply_kernel = row_walk_kernel(apply_plan.layout, APPLY, layer, layer)
     device_launch(apply_kernel, (bh, apply_splits, apply_plan.m_splits), apply_plan.layout.threads, stream, 0,
                   q, k, v, out, part, eps32, apply_rows, q, q)

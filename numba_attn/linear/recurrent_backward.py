@@ -25,28 +25,25 @@ from __future__ import annotations
 
 from numba import float32
 
-from ..runtime.views import restride
+from ..runtime.views import swapped_last_axes as transposed
 from .recurrent import _walk
 from .recurrent_plan import LinearConfig, default_config
-
-
-def transposed(state):
-    """The ``(batch, heads, M, E)`` view of a ``(batch, heads, E, M)`` state view: its last two axes swapped."""
-    shape, strides = tuple(state.shape), tuple(state.strides)
-    return restride(state, shape[:2] + (shape[3], shape[2]), strides[:2] + (strides[3], strides[2]))
 
 
 def launch_causal_dot_product_backward(dout, q, k, v, dq, dk, dv, stream, *, initial_state=None, dstate=None,
                                        dinitial_state=None, m_splits=None, config: LinearConfig | None = None):
     """``dq, dk, dv`` (and ``dinitial_state``, when given) of the causal dot product on device views ``(batch, heads,
     seqlen, E | M)``, any strides; ``initial_state``, ``dstate``, ``dinitial_state``: float32 ``(batch, heads, E,
-    M)`` views or None (zeros in; not written). ``m_splits``: blocks per (batch, head) along each walk's state
-    columns (None: ``recurrent_plan.choose_m_splits``; E for the ``dq`` and ``dk`` walks, M for ``dv``)."""
+    M)`` views or None (zeros in; not written). ``dv`` None: no ``dv`` walk (and no ``dinitial_state``).
+    ``m_splits``: blocks per (batch, head) along each walk's state columns (None: ``recurrent_plan.choose_m_splits``;
+    E for the ``dq`` and ``dk`` walks, M for ``dv``)."""
     config = config or default_config()
     zero = float32(0.0)
     _walk(dout, v, k, dq, stream, False, zero, m_splits, config,
           init=None if initial_state is None else transposed(initial_state))
-    _walk(k, q, dout, dv, stream, False, zero, m_splits, config, reverse=True, init=dstate, final=dinitial_state)
+    if dv is not None:
+        _walk(k, q, dout, dv, stream, False, zero, m_splits, config, reverse=True, init=dstate,
+              final=dinitial_state)
     _walk(v, dout, q, dk, stream, False, zero, m_splits, config, reverse=True,
           init=None if dstate is None else transposed(dstate))
 

@@ -248,22 +248,23 @@ def launch_causal(q, k, v, out, stream, *, dtype: str, split: bool, initial_stat
 
 
 def launch_noncausal(q, k, v, out, eps, stream, *, dtype: str, split: bool, segments=None,
-                     config: ChunkConfig | None = None, scratch=None):
+                     config: ChunkConfig | None = None, scratch=None, layer: bool = True):
     """Non-causal linear attention with ``phi = elu + 1`` and the normaliser: ``out = phi(Q) H / (phi(Q) z + eps)``
-    with ``H = phi(K)^T V`` and ``z = sum phi(k_j)`` over all keys. k, v may have a seqlen different from q's."""
+    with ``H = phi(K)^T V`` and ``z = sum phi(k_j)`` over all keys. k, v may have a seqlen different from q's.
+    ``layer=False``: the plain product ``out = Q (K^T V)`` (no feature map, no normaliser, ``eps`` unused)."""
     config = config or default_config()
     bh, seqlen_q, seqlen_k, e, m = sizes(q, v)
     vector = vector_loads_ok(q, k, v, out)
     sm_count = multiprocessor_count()
-    tiles = tiles_for(config, e, m, True)
-    apply = chunk_kernel(tiles, APPLY, dtype, split, True, vector)
+    tiles = tiles_for(config, e, m, layer)
+    apply = chunk_kernel(tiles, APPLY, dtype, split, layer, vector)
     resident = resident_blocks(apply, 32 * tiles.warps, tiles.shared_bytes) if config.wave_plan else None
     p_keys = plan_segments(tiles, bh, seqlen_k, m, sm_count, config, segments, resident)
     p_rows = plan_segments(tiles, bh, seqlen_q, m, sm_count, config, None, resident)
     shape = (bh * p_keys.m_tiles * p_keys.segments, p_keys.tiles.e_pad, p_keys.tiles.cols)
     state = scratch_state(scratch, shape, stream)
     if seqlen_k > 0:
-        states = chunk_kernel(p_keys.tiles, STATES, dtype, split, True, vector)
+        states = chunk_kernel(p_keys.tiles, STATES, dtype, split, layer, vector)
         _launch_pass(states, p_keys, p_keys.segments, stream, q, k, v, out, state, unused4(state), False, False,
                      np.float32(0.0), p_keys.segment_chunks, p_keys.segments, p_keys.m_tiles)
     run_prefix(state, p_keys.segments, unused4(state), False, p_keys, seqlen_k > 0, False, stream, config)

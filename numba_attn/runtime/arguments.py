@@ -15,6 +15,10 @@ import numpy as np
 from ..core.constants import LOG2E
 
 
+#: the least float64 that rounds to inf in float32: ``2^128 - 2^103`` (float32's largest finite value plus half an ulp)
+FLOAT32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
+
+
 class ArgumentTypeError(TypeError, ValueError):
     """An argument of the wrong type (a flag that is not a bool, a number that is not a real number)."""
 
@@ -59,9 +63,9 @@ def check_eps(eps) -> float:
     value = check_real(eps, "eps")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
-    with np.errstate(over="ignore"):
-        if not np.isfinite(np.float32(value)):
-            raise ValueError(f"eps: {eps!r} is too large: the kernels add it in float32, where it overflows")
+    # plain float compares, no NumPy: torch.compile traces this check (``torch_ops``)
+    if value >= FLOAT32_OVERFLOW:
+        raise ValueError(f"eps: {eps!r} is too large: the kernels add it in float32, where it overflows")
     return value
 
 

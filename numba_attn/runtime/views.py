@@ -47,6 +47,28 @@ def restride(view: Any, shape: tuple, strides: tuple):
     return DeviceNDArray(shape=shape, strides=strides, dtype=view.dtype, stream=view.stream, gpu_data=view.gpu_data)
 
 
+def swapped_last_axes(view: Any):
+    """The view with its last two axes swapped (a ``(batch, heads, E, M)`` state read as ``(batch, heads, M, E)``);
+    no copy."""
+    shape, strides = tuple(view.shape), tuple(view.strides)
+    return restride(view, shape[:-2] + (shape[-1], shape[-2]), strides[:-2] + (strides[-1], strides[-2]))
+
+
+def reversed_axis(view: Any, axis: int):
+    """The view with axis ``axis`` in reverse order (a negative stride from its last element); no copy. The
+    backward of the causal dot product walks the sequence from its last row this way."""
+    if isinstance(view, np.ndarray):
+        index = [slice(None)] * view.ndim
+        index[axis] = slice(None, None, -1)
+        return view[tuple(index)]
+    view = DeviceView.of(view)
+    n, stride = view.shape[axis], view.strides[axis]
+    strides = list(view.strides)
+    strides[axis] = -stride
+    return DeviceView(view.ptr + (n - 1) * stride if n > 1 else view.ptr, view.shape, tuple(strides), view.dtype,
+                      view.owner)
+
+
 def carve(buffer: Any, shapes: list) -> list:
     """C-contiguous views of consecutive pieces of the flat ``buffer`` (a device view, a Numba device array or a
     simulator NumPy array), one per shape: several scratch arrays from one allocation."""

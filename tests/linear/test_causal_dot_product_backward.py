@@ -1,5 +1,6 @@
-"""numba_attn.causal_dot_product_backward (the recurrent walks, ``linear/recurrent_backward.py``) against
-reference.causal_dot_product_backward (float64).
+"""numba_attn.causal_dot_product_backward on the recurrent walks (``backend="recurrent"``,
+``linear/recurrent_backward.py``) against reference.causal_dot_product_backward (float64); the chunked backend's
+tests are in test_linear_backward.py.
 
 Tiny shapes run under the CUDA simulator (heads 2, seqlen 1..20, E, M 4..16, E != M; the simulator's 4 "SMs" make
 every walk split its state's columns over two blocks by default, and one test forces one and three); the `gpu` tests run realistic sizes on real hardware only. The error metric
@@ -17,6 +18,9 @@ import numba_attn
 import reference
 from kernel_checks import TOLERANCE, rel_error, to_host
 from numba_attn.linear import recurrent_backward as _rb
+
+#: the function under test, on the recurrent walks (``backend=None`` would take the chunked kernels for states)
+_backward = functools.partial(numba_attn.causal_dot_product_backward, backend="recurrent")
 
 
 def _case(seed, shape, e, m, dtype, with_initial_state, with_dstate):
@@ -60,7 +64,7 @@ CASES = [
 def test_equals_reference(seqlen, e, m, dtype, with_initial_state, with_dstate):
     arrays = _case(seqlen * 100 + e * 10 + m, (1, 2, seqlen), e, m, dtype, with_initial_state, with_dstate)
     dout, q, k, v, initial_state, dstate = arrays
-    grads = numba_attn.causal_dot_product_backward(dout, q, k, v, initial_state=initial_state, dstate=dstate)
+    grads = _backward(dout, q, k, v, initial_state=initial_state, dstate=dstate)
     _check(grads, *arrays, dtype)
 
 
@@ -72,8 +76,7 @@ def test_forced_column_split(m_splits):
     launch = _rb.launch_causal_dot_product_backward
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_rb, "launch_causal_dot_product_backward", functools.partial(launch, m_splits=m_splits))
-        grads = numba_attn.causal_dot_product_backward(arrays[0], *arrays[1:4], initial_state=arrays[4],
-                                                       dstate=arrays[5])
+        grads = _backward(arrays[0], *arrays[1:4], initial_state=arrays[4], dstate=arrays[5])
     _check(grads, *arrays, "float32")
 
 
@@ -87,14 +90,13 @@ def test_strided_inputs_and_states():
     views = [_strided(x) for x in arrays]
     assert not any(x.flags.c_contiguous for x in views)
     assert all(x.strides[-2] < 0 for x in views)
-    grads = numba_attn.causal_dot_product_backward(views[0], *views[1:4], initial_state=views[4], dstate=views[5])
+    grads = _backward(views[0], *views[1:4], initial_state=views[4], dstate=views[5])
     _check(grads, *arrays, "float16")
 
 
 def test_two_dimensional_inputs():
     arrays = _case(5, (6,), 4, 7, "float32", True, True)
-    grads = numba_attn.causal_dot_product_backward(arrays[0], *arrays[1:4], initial_state=arrays[4],
-                                                   dstate=arrays[5])
+    grads = _backward(arrays[0], *arrays[1:4], initial_state=arrays[4], dstate=arrays[5])
     assert [g.shape for g in grads] == [(6, 4), (6, 4), (6, 7), (4, 7)]
     _check(grads, *arrays, "float32")
 
@@ -103,8 +105,7 @@ def test_every_element_is_written(poisoned_outputs):
     """Outputs start as NaN: an element the kernels leave unwritten shows as NaN."""
     for with_dstate in (False, True):
         arrays = _case(6, (1, 2, 8), 5, 3, "float16", True, with_dstate)
-        grads = numba_attn.causal_dot_product_backward(arrays[0], *arrays[1:4], initial_state=arrays[4],
-                                                       dstate=arrays[5])
+        grads = _backward(arrays[0], *arrays[1:4], initial_state=arrays[4], dstate=arrays[5])
         _check(grads, *arrays, "float16")
 
 
@@ -112,8 +113,7 @@ def test_empty_sequence():
     """No rows: empty dq, dk, dv; dinitial_state is dstate (zeros without it)."""
     for with_dstate in (False, True):
         arrays = _case(7, (1, 2, 0), 4, 3, "float32", True, with_dstate)
-        grads = numba_attn.causal_dot_product_backward(arrays[0], *arrays[1:4], initial_state=arrays[4],
-                                                       dstate=arrays[5])
+        grads = _backward(arrays[0], *arrays[1:4], initial_state=arrays[4], dstate=arrays[5])
         assert [g.shape for g in grads[:3]] == [(1, 2, 0, 4), (1, 2, 0, 4), (1, 2, 0, 3)]
         expected = arrays[5] if with_dstate else np.zeros((1, 2, 4, 3), np.float32)
         np.testing.assert_array_equal(grads[3], expected)
@@ -123,8 +123,7 @@ def test_numba_device_arrays_come_back_as_numba_arrays():
     from numba import cuda
 
     arrays = _case(8, (1, 2, 5), 4, 4, "float32", True, False)
-    grads = numba_attn.causal_dot_product_backward(*(cuda.to_device(x) for x in arrays[:4]),
-                                                   initial_state=cuda.to_device(arrays[4]))
+    grads = _backward(*(cuda.to_device(x) for x in arrays[:4]), initial_state=cuda.to_device(arrays[4]))
     assert all(hasattr(g, "copy_to_host") for g in grads)
     _check(grads, *arrays, "float32")
 
@@ -147,7 +146,7 @@ def test_bad_arrays_are_named(index, bad, error, match):
     arrays = list(_valid())
     arrays[index] = bad
     with pytest.raises(error, match=match):
-        numba_attn.causal_dot_product_backward(*arrays)
+        _backward(*arrays)
 
 
 @pytest.mark.parametrize("name", ["initial_state", "dstate"])
@@ -159,27 +158,26 @@ def test_bad_arrays_are_named(index, bad, error, match):
 ])
 def test_bad_states_are_named(name, bad, error, match):
     with pytest.raises(error, match=f"{name}: {match}"):
-        numba_attn.causal_dot_product_backward(*_valid(), **{name: bad})
+        _backward(*_valid(), **{name: bad})
 
 
-def test_bfloat16_says_not_yet():
-    from numba_attn.linear import dispatch
-
-    with pytest.raises(TypeError, match="bfloat16 is not supported by causal_dot_product_backward yet"):
-        dispatch.check_backward_dtype("bfloat16")
+def test_bfloat16_takes_no_recurrent_walk():
     torch = pytest.importorskip("torch")
     arrays = [torch.from_numpy(x).to(torch.bfloat16) for x in _valid()]
-    with pytest.raises(TypeError, match="not supported by causal_dot_product_backward yet"):
-        numba_attn.causal_dot_product_backward(*arrays)
+    with pytest.raises(ValueError, match="backend: 'recurrent' does not take bfloat16"):
+        _backward(*arrays)
 
 
-def test_signature_is_the_references():
+def test_signature_extends_the_references():
+    """reference's parameters first, with its kinds and defaults; then the keyword-only extras of the forward."""
     import inspect
 
-    ours = inspect.signature(numba_attn.causal_dot_product_backward)
-    theirs = inspect.signature(reference.causal_dot_product_backward)
-    assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == \
-        [(p.name, p.kind, p.default) for p in theirs.parameters.values()]
+    ours = list(inspect.signature(numba_attn.causal_dot_product_backward).parameters.values())
+    theirs = list(inspect.signature(reference.causal_dot_product_backward).parameters.values())
+    assert [(p.name, p.kind, p.default) for p in ours[:len(theirs)]] == \
+        [(p.name, p.kind, p.default) for p in theirs]
+    assert [(p.name, p.kind, p.default) for p in ours[len(theirs):]] == \
+        [("allow_tf32", inspect.Parameter.KEYWORD_ONLY, False), ("backend", inspect.Parameter.KEYWORD_ONLY, None)]
 
 
 # -- realistic sizes, on a GPU only ----------------------------------------------------------------------------------
@@ -188,8 +186,7 @@ def test_signature_is_the_references():
 @pytest.mark.parametrize("with_states", [False, True])
 def test_gpu_realistic_sizes(dtype, with_states):
     arrays = _case(10, (4, 8, 1024), 64, 64, dtype, with_states, with_states)
-    grads = numba_attn.causal_dot_product_backward(arrays[0], *arrays[1:4], initial_state=arrays[4],
-                                                   dstate=arrays[5])
+    grads = _backward(arrays[0], *arrays[1:4], initial_state=arrays[4], dstate=arrays[5])
     _check(grads, *arrays, dtype)
 
 
@@ -198,7 +195,7 @@ def test_gpu_realistic_sizes(dtype, with_states):
 def test_gpu_wide_states_and_strides(e, m):
     arrays = _case(11, (2, 4, 300), e, m, "float16", True, True)
     views = [_strided(x) for x in arrays]
-    grads = numba_attn.causal_dot_product_backward(views[0], *views[1:4], initial_state=views[4], dstate=views[5])
+    grads = _backward(views[0], *views[1:4], initial_state=views[4], dstate=views[5])
     _check(grads, *arrays, "float16")
 
 
@@ -206,9 +203,8 @@ def test_gpu_wide_states_and_strides(e, m):
 def test_gpu_cupy_arrays_in_place():
     cupy = pytest.importorskip("cupy")
     arrays = _case(12, (2, 4, 500), 64, 32, "float32", True, True)
-    grads = numba_attn.causal_dot_product_backward(*(cupy.asarray(x) for x in arrays[:4]),
-                                                   initial_state=cupy.asarray(arrays[4]),
-                                                   dstate=cupy.asarray(arrays[5]))
+    grads = _backward(*(cupy.asarray(x) for x in arrays[:4]), initial_state=cupy.asarray(arrays[4]),
+                      dstate=cupy.asarray(arrays[5]))
     assert all(isinstance(g, cupy.ndarray) for g in grads)
     _check(grads, *arrays, "float32")
 

@@ -289,7 +289,9 @@ def test_non_arrays_raise_type_error_naming_the_argument(fn, position):
 PAIRS = [(numba_attn.flash_forward, reference.attention), (numba_attn.flash_decode, reference.attention),
          (numba_attn.combine_lse, reference.combine_lse),
          (numba_attn.causal_dot_product, reference.causal_dot_product),
-         (numba_attn.linear_attention, reference.linear_attention)]
+         (numba_attn.linear_attention, reference.linear_attention),
+         (numba_attn.causal_dot_product_backward, reference.causal_dot_product_backward),
+         (numba_attn.linear_attention_backward, reference.linear_attention_backward)]
 
 
 @pytest.mark.parametrize("fn, ref", PAIRS, ids=[fn.__name__ for fn, _ in PAIRS])

@@ -1,0 +1,291 @@
+"""Backward of the linear-attention layer (``reference.linear_attention_backward``: ``phi = elu + 1``, the
+normaliser, ``eps``) from the causal dot product's backward (or the non-causal products) and three small kernels.
+
+``out_i = n_i / z_i`` with the numerator ``n = prod(phi(Q), phi(K), V)`` (the causal product; non-causal
+``prod(A, B, C) = A (B^T C)``) and ``z_i - eps = phi(q_i) . sum_{j <= i} phi(k_j)``, which is the same product with
+a column of ones for V: ``z - eps = prod(phi(Q), phi(K), U)``, ``U = [1, 0, 0, 0]`` per row (four columns: whole
+16-byte pieces for the kernels' vector loads). The gradients of the loss with respect to the two products are::
+
+    dn_i = dout_i / z_i            dz_i = [-(dout_i . out_i) / z_i, 0, 0, 0]       (0 where z_i = 0: out is 0)
+
+so ``dphi(Q)`` and ``dphi(K)`` are the sums of two product backwards, ``(dn, phi(Q), phi(K), V)`` (which also gives
+``dV``) and ``(dz, phi(Q), phi(K), U)`` (its ``dU`` is not needed: no ``dv`` walk); then ``dq = dphi(Q) phi'(q)``
+and ``dk = dphi(K) phi'(k)`` with ``phi'(x) = 1`` for ``x > 0``, ``exp(x)`` otherwise. The non-causal backward of
+``A (B^T C)`` given ``G`` is three such products: ``dA = G (C^T B)``, ``dB = C (G^T A)``, ``dC = B (A^T G)``.
+
+Steps: ``prepare`` (phi(Q), phi(K), V and U in float32), the two products (recomputed: the forward keeps nothing),
+``rows`` (``n``, ``z`` -> ``dn``, ``dz`` in place, a warp per row), the backwards, ``finish`` (``dq``, ``dk``,
+``dv`` in the inputs' dtype). The intermediates are float32: ``z`` reaches ``seqlen * E`` scale and ``dout / z``
+falls below float16's normal range, so 16-bit intermediates would lose range; their products run on the float32
+path of the kernels as 3xTF32, or in one tf32 term for bfloat16 inputs or with ``allow_tf32``. Not one term for
+float16 inputs: the parts of ``dphi`` through the numerator and through the normaliser cancel to a fraction of
+either, and with the scores rounded to tf32 the gradients of float16 inputs came out at 1e-3 to 2e-3 relative error
+(simulator, seqlen 13), against 2e-4 with 3xTF32.
+
+The normaliser as a fifth column of V (one product, one backward) was the first version: its 65- and 68-wide
+operands took the float32 register walk to E' = 80 (spilling with 3xTF32) and to three 32-column M tiles.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numba import float32
+
+from ..core import ptx
+from ..core.staging import device_function
+from ..runtime.device import SIMULATOR, cuda, kernel_jit, multiprocessor_count
+from ..runtime.launch import launch as device_launch
+from . import chunked_backward, launch, recurrent, recurrent_backward
+from .arguments import BFLOAT16, FLOAT32, input_kind, sizes
+from .chunk_plan import cdiv
+
+#: columns of the ones block ``U`` and of the normaliser's product (whole 16-byte pieces of float32)
+UNIT_COLS = 4
+
+
+@dataclass(frozen=True)
+class LayerBackwardConfig:
+    """Launch shape of the three small kernels."""
+
+    threads: int = 256  # prepare / finish: threads per block (a grid-stride loop over elements)
+    blocks_per_sm: int = 8
+    row_threads: int = 32  # rows: threads per row (a power of two <= 32: a warp's shuffles sum their parts)
+    rows_per_block: int = 8
+
+    def __post_init__(self):
+        for name in ("threads", "blocks_per_sm", "row_threads", "rows_per_block"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LayerBackwardConfig.{name}: expected >= 1, got {getattr(self, name)}")
+        if self.row_threads > 32 or self.row_threads & (self.row_threads - 1):
+            raise ValueError(f"LayerBackwardConfig.row_threads: expected a power of two <= 32, got {self.row_threads}")
+        if self.row_threads * self.rows_per_block % 32 and self.row_threads > 1:
+            raise ValueError("LayerBackwardConfig: row_threads * rows_per_block must fill whole warps")
+
+
+GPU_CONFIG = LayerBackwardConfig()
+#: the simulator runs each thread as a Python thread: a thread per row needs no shuffles
+SIMULATOR_CONFIG = LayerBackwardConfig(threads=32, blocks_per_sm=1, row_threads=1, rows_per_block=32)
+
+
+def default_config() -> LayerBackwardConfig:
+    return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
+
+
+def _element_functions(dtype: str):
+    """``(read, write)``: an input element (float32, or the uint16 bits of 16-bit data) -> float32, and float32 ->
+    an output element of ``dtype`` (rounded to nearest)."""
+    F32 = dtype == FLOAT32
+    to_float = ptx.bf16_to_float if dtype == BFLOAT16 else ptx.half_to_float
+    pack = ptx.pack_bf16x2 if dtype == BFLOAT16 else ptx.pack_half2
+    low_u16 = ptx.low_u16
+
+    @device_function
+    def read(x):
+        if F32:
+            return float32(x)
+        return to_float(x)
+
+    @device_function
+    def write(x):
+        if F32:
+            return float32(x)
+        return low_u16(pack(x, float32(0.0)))
+
+    return read, write
+
+
+@device_function
+def _place(idx, shape_heads, rows, cols):
+    """Flat element ``idx`` of a ``(batch, heads, rows, cols)`` array -> (b, h, row, col)."""
+    col = idx % cols
+    r = idx // cols
+    row = r % rows
+    bh = r // rows
+    return bh // shape_heads, bh % shape_heads, row, col
+
+
+@lru_cache(maxsize=None)
+def prepare_kernel(dtype: str, threads: int):
+    """``(q, k, v, phi_q, phi_k, vf, ones)``: ``phi(q)``, ``phi(k)``, ``v`` and the rows ``[1, 0, 0, 0]`` in float32,
+    one grid-stride loop over the four outputs' elements."""
+    read, _ = _element_functions(dtype)
+
+    @device_function
+    def phi(x):
+        return x + float32(1.0) if x > float32(0.0) else float32(math.exp(x))
+
+    @kernel_jit(launch_bounds=(threads,))
+    def kernel(q, k, v, phi_q, phi_k, vf, ones):
+        heads = q.shape[1]
+        e_dim = q.shape[3]
+        n_q = phi_q.size
+        n_qk = n_q + phi_k.size
+        n_qkv = n_qk + vf.size
+        total = n_qkv + ones.size
+        for idx in range(cuda.grid(1), total, cuda.gridsize(1)):
+            if idx < n_q:
+                b, h, row, col = _place(idx, heads, q.shape[2], e_dim)
+                phi_q[b, h, row, col] = phi(read(q[b, h, row, col]))
+            elif idx < n_qk:
+                b, h, row, col = _place(idx - n_q, heads, k.shape[2], e_dim)
+                phi_k[b, h, row, col] = phi(read(k[b, h, row, col]))
+            elif idx < n_qkv:
+                b, h, row, col = _place(idx - n_qk, heads, v.shape[2], v.shape[3])
+                vf[b, h, row, col] = read(v[b, h, row, col])
+            else:
+                b, h, row, col = _place(idx - n_qkv, heads, v.shape[2], UNIT_COLS)
+                ones[b, h, row, col] = float32(1.0) if col == 0 else float32(0.0)
+
+    return kernel
+
+
+@lru_cache(maxsize=None)
+def rows_kernel(dtype: str, row_threads: int, rows_per_block: int):
+    """``(num, den, dout, eps)``: per row, ``num`` (``n``) becomes ``dn = dout / z`` and ``den`` (``z - eps`` in
+    column 0) becomes ``dz = [-(dout . out) / z, 0, 0, 0]``, in place (float32); ``row_threads`` threads per row,
+    their parts of ``dout . n`` summed by warp shuffles."""
+    read, _ = _element_functions(dtype)
+    TPR = row_threads
+    RPB = rows_per_block
+    shfl_xor = ptx.shfl_xor_f32
+    ZERO = float32(0.0)
+
+    @kernel_jit(launch_bounds=(TPR * RPB,))
+    def kernel(num, den, dout, eps):
+        tid = cuda.threadIdx.x
+        lane = tid % TPR
+        row = cuda.blockIdx.x * RPB + tid // TPR
+        heads = num.shape[1]
+        seqlen = num.shape[2]
+        m_dim = num.shape[3]
+        inside = row < num.shape[0] * heads * seqlen
+        b, h, i, _ = _place(row, heads, seqlen, 1)
+        dot = ZERO
+        z = ZERO
+        if inside:
+            z = den[b, h, i, 0] + eps  # the forward's order: eps after the dot product
+            for c in range(lane, m_dim, TPR):
+                dot += read(dout[b, h, i, c]) * num[b, h, i, c]
+        mask = 1
+        while mask < TPR:  # every lane takes part, those of rows past the end too
+            dot += shfl_xor(dot, mask)
+            mask *= 2
+        if inside:
+            inv = float32(1.0) / z if z != ZERO else ZERO  # no keys and eps = 0: out is 0, no gradient
+            for c in range(lane, m_dim, TPR):
+                num[b, h, i, c] = read(dout[b, h, i, c]) * inv
+            for c in range(lane, UNIT_COLS, TPR):
+                den[b, h, i, c] = -(dot * inv) * inv if c == 0 else ZERO  # -(dout . out) / z
+
+    return kernel
+
+
+@lru_cache(maxsize=None)
+def finish_kernel(dtype: str, threads: int):
+    """``(dphi_q, dphi_q_norm, q, dq, dphi_k, dphi_k_norm, k, dk, dvf, dv)``: ``dq = (dphi_q + dphi_q_norm)
+    phi'(q)``, ``dk`` the same, ``dv = dvf``, in the inputs' dtype."""
+    read, write = _element_functions(dtype)
+
+    @device_function
+    def derivative(x):
+        return float32(1.0) if x > float32(0.0) else float32(math.exp(x))
+
+    @kernel_jit(launch_bounds=(threads,))
+    def kernel(dphi_q, dphi_q_norm, q, dq, dphi_k, dphi_k_norm, k, dk, dvf, dv):
+        heads = q.shape[1]
+        e_dim = q.shape[3]
+        n_q = dq.size
+        n_qk = n_q + dk.size
+        total = n_qk + dv.size
+        for idx in range(cuda.grid(1), total, cuda.gridsize(1)):
+            if idx < n_q:
+                b, h, row, col = _place(idx, heads, q.shape[2], e_dim)
+                value = (dphi_q[b, h, row, col] + dphi_q_norm[b, h, row, col]) * derivative(read(q[b, h, row, col]))
+                dq[b, h, row, col] = write(value)
+            elif idx < n_qk:
+                b, h, row, col = _place(idx - n_q, heads, k.shape[2], e_dim)
+                value = (dphi_k[b, h, row, col] + dphi_k_norm[b, h, row, col]) * derivative(read(k[b, h, row, col]))
+                dk[b, h, row, col] = write(value)
+            else:
+                b, h, row, col = _place(idx - n_qk, heads, dv.shape[2], dv.shape[3])
+                dv[b, h, row, col] = write(dvf[b, h, row, col])
+
+    return kernel
+
+
+def _grid(total: int, threads: int, config: LayerBackwardConfig) -> int:
+    return max(1, min(cdiv(total, threads), config.blocks_per_sm * multiprocessor_count()))
+
+
+class _Products:
+    """The products of one backend on float32 device views (``tf32``: one tf32 term)."""
+
+    def __init__(self, chunked: bool, causal: bool, tf32: bool, stream, scratch):
+        self.chunked, self.causal, self.tf32, self.stream, self.scratch = chunked, causal, tf32, stream, scratch
+
+    def forward(self, a, b, c, out):
+        """``out = prod(a, b, c)``: the causal product, or ``a (b^T c)``."""
+        if self.causal and self.chunked:
+            launch.launch_causal(a, b, c, out, self.stream, tf32=self.tf32, scratch=self.scratch)
+        elif self.causal:
+            recurrent.launch_causal_dot_product(a, b, c, out, self.stream)
+        elif self.chunked:
+            launch.launch_noncausal(a, b, c, out, 0.0, self.stream, tf32=self.tf32, scratch=self.scratch, layer=False)
+        else:
+            recurrent.launch_noncausal(a, b, c, out, 0.0, self.stream, layer=False, scratch=self.scratch)
+
+    def backward(self, grad, a, b, c, da, db, dc):
+        """``da, db`` and ``dc`` (None: not computed) of ``prod(a, b, c)`` given ``grad``, its output's gradient."""
+        if not self.causal:
+            self.forward(grad, c, b, da)  # grad (c^T b)
+            self.forward(c, grad, a, db)  # c (grad^T a)
+            if dc is not None:
+                self.forward(b, a, grad, dc)  # b (a^T grad)
+        elif self.chunked:
+            chunked_backward.launch_causal_backward(grad, a, b, c, da, db, dc, self.stream, tf32=self.tf32,
+                                                    scratch=self.scratch)
+        else:
+            recurrent_backward.launch_causal_dot_product_backward(grad, a, b, c, da, db, dc, self.stream)
+
+
+def launch_linear_attention_backward(dout, q, k, v, dq, dk, dv, stream, *, causal: bool, eps: float, chunked: bool,
+                                     tf32: bool = False, dtype: str | None = None, scratch,
+                                     config: LayerBackwardConfig | None = None):
+    """``dq, dk, dv`` of the layer on device views ``(batch, heads, seqlen, E | M)`` (k, v of their own seqlen when
+    not causal), any strides; float16 / float32 arrays or uint16 bit views of ``dtype`` data. ``chunked``: the
+    tensor-core products, else the recurrent ones; ``tf32``: the products in one tf32 term (bfloat16 inputs always
+    are; module docstring); ``scratch(shape)``: a float32 device array (several are needed)."""
+    config = config or default_config()
+    q, dtype = input_kind(q, dtype)
+    k, v, dout, dq, dk, dv = (input_kind(x, dtype)[0] for x in (k, v, dout, dq, dk, dv))
+    bh, seqlen_q, seqlen_k, e, m = sizes(q, v)
+    if bh == 0:
+        return
+    batch, heads = q.shape[:2]
+    phi_q, dphi_q, dphi_q_norm = (scratch((batch, heads, seqlen_q, e)) for _ in range(3))
+    phi_k, dphi_k, dphi_k_norm = (scratch((batch, heads, seqlen_k, e)) for _ in range(3))
+    vf, dvf = (scratch((batch, heads, seqlen_k, m)) for _ in range(2))
+    ones = scratch((batch, heads, seqlen_k, UNIT_COLS))
+    num = scratch((batch, heads, seqlen_q, m))  # n, then dn
+    den = scratch((batch, heads, seqlen_q, UNIT_COLS))  # z - eps, then dz
+    threads = config.threads
+    total = phi_q.size + phi_k.size + vf.size + ones.size
+    device_launch(prepare_kernel(dtype, threads), _grid(total, threads, config), threads, stream, 0,
+                  q, k, v, phi_q, phi_k, vf, ones)
+
+    products = _Products(chunked, causal, tf32 or dtype == BFLOAT16, stream, scratch)
+    products.forward(phi_q, phi_k, vf, num)
+    products.forward(phi_q, phi_k, ones, den)
+    rows = bh * seqlen_q
+    if rows:
+        rows_per_block = config.rows_per_block
+        device_launch(rows_kernel(dtype, config.row_threads, rows_per_block), cdiv(rows, rows_per_block),
+                      config.row_threads * rows_per_block, stream, 0, num, den, dout, np.float32(eps))
+    products.backward(num, phi_q, phi_k, vf, dphi_q, dphi_k, dvf)
+    products.backward(den, phi_q, phi_k, ones, dphi_q_norm, dphi_k_norm, None)
+    total = dq.size + dk.size + dv.size
+    device_launch(finish_kernel(dtype, threads), _grid(total, threads, config), threads, stream, 0,
+                  dphi_q, dphi_q_norm, q, dq, dphi_k, dphi_k_norm, k, dk, dvf, dv)

@@ -16,7 +16,7 @@ fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/device.txt"
 python3 -m pytest -q -p no:cacheprovider tests/decode/test_decode_kvcache_gpu.py tests/decode/test_decode_cached.py \
-  tests/decode/test_decode_planned.py "tests/runtime/test_capture.py::test_first_call_inside_a_capture[flash_decode]" \
+  "tests/runtime/test_capture.py::test_first_call_inside_a_capture[flash_decode]" \
   2>&1 | grep -E "passed|failed|FAILED|ERROR|Error" | tail -15 | tee "$out/pytest.txt"
 python3 scripts/startup.py --only host --cases "decode,sdpa,flash_forward fp16" --calls 300 2>&1 | tee "$out/host.txt"
 python3 scripts/decode_kvcache_bench.py --quick 2>&1 | tee "$out/bench.txt"

@@ -220,23 +220,31 @@ def _forward_case(np, torch):
     return lambda: numba_attn.flash_forward(q, k, v, causal=True)
 
 
-def _measure(fn, calls: int) -> tuple[float, float]:
-    for _ in range(20):
-        fn()
-    best = float("inf")
-    rounds = 20  # best of many short rounds: this machine's other load comes and goes
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls // rounds):
+def _times(cases: dict, calls: int) -> dict:
+    """Microseconds per call of each case: the best of 50 rounds, the cases taking turns in every round (so that
+    the load of a shared machine, which comes and goes, falls on all of them alike)."""
+    for fn in cases.values():
+        for _ in range(20):
             fn()
-        best = min(best, (time.perf_counter() - start) / (calls // rounds) * 1e6)
+    best = dict.fromkeys(cases, float("inf"))
+    per_round = max(1, calls // 50)
+    for _ in range(50):
+        for name, fn in cases.items():
+            start = time.perf_counter()
+            for _ in range(per_round):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / per_round * 1e6)
+    return best
+
+
+def _profile(fn, calls: int):
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(calls):
         fn()
     profiler.disable()
     stats = pstats.Stats(profiler)
-    return best, stats.total_calls / calls, stats
+    return stats.total_calls / calls, stats
 
 
 def main() -> int:
@@ -254,10 +262,11 @@ def main() -> int:
         cases[name] = _decode_case(np, torch, *shape, splits, False)
     if "options" in inspect.signature(cached.find).parameters:
         cases["flash_decode paged, cache_seqlens"] = _decode_case(np, torch, 2, 32, 4, 4096, 128, None, True)
+    times = _times(cases, args.calls)
     print(f"{'case':40s} {'us/call (CPU, stubs)':>22s} {'Python calls/call':>18s}")
     for name, fn in cases.items():
-        us, calls, stats = _measure(fn, args.calls)
-        print(f"{name:40s} {us:22.1f} {calls:18.1f}", flush=True)
+        calls, stats = _profile(fn, min(args.calls, 1000))
+        print(f"{name:40s} {times[name]:22.1f} {calls:18.1f}", flush=True)
         if args.profile and name.startswith(args.profile):
             text = io.StringIO()
             stats.stream = text

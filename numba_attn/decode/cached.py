@@ -15,18 +15,23 @@ every shape, and their device ``cache_seqlens`` / ``block_table`` only move thei
 make no plan (their values are checked on every call).
 
 A call served by a plan does what ``runtime.replay`` does for the other functions: reads the arrays' layouts,
-allocates the output and the parts, fills the pointers into the launches' parameter lists (made once per cache
-length, ``_Launches``) and launches; the pool's counters are asked for at each call, because a call inside a
-CUDA-graph capture needs counters of its own (``decode.pool``).
+allocates the output, fills the pointers into the launches' parameter lists (made once per cache length,
+``_Launches``) and launches; the pool's counters are asked for at each call, because a call inside a CUDA-graph
+capture needs counters of its own (``decode.pool``). The parts of a plan that merges them in its one launch live in
+a buffer the plan keeps per stream (launches on one stream run one after the other, so they can share it, as they
+share the pool's counters); a plan of two launches (split, combine), and any call inside a capture, allocates its
+parts per call (two calls from two threads on one stream could interleave their launches).
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
 
 from ..runtime import arrays as _arrays
 from ..runtime import launch as _launch
+from ..runtime import views as _views
 from ..runtime.cache import BoundedCache
 from ..runtime.device import DeviceView, _driver_current_device
 from ..runtime.views import carve
@@ -48,15 +53,15 @@ def clear() -> None:
 
 def _part(layout, growing: bool) -> tuple:
     """What a key holds of an array's fast layout: dtype, device, shape, strides and the pointer's 16-byte
-    alignment (the kernels' vector loads need aligned rows, ``views.rows_in_pieces``). ``growing``: a KV cache whose
-    length axis (the second last) may change: its length is left out, and its stride only counts modulo 16 bytes
-    where it has more than one key (the stride of a single key is never used)."""
-    dtype, device, shape, strides, ptr, _ = layout
+    alignment. ``growing``: a KV cache whose length axis (the second last) may change from call to call, and with it
+    a contiguous cache's strides: its length and strides are left out, and only whether its rows can be read in
+    aligned 16-byte pieces (the kernels' vector loads, ``views.rows_in_pieces``) counts."""
+    dtype, device, shape, strides, ptr, storage = layout
     if not growing:
         return dtype, device, shape, strides, ptr % 16
     seq = len(shape) - 2
-    return (dtype, device, shape[:seq] + shape[seq + 1:], strides[:seq] + strides[seq + 1:],
-            strides[seq] % 16 if shape[seq] > 1 else 0, ptr % 16)
+    aligned = _views.layout_rows_in_pieces(shape, strides, ptr, storage.itemsize, 16 // storage.itemsize)
+    return dtype, device, shape[:seq] + shape[seq + 1:], aligned
 
 
 def find(q: Any, k: Any, v: Any, options: tuple, cache_seqlens=None, block_table=None):
@@ -169,6 +174,7 @@ class DecodePlan:
             self.capacity = kv_args[2]
         self._launches: dict = {}  # keys -> _Launches (a decoding loop asks for a few lengths; bounded below)
         self._entries = None  # the kernels' launchables, at the first planned call
+        self._parts: dict = {}  # (stream, thread) -> (buffer, pointer, floats): the parts of merged launches
 
     def _launches_for(self, keys: int) -> _Launches:
         launches = self._launches.get(keys)
@@ -204,11 +210,15 @@ class DecodePlan:
         stream = library.stream(device_id)
         pooled = launches.pooled
         counters = None
+        base = 0
         if pooled:  # (a capture without arena space gets None: counters of its own, in the scratch)
-            counters = _pool.POOL_COUNTERS.get(launch.pool_words, stream, device_id)
+            capturing = _launch.stream_capturing(stream)
+            counters = _pool.POOL_COUNTERS.get(launch.pool_words, stream, device_id, capturing)
+            if counters is not None and not capturing and launches.combine is None:
+                base = self._kept_parts(stream, launches.size)
         own = launch.pool_words if pooled and counters is None else 0
-        buffer = library.empty((launches.size + own,), "float32", device_id)
-        base = library.pointer(buffer)
+        if not base:
+            base = library.pointer(library.empty((launches.size + own,), "float32", device_id))
         q_at, k_at, v_at, o_at, l_at, c_at, out_at, lse_at, s_at, t_at = launches.slots
         values = launches.split.copy()
         values[q_at] = layouts[0][4]
@@ -245,6 +255,20 @@ class DecodePlan:
             values[o_at], values[l_at], values[out_at], values[lse_at] = o_parts, lse_parts, out_ptr, lse_ptr
             combine.launch(launch.combine_grid3, launch.combine_block3, 0, stream, values)
         return (out, lse) if lse is not None else out
+
+    def _kept_parts(self, stream: int, size: int) -> int:
+        """The pointer of ``size`` float32s kept for merged launches on ``stream`` (per thread on the per-thread
+        default stream, as ``decode.pool`` keys its counters); 0 where this plan keeps buffers for 16 streams
+        already (a program with a stream per request allocates per call)."""
+        key = (stream, threading.get_ident() if stream == _pool.PoolCounters.PER_THREAD_STREAM else 0)
+        kept = self._parts.get(key)
+        if kept is not None and kept[2] >= size:
+            return kept[1]
+        if kept is None and len(self._parts) >= 16:
+            return 0
+        buffer = self.library.empty((size,), "float32", self.device_id)
+        self._parts[key] = (buffer, self.library.pointer(buffer), size)
+        return self._parts[key][1]
 
     def _run_checked(self, layouts, capacity: int):
         """``run`` through ``DecodeLaunch`` itself (launches through Numba's dispatcher: ``FAST_LAUNCH`` off)."""

@@ -9,6 +9,10 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+import numba_attn  # noqa: E402
+
+# (on a GPU the planned path runs for real: tests/decode/test_decode_cached.py)
+pytestmark = pytest.mark.skipif(not numba_attn.SIMULATOR, reason="a CPU check of the planned path's parameters")
 
 from numba_attn.decode import cached, dispatch, kvcache, pool  # noqa: E402
 from numba_attn.decode import launch as decode_launch  # noqa: E402
@@ -148,6 +152,14 @@ def test_planned_call_launches_what_the_checked_path_launches(cpu_device, monkey
         assert planned_out.shape == q.shape and len(planned) == launches
         _compare(checked, planned, planned_out, checked_out)
     assert plan.run([arrays.fast_layout(x) for x in (q, k_buf[:, :, :10], v_buf[:, :, :11])]) is None
+    # a contiguous cache of another length has other strides: the same key, and the launch takes its strides
+    options = (False, None, num_splits, False)
+    k, v = k_buf[:, :, :seqlen - 5].contiguous(), v_buf[:, :, :seqlen - 5].contiguous()
+    key, _, layouts = cached.find(q, k, v, options)
+    assert key == cached.find(q, k_buf[:, :, :seqlen], v_buf[:, :, :seqlen], options)[0]
+    checked, planned, checked_out, planned_out = _calls(cpu_device, lambda: _checked(q, k, v, num_splits, None),
+                                                        lambda: plan.run(layouts))
+    _compare(checked, planned, planned_out, checked_out)
 
 
 def test_planned_paged_call_moves_only_the_pointers(cpu_device):

@@ -4,7 +4,7 @@
 |-------------------------|-----------------------------------|
 | ``flash_forward``       | ``reference.attention``           |
 | ``flash_backward``      | ``reference.flash_attention_v2_backward`` (``attention_backward``) |
-| ``flash_decode``        | ``reference.attention`` (via split-KV + ``combine_lse``) |
+| ``flash_decode``        | ``reference.attention_with_kvcache`` (``reference.attention`` without cache options) |
 | ``combine_lse``         | ``reference.combine_lse``         |
 | ``causal_dot_product``  | ``reference.causal_dot_product``  |
 | ``causal_dot_product_backward`` | ``reference.causal_dot_product_backward`` |
@@ -44,7 +44,7 @@ from .runtime import autotune as _autotune
 from .runtime import replay as _replay
 from .runtime import views as _views
 from .runtime.arguments import (check_backend, check_eps, check_flag, check_num_splits, check_sm_scale,
-                                check_window)
+                                check_softcap, check_window)
 from .runtime.arrays import prepare
 from .runtime.attention_args import AttentionArgs, BackwardArgs
 from .runtime.device import SIMULATOR, DeviceView, on_device
@@ -225,8 +225,10 @@ def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, dete
 
 
 @_one_call_at_a_time_under_the_simulator
-def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, return_lse=False):
-    """Attention for a few query rows against a long key/value sequence (the KV-cache case), split over keys.
+def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, window=None, softcap=None,
+                 causal=False, sm_scale=None, num_splits=None, return_lse=False):
+    """Attention for a few query rows against a long key/value sequence (the KV-cache case), split over keys:
+    ``reference.attention_with_kvcache`` (``reference.attention`` without the cache options).
 
     The keys are cut into ``num_splits`` contiguous ranges handled by separate thread blocks (flash-decoding), each
     producing a normalised partial output and its ``lse``; these merge with ``combine_lse`` weights, in a second
@@ -235,25 +237,52 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
     streams the cache (on the tensor-core path, ``decode_mma.plan_splits``: one wave of ranges and, where a row tile
     has several, a pool of its last keys that its blocks take tile by tile, so that faster SMs take more; otherwise,
     for long caches, short tail ranges behind the wave that go to the SMs that finish first); an integer asks for that
-    many equal ranges.
+    many equal ranges. The ranges depend on the cache's capacity (or a window's width), never on ``cache_seqlens``.
 
-    Args and returns as ``flash_forward`` (float16, float32, or bfloat16 torch tensors); ``q`` is typically
-    ``(batch, heads, 1..16, headdim)``.
+    Args:
+        q: ``(batch, heads, seqlen_q, headdim)`` (or ``(seqlen_q, headdim)`` without ``cache_seqlens`` and
+            ``block_table``), typically ``seqlen_q`` 1..16; float16, float32 or bfloat16 (torch tensors).
+        k_cache, v_cache: a dense cache ``(batch, kv_heads, capacity, headdim)`` (this package's layout, as
+            ``flash_forward``'s k and v; FlashAttention's ``(batch, capacity, kv_heads, headdim)`` is
+            ``k.transpose(1, 2)``), or with ``block_table`` a pool of pages ``(num_pages, page_size, kv_heads,
+            headdim)`` (FlashAttention's paged layout; any page size; rows 16-byte aligned read fastest).
+        cache_seqlens: the valid keys of each batch row, ``(batch,)`` int32: row ``b`` sees keys ``0 ..
+            cache_seqlens[b] - 1``, its queries the last ``seqlen_q`` positions of its sequence. A device array of
+            the inputs' library is read by the kernels when they run (no copy, no synchronisation; a captured CUDA
+            graph follows lengths that change between replays); its values must lie in ``[0, capacity]`` (not
+            checked). A host array (or an int for every row) is checked and copied each call. None: every row is
+            full (``capacity`` keys).
+        block_table: ``(batch, max_pages)`` int32 page indices (host arrays: any integer dtype): key ``p`` of row
+            ``b`` is row ``p % page_size`` of page ``block_table[b, p // page_size]``; a row's capacity is
+            ``max_pages * page_size``. The entries a row reads must lie in ``[0, num_pages)`` (checked for host
+            arrays; the rest are never read).
+        window, softcap: a sliding window ``(left, right)`` as ``flash_forward``'s, each row aligned at its own
+            length; soft-capping ``softcap * tanh(scores / softcap)`` (None or 0: none).
+        causal, sm_scale, return_lse: as ``flash_forward``'s (causal aligned bottom-right at each row's length).
+
+    Returns:
+        ``out`` (q's shape and dtype), or ``(out, lse)`` (``(batch, heads, seqlen_q)`` float32); rows that see no
+        key (``cache_seqlens[b] = 0``, an empty window) give 0 and ``lse = -inf``.
 
     Repeated calls with torch or CuPy arrays of one kind (library, dtype, device, shapes -- the cache length may
     change --, query strides, alignment, options) skip the argument checks after the first (``_decode_plan``). A
     decoding step can also be captured in a torch CUDA graph after one call outside the capture.
     """
     causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
-    sm_scale, num_splits = check_sm_scale(sm_scale), check_num_splits(num_splits)
-    key, plan, layouts = _decode_plan.find(q, k, v, causal, sm_scale, num_splits, return_lse)
+    options = (causal, check_sm_scale(sm_scale), check_num_splits(num_splits), return_lse)
+    cache = cache_seqlens is not None or block_table is not None or window is not None or softcap is not None
+    if cache:
+        options += (check_window(window), check_softcap(softcap))
+    key, plan, layouts = _decode_plan.find(q, k_cache, v_cache, options, cache_seqlens, block_table)
     if plan is not None:
-        with on_device(layouts[0][1]):  # (q's device)
-            result = plan.run(q, k, v, layouts)
+        result = plan.run(layouts)
         if result is not None:
             return result
-    return _attention(q, k, v, causal, sm_scale, return_lse, None, num_splits=num_splits, decode=True, backend=None,
-                      plan_key=key)
+    if cache:
+        return _decode.checked_with_cache(q, k_cache, v_cache, cache_seqlens, block_table, causal, options[1],
+                                          options[4], options[5], return_lse, options[2], _lse_placeholder, key)
+    return _attention(q, k_cache, v_cache, causal, options[1], return_lse, None, num_splits=options[2], decode=True,
+                      backend=None, plan_key=key)
 
 
 def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, backend, allow_tf32=False,

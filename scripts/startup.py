@@ -8,6 +8,7 @@
   the host's), beside torch SDPA's in the same process.
 
     python scripts/startup.py [--only import,first,host] [--library torch|cupy] [--calls 300] [--json FILE]
+                              [--cases decode,sdpa]   # host time of the cases whose names hold one of these
 
 Run on a GPU. Each fresh process inherits this one's environment apart from the cache directories.
 """
@@ -102,11 +103,17 @@ def _host_cases(lib: str):
 
         def mk(shape, dtype):
             return torch.as_tensor(rng.standard_normal(shape).astype(dtype), device="cuda")
+
+        def ints(values):
+            return torch.as_tensor(np.asarray(values, np.int32), device="cuda")
     else:
         import cupy
 
         def mk(shape, dtype):
             return cupy.asarray(rng.standard_normal(shape).astype(dtype))
+
+        def ints(values):
+            return cupy.asarray(np.asarray(values, np.int32))
 
     q16, k16, v16 = (mk((1, 2, 128, 64), "float16") for _ in range(3))
     q32, k32, v32 = (mk((1, 2, 128, 64), "float32") for _ in range(3))
@@ -114,10 +121,15 @@ def _host_cases(lib: str):
     kd, vd = (mk((1, 8, 1024, 128), "float16") for _ in range(2))
     ql, kl, vl = (mk((1, 2, 256, 64), "float16") for _ in range(3))
     o_parts, lse_parts = mk((4, 1, 8, 1, 128), "float32"), mk((4, 1, 8, 1), "float32")
+    # a paged cache of 1024 keys (64 pages of 16) with device cache_seqlens and block table, as a server keeps it
+    kp, vp = (mk((64, 16, 8, 128), "float16") for _ in range(2))
+    table, lengths = ints(np.arange(64).reshape(1, 64)), ints([1000])
     cases = {
         "flash_forward fp16 causal": lambda: numba_attn.flash_forward(q16, k16, v16, causal=True),
         "flash_forward fp32": lambda: numba_attn.flash_forward(q32, k32, v32),
         "flash_decode fp16": lambda: numba_attn.flash_decode(qd, kd, vd),
+        "flash_decode fp16 paged": lambda: numba_attn.flash_decode(qd, kp, vp, cache_seqlens=lengths,
+                                                                   block_table=table),
         "combine_lse": lambda: numba_attn.combine_lse(o_parts, lse_parts),
         "causal_dot_product fp16": lambda: numba_attn.causal_dot_product(ql, kl, vl),
         "linear_attention fp16": lambda: numba_attn.linear_attention(ql, kl, vl),
@@ -137,8 +149,10 @@ def _host_cases(lib: str):
     return cases
 
 
-def host_times(lib: str, calls: int) -> dict:
+def host_times(lib: str, calls: int, only: str | None = None) -> dict:
     cases = _host_cases(lib)
+    if only:
+        cases = {name: fn for name, fn in cases.items() if any(part in name for part in only.split(","))}
     if lib == "torch":
         import torch
 
@@ -170,13 +184,14 @@ def main():
     parser.add_argument("--library", default="torch", choices=("torch", "cupy"))
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--cases", default=None, help="host time: only the cases whose names hold one of these")
     args = parser.parse_args()
     parts = set(args.only.split(","))
     report = {"library": args.library}
     if "first" in parts:
         report["first_calls"] = first_calls(args.library)
     if "host" in parts:
-        report["host_us"] = host_times(args.library, args.calls)
+        report["host_us"] = host_times(args.library, args.calls, args.cases)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -5,9 +5,12 @@ device's limits, ``block_position`` reads it back on the device. ``key_tiles`` g
 rows walks (``mask.visible_end``: causal blocks stop at the diagonal), ``key_tile_range`` the same under a sliding
 window, where a block's keys also begin late (``mask.visible_start``); ``query_tiles_start`` the first query tile a
 block of keys meets (the backward's reverse walk, ``mask.first_row``). A sequence's keys are ``key_start ..
-key_end``: today ``0 .. seqlen_k`` for every batch entry, the place where per-sequence lengths would come in.
+key_end``: ``0 .. seqlen_k`` for every batch entry in the forward kernels; a KV cache's rows have lengths of their
+own (``cache_length``: ``cache_seqlens``, read at run time, or the cache's capacity).
 """
 from __future__ import annotations
+
+from numba import int64
 
 from ..runtime.device import SIMULATOR, cuda, device_properties
 from .mask import NO_WINDOW, first_row, visible_end, visible_end_in, visible_start
@@ -93,6 +96,26 @@ def sequence_bounds(q, k, b):
     seqlen_q = q.shape[2]
     seqlen_k = k.shape[2]
     return seqlen_q, 0, seqlen_k, seqlen_k - seqlen_q
+
+
+def cache_length(ragged: bool, paged: bool):
+    """``length(seqlens, table, k, b) -> seqlen_k``: the keys of batch row ``b`` of a KV cache. ``ragged``:
+    ``seqlens[b]`` (``cache_seqlens``, read when the kernel runs, so that a captured CUDA graph follows lengths that
+    grow); otherwise the capacity: ``k.shape[2]`` of a dense cache ``(batch, kv_heads, capacity, headdim)``, or
+    ``max_pages * page_size`` of a paged one (``k`` the pages as ``(num_pages, kv_heads, page_size, headdim)``,
+    ``table`` the ``(batch, max_pages)`` block table; ``core.paging``)."""
+    RAGGED = ragged
+    PAGED = paged
+
+    @device_function
+    def length(seqlens, table, k, b):
+        if RAGGED:
+            return int64(seqlens[b])
+        if PAGED:
+            return int64(table.shape[1]) * k.shape[2]
+        return int64(k.shape[2])
+
+    return length
 
 
 def key_tiles(block_m: int, block_n: int):

@@ -6,6 +6,10 @@ and ``g + 8`` (e = 2, 3), keys ``8 nb + 2t + e % 2``. A row's statistics live in
 ``row_sum``). Scores are in base 2; ``m`` is kept in the scores' units and multiplied by ``post`` (the exponent's
 scale, ``exponent_scale``) where it meets them. At the end a row's lse is ``(m post + log2 l) ln 2`` and a row
 that saw no key (``l = 0``) gives 0 and ``lse = -inf``.
+
+Soft-capped scores (``softcap = c``, ``reference._masks``: ``c tanh(sm_scale q.k / c)``) are ``tanh(pre q.k)`` in the
+scores' units with ``post = c log2(e)`` (``softcap_scales``): ``tanh`` is increasing and ``post > 0``, so the max
+commutes with ``post`` whatever the sign of ``sm_scale``.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import numpy as np
 from numba import float32
 
 from . import ptx
-from .constants import ACC_INIT, LN2
+from .constants import ACC_INIT, LN2, LOG2E
 from .mask import hidden
 from .staging import device_function
 
@@ -52,6 +56,12 @@ def softmax_start(m_tiles: int, o_blocks: int):
         clear(acc)
 
     return start
+
+
+def softcap_scales(sm_scale: float, softcap: float) -> tuple:
+    """``(pre, post)`` float32 of soft-capped scores: the capped score in base 2 is ``tanh(pre * q.k) * post``, with
+    ``pre = sm_scale / softcap`` and ``post = softcap * log2(e)`` (``softmax_step(softcap=True)``)."""
+    return np.float32(sm_scale / softcap), np.float32(softcap * LOG2E)
 
 
 @device_function
@@ -104,7 +114,7 @@ def _and_m_tile(before, step, mt: int):
     return device_function(then)
 
 
-def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output: bool):
+def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output: bool, softcap: bool = False):
     """``step(s, out, m_run, l_run, mt, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post)``:
     one key tile's online-softmax update of m-tile ``mt`` (base 2), for ``s_blocks`` n8 blocks of scores.
 
@@ -116,10 +126,14 @@ def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output
 
     ``rescale_output=True``: ``out`` is the ``(m_tiles, o_blocks, 4)`` accumulator, rescaled by ``alpha`` here --
     skipped when no row maximum of the warp moved (a warp vote; after the first tiles they rarely do).
-    ``rescale_output=False``: ``out`` receives ``alpha`` at ``[2 mt]``, ``[2 mt + 1]`` for the caller to apply."""
+    ``rescale_output=False``: ``out`` receives ``alpha`` at ``[2 mt]``, ``[2 mt + 1]`` for the caller to apply.
+
+    ``softcap=True``: the scores become ``tanh(s * scale_log2)`` before the mask, the caller passing ``pre`` as
+    ``scale_log2`` and ``post = softcap * log2(e)`` (``softcap_scales``); ``scale_first`` is then ignored."""
     S_BLOCKS = s_blocks
     O_BLOCKS = o_blocks
-    SCALE_FIRST = scale_first
+    SOFTCAP = softcap
+    SCALE_FIRST = scale_first and not softcap
     RESCALE = rescale_output
     NEG_INF = _NEG_INF
     ZERO = _ZERO
@@ -133,6 +147,8 @@ def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output
         for nb in range(S_BLOCKS):
             for e in range(4):
                 x = s[mt, nb, e]
+                if SOFTCAP:
+                    x = math.tanh(x * scale_log2)
                 if SCALE_FIRST:
                     x *= scale_log2
                 if needs_mask:

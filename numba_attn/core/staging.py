@@ -137,3 +137,51 @@ def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loa
     if vector_loads:
         return device_function(load_vector if ROWS else load_vector_any)
     return device_function(load_elements)
+
+
+def paged_tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loads: bool,
+                      l2_prefetch: bool = False):
+    """``load_tile(cache, table, b, kv_head, smem, base, tid, n0, seqlen, c0, head_dim)``: ``tile_loader``'s copy
+    from a paged KV cache (``core.paging``): tile row ``r`` is key ``n0 + r`` of batch row ``b``, in page
+    ``table[b, (n0 + r) // page_size]`` of ``cache`` ``(num_pages, kv_heads, page_size, headdim)``. Rows >=
+    ``seqlen`` become zeros without a look at the table (its entries past a row's keys may be anything). Each tile
+    row looks its page up once; ``vector_loads`` and ``l2_prefetch`` as in ``tile_loader`` (the launcher checks that
+    every row of the pool is 16-byte aligned)."""
+    from .paging import page_of  # (paging builds on this module's device_function)
+
+    ZERO = np.dtype(dtype).type(0)
+    PIECE = 16 // ZERO.itemsize
+    if width % PIECE:
+        raise ValueError(f"tile width {width} is not a multiple of {PIECE} elements (16 bytes)")
+    PIECES = width // PIECE
+    ROW = row
+    cp_async_16 = ptx.cp_async_16_prefetch if l2_prefetch else ptx.cp_async_16
+    load2 = ptx.load2
+    store1 = ptx.store1
+
+    def load_vector(cache, table, b, kv_head, smem, base, tid, n0, seqlen, c0, head_dim):
+        page_size = cache.shape[2]
+        head_offset = kv_head * cache.strides[1]
+        for idx in range(tid, rows * PIECES, threads):
+            r = idx // PIECES
+            col = PIECE * (idx - r * PIECES)
+            inside = n0 + r < seqlen and c0 + col < head_dim
+            offset = 0
+            if inside:
+                page, at = page_of(table, b, n0 + r, page_size)
+                offset = page * cache.strides[0] + head_offset + at * cache.strides[2] + (c0 + col) * cache.strides[3]
+            # outside: read nothing, fill zeros (from the pool's first element: a valid address)
+            cp_async_16(smem, base + r * ROW + col, cache, offset, 16 if inside else 0)
+
+    def load_elements(cache, table, b, kv_head, smem, base, tid, n0, seqlen, c0, head_dim):
+        page_size = cache.shape[2]
+        for idx in range(tid, rows * width, threads):
+            r = idx // width
+            col = idx - r * width
+            x = ZERO
+            if n0 + r < seqlen and c0 + col < head_dim:
+                page, at = page_of(table, b, n0 + r, page_size)
+                x = load2(cache[page, kv_head], at, c0 + col)
+            store1(smem, base + r * ROW + col, x)
+
+    return device_function(load_vector if vector_loads else load_elements)

@@ -30,6 +30,7 @@ from . import pool as _pool
 from .combine import LOG2E
 from .mma import FINISH_OUT, FINISH_OUT_LSE, FINISH_PARTS, DecodeMmaConfig, config_for, layout_for, padded_head_dim
 from .mma import split_kernel
+from .kvcache import KvCache
 from .plan import SplitPlan, plan_splits, uniform_plan
 
 
@@ -42,11 +43,11 @@ def _placeholders():
             DeviceView(0, (0, 0, 0), (0, 0, 0), np.float32, None))
 
 
-def grouped_views(q, out, lse, write_lse: bool, kv_heads: int, causal: bool):
+def grouped_views(q, out, lse, write_lse: bool, kv_heads: int, masked: bool):
     """``(q, out, lse)`` regrouped for ``DecodeLaunch`` (the query rows of a GQA group as one sequence, no copy), or
-    None where that cannot be done: rows that do not regroup without a copy, or a causal mask over several query
-    rows (it would see the regrouped row index, not the token's position)."""
-    if causal and q.shape[2] > 1:
+    None where that cannot be done: rows that do not regroup without a copy, or a mask (``masked``: causal or a
+    window) over several query rows (it would see the regrouped row index, not the token's position)."""
+    if masked and q.shape[2] > 1:
         return None
     q_rows, out_rows = grouped_heads(q, kv_heads), grouped_heads(out, kv_heads)
     lse_rows = grouped_heads(lse, kv_heads) if write_lse else lse
@@ -85,7 +86,7 @@ class DecodeLaunch:
 
     def __init__(self, q_rows, out_rows, write_lse: bool, sm_scale: float, num_splits: int | None, sm_count: int,
                  config: DecodeMmaConfig | None = None, dtype: str | None = None, vector_loads: bool = True,
-                 device_id: int | None = None):
+                 device_id: int | None = None, kv: KvCache | None = None):
         self.batch, self.kv_heads, self.rows, head_dim = q_rows.shape
         grid = (self.batch * self.kv_heads, -(-self.rows // 16), self.batch * self.kv_heads * self.rows)
         limits = (max_grid(0), max_grid(1), max_grid(0))
@@ -97,11 +98,20 @@ class DecodeLaunch:
         self.config = config = config or config_for(head_dim)
         dtype = dtype or ("float16" if np.dtype(q_rows.dtype) == np.float16 else "bfloat16")
         layout = layout_for(config, padded_head_dim(head_dim))
-        self.split_kernel = split_kernel(config, layout.d_pad, dtype == "bfloat16", vector_loads, not sm_scale > 0)
+        # KV-cache options (``decode.kvcache``): the kernel's, a window's left side (the plans cut the window's keys)
+        # and the scales of a softcap; calls pass their ``(cache_seqlens, block_table, capacity)``
+        self.kv = None if kv is None else kv.options
+        self.window_left = None if kv is None or not kv.options.has_left else kv.options.window[0]
+        scale_first = not sm_scale > 0 and (kv is None or kv.softcap is None)
+        self.split_kernel = split_kernel(config, layout.d_pad, dtype == "bfloat16", vector_loads, scale_first,
+                                         self.kv)
         self.shared_bytes = layout.shared_bytes
         self.combine_kernel, self.combine_block = _combine.combine_launch(head_dim, "float32",
                                                                           np.dtype(out_rows.dtype).name)
         self.scale_log2 = np.float32(sm_scale * LOG2E)
+        self.cap = None
+        if kv is not None:
+            self.scale_log2, self.cap = kv.scales(sm_scale)
         self.write_lse, self.num_splits, self.sm_count = bool(write_lse), num_splits, sm_count
         self.parts_shape = (self.batch, self.kv_heads, self.rows, head_dim)
         self.merged_parts_shape = (self.batch, self.kv_heads, self.rows, layout.d_pad)
@@ -110,6 +120,9 @@ class DecodeLaunch:
         self.pool_words = 2 * self.batch * self.kv_heads * -(-self.rows // 16)  # a pooled launch's counters
         self.device_id = device_id  # None: the current device, asked at every pooled launch
         self.combine_grid = self.batch * self.kv_heads * self.rows  # one block per query row
+        # (as 3-tuples, for the prepared launches of planned calls)
+        self.block, self.combine_grid3 = (config.threads, 1, 1), (self.combine_grid, 1, 1)
+        self.combine_block3 = self.combine_block + (1,)
         self._prepared = None  # the two kernels' launchables, made at the first call on a GPU
         # seqlen_k -> _Step: every layer of a decoding step asks for the same length
         self._steps = BoundedCache("decode launch steps")
@@ -118,6 +131,15 @@ class DecodeLaunch:
         """The key ranges for a cache of ``seqlen_k`` keys: ``plan_splits``, or the caller's ``num_splits`` equal
         ranges (at most one per tile)."""
         return self._step(seqlen_k).plan
+
+    def keys(self, k, kv_args) -> int:
+        """The keys a plan cuts: the cache's length, or with KV-cache options a row's capacity, or a window's width
+        where that is less (never the rows' lengths, which the kernel reads)."""
+        if kv_args is None:
+            return k.shape[2]
+        if self.window_left is None:
+            return kv_args[2]
+        return min(kv_args[2], self.window_left + 1)
 
     def _step(self, seqlen_k: int) -> _Step:
         step = self._steps.get(seqlen_k)
@@ -156,13 +178,14 @@ class DecodeLaunch:
         return plan.pooled and self.merges_in_kernel
 
     def launch_split(self, q_rows, k, v, o_parts, lse_parts, stream, plan: SplitPlan | None = None,
-                     counters=None, out_rows=None, lse_rows=None) -> None:
+                     counters=None, out_rows=None, lse_rows=None, kv_args=None) -> None:
         """The split kernel alone: ``o_parts (num_splits, batch, kv_heads, rows, headdim)`` and ``lse_parts``
         (the same without headdim), float32; ``plan`` None: ``num_splits`` equal ranges; ``counters`` None: those
         of ``self.counters`` for this stream. With ``out_rows`` (and ``lse_rows`` where this launch writes the lse)
-        a pooled plan is merged into them in the kernel; its ``o_parts`` must then be ``d_pad`` columns wide."""
+        a pooled plan is merged into them in the kernel; its ``o_parts`` must then be ``d_pad`` columns wide.
+        ``kv_args``: ``(cache_seqlens, block_table, capacity)`` of a launch with KV-cache options."""
         if plan is None:
-            plan = uniform_plan(k.shape[2], o_parts.shape[0], self.config.block_n)
+            plan = uniform_plan(self.keys(k, kv_args), o_parts.shape[0], self.config.block_n)
         if plan.num_splits != o_parts.shape[0]:
             raise ValueError(f"o_parts: {o_parts.shape[0]} parts for a plan of {plan.num_splits} ranges")
         if plan.pooled and not self.config.key_pool:
@@ -183,22 +206,26 @@ class DecodeLaunch:
             counters = self.counters(plan, 0 if SIMULATOR else _launch.stream_handle(stream))
             if counters is None:
                 raise RuntimeError("no pool counters inside this capture: launch through the DecodeLaunch itself")
+        extra = () if self.kv is None else (_combine.kernel_arg(kv_args[0]), _combine.kernel_arg(kv_args[1]),
+                                            self.cap)
         try:
             device_launch(self.split_kernel, self.split_grid(plan), self.config.threads, stream, self.shared_bytes,
                           _bits(q_rows, "q"), _bits(k, "k"), _bits(v, "v"), o_parts, lse_parts, self.scale_log2,
-                          *plan.params, counters, _bits(out_rows, "out"), lse_rows, finish)
+                          *plan.params, counters, _bits(out_rows, "out"), lse_rows, finish, *extra)
         except BaseException:
             if plan.pooled:
                 _pool.POOL_COUNTERS.reset(counters, self.pool_words, 0 if SIMULATOR else _launch.stream_handle(stream))
             raise
 
-    def __call__(self, q_rows, k, v, out_rows, lse_rows, stream, scratch, plan: SplitPlan | None = None) -> None:
+    def __call__(self, q_rows, k, v, out_rows, lse_rows, stream, scratch, plan: SplitPlan | None = None,
+                 kv_args=None) -> None:
         """Attention of ``q_rows`` over the cache into ``out_rows`` (and ``lse_rows`` with ``write_lse``); ``plan``
-        None: ``self.plan`` for the cache length."""
+        None: ``self.plan`` for the cache length (``keys``). ``kv_args``: ``(cache_seqlens, block_table,
+        capacity)`` of a launch with KV-cache options."""
         batch, kv_heads, rows, _ = self.parts_shape
         if batch * kv_heads == 0 or rows == 0:
             return
-        step = self._step(k.shape[2]) if plan is None else _Step(self, plan)
+        step = self._step(self.keys(k, kv_args)) if plan is None else _Step(self, plan)
         plan = step.plan
         handle = 0 if SIMULATOR else _launch.stream_handle(stream)
         counters = self.counters(plan, handle)
@@ -209,18 +236,19 @@ class DecodeLaunch:
             counters = DeviceView(DeviceView.of(buffer).ptr + 4 * step.size, (own,), (4,), np.uint32, None)
             _launch.zero_words_async(counters.ptr, own, handle)
         if not SIMULATOR and _launch.FAST_LAUNCH:
-            self._launch_prepared(q_rows, k, v, out_rows, lse_rows, handle, buffer, step, counters)
+            self._launch_prepared(q_rows, k, v, out_rows, lse_rows, handle, buffer, step, counters, kv_args)
             return
         o_parts, lse_parts = carve(buffer, [step.parts_shape, step.parts_shape[:-1]])
         if step.merges:
             self.launch_split(q_rows, k, v, o_parts, lse_parts, stream, plan, counters, out_rows,
-                              lse_rows if self.write_lse else None)
+                              lse_rows if self.write_lse else None, kv_args)
             return
-        self.launch_split(q_rows, k, v, o_parts, lse_parts, stream, plan, counters)
+        self.launch_split(q_rows, k, v, o_parts, lse_parts, stream, plan, counters, kv_args=kv_args)
         device_launch(self.combine_kernel, self.combine_grid, self.combine_block, stream, 0,
                       *(_combine.kernel_arg(x) for x in (o_parts, lse_parts, out_rows, lse_rows)), self.write_lse)
 
-    def _launch_prepared(self, q_rows, k, v, out_rows, lse_rows, handle, buffer, step: _Step, counters) -> None:
+    def _launch_prepared(self, q_rows, k, v, out_rows, lse_rows, handle, buffer, step: _Step, counters,
+                         kv_args=None) -> None:
         """The launches with parameters packed straight from the views (``_launch.prepared``): the shapes and
         dtypes were settled when this kind of call was planned, so nothing is checked again."""
         if self._prepared is None:
@@ -231,11 +259,13 @@ class DecodeLaunch:
         o_params, lse_params = (p[:4] + (base + p[4],) + p[5:] for p in step.parts_params)
         view = DeviceView.of  # (returns a DeviceView itself: the plan's views cost nothing here)
         out_params, lse_rows_params = view(out_rows).params, view(lse_rows).params
+        kv_params = () if kv_args is None else view(kv_args[0]).params + view(kv_args[1]).params + (self.cap,)
         try:
             split_entry.launch(step.grid, (self.config.threads, 1, 1),
                                self.shared_bytes, handle, view(q_rows).params + view(k).params + view(v).params
                                + o_params + lse_params + (self.scale_log2,) + plan.params + counters.params
-                               + out_params + lse_rows_params + (self.finish if merges else FINISH_PARTS,))
+                               + out_params + lse_rows_params + (self.finish if merges else FINISH_PARTS,)
+                               + kv_params)
         except BaseException:
             if plan.pooled:
                 _pool.POOL_COUNTERS.reset(counters, self.pool_words, handle)

@@ -25,7 +25,9 @@ elements: the 8 row addresses of an ``ldmatrix`` fall in 8 different bank groups
 
 No mask but the end of the keys: one query row sees every key under the bottom-right causal mask, and several rows
 come here only without one (``decode.launch.grouped_views``). Rows that see no key (an empty split) give 0 and
-``lse = -inf``.
+``lse = -inf``. KV-cache options (``decode.kvcache``; ``_kernel_source``): per-row lengths, pages
+(``staging.paged_tile_loader``), a window's left side (the one query position's), soft-capped scores
+(``softmax_step(softcap=True)``).
 """
 from __future__ import annotations
 
@@ -42,7 +44,10 @@ from .combine import LN2
 from ..core import ptx
 from ..core.softmax import softmax_step
 from ..forward import common
-from ..core.staging import device_function, tile_loader
+from ..core.block_info import cache_length
+from ..core.mask import visible_start
+from ..core.staging import device_function, inlined_function, paged_tile_loader, tile_loader
+from .kvcache import KvOptions
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,8 @@ WIDE_CONFIG = DecodeMmaConfig(warps=2, block_n=32)
 SIMULATOR_CONFIG = DecodeMmaConfig(warps=2, block_n=32)
 #: mma.sync.m16n8k16 with f16 / bf16 operands and cvt.rn.bf16x2 need sm_80 or newer
 MIN_COMPUTE_CAPABILITY = (8, 0)
+#: ``pool_first`` of a plan without a pool (``decode.plan.SplitPlan``)
+NO_POOL = 1 << 62
 
 
 def config_for(head_dim: int) -> DecodeMmaConfig:
@@ -172,11 +179,25 @@ SIGNATURE = types.void(_U16_4D, _U16_4D, _U16_4D, _F32_5D, _F32_4D, types.float3
 #: the kernel's ``finish``: parts only (the combine kernel or the caller merges them), or, for a pooled plan, the
 #: output merged in the kernel, with or without its lse
 FINISH_PARTS, FINISH_OUT, FINISH_OUT_LSE = 0, 1, 2
+#: KV-cache options (``decode.kvcache``) add ``cache_seqlens`` ``(batch,)``, the block table ``(batch, max_pages)``
+#: and the softcap's ``post`` (the scale is then ``pre``)
+KV_SIGNATURE = types.void(*SIGNATURE.args, types.Array(types.int32, 1, "A"), types.Array(types.int32, 2, "A"),
+                          types.float32)
 
 
-def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first: bool):
+def signature_for(kv: KvOptions | None):
+    return SIGNATURE if kv is None else KV_SIGNATURE
+
+
+def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first: bool, kv: KvOptions | None = None):
     """The Python function of one specialisation (not yet jitted). ``scale_first``: for a scale <= 0, which does
-    not commute with max, the scores are scaled before the softmax (``online_softmax.softmax_step``)."""
+    not commute with max, the scores are scaled before the softmax (``online_softmax.softmax_step``). ``kv``: the
+    KV-cache options (``decode.kvcache``; None: none, and the kernel of before they existed, of ``SIGNATURE``).
+
+    With options the key ranges of the plan count from the first key a row sees (a window's left side, for the one
+    query position the regrouped rows share: ``decode.launch.grouped_views`` lets no other masks through) and end at
+    the row's length (``block_info.cache_length``); a pooled plan's blocks all arrive and merge whether or not their
+    row has keys in the pool."""
     config = layout.config
     WARPS = config.warps
     THREADS = config.threads
@@ -225,7 +246,16 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
     # long runs of cache rows read once: L2 fetches 256-byte groups ahead
     load_tile = tile_loader(THREADS, ROW, D_PAD, BLOCK_N, np.uint16, vector_loads, l2_prefetch=config.l2_prefetch,
                             whole_tile_path=True)
-    online_softmax = softmax_step(S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True)
+    KV = kv is not None
+    kv = kv or KvOptions()
+    PAGED = kv.paged
+    SOFTCAP = kv.softcap
+    HAS_LEFT = kv.has_left
+    row_length = cache_length(kv.ragged, kv.paged)
+    first_visible = visible_start(kv.window)
+    load_paged = paged_tile_loader(THREADS, ROW, D_PAD, BLOCK_N, np.uint16, vector_loads,
+                                   l2_prefetch=config.l2_prefetch)
+    online_softmax = softmax_step(S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True, softcap=SOFTCAP)
 
     @device_function
     def mma_into(c, n, a0, a1, a2, a3, b0, b1):
@@ -266,8 +296,9 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
                 mma_into(acc, ob, a0, a1, a2, a3, b0, b1)
                 mma_into(acc, ob + 1, a0, a1, a2, a3, b2, b3)
 
-    def kernel(q, k, v, o_parts, lse_parts, scale_log2, lead_splits, lead_keys, tail_keys, pool_first, counters,
-               out_rows, lse_rows, finish):
+    @inlined_function
+    def body(q, k, v, o_parts, lse_parts, scale_log2, lead_splits, lead_keys, tail_keys, pool_first, counters,
+             out_rows, lse_rows, finish, seqlens, table, cap_log2):
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
@@ -280,7 +311,10 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
         m0 = cuda.blockIdx.y * 16
         hk = h // (heads // k.shape[1])
         rows = q.shape[2]
-        seqlen_k = k.shape[2]
+        if KV:
+            seqlen_k = row_length(seqlens, table, k, b)
+        else:
+            seqlen_k = k.shape[2]
         head_dim = q.shape[3]
         if split < lead_splits:  # SplitPlan: the lead ranges, then the tail ranges the scheduler hands out last
             key_start = split * lead_keys
@@ -288,9 +322,19 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
         else:
             key_start = lead_splits * lead_keys + (split - lead_splits) * tail_keys
             key_end = min(seqlen_k, key_start + tail_keys)
+        pool_start = pool_first
+        if HAS_LEFT:  # the ranges count from the row's first visible key (its one query position: seqlen_k - 1)
+            lo = first_visible(0, 0, seqlen_k, seqlen_k - 1)
+            key_start += lo
+            key_end = min(seqlen_k, key_end + lo)  # (the same as adding lo before the min: lo >= 0)
+            pool_start = pool_first + lo
         n_tiles = (key_end - key_start + BLOCK_N - 1) // BLOCK_N  # <= 0: an empty split
-        k_head = k[b, hk]
-        v_head = v[b, hk]
+        if PAGED:
+            k_head = k[0, hk]  # (unread: the paged loader looks keys up page by page)
+            v_head = v[0, hk]
+        else:
+            k_head = k[b, hk]
+            v_head = v[b, hk]
         warp_key = WARP_KEYS * warp  # this warp's first key in a tile
         # ldmatrix row addresses (flash_mma's): K as two n8 B blocks, Q as the A fragment, V transposed
         k_lane = (warp_key + 8 * (lane // 16) + lane % 8) * ROW + 8 * ((lane // 8) % 2)
@@ -299,6 +343,8 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
         post = scale_log2  # multiplies the scores inside the exponent; 1 when they were scaled first
         if SCALE_FIRST:
             post = float32(1.0)
+        if SOFTCAP:  # the scores are tanh(pre q.k): the scale was pre, the exponent takes softcap * log2(e)
+            post = cap_log2
 
         smem = cuda.shared.array(0, uint16)
         merge = cuda.shared.array(0, float32)  # the same memory, for the merge after the keys
@@ -319,8 +365,13 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
         for ahead in range(STAGES - 1):  # tiles 0 .. STAGES - 2, one commit group each
             if ahead < n_tiles:
                 n_ahead = key_start + ahead * BLOCK_N
-                load_tile(k_head, smem, Q_TILE + ahead * STAGE, tid, n_ahead, key_end, 0, head_dim)
-                load_tile(v_head, smem, Q_TILE + ahead * STAGE + TILE, tid, n_ahead, key_end, 0, head_dim)
+                if PAGED:
+                    load_paged(k, table, b, hk, smem, Q_TILE + ahead * STAGE, tid, n_ahead, key_end, 0, head_dim)
+                    load_paged(v, table, b, hk, smem, Q_TILE + ahead * STAGE + TILE, tid, n_ahead, key_end, 0,
+                               head_dim)
+                else:
+                    load_tile(k_head, smem, Q_TILE + ahead * STAGE, tid, n_ahead, key_end, 0, head_dim)
+                    load_tile(v_head, smem, Q_TILE + ahead * STAGE + TILE, tid, n_ahead, key_end, 0, head_dim)
             commit()
         if Q_IN_REGISTERS:
             wait_q()
@@ -332,8 +383,12 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
             # own range, then tiles of the row tile's pool [pool_first, seqlen_k), one at a time: thread 0 asks the
             # row tile's counter for the tile after next and publishes the key (-1: the pool is empty) before the
             # next barrier, so the atomic's round trip hides under a whole tile
-            pool_tiles = (seqlen_k - pool_first + BLOCK_N - 1) // BLOCK_N  # <= 0: no pool
+            pool_tiles = (seqlen_k - pool_start + BLOCK_N - 1) // BLOCK_N  # <= 0: no pool
             takes = pool_tiles > 0 and n_tiles >= 2  # (a block with fewer own tiles could not ask in time)
+            # a pooled plan: its blocks count their arrivals (with per-row lengths, rows may have no pool tile)
+            pooled = pool_tiles > 0
+            if KV:
+                pooled = pool_first < NO_POOL
             row_tile = cuda.blockIdx.x * cuda.gridDim.y + cuda.blockIdx.y
             if pool_tiles > 0:
                 key_end = seqlen_k  # own ranges are whole tiles below pool_first
@@ -344,7 +399,7 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
             while n0 >= 0:  # tile i of this block, at key n0
                 base = Q_TILE + (i % 2) * STAGE
                 if takes and tid == 0 and i >= 1 and i + 1 >= n_tiles:  # the answer asked for in tile i - 1
-                    next_keys[(i + 1) % 2] = pool_first + ticket * BLOCK_N if ticket < pool_tiles else -1
+                    next_keys[(i + 1) % 2] = pool_start + ticket * BLOCK_N if ticket < pool_tiles else -1
                 wait_tile()
                 cuda.syncthreads()  # tile i has landed for everyone; everyone is done with tile i - 1's stage
                 if i + 1 < n_tiles:
@@ -357,14 +412,18 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
                     ticket = cuda.atomic.add(counters, row_tile, uint32(1))
                 if n_next >= 0:
                     nxt = Q_TILE + ((i + 1) % 2) * STAGE
-                    load_tile(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
-                    load_tile(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
+                    if PAGED:
+                        load_paged(k, table, b, hk, smem, nxt, tid, n_next, key_end, 0, head_dim)
+                        load_paged(v, table, b, hk, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
+                    else:
+                        load_tile(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
+                        load_tile(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
                 commit()
                 tile_step(smem, base, n0, key_end, q_frag, s, acc, m_run, l_run, warp_key, k_lane, v_lane, q_lane, g,
                           t, m0, scale_log2, post)
                 n0 = n_next
                 i += 1
-            if pool_tiles > 0 and tid == 0 and not MERGE_IN_KERNEL:
+            if pooled and tid == 0 and not MERGE_IN_KERNEL:
                 # the last of the row tile's blocks to get here (all their tickets are drawn) zeroes its counter,
                 # so that the next launch on this stream finds it at 0; the arrival count wraps to 0 by itself
                 cuda.threadfence()
@@ -381,8 +440,12 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
                 if j + STAGES - 1 < n_tiles:
                     nxt = Q_TILE + ((j + STAGES - 1) % STAGES) * STAGE
                     n_next = n0 + (STAGES - 1) * BLOCK_N
-                    load_tile(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
-                    load_tile(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
+                    if PAGED:
+                        load_paged(k, table, b, hk, smem, nxt, tid, n_next, key_end, 0, head_dim)
+                        load_paged(v, table, b, hk, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
+                    else:
+                        load_tile(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
+                        load_tile(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
                 commit()  # an empty group past the last tile keeps "oldest group in flight = tile j" true
                 tile_step(smem, base, n0, key_end, q_frag, s, acc, m_run, l_run, warp_key, k_lane, v_lane, q_lane, g,
                           t, m0, scale_log2, post)
@@ -440,7 +503,7 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
                 if c + 3 < width:
                     store2(part, m0 + r, c + 3, x3)
 
-        if MERGE_IN_KERNEL and pool_tiles > 0:
+        if MERGE_IN_KERNEL and pooled:
             # the row tile's last block to finish (its arrival count wraps to 0 by itself) zeroes the tile counter
             # for the next launch on this stream and, unless only the parts are asked for, merges them. The arrival
             # is a release (the barrier puts every thread's part before it) and an acquire (the last block sees the
@@ -458,11 +521,25 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
                 merge_parts(o_parts, lse_parts, out_rows, lse_rows, finish == FINISH_OUT_LSE, merge, b, h, m0,
                             min(16, rows - m0), tid)
 
-    return kernel
+    if not KV:
+        def kernel(q, k, v, o_parts, lse_parts, scale_log2, lead_splits, lead_keys, tail_keys, pool_first, counters,
+                   out_rows, lse_rows, finish):
+            body(q, k, v, o_parts, lse_parts, scale_log2, lead_splits, lead_keys, tail_keys, pool_first, counters,
+                 out_rows, lse_rows, finish, 0, 0, scale_log2)
+
+        return kernel
+
+    def kv_kernel(q, k, v, o_parts, lse_parts, scale_log2, lead_splits, lead_keys, tail_keys, pool_first, counters,
+                  out_rows, lse_rows, finish, seqlens, table, cap_log2):
+        body(q, k, v, o_parts, lse_parts, scale_log2, lead_splits, lead_keys, tail_keys, pool_first, counters,
+             out_rows, lse_rows, finish, seqlens, table, cap_log2)
+
+    return kv_kernel
 
 
 @lru_cache(maxsize=None)
-def split_kernel(config: DecodeMmaConfig, d_pad: int, bf16: bool, vector_loads: bool, scale_first: bool):
+def split_kernel(config: DecodeMmaConfig, d_pad: int, bf16: bool, vector_loads: bool, scale_first: bool,
+                 kv: KvOptions | None = None):
     """The compiled split kernel of one specialisation (cached on disk)."""
-    source = _kernel_source(layout_for(config, d_pad), bf16, vector_loads, scale_first)
-    return kernel_jit((config.threads, config.blocks_per_sm), SIGNATURE)(source)
+    source = _kernel_source(layout_for(config, d_pad), bf16, vector_loads, scale_first, kv)
+    return kernel_jit((config.threads, config.blocks_per_sm), signature_for(kv))(source)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..runtime.device import max_grid
 from . import mma as _mma
-from .mma import DecodeMmaConfig
+from .mma import NO_POOL, DecodeMmaConfig  # noqa: F401  (NO_POOL: ``SplitPlan.pool_first`` without a pool)
 
 #: at least this many keys per lead range (each range writes float32 parts that the combine reads back)
 MIN_KEYS_PER_SPLIT = 512
@@ -31,8 +31,6 @@ MIN_LEAD_TILES = 96
 #: pool, taken tile by tile by the row tile's blocks after their own ranges, so the blocks on faster SMs take more
 #: (docs/design/decode.md, "A key pool per row tile").
 POOL_FRACTION = 0.2
-#: ``SplitPlan.pool_first`` of a plan without a pool
-NO_POOL = 1 << 62
 
 
 @dataclass(frozen=True)

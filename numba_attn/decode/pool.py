@@ -51,9 +51,12 @@ class PoolCounters:
         elif not _launch.stream_capturing(stream):
             _launch.zero_words_async(DeviceView.of(counters).ptr, words, stream)
 
-    def get(self, words: int, stream: int, device_id: int):
-        """``words`` zeroed counters for a launch on ``stream`` (a driver handle) of device ``device_id``, or None."""
-        if _launch.stream_capturing(stream):
+    def get(self, words: int, stream: int, device_id: int, capturing: bool | None = None):
+        """``words`` zeroed counters for a launch on ``stream`` (a driver handle) of device ``device_id``, or None.
+        ``capturing``: whether the stream is being captured, where the caller asked already."""
+        if capturing is None:
+            capturing = _launch.stream_capturing(stream)
+        if capturing:
             with self._lock:
                 arena = self._arenas.get(device_id)
                 if arena is None or arena[1] + words > arena[0].shape[0]:

@@ -33,6 +33,13 @@ resident blocks per SM for up to 2 / 4 / 8 rows, which it meets without spilling
 
 Several splits write float32 parts, which ``combine``'s kernel merges by their lse.
 
+KV-cache options (``decode.kvcache.KvOptions``, compile-time): a row's length is read at run time
+(``block_info.cache_length``) and its keys from the first one its queries see are cut into the splits; paged caches
+look each key's page up (``core.paging``); a window bounds each pass and each row by ``mask.visible_start`` /
+``visible_end_in``; soft-capped scores ``softcap * tanh(sm_scale q.k / softcap)`` come from q scaled by ``sm_scale /
+softcap``, then ``tanh`` times ``softcap * log2(e)`` (base 2). Without options the kernel takes the parameters it
+always took and compiles to the same code.
+
 Everything also runs under ``NUMBA_ENABLE_CUDASIM=1``, which has no warp shuffles: there the butterfly and the
 in-warp merge go through shared memory instead (``USE_SHUFFLES``), and ``SIMULATOR_CONFIG`` keeps blocks tiny.
 """
@@ -43,13 +50,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from numba import float32, int64, uint64
+from numba import float32, int64, types, uint64
 
+from ..core.block_info import cache_length
+from ..core.mask import NO_WINDOW, visible_end_in, visible_start
+from ..core.paging import page_of
+from ..core.staging import inlined_function
 from ..runtime.device import SIMULATOR, cuda, kernel_jit, max_grid
 from ..runtime.launch import launch as device_launch
 from . import combine as _combine
 from .combine import FULL_MASK, LN2, LOG2E, USE_SHUFFLES, WARP, converters, kernel_arg
 from .combine import launch_combine  # noqa: F401  (api.combine_lse launches it from here)
+from .kvcache import KvCache, KvOptions
 
 #: Splits that ``launch`` takes at most (more would only waste scratch memory; the grid's y limit is far above).
 MAX_SPLITS = 1024
@@ -105,11 +117,21 @@ def min_blocks_per_sm(threads: int, rows: int) -> int:
     return max(1, 65536 // (threads * _REGISTER_BUDGET.get(rows, 255)))
 
 
+def kv_argument_types(kv: KvOptions | None) -> tuple:
+    """The types of the split kernel's parameters after the scale: none without KV-cache options; with them
+    ``cache_seqlens`` ``(batch,)``, the block table ``(batch, max_pages)`` (int32) and the softcap's ``post``."""
+    if kv is None:
+        return ()
+    return (types.Array(types.int32, 1, "A"), types.Array(types.int32, 2, "A"), types.float32)
+
+
 @lru_cache(maxsize=None)
 def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal: bool, bf16: bool = False,
-                 bf16_out: bool = False):
-    """Split kernel specialised on the key-group layout ``(lanes, cols)``, the rows per pass, causality and
-    bfloat16 inputs (``bf16``: q, k, v are uint16 bit views) / output (``bf16_out``: o_dst is one)."""
+                 bf16_out: bool = False, kv: KvOptions | None = None):
+    """Split kernel specialised on the key-group layout ``(lanes, cols)``, the rows per pass, causality,
+    bfloat16 inputs (``bf16``: q, k, v are uint16 bit views) / output (``bf16_out``: o_dst is one) and the KV-cache
+    options (``decode.kvcache.KvOptions``; None: none, and the kernel of before they existed, whose parameters end
+    at the scale)."""
     to_float, to_output = converters(bf16, bf16_out)
     NT = config.threads
     G = lanes  # lanes per key group
@@ -133,9 +155,20 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
     NEG_INF = float32(-math.inf)
     ZERO = float32(0.0)
     LN2_F = float32(LN2)
+    # KV-cache options: every use sits under ``if`` on one of these constants, which Numba prunes
+    KV = kv is not None
+    kv = kv or KvOptions()
+    RAGGED_OR_PAGED = kv.ragged or kv.paged
+    PAGED = kv.paged
+    SOFTCAP = kv.softcap
+    WINDOWED = kv.window != NO_WINDOW
+    HAS_LEFT = kv.has_left
+    row_length = cache_length(kv.ragged, kv.paged)
+    first_visible = visible_start(kv.window)
+    end_visible = visible_end_in(kv.window)
 
-    @kernel_jit(launch_bounds=(NT, min_blocks_per_sm(NT, R)))
-    def kernel(q, k, v, o_dst, lse_dst, write_lse, scale_log2):
+    @inlined_function
+    def body(q, k, v, o_dst, lse_dst, write_lse, scale_log2, seqlens, table, cap_log2):
         tid = cuda.threadIdx.x
         lane_g = tid % G
         grp = tid // G
@@ -148,18 +181,32 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
         heads = q.shape[1]
         group = heads // kv_heads
         seqlen_q = q.shape[2]
-        seqlen_k = k.shape[2]
+        if RAGGED_OR_PAGED:
+            seqlen_k = row_length(seqlens, table, k, b)
+        else:
+            seqlen_k = k.shape[2]
         head_dim = q.shape[3]
         diag = seqlen_k - seqlen_q
         total_rows = group * seqlen_q
 
-        base = seqlen_k // num_splits
-        rem = seqlen_k % num_splits
-        start = split * base + min(split, rem)
+        if HAS_LEFT:
+            # the splits cut the keys the row's queries see: from the first query's first key on
+            lo = first_visible(0, 0, seqlen_k, diag)
+            base = (seqlen_k - lo) // num_splits
+            rem = (seqlen_k - lo) % num_splits
+            start = lo + split * base + min(split, rem)
+        else:
+            base = seqlen_k // num_splits
+            rem = seqlen_k % num_splits
+            start = split * base + min(split, rem)
         end = start + base + (1 if split < rem else 0)
 
-        kb = k[b, hk]
-        vb = v[b, hk]
+        if PAGED:
+            kb = k[0, hk]  # (unread: keys are looked up page by page)
+            vb = v[0, hk]
+        else:
+            kb = k[b, hk]
+            vb = v[b, hk]
         # only the last column slot of a lane can pass head_dim (the layout has G * (DPL - 1) < head_dim)
         c_last = uint64(min(lane_g + G * (DPL - 1), head_dim - 1))
 
@@ -173,6 +220,7 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
         m_i = cuda.local.array(R, float32)
         l_i = cuda.local.array(R, float32)
         last_key = cuda.local.array(R, int64)  # last key each row may see in this pass; -1: padding row
+        first_key = cuda.local.array(R, int64)  # (a window's left side) first key each row may see
         kreg = cuda.local.array((KPL, DPL), float32)
         vreg = cuda.local.array((KPL, DPL), float32)
         s = cuda.local.array((R, KPL), float32)
@@ -182,8 +230,16 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
             # ---- this pass's rows: q in registers (scaled to base 2), fresh softmax state --------------------------
             # row rr of the group is q head hk * group + rr // seqlen_q, query rr % seqlen_q
             r_last = min(r0 + R, total_rows) - 1
+            n_begin = start
             n_stop = end
-            if CAUSAL:
+            if WINDOWED:
+                # the pass takes the keys from the first one its smallest query index sees to the last one its
+                # largest sees (the rows may wrap from one head's last query to the next head's first)
+                spans_heads = r0 // seqlen_q != r_last // seqlen_q
+                i_max = seqlen_q - 1 if spans_heads else r_last % seqlen_q
+                n_stop = end_visible(i_max + 1, start, end, CAUSAL, diag)
+                n_begin = first_visible(0 if spans_heads else r0 % seqlen_q, start, n_stop, diag)
+            elif CAUSAL:
                 # the pass stops at the last key its largest query index sees
                 i_max = seqlen_q - 1 if r0 // seqlen_q != r_last // seqlen_q else r_last % seqlen_q
                 n_stop = min(end, max(start, i_max + diag + 1))
@@ -193,7 +249,11 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
             for r in range(R):
                 valid = r0 + r < total_rows
                 # the last key row r may see: one compare masks both the range end and the causal diagonal
-                last_key[r] = (min(i + diag, n_stop - 1) if CAUSAL else n_stop - 1) if valid else -1
+                if WINDOWED:
+                    last_key[r] = end_visible(i + 1, n_begin, n_stop, CAUSAL, diag) - 1 if valid else -1
+                    first_key[r] = first_visible(i, n_begin, n_stop, diag)
+                else:
+                    last_key[r] = (min(i + diag, n_stop - 1) if CAUSAL else n_stop - 1) if valid else -1
                 for j in range(DPL):
                     c = lane_g + G * j
                     val = ZERO
@@ -211,17 +271,26 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
                 l_i[r] = 0.0
 
             # ---- stream this split's keys; every key group keeps its own online-softmax state --------------------
-            for n0 in range(start, n_stop, STEP):
+            for n0 in range(n_begin, n_stop, STEP):
                 # all loads of the iteration first: 2 * KPL * DPL of them in flight per lane. They need no
                 # predicates: a key past the range is clamped to the last one (its score is masked to -inf below,
                 # so p = 0), and only the last column slot can pass head_dim (clamped too; q is 0 there). Unsigned
                 # indices spare the negative-index wraparound on every load.
                 for kk in range(KPL):
                     key = uint64(min(n0 + kk * NG + grp, n_stop - 1))
-                    for j in range(DPL):
-                        c = uint64(lane_g + G * j) if j < DPL - 1 else c_last
-                        kreg[kk, j] = to_float(kb[key, c])
-                        vreg[kk, j] = to_float(vb[key, c])
+                    if PAGED:
+                        page, at = page_of(table, b, key, k.shape[2])
+                        kp = k[page, hk]
+                        vp = v[page, hk]
+                        for j in range(DPL):
+                            c = uint64(lane_g + G * j) if j < DPL - 1 else c_last
+                            kreg[kk, j] = to_float(kp[at, c])
+                            vreg[kk, j] = to_float(vp[at, c])
+                    else:
+                        for j in range(DPL):
+                            c = uint64(lane_g + G * j) if j < DPL - 1 else c_last
+                            kreg[kk, j] = to_float(kb[key, c])
+                            vreg[kk, j] = to_float(vb[key, c])
                 if n0 + STEP > n_stop:
                     # the last step (a uniform branch): keys past the range are copies of the range's last key,
                     # which the row may see; their p = 0 times a +-inf value there would make the row NaN
@@ -262,8 +331,13 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
                     for kk in range(KPL):
                         key = n0 + kk * NG + grp
                         x = s[r, kk]
+                        if SOFTCAP:  # q was scaled by sm_scale / softcap: the capped score in base 2
+                            x = math.tanh(x) * cap_log2
                         if key > last_key[r]:
                             x = NEG_INF
+                        if HAS_LEFT:
+                            if key < first_key[r]:
+                                x = NEG_INF
                         s[r, kk] = x
                         m_new = max(m_new, x)
                     if m_new > m_i[r]:
@@ -354,7 +428,17 @@ def split_kernel(config: DecodeConfig, lanes: int, cols: int, rows: int, causal:
                     lse_dst[split, b, hk * group + rr // seqlen_q, rr % seqlen_q] = lse_val
             cuda.syncthreads()  # the next pass rewrites the shared buffers
 
-    return kernel
+    bounds = (NT, min_blocks_per_sm(NT, R))
+    if not KV:
+        def kernel(q, k, v, o_dst, lse_dst, write_lse, scale_log2):
+            body(q, k, v, o_dst, lse_dst, write_lse, scale_log2, 0, 0, scale_log2)
+
+        return kernel_jit(launch_bounds=bounds)(kernel)
+
+    def kv_kernel(q, k, v, o_dst, lse_dst, write_lse, scale_log2, seqlens, table, cap_log2):
+        body(q, k, v, o_dst, lse_dst, write_lse, scale_log2, seqlens, table, cap_log2)
+
+    return kernel_jit(launch_bounds=bounds)(kv_kernel)
 
 
 # -- launchers ---------------------------------------------------------------------------------------------------------
@@ -377,11 +461,13 @@ def clamp_num_splits(num_splits: int, seqlen_k: int) -> int:
 
 
 def launch_split(q, k, v, o_dst, lse_dst, write_lse: bool, sm_scale: float, causal: bool, stream,
-                 config: DecodeConfig | None = None, bf16: bool = False):
+                 config: DecodeConfig | None = None, bf16: bool = False, kv: KvCache | None = None):
     """The split kernel alone: ``o_dst (num_splits, batch, heads, seqlen_q, d)``, ``lse_dst (num_splits, ...)``.
 
     ``num_splits`` is ``o_dst.shape[0]`` and is NOT clamped here (empty splits give 0 and ``-inf``). ``bf16``: q, k,
-    v are uint16 views of bfloat16 data; o_dst is then float32 parts or a uint16 view of the bfloat16 output."""
+    v are uint16 views of bfloat16 data; o_dst is then float32 parts or a uint16 view of the bfloat16 output.
+    ``kv``: the KV-cache arguments (``decode.kvcache``; k and v then as ``KvCache`` describes them); each row's keys
+    are cut into ``num_splits`` ranges at its own length."""
     config = config or default_config()
     if not SIMULATOR and config.threads % WARP:
         raise ValueError(f"config.threads: must be a multiple of {WARP} on a GPU, got {config.threads}")
@@ -401,16 +487,23 @@ def launch_split(q, k, v, o_dst, lse_dst, write_lse: bool, sm_scale: float, caus
         rows *= 2
     rows = min(rows, config.rows)
     bf16_out = bool(bf16) and np.dtype(o_dst.dtype) == np.uint16
-    kernel = split_kernel(config, lanes, cols, rows, bool(causal), bool(bf16), bf16_out)
+    options = None if kv is None else kv.options
+    kernel = split_kernel(config, lanes, cols, rows, bool(causal), bool(bf16), bf16_out, options)
     grid = (batch * kv_heads, num_splits)
     args = (q, k, v, o_dst, lse_dst)
-    device_launch(kernel, grid, config.threads, stream, 0,
-                  *(kernel_arg(x) for x in args), bool(write_lse), float32(sm_scale * LOG2E))
+    if options is None:
+        device_launch(kernel, grid, config.threads, stream, 0,
+                      *(kernel_arg(x) for x in args), bool(write_lse), float32(sm_scale * LOG2E))
+        return
+    scale, cap = kv.scales(sm_scale)
+    device_launch(kernel, grid, config.threads, stream, 0, *(kernel_arg(x) for x in args), bool(write_lse), scale,
+                  kernel_arg(kv.seqlens), kernel_arg(kv.table), cap)
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, num_splits: int, stream,
-           config: DecodeConfig | None = None, scratch=None, dtype: str | None = None):
-    """Split-KV attention on device views: q (batch, heads, seqlen_q, d), k/v (batch, kv_heads, seqlen_k, d).
+           config: DecodeConfig | None = None, scratch=None, dtype: str | None = None, kv: KvCache | None = None):
+    """Split-KV attention on device views: q (batch, heads, seqlen_q, d), k/v (batch, kv_heads, seqlen_k, d) or the
+    KV cache ``kv`` describes.
 
     One split writes ``out`` (and ``lse``) directly; several go through float32 scratch parts and the combine.
     ``scratch(shape)`` allocates them (default: Numba's allocator on ``stream``). ``dtype="bfloat16"``: q, k, v and
@@ -419,15 +512,15 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, nu
     bf16 = dtype == "bfloat16"
     scratch = scratch or (lambda shape: _scratch(shape, stream))
     batch, heads, seqlen_q, head_dim = q.shape
-    num_splits = clamp_num_splits(num_splits, k.shape[2])
+    num_splits = clamp_num_splits(num_splits, k.shape[2] if kv is None else max(1, kv.span(seqlen_q)))
     if not _combine.supports(batch * heads * seqlen_q):
         num_splits = 1  # (the combine takes a block per query row; one split writes out itself, for any rows)
     if num_splits == 1:
-        launch_split(q, k, v, _unit_axis(out), _unit_axis(lse), write_lse, sm_scale, causal, stream, config, bf16)
+        launch_split(q, k, v, _unit_axis(out), _unit_axis(lse), write_lse, sm_scale, causal, stream, config, bf16, kv)
         return
     o_parts = scratch((num_splits, batch, heads, seqlen_q, head_dim))
     lse_parts = scratch((num_splits, batch, heads, seqlen_q))
-    launch_split(q, k, v, o_parts, lse_parts, True, sm_scale, causal, stream, config, bf16)
+    launch_split(q, k, v, o_parts, lse_parts, True, sm_scale, causal, stream, config, bf16, kv)
     _combine.launch(o_parts, lse_parts, out, lse, write_lse, stream, bf16_out=bf16)
 
 

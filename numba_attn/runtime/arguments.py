@@ -100,6 +100,23 @@ def check_window(window) -> tuple | None:
     return tuple(None if value is None else int(value) for value in window)
 
 
+def check_softcap(softcap) -> float | None:
+    """``softcap``: None or 0 (no capping, as ``reference``'s ``check_softcap``) or a finite real number > 0, with
+    ``softcap * log2(e)`` finite in float32 (the kernels scale the capped scores by it)."""
+    if softcap is None:
+        return None
+    value = check_real(softcap, "softcap")
+    if value == 0:
+        return None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"softcap: expected a finite number > 0 (None or 0: no capping), got {softcap!r}")
+    with np.errstate(over="ignore"):
+        if not np.isfinite(np.float32(value * LOG2E)) or np.float32(value) == 0:
+            raise ValueError(f"softcap: {softcap!r} is out of float32's range (the kernels compute softcap * log2(e) "
+                             "and sm_scale / softcap in float32)")
+    return value
+
+
 def check_backend(backend, backends: tuple) -> str | None:
     """``backend``: None or one of ``backends`` (the family's dispatch says which apply to the call)."""
     if backend is None:

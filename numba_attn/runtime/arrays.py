@@ -345,9 +345,10 @@ def _storage_dtype(dtype: str):
 def _torch_storage_dtypes() -> dict:
     import torch
 
-    # bfloat16 travels as its bit pattern (uint16); the kernels convert it on load
+    # bfloat16 travels as its bit pattern (uint16); the kernels convert it on load; int32: flash_decode's index
+    # arrays (cache_seqlens, block_table)
     return {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
-            torch.bfloat16: np.dtype(np.uint16), torch.float64: np.dtype(np.float64)}
+            torch.bfloat16: np.dtype(np.uint16), torch.float64: np.dtype(np.float64), torch.int32: np.dtype(np.int32)}
 
 
 _TORCH_DTYPES: dict | None = None
@@ -369,7 +370,7 @@ def _device_view_of_torch(t: Any) -> DeviceView:
     if dtype is None:
         return DeviceView.of(t)
     itemsize = dtype.itemsize
-    return DeviceView(t.data_ptr(), tuple(t.shape), tuple(s * itemsize for s in t.stride()), dtype, t)
+    return DeviceView(t.data_ptr(), tuple(t.shape), tuple(map(itemsize.__mul__, t.stride())), dtype, t)
 
 
 def _device_view_of_cupy(x: Any) -> DeviceView:
@@ -385,7 +386,8 @@ def fast_layout(x: Any):
         if storage is None or not x.is_cuda:
             return None
         itemsize = storage.itemsize
-        return (x.dtype, x.get_device(), tuple(x.shape), tuple(s * itemsize for s in x.stride()), x.data_ptr(),
+        # (map over a bound method: no Python frame per axis, as a generator has)
+        return (x.dtype, x.get_device(), tuple(x.shape), tuple(map(itemsize.__mul__, x.stride())), x.data_ptr(),
                 storage)
     if library == "cupy":
         return (x.dtype, x.device.id, x.shape, x.strides, x.data.ptr, x.dtype)

@@ -113,7 +113,10 @@ def layout_rows_in_pieces(shape: tuple, strides: tuple, ptr: int, itemsize: int,
         return True  # no row to read (say an empty KV cache): nothing can be misaligned
     if shape[-1] % elements or strides[-1] != itemsize or ptr % piece:
         return False
-    return not any(stride % piece for size, stride in zip(shape[:-1], strides[:-1]) if size > 1)
+    for size, stride in zip(shape[:-1], strides[:-1]):  # (a loop, not a generator: planned decode calls ask)
+        if size > 1 and stride % piece:
+            return False
+    return True
 
 
 def lift(view: Any, ndim: int):

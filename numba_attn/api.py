@@ -126,9 +126,9 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
             throughout.
         window: a sliding window ``(left, right)`` around the same bottom-right diagonal: query ``i`` sees keys
             ``i' - left <= j <= i' + right``, ``i' = i + seqlen_k - seqlen_q``; each side an int >= 0 or None
-            (unbounded); with ``causal`` the right side is ``min(right, 0)``. None (default): no window. Runs on the
-            SIMT kernel only so far (float16 / float32): ``backend=None`` picks "simt", "mma" or "wgmma" is a
-            ValueError; not with autograd (``flash_backward`` takes no window yet).
+            (unbounded); with ``causal`` the right side is ``min(right, 0)``. None (default): no window. Every
+            backend takes one (a compile-time variant of its kernel; key tiles wholly outside the window are
+            skipped); not with autograd (``flash_backward`` takes no window yet).
 
     Returns:
         ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key (or whose scores are all -inf) give 0
@@ -271,7 +271,7 @@ def _run_attention(call, shape, causal, sm_scale, return_lse, out, num_splits, d
     if decode:
         _decode.check_dtype(call.dtype)
     else:
-        backend = _forward.backend_for(call, shape, backend, allow_tf32, window)
+        backend = _forward.backend_for(call, shape, backend, allow_tf32)
     if shape.seqlen_q > 0 and shape.batch * shape.heads > 0:
         args = AttentionArgs(
             lift(call.inputs["q"], 4), lift(call.inputs["k"], 4), lift(call.inputs["v"], 4), lift(out.view, 4),

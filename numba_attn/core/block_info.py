@@ -3,7 +3,8 @@
 Two grid layouts (``QUERY_MAJOR``, ``HEAD_MAJOR``); ``grid`` builds either on the host and checks it against the
 device's limits, ``block_position`` reads it back on the device. ``key_tiles`` gives the key tiles a block of query
 rows walks (``mask.visible_end``: causal blocks stop at the diagonal), ``key_tile_range`` the same under a sliding
-window, where a block's keys also begin late (``mask.visible_start``); ``query_tiles_start`` the first query tile a
+window, where a block's keys also begin late (``mask.visible_start``), and ``key_tile_walk`` counts those tiles as
+the pipelined kernels do; ``query_tiles_start`` the first query tile a
 block of keys meets (the backward's reverse walk, ``mask.first_row``). A sequence's keys are ``key_start ..
 key_end``: today ``0 .. seqlen_k`` for every batch entry, the place where per-sequence lengths would come in.
 """
@@ -138,6 +139,29 @@ def key_tile_range(block_m: int, block_n: int, window=NO_WINDOW):
         return begin, end
 
     return window_range
+
+
+def key_tile_walk(block_m: int, block_n: int, window=NO_WINDOW):
+    """``walk(m0, key_start, key_end, causal, diag_offset) -> (n_first, n_tiles)``: ``key_tile_range`` as the pipelined
+    kernels count their tiles: tile ``j`` starts at key ``n_first + j * block_n``, for ``j < n_tiles`` (0 or less:
+    none). Without a window ``(key_start, key_tiles(...))``, inlined: what kernels counted before windows."""
+    BLOCK_N = block_n
+    if window == NO_WINDOW:
+        count = key_tiles(block_m, block_n)
+
+        @inlined_function
+        def causal_walk(m0, key_start, key_end, causal, diag_offset):
+            return key_start, count(m0, key_start, key_end, causal, diag_offset)
+
+        return causal_walk
+    key_range = key_tile_range(block_m, block_n, window)
+
+    @inlined_function
+    def window_walk(m0, key_start, key_end, causal, diag_offset):
+        n_begin, n_end = key_range(m0, key_start, key_end, causal, diag_offset)
+        return n_begin, (n_end - n_begin + BLOCK_N - 1) // BLOCK_N
+
+    return window_walk
 
 
 def query_tiles_start(block_m: int):

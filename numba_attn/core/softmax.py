@@ -16,7 +16,7 @@ from numba import float32
 
 from . import ptx
 from .constants import ACC_INIT, LN2
-from .mask import hidden
+from .mask import NO_WINDOW, hidden_in
 from .staging import device_function
 
 _NEG_INF = np.float32(-np.inf)
@@ -76,11 +76,12 @@ def log_sum_exp(m_row, l_row, post):
     return _NEG_INF if l_row == _ZERO else (m_row * post + math.log2(l_row)) * LN2
 
 
-def softmax_update(m_tiles: int, s_blocks: int, o_blocks: int, scale_first: bool, rescale_output: bool):
+def softmax_update(m_tiles: int, s_blocks: int, o_blocks: int, scale_first: bool, rescale_output: bool,
+                   window=NO_WINDOW):
     """``update(s, out, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post)``:
     ``softmax_step`` for each of the ``m_tiles`` m-tiles, each call with a constant m-tile index. (As a loop over
     m-tiles the body was too large for NVVM to unroll, and the register arrays it indexes went to local memory.)"""
-    step = softmax_step(s_blocks, o_blocks, scale_first, rescale_output)
+    step = softmax_step(s_blocks, o_blocks, scale_first, rescale_output, window)
     update = None
     for mt in range(m_tiles):
         update = _and_m_tile(update, step, mt)
@@ -104,12 +105,12 @@ def _and_m_tile(before, step, mt: int):
     return device_function(then)
 
 
-def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output: bool):
+def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output: bool, window=NO_WINDOW):
     """``step(s, out, m_run, l_run, mt, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post)``:
     one key tile's online-softmax update of m-tile ``mt`` (base 2), for ``s_blocks`` n8 blocks of scores.
 
-    Masks the keys ``mask.hidden`` names (past ``key_end``; above the diagonal when ``causal``) -- only when
-    ``needs_mask`` (``mask.tile_is_partial``). The running max is kept in the scores' units; ``P = exp2(s * post
+    Masks the keys ``mask.hidden_in(window)`` names (past ``key_end``; above the diagonal when ``causal``; outside
+    the compile-time sliding ``window``) -- only when ``needs_mask`` (``mask.tile_is_partial``). The running max is kept in the scores' units; ``P = exp2(s * post
     - m * post)`` replaces ``s`` in place, so a positive scale folds into the exponent's FFMA (``scale_first``: the
     scores are multiplied by ``scale_log2`` first, for a scale <= 0, which does not commute with max; then
     ``post = 1``). The row sums in ``l_run`` are rescaled by ``alpha = exp2((m_old - m_new) * post)`` and grown.
@@ -121,6 +122,7 @@ def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output
     O_BLOCKS = o_blocks
     SCALE_FIRST = scale_first
     RESCALE = rescale_output
+    hidden = hidden_in(window)
     NEG_INF = _NEG_INF
     ZERO = _ZERO
     exp2 = ptx.exp2_approx

@@ -4,7 +4,7 @@ padded head dims, the device checks and config validation.
 Each kernel module (``simt``, ``mma``, ``tf32``, ``wgmma``) offers the same interface: a frozen config validated
 where it is made, ``supports(dtype, head_dim, *arrays)`` (does it take this call on this device), the compiled kernel
 of a specialisation (an ``lru_cache``d builder) and ``launch(q, k, v, out, lse, write_lse, sm_scale, causal,
-stream, config=None, ...)``.
+stream, config=None, ...)``. What changes a kernel's code beyond its tiles -- a sliding window -- is one ``Variant``.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from numba import types
 
 from ..core.block_info import QUERY_MAJOR, grid
 from ..core.constants import LOG2E
+from ..core.mask import NO_WINDOW, UNBOUNDED, window_sides
 from ..runtime.device import SIMULATOR, compute_capability, max_shared_per_block
 from ..runtime.shapes import MAX_HEAD_DIM  # noqa: F401  (the kernels' bound, re-exported for them)
 from ..runtime.views import rows_in_pieces
@@ -55,6 +56,29 @@ class PassTiles(WarpTiles):
     @property
     def passes(self) -> int:
         return self.d_pad // self.d_pass
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The compile-time features of a forward kernel specialisation besides its tiles: ``window``, the sides of a
+    sliding window (``mask.window_sides``; ``NO_WINDOW``: none). ``PLAIN``, the default, builds the kernels as they
+    were before these features existed (``scripts/forward_ptx.py`` checks that their PTX is unchanged)."""
+
+    window: tuple = NO_WINDOW
+
+    def __post_init__(self):
+        window = self.window
+        if (type(window) is not tuple or len(window) != 2
+                or any(type(side) is not int or side < UNBOUNDED for side in window)):
+            raise ValueError(f"Variant.window: expected (left, right) of ints >= 0 or UNBOUNDED, got {window!r}")
+
+    @classmethod
+    def of(cls, causal: bool, window=None) -> "Variant":
+        """The variant of a call: ``window`` checked (``runtime.arguments.check_window``) or None."""
+        return cls(window_sides(window, causal))
+
+
+PLAIN = Variant()
 
 
 def kernel_signature(element) -> types.Signature:

@@ -59,7 +59,7 @@ import numpy as np
 from numba import float32, uint16, uint32
 
 from ..core import ptx
-from ..core.block_info import QUERY_MAJOR, block_position, grid, key_tiles, lane_position, sequence_bounds
+from ..core.block_info import QUERY_MAJOR, block_position, grid, key_tile_walk, lane_position, sequence_bounds
 from ..core.epilogue import as_16bit, store_rows
 from ..core.mask import tile_is_partial
 from ..core.softmax import exponent_scale, fragment_clear, softmax_start, softmax_update
@@ -67,6 +67,7 @@ from ..core.staging import device_function, tile_loader
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
 from . import common
+from .common import PLAIN, Variant
 # re-exported: decode.mma and older callers import these from here
 from .common import bits as _bits  # noqa: F401
 from .common import check_grid, vector_loads_ok  # noqa: F401
@@ -162,8 +163,10 @@ def tiles_for(config: MmaConfig, head_dim_pad: int) -> _Tiles:
     return _Tiles(config.warps, config.m_tiles, config.block_n_wide, head_dim_pad, head_dim_pad // 2, config.stages)
 
 
-def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: bool = False):
+def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: bool = False,
+                   variant: Variant = PLAIN):
     """The Python function of one specialisation (not yet jitted); also what ``compile_ptx`` checks offline.
+    ``variant``: the sliding window (``common.Variant``).
 
     ``scale_first=False`` (for a positive scale) keeps the running max on the unscaled scores, so the scale folds
     into the exponent's one FFMA (``exp2(s * scale - m * scale)``); a scale <= 0 does not commute with max and
@@ -193,11 +196,12 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     load_q_tile = tile_loader(32 * tiles.warps, ROW, tiles.d_pad, BLOCK_M, np.uint16, vector_loads)
     load_tile = tile_loader(32 * tiles.warps, ROW, tiles.d_pad, BLOCK_N, np.uint16, vector_loads)
     position = block_position(QUERY_MAJOR, BLOCK_M)
-    count_tiles = key_tiles(BLOCK_M, BLOCK_N)
-    partial = tile_is_partial(BLOCK_N)
+    walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)  # tiles wholly outside a window: skipped
+    partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
     clear_s = fragment_clear(M_TILES, S_BLOCKS)
     start = softmax_start(M_TILES, O_BLOCKS)
-    online_softmax = softmax_update(M_TILES, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True)
+    online_softmax = softmax_update(M_TILES, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True,
+                                    window=variant.window)
     finish = store_rows(M_TILES, O_BLOCKS, as_16bit(bf16))
 
     @device_function
@@ -228,7 +232,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
         m_run = cuda.local.array(ROW_STATS, float32)  # running row max (score units) of rows 2mt, 2mt + 1
         l_run = cuda.local.array(ROW_STATS, float32)  # this thread's part of the row sums
 
-        n_tiles = count_tiles(m0, key_start, key_end, causal, diag_offset)  # <= 0: nothing to read
+        n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)  # <= 0: nothing to read
         post = exponent_scale(scale_log2, SCALE_FIRST)
 
         load_q_tile(q_head, smem, 0, tid, m0, seqlen_q, 0, head_dim)
@@ -239,12 +243,12 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
             cuda.syncthreads()  # a previous pass is done reading its stages
             for ahead in range(STAGES - 1):  # tiles 0 .. STAGES - 2, one commit group each (the Q tile in the first)
                 if ahead < n_tiles:
-                    n_ahead = key_start + ahead * BLOCK_N
+                    n_ahead = n_first + ahead * BLOCK_N
                     load_tile(k_head, smem, Q_TILE + ahead * STAGE, tid, n_ahead, key_end, 0, head_dim)
                     load_tile(v_head, smem, Q_TILE + ahead * STAGE + TILE, tid, n_ahead, key_end, 0, head_dim)
                 commit()
             for j in range(n_tiles):
-                n0 = key_start + j * BLOCK_N
+                n0 = n_first + j * BLOCK_N
                 base = Q_TILE + (j % STAGES) * STAGE
                 wait_tile()
                 cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
@@ -292,16 +296,19 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
 
 
 @lru_cache(maxsize=None)
-def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_loads: bool, scale_first: bool = False):
-    """The compiled kernel of one specialisation: tiles, padded head dim, dtype, load width and the sign of the scale
-    are constants (causality is a run-time flag: it only changes the loop bound and the diagonal tiles' masks)."""
-    source = _kernel_source(tiles_for(config, head_dim_pad), bf16, vector_loads, scale_first)
+def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_loads: bool, scale_first: bool = False,
+                     variant: Variant = PLAIN):
+    """The compiled kernel of one specialisation: tiles, padded head dim, dtype, load width, the sign of the scale
+    and the ``variant`` (window) are constants (causality is a run-time flag: it only changes the loop bound and the
+    diagonal tiles' masks)."""
+    source = _kernel_source(tiles_for(config, head_dim_pad), bf16, vector_loads, scale_first, variant)
     return kernel_jit(config.launch_bounds(), SIGNATURE)(source)
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: MmaConfig | None = None,
-           dtype: str | None = None):
+           dtype: str | None = None, window=None):
     """Launch on device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q) float32.
+    ``window``: None or a checked ``(left, right)`` sliding window (``runtime.arguments.check_window``).
 
     ``dtype`` is ``"float16"`` or ``"bfloat16"``; None means float16 for float16 arrays and bfloat16 for uint16 /
     int16 bit views (the way this package carries bfloat16). ``out`` has q's shape and receives the input dtype
@@ -319,7 +326,8 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     tiles = tiles_for(config, head_dim_pad)
     common.check_shared_memory(tiles.shared_bytes)
     scale_log2, scale_first = common.scale_args(sm_scale)
-    kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads_ok(q, k, v), scale_first)
+    kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads_ok(q, k, v), scale_first,
+                              Variant.of(bool(causal), window))
     shape = grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m)
     device_launch(kernel, shape, config.threads, stream, tiles.shared_bytes,
                   q, k, v, out, lse, bool(write_lse), bool(causal), scale_log2)

@@ -14,8 +14,7 @@ four barriers per tile. The buffer is dynamic shared memory (over 48 KB for larg
 the kernel's limit).
 
 Masks come from ``core.mask`` / ``core.block_info``: causal, and a sliding window (a compile-time pair of sides, part
-of the kernel's cache key) whose key tiles wholly outside the window are skipped; this is the only forward kernel that
-takes a window so far.
+of the kernel's cache key) whose key tiles wholly outside the window are skipped.
 
 Everything here also runs under ``NUMBA_ENABLE_CUDASIM=1`` (no warp shuffles: row reductions go through shared
 memory), so the tile shape is a parameter and the tests use tiny tiles.
@@ -31,12 +30,13 @@ from numba import float32
 from numba import uint32 as index  # unsigned shared-memory indices: Numba skips its negative-index wraparound code
 
 from ..core.block_info import HEAD_MAJOR, block_position, grid, key_tile_range, sequence_bounds
-from ..core.mask import NO_WINDOW, hidden_in, tile_is_partial, window_sides
+from ..core.mask import hidden_in, tile_is_partial
 from ..core.softmax import log_sum_exp
 from ..core.staging import float32_tile_copy
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
 from . import common
+from .common import PLAIN, Variant
 
 
 @dataclass(frozen=True)
@@ -107,9 +107,10 @@ def padded_head_dim(head_dim: int, config: SimtConfig) -> int:
 
 
 @lru_cache(maxsize=None)
-def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool, window: tuple = NO_WINDOW):
-    """Compile-time specialised kernel: tile shape, padded head dim, causality and the sliding window's sides
-    (``mask.window_sides``; ``NO_WINDOW``: the causal-only code) are constants."""
+def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool, variant: Variant = PLAIN):
+    """Compile-time specialised kernel: tile shape, padded head dim, causality and the ``variant`` (the sliding
+    window's sides, ``mask.window_sides``; ``PLAIN``: the causal-only code) are constants."""
+    window = variant.window
     TX, TY = config.threads_x, config.threads_y
     RM, RN = config.rows_per_thread, config.keys_per_thread
     BLOCK_M, BLOCK_N = config.block_m, config.block_n
@@ -254,7 +255,7 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     head_dim_pad = padded_head_dim(head_dim, config)
     shared_bytes = 4 * config.shared_words(head_dim_pad)
     common.check_shared_memory(shared_bytes)
-    kernel = flash_forward_kernel(config, head_dim_pad, bool(causal), window_sides(window, bool(causal)))
+    kernel = flash_forward_kernel(config, head_dim_pad, bool(causal), Variant.of(bool(causal), window))
     shape = grid(HEAD_MAJOR, batch, heads, seqlen_q, config.block_m)
     block = (config.threads_x, config.threads_y)
     scale_log2, _ = common.scale_args(sm_scale)  # scores are scaled before the max here, whatever the sign

@@ -70,7 +70,7 @@ import numpy as np
 from numba import float32, uint32
 
 from ..core import ptx
-from ..core.block_info import HEAD_MAJOR, block_position, grid, key_tiles, lane_position, sequence_bounds
+from ..core.block_info import HEAD_MAJOR, block_position, grid, key_tile_walk, lane_position, sequence_bounds
 from ..core.epilogue import as_float32, store_rows
 from ..core.mask import tile_is_partial
 from ..core.softmax import exponent_scale, fragment_clear, softmax_start, softmax_update
@@ -78,6 +78,7 @@ from ..core.staging import device_function, tile_loader
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
 from . import common
+from .common import PLAIN, Variant
 from .common import vector_loads_ok
 
 
@@ -246,8 +247,10 @@ def _split_and_mma(tf32_only: bool):
     return device_function(split3), device_function(mma3)
 
 
-def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, scale_first: bool = False):
+def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, scale_first: bool = False,
+                   variant: Variant = PLAIN):
     """The Python function of one specialisation (not yet jitted); also what ``compile_ptx`` checks offline.
+    ``variant``: the sliding window (``common.Variant``).
 
     ``scale_first=False`` (for a positive scale) keeps the running max on the unscaled scores, so the scale folds
     into the exponent's one FFMA; a scale <= 0 does not commute with max and multiplies every score first."""
@@ -276,12 +279,13 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
     load_k_tile = tile_loader(NT, K_STRIDE, tiles.d_pad, BLOCK_N, np.float32, vector_loads)
     load_v_tile = tile_loader(NT, V_STRIDE, D_PASS, BLOCK_N, np.float32, vector_loads)
     position = block_position(HEAD_MAJOR, BLOCK_M)
-    count_tiles = key_tiles(BLOCK_M, BLOCK_N)
-    partial = tile_is_partial(BLOCK_N)
+    walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)  # tiles wholly outside a window: skipped
+    partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
     clear_s = fragment_clear(M_TILES, S_BLOCKS)
     clear_r = fragment_clear(M_TILES, 1)
     start = softmax_start(M_TILES, O_BLOCKS)
-    online_softmax = softmax_update(M_TILES, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False)
+    online_softmax = softmax_update(M_TILES, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
+                                    window=variant.window)
     finish = store_rows(M_TILES, O_BLOCKS, as_float32)
 
     def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
@@ -308,7 +312,7 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
         l_run = cuda.local.array(ROW_STATS, float32)  # this thread's part of the row sums
         alpha = cuda.local.array(ROW_STATS, float32)  # this tile's rescale factors
 
-        n_tiles = count_tiles(m0, key_start, key_end, causal, diag_offset)  # <= 0: nothing to read
+        n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)  # <= 0: nothing to read
         post = exponent_scale(scale_log2, SCALE_FIRST)
 
         load_q_tile(q_head, smem, 0, tid, m0, seqlen_q, 0, head_dim)
@@ -318,11 +322,11 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
 
             cuda.syncthreads()  # a previous pass is done reading stage 0
             if n_tiles > 0:
-                load_k_tile(k_head, smem, Q_TILE, tid, key_start, key_end, 0, head_dim)
-                load_v_tile(v_head, smem, Q_TILE + K_TILE, tid, key_start, key_end, d_off, head_dim)
+                load_k_tile(k_head, smem, Q_TILE, tid, n_first, key_end, 0, head_dim)
+                load_v_tile(v_head, smem, Q_TILE + K_TILE, tid, n_first, key_end, d_off, head_dim)
             commit()  # (with the Q tile in the first pass)
             for j in range(n_tiles):
-                n0 = key_start + j * BLOCK_N
+                n0 = n_first + j * BLOCK_N
                 base = Q_TILE + (j % 2) * STAGE
                 wait_all()
                 cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
@@ -388,16 +392,17 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
 
 @lru_cache(maxsize=None)
 def flash_tf32_kernel(config: Tf32Config, head_dim_pad: int, tf32_only: bool, vector_loads: bool = True,
-                      scale_first: bool = False):
-    """The compiled kernel of one specialisation: tiles, padded head dim, accuracy mode, load width and the sign of
-    the scale are constants (causality is a run-time flag)."""
-    source = _kernel_source(tiles_for(config, head_dim_pad, tf32_only), tf32_only, vector_loads, scale_first)
+                      scale_first: bool = False, variant: Variant = PLAIN):
+    """The compiled kernel of one specialisation: tiles, padded head dim, accuracy mode, load width, the sign of
+    the scale and the ``variant`` (window) are constants (causality is a run-time flag)."""
+    source = _kernel_source(tiles_for(config, head_dim_pad, tf32_only), tf32_only, vector_loads, scale_first, variant)
     return kernel_jit(config.launch_bounds(), SIGNATURE)(source)
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: Tf32Config | None = None,
-           tf32_only: bool = False):
+           tf32_only: bool = False, window=None):
     """Launch on float32 device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q).
+    ``window``: None or a checked ``(left, right)`` sliding window (``runtime.arguments.check_window``).
 
     ``tf32_only``: one tf32 product per multiply (about 1e-3 relative error) instead of the 3xTF32 split (float32
     accuracy, three MMAs per product)."""
@@ -414,7 +419,8 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     tiles = tiles_for(config, d_pad, tf32_only)
     common.check_shared_memory(tiles.shared_bytes)
     scale_log2, scale_first = common.scale_args(sm_scale)
-    kernel = flash_tf32_kernel(config, d_pad, bool(tf32_only), vector_loads_ok(q, k, v), scale_first)
+    kernel = flash_tf32_kernel(config, d_pad, bool(tf32_only), vector_loads_ok(q, k, v), scale_first,
+                               Variant.of(bool(causal), window))
     shape = grid(HEAD_MAJOR, batch, heads, seqlen_q, config.block_m)
     device_launch(kernel, shape, config.threads, stream, tiles.shared_bytes,
                   q, k, v, out, lse, bool(write_lse), bool(causal), scale_log2)

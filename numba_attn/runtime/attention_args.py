@@ -11,7 +11,7 @@ class AttentionArgs:
     """One attention call on the device: batched views ``(batch, heads, seqlen, headdim)`` of ``q``, ``k``, ``v``
     and ``out``, the ``(batch, heads, seqlen_q)`` lse view (a placeholder the kernels never write when
     ``write_lse`` is False), the score scale and the mask: ``causal`` and a checked sliding ``window`` (None or
-    ``(left, right)``; only the SIMT forward takes one so far, and ``launch_args`` leaves it out)."""
+    ``(left, right)``; the forward kernels take it as ``variant_options``, ``launch_args`` leaves it out)."""
 
     q: Any
     k: Any
@@ -34,6 +34,11 @@ class AttentionArgs:
     def launch_args(self) -> tuple:
         """In the order of the kernels' ``launch(q, k, v, out, lse, write_lse, sm_scale, causal, stream, ...)``."""
         return (self.q, self.k, self.v, self.out, self.lse, self.write_lse, self.sm_scale, self.causal)
+
+    def variant_options(self) -> dict:
+        """The forward kernels' ``launch`` keywords of the compile-time variant: the window (only when there is
+        one, so that launches without keep their calls)."""
+        return {} if self.window is None else {"window": self.window}
 
     def writing(self, out, lse, write_lse: bool) -> "AttentionArgs":
         """The same inputs into other outputs (the autotuner times candidates into scratch)."""

@@ -32,6 +32,7 @@ import functools
 import math
 
 from .backward import dispatch as _backward
+from .core.scores import kernel_scale
 from .decode import cached as _decode_plan
 from .decode import dispatch as _decode
 from .decode import simt as _decode_simt
@@ -43,7 +44,7 @@ from .runtime import autotune as _autotune
 from .runtime import replay as _replay
 from .runtime import views as _views
 from .runtime.arguments import (check_backend, check_eps, check_flag, check_num_splits, check_sm_scale,
-                                check_window)
+                                check_softcap, check_window)
 from .runtime.arrays import prepare
 from .runtime.attention_args import AttentionArgs, BackwardArgs
 from .runtime.device import SIMULATOR, DeviceView, on_device
@@ -100,7 +101,7 @@ def _served(name: str, arrays: tuple, options: tuple, checked):
 
 
 def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out=None, backend=None,
-                  allow_tf32=False, window=None):
+                  allow_tf32=False, window=None, softcap=None):
     """Exact attention ``softmax(sm_scale * q k^T) v`` without materialising the scores.
 
     Args:
@@ -129,6 +130,11 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
             (unbounded); with ``causal`` the right side is ``min(right, 0)``. None (default): no window. Every
             backend takes one (a compile-time variant of its kernel; key tiles wholly outside the window are
             skipped); not with autograd (``flash_backward`` takes no window yet).
+        softcap: None (default) or 0: no capping; a finite ``c > 0``: the scores become ``c * tanh(sm_scale * q.k /
+            c)`` before the mask and the softmax (FlashAttention's soft-capping, as ``reference.attention``'s), and
+            ``lse`` is that of the capped scores. A compile-time variant of every kernel (one specialisation per
+            value of ``c``); ``tanh.approx`` in the float16 / bfloat16 tensor-core kernels, ``tanh`` in the float32
+            ones; not with autograd (``flash_backward`` takes no softcap yet).
 
     Returns:
         ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key (or whose scores are all -inf) give 0
@@ -138,32 +144,35 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
     (``torch_ops``): autograd records the call (its backward is ``flash_backward``), ``lse`` is not differentiable,
     ``out=`` is a ValueError, and ``torch.compile(fullgraph=True)`` traces the call without a graph break.
     """
-    window = check_window(window)  # (checked here, not in ``checked``: a list is no replay plan's key)
+    # (checked here, not in ``checked``: a list is no replay plan's key, and 50 and 50.0 are one cap)
+    window, softcap = check_window(window), check_softcap(softcap)
     if type(q).__module__.startswith("torch") and (
             q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)):
         from . import torch_ops  # (torch is imported by now: q is a tensor)
 
-        if window is not None and torch_ops.torch.is_grad_enabled():
-            raise ValueError("window: flash_backward takes no window yet, so a windowed call cannot be recorded "
-                             "for autograd; detach the inputs or use torch.no_grad()")
+        for name, value in (("window", window), ("softcap", softcap)):
+            if value is not None and torch_ops.torch.is_grad_enabled():
+                raise ValueError(f"{name}: flash_backward takes no {name} yet, so such a call cannot be recorded "
+                                 "for autograd; detach the inputs or use torch.no_grad()")
 
         result = torch_ops.forward_with_grad(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32)
         if result is not None:
             return result
-    return _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window)
+    return _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window, softcap)
 
 
 @_one_call_at_a_time_under_the_simulator
-def _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window=None):
+def _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window=None, softcap=None):
     def checked():
         return _attention(q, k, v, check_flag(causal, "causal"), check_sm_scale(sm_scale),
                           check_flag(return_lse, "return_lse"), out, num_splits=None, decode=False,
                           backend=check_backend(backend, BACKENDS), allow_tf32=check_flag(allow_tf32, "allow_tf32"),
-                          window=window)
+                          window=window, softcap=softcap)
 
     if out is not None:  # (plans make their outputs)
         return checked()
-    return _served("flash_forward", (q, k, v), (causal, sm_scale, return_lse, backend, allow_tf32, window), checked)
+    return _served("flash_forward", (q, k, v), (causal, sm_scale, return_lse, backend, allow_tf32, window, softcap),
+                   checked)
 
 
 @_one_call_at_a_time_under_the_simulator
@@ -252,20 +261,22 @@ def flash_decode(q, k, v, *, causal=False, sm_scale=None, num_splits=None, retur
 
 
 def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, backend, allow_tf32=False,
-               plan_key=None, window=None):
+               plan_key=None, window=None, softcap=None):
     shape = attention_shape(q, k, v)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(shape.head_dim)
     if not decode:
         _forward.check_seqlen_q(shape.seqlen_q)
+    if softcap is not None:
+        kernel_scale(sm_scale, softcap)  # ValueError where the kernels' float32 scales would not be finite
     call = prepare({"q": q, "k": k, "v": v})
     with on_device(call.device_id):
         return _run_attention(call, shape, causal, sm_scale, return_lse, out, num_splits, decode, backend,
-                              allow_tf32, plan_key, window)
+                              allow_tf32, plan_key, window, softcap)
 
 
 def _run_attention(call, shape, causal, sm_scale, return_lse, out, num_splits, decode, backend, allow_tf32,
-                   plan_key, window=None):
+                   plan_key, window=None, softcap=None):
     out = call.output(shape.out_shape(), out=out)
     lse = call.output(shape.lse_shape(), "float32") if return_lse else None
     if decode:
@@ -275,7 +286,8 @@ def _run_attention(call, shape, causal, sm_scale, return_lse, out, num_splits, d
     if shape.seqlen_q > 0 and shape.batch * shape.heads > 0:
         args = AttentionArgs(
             lift(call.inputs["q"], 4), lift(call.inputs["k"], 4), lift(call.inputs["v"], 4), lift(out.view, 4),
-            lift(lse.view, 3) if return_lse else _lse_placeholder(call), return_lse, sm_scale, causal, window)
+            lift(lse.view, 3) if return_lse else _lse_placeholder(call), return_lse, sm_scale, causal, window,
+            softcap)
         if decode:
             _decode.run(call, shape, args, num_splits, plan_key)
         else:

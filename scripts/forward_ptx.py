@@ -78,6 +78,8 @@ def _specs(kernel, window, softcap, varlen):
                 for vector_loads, scale_first in ((True, False), (False, False), (True, True)):
                     if (not vector_loads or scale_first) and (d != 128 or bf16):
                         continue  # the rarer variants once
+                    if scale_first and softcap is not None:
+                        continue  # (capped kernels never scale first)
                     name = (f"mma_d{d}_{'bf16' if bf16 else 'f16'}_{'vec' if vector_loads else 'elem'}"
                             f"{'_scalefirst' if scale_first else ''}")
                     yield (name, mma._kernel_source(tiles, bf16, vector_loads, scale_first, **kwargs),
@@ -97,7 +99,7 @@ def _specs(kernel, window, softcap, varlen):
         for d in (64, 128):
             for bf16 in (False, True):
                 for scale_first in (False, True):
-                    if scale_first and bf16:
+                    if scale_first and (bf16 or softcap is not None):
                         continue
                     yield (f"wgmma_d{d}_{'bf16' if bf16 else 'f16'}{'_scalefirst' if scale_first else ''}",
                            wgmma._kernel_source(config, d, bf16, scale_first, **kwargs), signature(wgmma, kwargs),

@@ -4,7 +4,8 @@ padded head dims, the device checks and config validation.
 Each kernel module (``simt``, ``mma``, ``tf32``, ``wgmma``) offers the same interface: a frozen config validated
 where it is made, ``supports(dtype, head_dim, *arrays)`` (does it take this call on this device), the compiled kernel
 of a specialisation (an ``lru_cache``d builder) and ``launch(q, k, v, out, lse, write_lse, sm_scale, causal,
-stream, config=None, ...)``. What changes a kernel's code beyond its tiles -- a sliding window -- is one ``Variant``.
+stream, config=None, ...)``. What changes a kernel's code beyond its tiles -- a sliding window, soft-capping -- is
+one ``Variant``.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 from numba import types
 
 from ..core.block_info import QUERY_MAJOR, grid
-from ..core.constants import LOG2E
+from ..core.scores import kernel_scale
 from ..core.mask import NO_WINDOW, UNBOUNDED, window_sides
 from ..runtime.device import SIMULATOR, compute_capability, max_shared_per_block
 from ..runtime.shapes import MAX_HEAD_DIM  # noqa: F401  (the kernels' bound, re-exported for them)
@@ -61,21 +62,26 @@ class PassTiles(WarpTiles):
 @dataclass(frozen=True)
 class Variant:
     """The compile-time features of a forward kernel specialisation besides its tiles: ``window``, the sides of a
-    sliding window (``mask.window_sides``; ``NO_WINDOW``: none). ``PLAIN``, the default, builds the kernels as they
-    were before these features existed (``scripts/forward_ptx.py`` checks that their PTX is unchanged)."""
+    sliding window (``mask.window_sides``; ``NO_WINDOW``: none), and ``softcap``, the cap ``c`` of the scores
+    (``core.scores``; None: none). ``PLAIN``, the default, builds the kernels as they were before these features
+    existed (``scripts/forward_ptx.py`` checks that their PTX is unchanged)."""
 
     window: tuple = NO_WINDOW
+    softcap: float | None = None
 
     def __post_init__(self):
         window = self.window
         if (type(window) is not tuple or len(window) != 2
                 or any(type(side) is not int or side < UNBOUNDED for side in window)):
             raise ValueError(f"Variant.window: expected (left, right) of ints >= 0 or UNBOUNDED, got {window!r}")
+        if self.softcap is not None and not (type(self.softcap) is float and 0 < self.softcap < float("inf")):
+            raise ValueError(f"Variant.softcap: expected None or a finite float > 0, got {self.softcap!r}")
 
     @classmethod
-    def of(cls, causal: bool, window=None) -> "Variant":
-        """The variant of a call: ``window`` checked (``runtime.arguments.check_window``) or None."""
-        return cls(window_sides(window, causal))
+    def of(cls, causal: bool, window=None, softcap: float | None = None) -> "Variant":
+        """The variant of a call: ``window`` checked (``runtime.arguments.check_window``) or None, ``softcap``
+        checked (``runtime.arguments.check_softcap``) or None."""
+        return cls(window_sides(window, causal), None if softcap is None else float(softcap))
 
 
 PLAIN = Variant()
@@ -122,10 +128,11 @@ def padded_head_dim(head_dim: int, k_step: int, single_pass_max: int | None = No
     return pad
 
 
-def scale_args(sm_scale: float) -> tuple:
+def scale_args(sm_scale: float, softcap: float | None = None) -> tuple:
     """``(scale_log2, scale_first)``: the kernels' base-2 score scale, and whether scores must be scaled before the
-    running max (a scale <= 0 does not commute with max)."""
-    return np.float32(sm_scale * LOG2E), not sm_scale > 0
+    running max (a scale <= 0 does not commute with max); with ``softcap`` its ``sm_scale / c`` instead
+    (``core.scores.kernel_scale``)."""
+    return kernel_scale(sm_scale, softcap)
 
 
 def runs_here(min_compute_capability: tuple) -> bool:

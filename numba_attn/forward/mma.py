@@ -62,7 +62,7 @@ from ..core import ptx
 from ..core.block_info import QUERY_MAJOR, block_position, grid, key_tile_walk, lane_position, sequence_bounds
 from ..core.epilogue import as_16bit, store_rows
 from ..core.mask import tile_is_partial
-from ..core.softmax import exponent_scale, fragment_clear, softmax_start, softmax_update
+from ..core.softmax import exponent_scale_for, fragment_clear, softmax_start, softmax_update
 from ..core.staging import device_function, tile_loader
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
@@ -166,7 +166,7 @@ def tiles_for(config: MmaConfig, head_dim_pad: int) -> _Tiles:
 def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: bool = False,
                    variant: Variant = PLAIN):
     """The Python function of one specialisation (not yet jitted); also what ``compile_ptx`` checks offline.
-    ``variant``: the sliding window (``common.Variant``).
+    ``variant``: the sliding window and soft-capping (``common.Variant``).
 
     ``scale_first=False`` (for a positive scale) keeps the running max on the unscaled scores, so the scale folds
     into the exponent's one FFMA (``exp2(s * scale - m * scale)``); a scale <= 0 does not commute with max and
@@ -196,12 +196,14 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     load_q_tile = tile_loader(32 * tiles.warps, ROW, tiles.d_pad, BLOCK_M, np.uint16, vector_loads)
     load_tile = tile_loader(32 * tiles.warps, ROW, tiles.d_pad, BLOCK_N, np.uint16, vector_loads)
     position = block_position(QUERY_MAJOR, BLOCK_M)
+    exponent = exponent_scale_for(variant.softcap)  # the compile-time c log2 e with a cap
     walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)  # tiles wholly outside a window: skipped
     partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
     clear_s = fragment_clear(M_TILES, S_BLOCKS)
     start = softmax_start(M_TILES, O_BLOCKS)
     online_softmax = softmax_update(M_TILES, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True,
-                                    window=variant.window)
+                                    window=variant.window, softcap=variant.softcap,
+                                    precise_tanh=False)
     finish = store_rows(M_TILES, O_BLOCKS, as_16bit(bf16))
 
     @device_function
@@ -233,7 +235,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
         l_run = cuda.local.array(ROW_STATS, float32)  # this thread's part of the row sums
 
         n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)  # <= 0: nothing to read
-        post = exponent_scale(scale_log2, SCALE_FIRST)
+        post = exponent(scale_log2, SCALE_FIRST)
 
         load_q_tile(q_head, smem, 0, tid, m0, seqlen_q, 0, head_dim)
         for p in range(PASSES):
@@ -306,9 +308,11 @@ def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_lo
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: MmaConfig | None = None,
-           dtype: str | None = None, window=None):
+           dtype: str | None = None, window=None,
+           softcap: float | None = None):
     """Launch on device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q) float32.
-    ``window``: None or a checked ``(left, right)`` sliding window (``runtime.arguments.check_window``).
+    ``window``: None or a checked ``(left, right)`` sliding window (``runtime.arguments.check_window``);
+    ``softcap``: None or a checked cap ``c > 0`` of the scores (``core.scores``).
 
     ``dtype`` is ``"float16"`` or ``"bfloat16"``; None means float16 for float16 arrays and bfloat16 for uint16 /
     int16 bit views (the way this package carries bfloat16). ``out`` has q's shape and receives the input dtype
@@ -325,9 +329,9 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     head_dim_pad = padded_head_dim(head_dim, config)
     tiles = tiles_for(config, head_dim_pad)
     common.check_shared_memory(tiles.shared_bytes)
-    scale_log2, scale_first = common.scale_args(sm_scale)
+    scale_log2, scale_first = common.scale_args(sm_scale, softcap)
     kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads_ok(q, k, v), scale_first,
-                              Variant.of(bool(causal), window))
+                              Variant.of(bool(causal), window, softcap))
     shape = grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m)
     device_launch(kernel, shape, config.threads, stream, tiles.shared_bytes,
                   q, k, v, out, lse, bool(write_lse), bool(causal), scale_log2)

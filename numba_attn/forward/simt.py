@@ -14,7 +14,8 @@ four barriers per tile. The buffer is dynamic shared memory (over 48 KB for larg
 the kernel's limit).
 
 Masks come from ``core.mask`` / ``core.block_info``: causal, and a sliding window (a compile-time pair of sides, part
-of the kernel's cache key) whose key tiles wholly outside the window are skipped.
+of the kernel's cache key) whose key tiles wholly outside the window are skipped; soft-capping of the scores
+(``core.scores``) is a compile-time variant too.
 
 Everything here also runs under ``NUMBA_ENABLE_CUDASIM=1`` (no warp shuffles: row reductions go through shared
 memory), so the tile shape is a parameter and the tests use tiny tiles.
@@ -31,6 +32,7 @@ from numba import uint32 as index  # unsigned shared-memory indices: Numba skips
 
 from ..core.block_info import HEAD_MAJOR, block_position, grid, key_tile_range, sequence_bounds
 from ..core.mask import hidden_in, tile_is_partial
+from ..core.scores import cap_post, score_cap
 from ..core.softmax import log_sum_exp
 from ..core.staging import float32_tile_copy
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
@@ -109,8 +111,13 @@ def padded_head_dim(head_dim: int, config: SimtConfig) -> int:
 @lru_cache(maxsize=None)
 def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool, variant: Variant = PLAIN):
     """Compile-time specialised kernel: tile shape, padded head dim, causality and the ``variant`` (the sliding
-    window's sides, ``mask.window_sides``; ``PLAIN``: the causal-only code) are constants."""
+    window's sides, ``mask.window_sides``; the cap of the scores; ``PLAIN``: the causal-only code) are constants.
+    With a cap ``c`` the kernel's ``scale_log2`` argument is ``sm_scale / c`` and a score is ``c log2 e tanh(s *
+    scale_log2)`` (``core.scores``; ``math.tanh``: this kernel computes in float32 for float32 inputs)."""
     window = variant.window
+    CAPPED = variant.softcap is not None
+    CAP_POST = cap_post(variant.softcap) if CAPPED else np.float32(1.0)
+    cap = score_cap(variant.softcap, precise=True)
     TX, TY = config.threads_x, config.threads_y
     RM, RN = config.rows_per_thread, config.keys_per_thread
     BLOCK_M, BLOCK_N = config.block_m, config.block_n
@@ -185,7 +192,10 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool, va
                 row = m0 + ty + TY * i
                 tile_max = NEG_INF
                 for j in range(RN):
-                    x = s[i, j] * scale_log2
+                    if CAPPED:
+                        x = CAP_POST * cap(s[i, j], scale_log2)
+                    else:
+                        x = s[i, j] * scale_log2
                     if needs_mask:
                         if hidden(n0 + tx + TX * j, row, key_end, CAUSAL, diag_offset):
                             x = NEG_INF
@@ -247,16 +257,17 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool, va
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: SimtConfig | None = None,
-           window=None):
+           window=None, softcap: float | None = None):
     """Launch on device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q). ``window``:
-    None or a checked ``(left, right)`` sliding window (``runtime.arguments.check_window``)."""
+    None or a checked ``(left, right)`` sliding window (``runtime.arguments.check_window``); ``softcap``: None or a
+    checked cap ``c > 0`` of the scores (``core.scores``)."""
     batch, heads, seqlen_q, head_dim = q.shape
     config = config or default_config(head_dim)
     head_dim_pad = padded_head_dim(head_dim, config)
     shared_bytes = 4 * config.shared_words(head_dim_pad)
     common.check_shared_memory(shared_bytes)
-    kernel = flash_forward_kernel(config, head_dim_pad, bool(causal), Variant.of(bool(causal), window))
+    kernel = flash_forward_kernel(config, head_dim_pad, bool(causal), Variant.of(bool(causal), window, softcap))
     shape = grid(HEAD_MAJOR, batch, heads, seqlen_q, config.block_m)
     block = (config.threads_x, config.threads_y)
-    scale_log2, _ = common.scale_args(sm_scale)  # scores are scaled before the max here, whatever the sign
+    scale_log2, _ = common.scale_args(sm_scale, softcap)  # scores are scaled before the max here, whatever the sign
     device_launch(kernel, shape, block, stream, shared_bytes, q, k, v, out, lse, write_lse, scale_log2)

@@ -73,7 +73,7 @@ from ..core import ptx
 from ..core.block_info import HEAD_MAJOR, block_position, grid, key_tile_walk, lane_position, sequence_bounds
 from ..core.epilogue import as_float32, store_rows
 from ..core.mask import tile_is_partial
-from ..core.softmax import exponent_scale, fragment_clear, softmax_start, softmax_update
+from ..core.softmax import exponent_scale_for, fragment_clear, softmax_start, softmax_update
 from ..core.staging import device_function, tile_loader
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
@@ -250,7 +250,7 @@ def _split_and_mma(tf32_only: bool):
 def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, scale_first: bool = False,
                    variant: Variant = PLAIN):
     """The Python function of one specialisation (not yet jitted); also what ``compile_ptx`` checks offline.
-    ``variant``: the sliding window (``common.Variant``).
+    ``variant``: the sliding window and soft-capping (``common.Variant``).
 
     ``scale_first=False`` (for a positive scale) keeps the running max on the unscaled scores, so the scale folds
     into the exponent's one FFMA; a scale <= 0 does not commute with max and multiplies every score first."""
@@ -279,13 +279,15 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
     load_k_tile = tile_loader(NT, K_STRIDE, tiles.d_pad, BLOCK_N, np.float32, vector_loads)
     load_v_tile = tile_loader(NT, V_STRIDE, D_PASS, BLOCK_N, np.float32, vector_loads)
     position = block_position(HEAD_MAJOR, BLOCK_M)
+    exponent = exponent_scale_for(variant.softcap)  # the compile-time c log2 e with a cap
     walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)  # tiles wholly outside a window: skipped
     partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
     clear_s = fragment_clear(M_TILES, S_BLOCKS)
     clear_r = fragment_clear(M_TILES, 1)
     start = softmax_start(M_TILES, O_BLOCKS)
     online_softmax = softmax_update(M_TILES, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
-                                    window=variant.window)
+                                    window=variant.window, softcap=variant.softcap,
+                                    precise_tanh=True)
     finish = store_rows(M_TILES, O_BLOCKS, as_float32)
 
     def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
@@ -313,7 +315,7 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
         alpha = cuda.local.array(ROW_STATS, float32)  # this tile's rescale factors
 
         n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)  # <= 0: nothing to read
-        post = exponent_scale(scale_log2, SCALE_FIRST)
+        post = exponent(scale_log2, SCALE_FIRST)
 
         load_q_tile(q_head, smem, 0, tid, m0, seqlen_q, 0, head_dim)
         for p in range(PASSES):
@@ -400,9 +402,11 @@ def flash_tf32_kernel(config: Tf32Config, head_dim_pad: int, tf32_only: bool, ve
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: Tf32Config | None = None,
-           tf32_only: bool = False, window=None):
+           tf32_only: bool = False, window=None,
+           softcap: float | None = None):
     """Launch on float32 device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q).
-    ``window``: None or a checked ``(left, right)`` sliding window (``runtime.arguments.check_window``).
+    ``window``: None or a checked ``(left, right)`` sliding window (``runtime.arguments.check_window``);
+    ``softcap``: None or a checked cap ``c > 0`` of the scores (``core.scores``).
 
     ``tf32_only``: one tf32 product per multiply (about 1e-3 relative error) instead of the 3xTF32 split (float32
     accuracy, three MMAs per product)."""
@@ -418,9 +422,9 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     d_pad = padded_head_dim(head_dim, config)
     tiles = tiles_for(config, d_pad, tf32_only)
     common.check_shared_memory(tiles.shared_bytes)
-    scale_log2, scale_first = common.scale_args(sm_scale)
+    scale_log2, scale_first = common.scale_args(sm_scale, softcap)
     kernel = flash_tf32_kernel(config, d_pad, bool(tf32_only), vector_loads_ok(q, k, v), scale_first,
-                               Variant.of(bool(causal), window))
+                               Variant.of(bool(causal), window, softcap))
     shape = grid(HEAD_MAJOR, batch, heads, seqlen_q, config.block_m)
     device_launch(kernel, shape, config.threads, stream, tiles.shared_bytes,
                   q, k, v, out, lse, bool(write_lse), bool(causal), scale_log2)

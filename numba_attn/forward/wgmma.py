@@ -47,7 +47,7 @@ from ..core import warpgroup as wgmma
 from ..core.block_info import QUERY_MAJOR, block_position, grid, key_tile_walk, lane_position, sequence_bounds
 from ..core.epilogue import as_16bit, store_rows
 from ..core.mask import tile_is_partial
-from ..core.softmax import exponent_scale, softmax_start, softmax_update
+from ..core.softmax import exponent_scale_for, softmax_start, softmax_update
 from ..core.staging import device_function
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
@@ -161,8 +161,8 @@ def tile_loader(rows: int, d_pad: int):
 
 
 def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN):
-    """The Python function of one specialisation (not yet jitted); ``variant``: the sliding window
-    (``common.Variant``)."""
+    """The Python function of one specialisation (not yet jitted); ``variant``: the sliding window and
+    soft-capping (``common.Variant``)."""
     BLOCK_N = config.block_n
     ATOMS = wgmma.atom_columns(d_pad)
     Q_TILE = BLOCK_M * 64 * ATOMS  # elements; shared memory: Q tile, then per stage a K tile and a V tile
@@ -189,11 +189,13 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
     load_q_tile = tile_loader(BLOCK_M, d_pad)
     load_tile = tile_loader(BLOCK_N, d_pad)
     position = block_position(QUERY_MAJOR, BLOCK_M)
+    exponent = exponent_scale_for(variant.softcap)  # the compile-time c log2 e with a cap
     walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)  # tiles wholly outside a window: skipped
     partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
     start = softmax_start(1, O_BLOCKS)
     online_softmax = softmax_update(1, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
-                                    window=variant.window)
+                                    window=variant.window, softcap=variant.softcap,
+                                    precise_tanh=False)
     finish = store_rows(1, O_BLOCKS, as_16bit(bf16))
 
     @device_function
@@ -242,7 +244,7 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
         start(m_run, l_run, acc)
 
         n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
-        post = exponent_scale(scale_log2, SCALE_FIRST)
+        post = exponent(scale_log2, SCALE_FIRST)
 
         k_base = q_base + Q_TILE  # K: two stages; V: three (V of tile j - 1 is still read during tile j)
         v_base = k_base + 2 * TILE
@@ -301,10 +303,12 @@ def flash_wgmma_kernel(config: WgmmaConfig, head_dim_pad: int, bf16: bool, scale
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream,
-           config: WgmmaConfig | None = None, dtype: str | None = None, window=None):
+           config: WgmmaConfig | None = None, dtype: str | None = None, window=None,
+           softcap: float | None = None):
     """Launch on device views of shape (batch, heads, seqlen, headdim) that ``supports`` accepts; lse is (batch,
     heads, seqlen_q) float32. ``dtype``: ``"float16"`` or ``"bfloat16"`` (None: float16 for float16 arrays,
-    bfloat16 for 16-bit bit views). ``window``: None or a checked ``(left, right)`` sliding window."""
+    bfloat16 for 16-bit bit views). ``window``: None or a checked ``(left, right)`` sliding window; ``softcap``: None
+    or a checked cap ``c > 0`` of the scores."""
     config = config or default_config()
     dtype = common.sixteen_bit_dtype(q, dtype)
     batch, heads, seqlen_q, head_dim = q.shape
@@ -318,8 +322,9 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     d_pad = padded_head_dim(head_dim)
     nbytes = shared_bytes(config, d_pad)
     common.check_shared_memory(nbytes)
-    scale_log2, scale_first = common.scale_args(sm_scale)
-    kernel = flash_wgmma_kernel(config, d_pad, dtype == "bfloat16", scale_first, Variant.of(bool(causal), window))
+    scale_log2, scale_first = common.scale_args(sm_scale, softcap)
+    kernel = flash_wgmma_kernel(config, d_pad, dtype == "bfloat16", scale_first,
+                                Variant.of(bool(causal), window, softcap))
     shape = grid(QUERY_MAJOR, batch, heads, seqlen_q, BLOCK_M)
     device_launch(kernel, shape, THREADS, stream, nbytes, q, k, v, out, lse, bool(write_lse), bool(causal),
                   scale_log2)

@@ -96,6 +96,21 @@ def check_window(window) -> tuple | None:
     return tuple(None if value is None else int(value) for value in window)
 
 
+def check_softcap(softcap) -> float | None:
+    """``flash_forward``'s ``softcap``: None or 0 (no capping, as ``reference``'s ``check_softcap``) or a finite real
+    number > 0, as a float (not a bool)."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, numbers.Real):
+        raise ArgumentTypeError(f"softcap: expected a finite number > 0 or None, got {softcap!r}")
+    value = float(softcap)
+    if value == 0:
+        return None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"softcap: expected a finite number > 0 or None (None or 0: no capping), got {softcap!r}")
+    return value
+
+
 def check_backend(backend, backends: tuple) -> str | None:
     """``backend``: None or one of ``backends`` (the family's dispatch says which apply to the call)."""
     if backend is None:

@@ -1,4 +1,4 @@
-"""Sliding windows on every forward kernel (SIMT, mma, tf32, wgmma) against reference.attention.
+"""Sliding windows and soft-capping on every forward kernel (SIMT, mma, tf32, wgmma) against reference.attention.
 
 The simulator runs each kernel's real code on its tiny simulator tiles (``flash_forward`` picks them there), so one
 or two windows per kernel reach tiles the window skips, cuts and covers; outputs start as NaN (``poisoned_outputs``)
@@ -30,9 +30,10 @@ def _inputs(seed, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype, batch=1)
     return q, k, v
 
 
-def _check(kernel, seqlen_q, seqlen_k, head_dim, kv_heads, causal, seed=0, **options):
+def _check(kernel, seqlen_q, seqlen_k, head_dim, kv_heads, causal, seed=0, scale_inputs=1.0, **options):
     backend, dtype, extra = KERNELS[kernel]
-    q, k, v = _inputs(seed, 2, kv_heads, seqlen_q, seqlen_k, head_dim, dtype)
+    q, k, v = ((scale_inputs * x).astype(dtype) for x in _inputs(seed, 2, kv_heads, seqlen_q, seqlen_k, head_dim,
+                                                                  dtype))
     out, lse = numba_attn.flash_forward(q, k, v, causal=causal, backend=backend, return_lse=True, **extra, **options)
     ref, ref_lse = reference.attention(q, k, v, causal=causal, return_lse=True, **options)
     assert not np.isnan(out).any() and not np.isnan(lse).any()
@@ -56,6 +57,44 @@ WINDOW_CASES = {
 def test_simulated_window(poisoned_outputs, kernel, case):
     seqlen_q, seqlen_k, head_dim, kv_heads, window, causal = case
     _check(kernel, seqlen_q, seqlen_k, head_dim, kv_heads, causal, seed=seqlen_q, window=window)
+
+
+# soft-capping: a cap small enough to bend the scores (|sm_scale q.k| reaches several units here), with a window,
+# with causal, with a negative scale (capped kernels never scale first)
+SOFTCAP_CASES = {
+    "simt": [(19, 27, 8, 2, dict(softcap=1.5, window=(6, 2)), False), (13, 13, 16, 1, dict(softcap=0.7), True)],
+    "mma": [(21, 40, 16, 2, dict(softcap=2.0), True), (9, 20, 16, 1, dict(softcap=3.0, sm_scale=-0.4), False)],
+    "tf32": [(20, 17, 8, 1, dict(softcap=1.0, window=(5, None)), False)],
+    "wgmma": [(20, 37, 16, 1, dict(softcap=2.5), True)],
+}
+
+
+@pytest.mark.parametrize("kernel,case", [(kernel, case) for kernel, cases in SOFTCAP_CASES.items()
+                                         for case in cases])
+def test_simulated_softcap(poisoned_outputs, kernel, case):
+    if not numba_attn.SIMULATOR and kernel != "simt":
+        pytest.skip("the gpu tests cover this on a GPU")
+    seqlen_q, seqlen_k, head_dim, kv_heads, options, causal = case
+    _check(kernel, seqlen_q, seqlen_k, head_dim, kv_heads, causal, seed=seqlen_k, scale_inputs=2.0, **options)
+
+
+def test_softcap_changes_the_result_and_zero_is_none():
+    q, k, v = (3 * x for x in _inputs(1, 1, 1, 6, 9, 8, "float32"))
+    plain = numba_attn.flash_forward(q, k, v)
+    np.testing.assert_array_equal(numba_attn.flash_forward(q, k, v, softcap=0), plain)  # 0: no cap, as reference
+    capped = numba_attn.flash_forward(q, k, v, softcap=1.0)
+    assert rel_error(capped, plain) > 1e-2  # the cap matters at these scores
+    assert rel_error(capped, reference.attention(q, k, v, softcap=1.0)) < TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("softcap,error", [
+    (True, TypeError), ("1", TypeError), (-1.0, ValueError), (float("inf"), ValueError), (float("nan"), ValueError),
+    ([2.0], TypeError), (1e-44, ValueError),
+])
+def test_bad_softcaps_raise(softcap, error):
+    q, k, v = _inputs(2, 1, 1, 3, 3, 8, "float32")
+    with pytest.raises(error, match="^softcap"):
+        numba_attn.flash_forward(q, k, v, softcap=softcap)
 
 
 # ---- realistic sizes on a GPU -----------------------------------------------------------------------------------------
@@ -103,6 +142,34 @@ def test_gpu_window_every_kernel(kernel, heads, kv_heads, seqlen_q, seqlen_k, he
                                       return_lse=True)
     rows = _rows(seqlen_q)
     ref, ref_lse = reference.attention(qh, kh, vh, causal=causal, window=window, rows=rows, return_lse=True)
+    host = out.float().cpu().numpy()
+    assert not np.isnan(host).any()
+    assert rel_error(host[:, :, rows], ref) < TOLERANCE[dtype]
+    assert_close_lse(lse.cpu().numpy()[:, :, rows], ref_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", GPU_KERNELS)
+@pytest.mark.parametrize(
+    "heads,kv_heads,seqlen_q,seqlen_k,head_dim,softcap,window,causal,input_scale",
+    [
+        (8, 4, 1024, 1024, 128, 50.0, None, True, 1.0),  # Gemma 2's cap at ordinary scores (the cap barely bends)
+        (4, 4, 777, 1531, 64, 5.0, None, False, 3.0),  # large scores: the cap matters everywhere
+        (4, 2, 1000, 1000, 64, 2.0, (128, 0), True, 2.0),  # with a causal window
+    ],
+)
+def test_gpu_softcap_every_kernel(kernel, heads, kv_heads, seqlen_q, seqlen_k, head_dim, softcap, window, causal,
+                                  input_scale):
+    backend, dtype, (q, k, v), (qh, kh, vh) = _gpu_inputs(kernel, (1, heads, seqlen_q, head_dim),
+                                                          (1, kv_heads, seqlen_k, head_dim), 21)
+    q, k = q * input_scale, k * input_scale
+    qh, kh = (t.float().cpu().numpy().astype(np.float64) for t in (q, k))
+    out = q.new_full(q.shape, float("nan"))
+    _, lse = numba_attn.flash_forward(q, k, v, causal=causal, window=window, softcap=softcap, backend=backend,
+                                      out=out, return_lse=True)
+    rows = _rows(seqlen_q)
+    ref, ref_lse = reference.attention(qh, kh, vh, causal=causal, window=window, softcap=softcap, rows=rows,
+                                       return_lse=True)
     host = out.float().cpu().numpy()
     assert not np.isnan(host).any()
     assert rel_error(host[:, :, rows], ref) < TOLERANCE[dtype]

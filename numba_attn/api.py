@@ -1,8 +1,9 @@
-"""The public API of numba_attn: seven functions, each with the same signature as its float64 twin in `reference`.
+"""The public API of numba_attn: eight functions, each with the same signature as its float64 twin in `reference`.
 
 | numba_attn              | reference                         |
 |-------------------------|-----------------------------------|
 | ``flash_forward``       | ``reference.attention``           |
+| ``flash_forward_varlen`` | ``reference.attention_varlen``   |
 | ``flash_backward``      | ``reference.flash_attention_v2_backward`` (``attention_backward``) |
 | ``flash_decode``        | ``reference.attention`` (via split-KV + ``combine_lse``) |
 | ``combine_lse``         | ``reference.combine_lse``         |
@@ -37,6 +38,7 @@ from .decode import cached as _decode_plan
 from .decode import dispatch as _decode
 from .decode import simt as _decode_simt
 from .forward import dispatch as _forward
+from .forward import varlen as _varlen
 from .forward.dispatch import BACKENDS
 from .linear import dispatch as _linear
 from .linear.dispatch import BACKENDS as LINEAR_BACKENDS
@@ -53,7 +55,7 @@ from .runtime.shapes import attention_shape, check_array, linear_shape
 from .runtime.views import lift
 
 __all__ = [
-    "flash_forward", "flash_backward", "flash_decode", "combine_lse", "causal_dot_product",
+    "flash_forward", "flash_forward_varlen", "flash_backward", "flash_decode", "combine_lse", "causal_dot_product",
     "causal_dot_product_backward", "linear_attention", "BACKENDS", "LINEAR_BACKENDS",
 ]
 
@@ -173,6 +175,52 @@ def _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf
         return checked()
     return _served("flash_forward", (q, k, v), (causal, sm_scale, return_lse, backend, allow_tf32, window, softcap),
                    checked)
+
+
+@_one_call_at_a_time_under_the_simulator
+def flash_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, causal=False,
+                         sm_scale=None, window=None, softcap=None, return_lse=False, out=None, backend=None):
+    """``flash_forward`` of a batch of packed sequences of different lengths (FlashAttention's varlen layout):
+    ``reference.attention_varlen``, no padding work.
+
+    Args:
+        q: ``(total_q, heads, headdim)``, the queries of all sequences one after the other.
+        k, v: ``(total_k, kv_heads, headdim)``, likewise; ``heads`` a multiple of ``kv_heads``.
+        cu_seqlens_q, cu_seqlens_k: ``batch + 1`` offsets ``[0, len_0, len_0 + len_1, ..., total]``: sequence ``b``
+            is ``q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]]`` against ``k[cu_seqlens_k[b]:cu_seqlens_k[b + 1]]``
+            (sequences may be empty). Host arrays (NumPy, lists, torch CPU tensors; any integer dtype) are checked:
+            1-d, starting at 0, non-decreasing, ending at ``total_q`` / ``total_k``, the same length (ValueError
+            naming the argument). Device arrays (int32, q's library and device) are not read back: their values
+            are the caller's contract, unchecked, as FlashAttention's (offsets out of range read and write out of
+            bounds).
+        max_seqlen_q, max_seqlen_k: None or the longest sequence's length (FlashAttention's arguments). With device
+            offsets ``max_seqlen_q`` bounds the grid (a smaller value than the real one leaves rows unwritten: a
+            contract); with host offsets a value below the real one is a ValueError. ``max_seqlen_k`` is checked
+            only.
+        causal, sm_scale, window, softcap: as ``flash_forward``, each sequence aligned bottom-right at its own
+            lengths (query ``i`` of a sequence sees keys ``j <= i + len_k - len_q``).
+        return_lse: also return ``lse``, ``(heads, total_q)`` float32 (FlashAttention's varlen layout).
+        out: optional output of q's shape, dtype and kind.
+        backend: as ``flash_forward`` ("wgmma", "mma", "simt" or None); every kernel takes packed sequences, each
+            with its default tiles (the autotuner is not asked).
+
+    Returns:
+        ``out`` ``(total_q, heads, headdim)``, or ``(out, lse)``. Rows that see no key give 0 and ``lse = -inf``.
+
+    Every call takes the checked path (``runtime.replay`` does not record it), and it is not hooked into autograd
+    (torch tensors that require grad, in grad mode: a ValueError).
+    """
+    causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
+    sm_scale, window, softcap = check_sm_scale(sm_scale), check_window(window), check_softcap(softcap)
+    backend = check_backend(backend, BACKENDS)
+    if type(q).__module__.startswith("torch") and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
+        import torch
+
+        if torch.is_grad_enabled():
+            raise ValueError("q, k, v: flash_forward_varlen is not hooked into autograd (no backward yet); detach "
+                             "the inputs or use torch.no_grad()")
+    return _varlen.run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale, window,
+                       softcap, return_lse, out, backend, _lse_placeholder)
 
 
 @_one_call_at_a_time_under_the_simulator

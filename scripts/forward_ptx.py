@@ -9,7 +9,7 @@ Kernels ``simt``, ``mma`` (float16 / bfloat16 ``mma.sync``), ``tf32`` (float32 3
 tiles, both input dtypes, and the variants that change its code: causal and not for ``simt`` (a compile-time flag
 there), a scale <= 0 for the others. Without options the plain kernels (no window, no soft-capping, dense batches:
 what kernels compiled before these existed); ``--window`` (``none`` for an unbounded side), ``--softcap`` and
-``--varlen`` build those specialisations instead. The kernels are compiled as the launches type them (the SIMT
+``--varlen`` (packed sequences) build those specialisations instead. The kernels are compiled as the launches type them (the SIMT
 kernel's argument types are built here; the others have fixed signatures). Mangled names are normalised as
 ``scripts/ptx_dump.py`` does, and so are the numbers Numba gives dynamic shared arrays; ``index.txt`` lists each specialisation's hash and instruction count.
 """
@@ -38,7 +38,7 @@ def _variant_kwargs(window, softcap, varlen, causal):
     if softcap is not None:
         options["softcap"] = softcap
     if varlen:
-        options["varlen"] = True
+        options["packed"] = True
     return {"variant": Variant(**options)}
 
 
@@ -50,9 +50,9 @@ def _specs(kernel, window, softcap, varlen):
 
     def signature(module, kwargs):
         variant = kwargs.get("variant")
-        if variant is None or not getattr(variant, "varlen", False):
+        if variant is None or not getattr(variant, "packed", False):
             return module.SIGNATURE.args
-        return module.SIGNATURE.args + (types.Array(types.int32, 1, "A"),)  # the block table
+        return module.SIGNATURE.args + (types.Array(types.int32, 1, "A"),)  # the schedule
 
     if kernel == "simt":
         for d in (16, 64, 128):
@@ -65,7 +65,7 @@ def _specs(kernel, window, softcap, varlen):
                     array = types.Array(dtype, 4, "A")
                     argtypes = (array, array, array, array, types.Array(types.float32, 3, "A"), types.boolean,
                                 types.float32)
-                    if varlen:  # the block table
+                    if varlen:  # the schedule
                         argtypes += (types.Array(types.int32, 1, "A"),)
                     yield (f"simt_d{d}_{dtype}_{'causal' if causal else 'full'}", built.py_func, argtypes,
                            (config.threads, config.blocks_per_sm))

@@ -57,7 +57,7 @@ def poisoned_outputs(monkeypatch):
 
     def poisoned_scratch(self, *args, **kwargs):
         view = scratch(self, *args, **kwargs)
-        view[...] = np.nan
+        view[...] = np.nan if np.dtype(view.dtype).kind == "f" else -12345  # (integer scratch: an index table)
         return view
 
     monkeypatch.setattr(arrays.Call, "output", poisoned_output)

@@ -59,11 +59,11 @@ import numpy as np
 from numba import float32, uint16, uint32
 
 from ..core import ptx
-from ..core.block_info import QUERY_MAJOR, block_position, grid, key_tile_walk, lane_position, sequence_bounds
+from ..core.block_info import QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
 from ..core.epilogue import as_16bit, store_rows
 from ..core.mask import tile_is_partial
 from ..core.softmax import exponent_scale_for, fragment_clear, softmax_start, softmax_update
-from ..core.staging import device_function, tile_loader
+from ..core.staging import device_function, kernel_body, tile_loader
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
 from . import common
@@ -195,7 +195,8 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     wait_tile = ptx.cp_async_wait_group(STAGES - 2)  # the oldest group in flight (tile j's) has landed
     load_q_tile = tile_loader(32 * tiles.warps, ROW, tiles.d_pad, BLOCK_M, np.uint16, vector_loads)
     load_tile = tile_loader(32 * tiles.warps, ROW, tiles.d_pad, BLOCK_N, np.uint16, vector_loads)
-    position = block_position(QUERY_MAJOR, BLOCK_M)
+    position = block_position_of(QUERY_MAJOR, BLOCK_M, variant.packed)
+    bounds = sequence_bounds_of(variant.packed)
     exponent = exponent_scale_for(variant.softcap)  # the compile-time c log2 e with a cap
     walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)  # tiles wholly outside a window: skipped
     partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
@@ -212,11 +213,12 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
         c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3] = mma(a0, a1, a2, a3, b0, b1,
                                                                  c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3])
 
-    def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
+    @kernel_body
+    def body(q, k, v, out, lse, write_lse, causal, scale_log2, schedule):
         tid, warp, lane, g, t = lane_position()
         # causal: the longest (last) query blocks start first
-        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal)
-        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
+        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal, schedule)
+        seqlen_q, key_start, key_end, diag_offset = bounds(q, k, b, schedule)
         head_dim = q.shape[3]
         warp_row = 16 * M_TILES * warp  # this warp's first row in the block; m-tile mt adds 16 mt
         row0 = m0 + warp_row + g  # rows of this thread: row0 + 16 mt and row0 + 16 mt + 8
@@ -294,7 +296,7 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
             finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, write_lse and p == 0,
                    post)
 
-    return kernel
+    return common.entry_kernel(body, variant.packed)
 
 
 @lru_cache(maxsize=None)
@@ -304,15 +306,16 @@ def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_lo
     and the ``variant`` (window) are constants (causality is a run-time flag: it only changes the loop bound and the
     diagonal tiles' masks)."""
     source = _kernel_source(tiles_for(config, head_dim_pad), bf16, vector_loads, scale_first, variant)
-    return kernel_jit(config.launch_bounds(), SIGNATURE)(source)
+    return kernel_jit(config.launch_bounds(), common.signature(uint16, variant))(source)
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: MmaConfig | None = None,
            dtype: str | None = None, window=None,
-           softcap: float | None = None):
+           softcap: float | None = None, schedule=None):
     """Launch on device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q) float32.
     ``window``: None or a checked ``(left, right)`` sliding window (``runtime.arguments.check_window``);
-    ``softcap``: None or a checked cap ``c > 0`` of the scores (``core.scores``).
+    ``softcap``: None or a checked cap ``c > 0`` of the scores (``core.scores``); ``schedule``: None, or the int32
+    schedule of packed sequences (``forward.varlen``: the views are then ``(1, heads, total, headdim)``).
 
     ``dtype`` is ``"float16"`` or ``"bfloat16"``; None means float16 for float16 arrays and bfloat16 for uint16 /
     int16 bit views (the way this package carries bfloat16). ``out`` has q's shape and receives the input dtype
@@ -331,7 +334,8 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     common.check_shared_memory(tiles.shared_bytes)
     scale_log2, scale_first = common.scale_args(sm_scale, softcap)
     kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads_ok(q, k, v), scale_first,
-                              Variant.of(bool(causal), window, softcap))
-    shape = grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m)
+                              Variant.of(bool(causal), window, softcap, schedule is not None))
+    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m, schedule)
+    extra = () if schedule is None else (schedule,)
     device_launch(kernel, shape, config.threads, stream, tiles.shared_bytes,
-                  q, k, v, out, lse, bool(write_lse), bool(causal), scale_log2)
+                  q, k, v, out, lse, bool(write_lse), bool(causal), scale_log2, *extra)

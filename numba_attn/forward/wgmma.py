@@ -44,11 +44,11 @@ from numba import float32, uint16, uint32
 
 from ..core import ptx
 from ..core import warpgroup as wgmma
-from ..core.block_info import QUERY_MAJOR, block_position, grid, key_tile_walk, lane_position, sequence_bounds
+from ..core.block_info import QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
 from ..core.epilogue import as_16bit, store_rows
 from ..core.mask import tile_is_partial
 from ..core.softmax import exponent_scale_for, softmax_start, softmax_update
-from ..core.staging import device_function
+from ..core.staging import device_function, kernel_body
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
 from . import common
@@ -188,7 +188,8 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
     wait_all = ptx.cp_async_wait_all
     load_q_tile = tile_loader(BLOCK_M, d_pad)
     load_tile = tile_loader(BLOCK_N, d_pad)
-    position = block_position(QUERY_MAJOR, BLOCK_M)
+    position = block_position_of(QUERY_MAJOR, BLOCK_M, variant.packed)
+    bounds = sequence_bounds_of(variant.packed)
     exponent = exponent_scale_for(variant.softcap)  # the compile-time c log2 e with a cap
     walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)  # tiles wholly outside a window: skipped
     partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
@@ -225,11 +226,12 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
             p[4 * kk + 2] = pack(s[0, 2 * kk + 1, 0], s[0, 2 * kk + 1, 1])
             p[4 * kk + 3] = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
 
-    def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
+    @kernel_body
+    def body(q, k, v, out, lse, write_lse, causal, scale_log2, schedule):
         tid, warp, lane, g, t = lane_position()  # warp w holds rows 16 w + g and 16 w + g + 8 of the block
         # causal: the longest (last) query blocks start first
-        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal)
-        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
+        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal, schedule)
+        seqlen_q, key_start, key_end, diag_offset = bounds(q, k, b, schedule)
         head_dim = q.shape[3]
         row0 = m0 + 16 * warp + g  # rows of this thread: row0 and row0 + 8
 
@@ -289,7 +291,7 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
         # ---- epilogue: O / l in the input dtype, and lse --------------------------------------------------------
         finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post)
 
-    return kernel
+    return common.entry_kernel(body, variant.packed)
 
 
 @lru_cache(maxsize=None)
@@ -299,16 +301,17 @@ def flash_wgmma_kernel(config: WgmmaConfig, head_dim_pad: int, bf16: bool, scale
     if head_dim_pad % 16 or not 16 <= head_dim_pad <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, {MAX_HEAD_DIM}], got {head_dim_pad}")
     source = _kernel_source(config, head_dim_pad, bf16, scale_first, variant)
-    return kernel_jit((THREADS, config.blocks_per_sm), SIGNATURE)(source)
+    return kernel_jit((THREADS, config.blocks_per_sm), common.signature(uint16, variant))(source)
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream,
            config: WgmmaConfig | None = None, dtype: str | None = None, window=None,
-           softcap: float | None = None):
+           softcap: float | None = None, schedule=None):
     """Launch on device views of shape (batch, heads, seqlen, headdim) that ``supports`` accepts; lse is (batch,
     heads, seqlen_q) float32. ``dtype``: ``"float16"`` or ``"bfloat16"`` (None: float16 for float16 arrays,
     bfloat16 for 16-bit bit views). ``window``: None or a checked ``(left, right)`` sliding window; ``softcap``: None
-    or a checked cap ``c > 0`` of the scores."""
+    or a checked cap ``c > 0`` of the scores; ``schedule``: None, or the int32 schedule of packed sequences
+    (``forward.varlen``)."""
     config = config or default_config()
     dtype = common.sixteen_bit_dtype(q, dtype)
     batch, heads, seqlen_q, head_dim = q.shape
@@ -324,7 +327,8 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     common.check_shared_memory(nbytes)
     scale_log2, scale_first = common.scale_args(sm_scale, softcap)
     kernel = flash_wgmma_kernel(config, d_pad, dtype == "bfloat16", scale_first,
-                                Variant.of(bool(causal), window, softcap))
-    shape = grid(QUERY_MAJOR, batch, heads, seqlen_q, BLOCK_M)
+                                Variant.of(bool(causal), window, softcap, schedule is not None))
+    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, BLOCK_M, schedule)
+    extra = () if schedule is None else (schedule,)
     device_launch(kernel, shape, THREADS, stream, nbytes, q, k, v, out, lse, bool(write_lse), bool(causal),
-                  scale_log2)
+                  scale_log2, *extra)

@@ -5,7 +5,7 @@ Query ``i`` sees keys ``i' - left <= j <= i' + right``, ``i' = i + seqlen_k - se
 ``right = min(right, 0)``). Tiny shapes run under the CUDA simulator (tiles of 8 rows / 8 keys there, so lengths
 1..40 reach tiles the window skips, cuts and covers); outputs start as NaN so an unwritten element fails. The block
 range and the tile predicates (``core.block_info.key_tile_range``, ``core.mask``) are checked in pure Python
-against ``reference``'s band, element by element. The `gpu` tests run realistic sizes on real hardware only.
+against ``reference``'s band, element by element. Realistic sizes on a GPU: test_flash_variants.py.
 """
 from __future__ import annotations
 
@@ -161,37 +161,7 @@ def test_window_sides():
     assert mask.visible_end_in(mask.NO_WINDOW) is mask.visible_end
 
 
-# ---- realistic sizes on a GPU -----------------------------------------------------------------------------------------
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize(
-    "heads,kv_heads,seqlen_q,seqlen_k,head_dim,window,causal",
-    [
-        (4, 4, 1000, 1000, 64, (256, 0), True),  # local causal attention (Mistral-style)
-        (8, 2, 777, 1531, 128, (100, 50), False),  # GQA, Lq != Lk
-        (2, 1, 1531, 777, 59, (None, 3), False),  # Lq > Lk, odd head dim
-        (2, 2, 300, 5000, 128, (64, None), True),  # queries at the end of a long cache
-        (2, 2, 2000, 200, 80, (0, 0), False),  # most rows see no key
-    ],
-)
-def test_gpu_flash_forward_window(dtype, heads, kv_heads, seqlen_q, seqlen_k, head_dim, window, causal):
-    import cupy
-
-    rng = np.random.default_rng(10)
-    q = rng.standard_normal((2, heads, seqlen_q, head_dim)).astype(dtype)
-    k = rng.standard_normal((2, kv_heads, seqlen_k, head_dim)).astype(dtype)
-    v = rng.standard_normal((2, kv_heads, seqlen_k, head_dim)).astype(dtype)
-    dq, dk, dv = (cupy.asarray(x) for x in (q, k, v))
-    out = cupy.full(q.shape, cupy.nan, dtype=dtype)  # poison: unwritten elements show as NaN
-    _, lse = numba_attn.flash_forward(dq, dk, dv, causal=causal, window=window, out=out, return_lse=True)
-    rows = np.unique(np.r_[0:8, seqlen_q // 2: seqlen_q // 2 + 8, seqlen_q - 8: seqlen_q].clip(0, seqlen_q - 1))
-    ref, ref_lse = reference.attention(q, k, v, causal=causal, window=window, rows=rows, return_lse=True)
-    host = out.get()
-    assert not np.isnan(host).any()
-    assert rel_error(host[:, :, rows], ref) < TOLERANCE[dtype]
-    assert_close_lse(lse.get()[:, :, rows], ref_lse)
-
-
+# ---- on a GPU (realistic sizes on every kernel: test_flash_variants.py) -----------------------------------------------
 @pytest.mark.gpu
 def test_gpu_replayed_calls_keep_their_window():
     # CuPy calls replay recorded plans (runtime.replay): the window is part of a plan's key

@@ -30,10 +30,10 @@ def _inputs(seed, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype, batch=1)
     return q, k, v
 
 
-def _check(kernel, seqlen_q, seqlen_k, head_dim, kv_heads, causal, seed=0, scale_inputs=1.0, **options):
+def _check(kernel, seqlen_q, seqlen_k, head_dim, heads, causal, seed=0, scale_inputs=1.0, **options):
     backend, dtype, extra = KERNELS[kernel]
-    q, k, v = ((scale_inputs * x).astype(dtype) for x in _inputs(seed, 2, kv_heads, seqlen_q, seqlen_k, head_dim,
-                                                                  dtype))
+    q, k, v = ((scale_inputs * x).astype(dtype) for x in _inputs(seed, heads[0], heads[1], seqlen_q, seqlen_k,
+                                                                  head_dim, dtype))
     out, lse = numba_attn.flash_forward(q, k, v, causal=causal, backend=backend, return_lse=True, **extra, **options)
     ref, ref_lse = reference.attention(q, k, v, causal=causal, return_lse=True, **options)
     assert not np.isnan(out).any() and not np.isnan(lse).any()
@@ -42,12 +42,12 @@ def _check(kernel, seqlen_q, seqlen_k, head_dim, kv_heads, causal, seed=0, scale
     assert (out[np.isneginf(ref_lse)] == 0).all()  # rows whose window holds no key: exactly 0 and -inf
 
 
-# (seqlen_q, seqlen_k, head_dim, kv_heads, window, causal) per kernel: the simulator tiles are 16 rows x 16 keys
-# (mma, wgmma: 64 rows), 16 x 8 (tf32), 8 x 8 (simt); a left side alone, both sides, and a window with causal
+# (seqlen_q, seqlen_k, head_dim, (heads, kv_heads), window, causal) per kernel: the simulator tiles are 16 rows x 16
+# keys (mma; wgmma: 64 rows), 16 x 8 (tf32), 8 x 8 (simt); a left side alone, both sides, and a window with causal
 WINDOW_CASES = {
-    "mma": [(24, 40, 16, 1, (5, 3), False), (37, 29, 16, 2, (9, None), True)],
-    "tf32": [(24, 40, 8, 1, (4, 6), False), (21, 21, 8, 2, (7, 0), True)],
-    "wgmma": [(20, 70, 16, 1, (11, 2), True)],
+    "mma": [(24, 40, 16, (1, 1), (5, 3), False), (37, 29, 16, (2, 1), (9, None), True)],
+    "tf32": [(24, 40, 8, (1, 1), (4, 6), False), (21, 21, 8, (2, 1), (7, 0), True)],
+    "wgmma": [(20, 70, 16, (1, 1), (11, 2), True)],
 }
 
 
@@ -55,16 +55,17 @@ WINDOW_CASES = {
 @pytest.mark.parametrize("kernel,case", [(kernel, case) for kernel, cases in WINDOW_CASES.items()
                                          for case in cases])
 def test_simulated_window(poisoned_outputs, kernel, case):
-    seqlen_q, seqlen_k, head_dim, kv_heads, window, causal = case
-    _check(kernel, seqlen_q, seqlen_k, head_dim, kv_heads, causal, seed=seqlen_q, window=window)
+    seqlen_q, seqlen_k, head_dim, heads, window, causal = case
+    _check(kernel, seqlen_q, seqlen_k, head_dim, heads, causal, seed=seqlen_q, window=window)
 
 
 # soft-capping: a cap small enough to bend the scores (|sm_scale q.k| reaches several units here), with a window,
 # with causal, with a negative scale (capped kernels never scale first)
 SOFTCAP_CASES = {
-    "simt": [(19, 27, 8, 2, dict(softcap=1.5, window=(6, 2)), False), (13, 13, 16, 1, dict(softcap=0.7), True)],
-    "mma": [(21, 40, 16, 2, dict(softcap=2.0), True), (9, 20, 16, 1, dict(softcap=3.0, sm_scale=-0.4), False)],
-    "tf32": [(20, 17, 8, 1, dict(softcap=1.0, window=(5, None)), False)],
+    "simt": [(19, 27, 8, (2, 1), dict(softcap=1.5, window=(6, 2)), False),
+             (13, 13, 16, (1, 1), dict(softcap=0.7), True)],
+    "mma": [(21, 40, 16, (1, 1), dict(softcap=2.0), True), (9, 20, 16, (1, 1), dict(softcap=3.0, sm_scale=-0.4), False)],
+    "tf32": [(20, 17, 8, (1, 1), dict(softcap=1.0, window=(5, None)), False)],
     # wgmma: with causal and a cap in test_flash_varlen.py
 }
 
@@ -74,8 +75,8 @@ SOFTCAP_CASES = {
 def test_simulated_softcap(poisoned_outputs, kernel, case):
     if not numba_attn.SIMULATOR and kernel != "simt":
         pytest.skip("the gpu tests cover this on a GPU")
-    seqlen_q, seqlen_k, head_dim, kv_heads, options, causal = case
-    _check(kernel, seqlen_q, seqlen_k, head_dim, kv_heads, causal, seed=seqlen_k, scale_inputs=2.0, **options)
+    seqlen_q, seqlen_k, head_dim, heads, options, causal = case
+    _check(kernel, seqlen_q, seqlen_k, head_dim, heads, causal, seed=seqlen_k, scale_inputs=2.0, **options)
 
 
 def test_softcap_changes_the_result_and_zero_is_none():
@@ -95,6 +96,19 @@ def test_bad_softcaps_raise(softcap, error):
     q, k, v = _inputs(2, 1, 1, 3, 3, 8, "float32")
     with pytest.raises(error, match="^softcap"):
         numba_attn.flash_forward(q, k, v, softcap=softcap)
+
+
+def test_window_and_softcap_are_refused_under_autograd():
+    torch = pytest.importorskip("torch")
+    q = torch.zeros((1, 1, 4, 8), requires_grad=True)
+    k, v = torch.zeros((1, 1, 4, 8)), torch.zeros((1, 1, 4, 8))
+    for name, options in (("window", dict(window=(1, 0))), ("softcap", dict(softcap=5.0))):
+        with pytest.raises(ValueError, match=f"^{name}: flash_backward takes no {name} yet"):
+            numba_attn.flash_forward(q, k, v, **options)
+        with torch.no_grad():
+            numba_attn.flash_forward(q, k, v, **options)
+    with pytest.raises(ValueError, match="^q, k, v: flash_forward_varlen is not hooked into autograd"):
+        numba_attn.flash_forward_varlen(q[0, 0, :, None], k[0, 0, :, None], v[0, 0, :, None], [0, 4], [0, 4])
 
 
 # ---- realistic sizes on a GPU -----------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""The public API of numba_attn: seven functions, each with the same signature as its float64 twin in `reference`.
+"""The public API of numba_attn: eight functions, each with the same signature as its float64 twin in `reference`.
 
 | numba_attn              | reference                         |
 |-------------------------|-----------------------------------|
 | ``flash_forward``       | ``reference.attention``           |
+| ``flash_forward_varlen`` | ``reference.attention_varlen``   |
 | ``flash_backward``      | ``reference.flash_attention_v2_backward`` (``attention_backward``) |
 | ``flash_decode``        | ``reference.attention_with_kvcache`` (``reference.attention`` without cache options) |
 | ``combine_lse``         | ``reference.combine_lse``         |
@@ -33,10 +34,12 @@ import functools
 import math
 
 from .backward import dispatch as _backward
+from .core.scores import kernel_scale
 from .decode import cached as _decode_plan
 from .decode import dispatch as _decode
 from .decode import simt as _decode_simt
 from .forward import dispatch as _forward
+from .forward import varlen as _varlen
 from .forward.dispatch import BACKENDS
 from .linear import dispatch as _linear
 from .linear.dispatch import BACKENDS as LINEAR_BACKENDS
@@ -53,7 +56,7 @@ from .runtime.shapes import attention_shape, check_array, linear_shape
 from .runtime.views import lift
 
 __all__ = [
-    "flash_forward", "flash_backward", "flash_decode", "combine_lse", "causal_dot_product",
+    "flash_forward", "flash_forward_varlen", "flash_backward", "flash_decode", "combine_lse", "causal_dot_product",
     "causal_dot_product_backward", "linear_attention", "linear_attention_backward", "BACKENDS", "LINEAR_BACKENDS",
 ]
 
@@ -101,7 +104,7 @@ def _served(name: str, arrays: tuple, options: tuple, checked):
 
 
 def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out=None, backend=None,
-                  allow_tf32=False, window=None):
+                  allow_tf32=False, window=None, softcap=None):
     """Exact attention ``softmax(sm_scale * q k^T) v`` without materialising the scores.
 
     Args:
@@ -127,9 +130,14 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
             throughout.
         window: a sliding window ``(left, right)`` around the same bottom-right diagonal: query ``i`` sees keys
             ``i' - left <= j <= i' + right``, ``i' = i + seqlen_k - seqlen_q``; each side an int >= 0 or None
-            (unbounded); with ``causal`` the right side is ``min(right, 0)``. None (default): no window. Runs on the
-            SIMT kernel only so far (float16 / float32): ``backend=None`` picks "simt", "mma" or "wgmma" is a
-            ValueError; not with autograd (``flash_backward`` takes no window yet).
+            (unbounded); with ``causal`` the right side is ``min(right, 0)``. None (default): no window. Every
+            backend takes one (a compile-time variant of its kernel; key tiles wholly outside the window are
+            skipped); not with autograd (``flash_backward`` takes no window yet).
+        softcap: None (default) or 0: no capping; a finite ``c > 0``: the scores become ``c * tanh(sm_scale * q.k /
+            c)`` before the mask and the softmax (FlashAttention's soft-capping, as ``reference.attention``'s), and
+            ``lse`` is that of the capped scores. A compile-time variant of every kernel (one specialisation per
+            value of ``c``); ``tanh.approx`` in the float16 / bfloat16 tensor-core kernels, ``tanh`` in the float32
+            ones; not with autograd (``flash_backward`` takes no softcap yet).
 
     Returns:
         ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key (or whose scores are all -inf) give 0
@@ -139,32 +147,81 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
     (``torch_ops``): autograd records the call (its backward is ``flash_backward``), ``lse`` is not differentiable,
     ``out=`` is a ValueError, and ``torch.compile(fullgraph=True)`` traces the call without a graph break.
     """
-    window = check_window(window)  # (checked here, not in ``checked``: a list is no replay plan's key)
+    # (checked here, not in ``checked``: a list is no replay plan's key, and 50 and 50.0 are one cap)
+    window, softcap = check_window(window), check_softcap(softcap)
     if type(q).__module__.startswith("torch") and (
             q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)):
         from . import torch_ops  # (torch is imported by now: q is a tensor)
 
-        if window is not None and torch_ops.torch.is_grad_enabled():
-            raise ValueError("window: flash_backward takes no window yet, so a windowed call cannot be recorded "
-                             "for autograd; detach the inputs or use torch.no_grad()")
+        for name, value in (("window", window), ("softcap", softcap)):
+            if value is not None and torch_ops.torch.is_grad_enabled():
+                raise ValueError(f"{name}: flash_backward takes no {name} yet, so such a call cannot be recorded "
+                                 "for autograd; detach the inputs or use torch.no_grad()")
 
         result = torch_ops.forward_with_grad(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32)
         if result is not None:
             return result
-    return _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window)
+    return _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window, softcap)
 
 
 @_one_call_at_a_time_under_the_simulator
-def _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window=None):
+def _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window=None, softcap=None):
     def checked():
         return _attention(q, k, v, check_flag(causal, "causal"), check_sm_scale(sm_scale),
                           check_flag(return_lse, "return_lse"), out, num_splits=None, decode=False,
                           backend=check_backend(backend, BACKENDS), allow_tf32=check_flag(allow_tf32, "allow_tf32"),
-                          window=window)
+                          window=window, softcap=softcap)
 
     if out is not None:  # (plans make their outputs)
         return checked()
-    return _served("flash_forward", (q, k, v), (causal, sm_scale, return_lse, backend, allow_tf32, window), checked)
+    return _served("flash_forward", (q, k, v), (causal, sm_scale, return_lse, backend, allow_tf32, window, softcap),
+                   checked)
+
+
+@_one_call_at_a_time_under_the_simulator
+def flash_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, causal=False,
+                         sm_scale=None, window=None, softcap=None, return_lse=False, out=None, backend=None):
+    """``flash_forward`` of a batch of packed sequences of different lengths (FlashAttention's varlen layout):
+    ``reference.attention_varlen``, no padding work.
+
+    Args:
+        q: ``(total_q, heads, headdim)``, the queries of all sequences one after the other.
+        k, v: ``(total_k, kv_heads, headdim)``, likewise; ``heads`` a multiple of ``kv_heads``.
+        cu_seqlens_q, cu_seqlens_k: ``batch + 1`` offsets ``[0, len_0, len_0 + len_1, ..., total]``: sequence ``b``
+            is ``q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]]`` against ``k[cu_seqlens_k[b]:cu_seqlens_k[b + 1]]``
+            (sequences may be empty). Host arrays (NumPy, lists, torch CPU tensors; any integer dtype) are checked:
+            1-d, starting at 0, non-decreasing, ending at ``total_q`` / ``total_k``, the same length (ValueError
+            naming the argument). Device arrays (int32, q's library and device) are not read back: their values
+            are the caller's contract, unchecked, as FlashAttention's (offsets out of range read and write out of
+            bounds).
+        max_seqlen_q, max_seqlen_k: None or the longest sequence's length (FlashAttention's arguments). With device
+            offsets ``max_seqlen_q`` bounds the grid (a smaller value than the real one leaves rows unwritten: a
+            contract); with host offsets a value below the real one is a ValueError. ``max_seqlen_k`` is checked
+            only.
+        causal, sm_scale, window, softcap: as ``flash_forward``, each sequence aligned bottom-right at its own
+            lengths (query ``i`` of a sequence sees keys ``j <= i + len_k - len_q``).
+        return_lse: also return ``lse``, ``(heads, total_q)`` float32 (FlashAttention's varlen layout).
+        out: optional output of q's shape, dtype and kind.
+        backend: as ``flash_forward`` ("wgmma", "mma", "simt" or None); every kernel takes packed sequences, each
+            with its default tiles (the autotuner is not asked).
+
+    Returns:
+        ``out`` ``(total_q, heads, headdim)``, or ``(out, lse)``. Rows that see no key give 0 and ``lse = -inf``.
+
+    Every call takes the checked path (``runtime.replay`` does not record it), and it is not hooked into autograd
+    (torch tensors that require grad, in grad mode: a ValueError).
+    """
+    causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
+    sm_scale, window, softcap = check_sm_scale(sm_scale), check_window(window), check_softcap(softcap)
+    backend = check_backend(backend, BACKENDS)
+    if type(q).__module__.startswith("torch") and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
+        import torch
+
+        if torch.is_grad_enabled():
+            raise ValueError("q, k, v: flash_forward_varlen is not hooked into autograd (no backward yet); detach "
+                             "the inputs or use torch.no_grad()")
+    return _varlen.run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale, window,
+                       softcap, return_lse, out, backend, _lse_placeholder)
 
 
 @_one_call_at_a_time_under_the_simulator
@@ -286,30 +343,33 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, w
 
 
 def _attention(q, k, v, causal, sm_scale, return_lse, out, num_splits, decode, backend, allow_tf32=False,
-               plan_key=None, window=None):
+               plan_key=None, window=None, softcap=None):
     shape = attention_shape(q, k, v)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(shape.head_dim)
     if not decode:
         _forward.check_seqlen_q(shape.seqlen_q)
+    if softcap is not None:
+        kernel_scale(sm_scale, softcap)  # ValueError where the kernels' float32 scales would not be finite
     call = prepare({"q": q, "k": k, "v": v})
     with on_device(call.device_id):
         return _run_attention(call, shape, causal, sm_scale, return_lse, out, num_splits, decode, backend,
-                              allow_tf32, plan_key, window)
+                              allow_tf32, plan_key, window, softcap)
 
 
 def _run_attention(call, shape, causal, sm_scale, return_lse, out, num_splits, decode, backend, allow_tf32,
-                   plan_key, window=None):
+                   plan_key, window=None, softcap=None):
     out = call.output(shape.out_shape(), out=out)
     lse = call.output(shape.lse_shape(), "float32") if return_lse else None
     if decode:
         _decode.check_dtype(call.dtype)
     else:
-        backend = _forward.backend_for(call, shape, backend, allow_tf32, window)
+        backend = _forward.backend_for(call, shape, backend, allow_tf32)
     if shape.seqlen_q > 0 and shape.batch * shape.heads > 0:
         args = AttentionArgs(
             lift(call.inputs["q"], 4), lift(call.inputs["k"], 4), lift(call.inputs["v"], 4), lift(out.view, 4),
-            lift(lse.view, 3) if return_lse else _lse_placeholder(call), return_lse, sm_scale, causal, window)
+            lift(lse.view, 3) if return_lse else _lse_placeholder(call), return_lse, sm_scale, causal, window,
+            softcap)
         if decode:
             _decode.run(call, shape, args, num_splits, plan_key)
         else:

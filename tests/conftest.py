@@ -51,8 +51,9 @@ def poisoned_outputs(monkeypatch):
     output, scratch = arrays.Call.output, arrays.Call.scratch
 
     def poison(view):
-        # Numba device arrays take a scalar through full slices, not through an Ellipsis
-        view[(slice(None),) * len(view.shape)] = np.nan
+        # Numba device arrays take a scalar through full slices, not through an Ellipsis; integer scratch is an
+        # index table: a wrong index shows too
+        view[(slice(None),) * len(view.shape)] = np.nan if np.dtype(view.dtype).kind == "f" else -12345
 
     def poisoned_output(self, *args, **kwargs):
         result = output(self, *args, **kwargs)

@@ -3,10 +3,13 @@
 Two grid layouts (``QUERY_MAJOR``, ``HEAD_MAJOR``); ``grid`` builds either on the host and checks it against the
 device's limits, ``block_position`` reads it back on the device. ``key_tiles`` gives the key tiles a block of query
 rows walks (``mask.visible_end``: causal blocks stop at the diagonal), ``key_tile_range`` the same under a sliding
-window, where a block's keys also begin late (``mask.visible_start``); ``query_tiles_start`` the first query tile a
+window, where a block's keys also begin late (``mask.visible_start``), and ``key_tile_walk`` counts those tiles as
+the pipelined kernels do; ``query_tiles_start`` the first query tile a
 block of keys meets (the backward's reverse walk, ``mask.first_row``). A sequence's keys are ``key_start ..
-key_end``: ``0 .. seqlen_k`` for every batch entry in the forward kernels; a KV cache's rows have lengths of their
-own (``cache_length``: ``cache_seqlens``, read at run time, or the cache's capacity).
+key_end``: ``0 .. seqlen_k`` for every entry of a dense batch; packed sequences of different lengths
+(``flash_forward_varlen``) take a third grid, ``PACKED``, whose blocks read their rows and keys from a schedule
+(``block_position_of`` and ``sequence_bounds_of``, which give the dense functions unchanged otherwise); a KV cache's rows have
+lengths of their own (``cache_length``: ``cache_seqlens``, read at run time, or the cache's capacity).
 """
 from __future__ import annotations
 
@@ -45,6 +48,22 @@ def grid(layout: str, batch: int, heads: int, seqlen_q: int, block_m: int) -> tu
         if n > limit:
             raise ValueError(f"q: {name} ({n}) must be at most {limit} for one launch")
     return shape
+
+
+#: int32 words per entry of a packed-sequence schedule (``PACKED``): the block's first query row, one past its
+#: sequence's last row, and its sequence's first and one-past-last key (rows and keys: positions in the packed arrays)
+SCHEDULE_WORDS = 4
+#: grid ``(schedule entries, heads)`` over packed sequences (``flash_forward_varlen``): block ``x`` works on entry ``x``
+PACKED = "schedule entries, heads"
+
+
+def packed_grid(entries: int, heads: int) -> tuple:
+    """The ``PACKED`` launch grid; ValueError past the device's grid limits."""
+    limits = device_properties().max_grid
+    for n, name, limit in zip((entries, heads), ("query blocks", "heads"), limits):
+        if n > limit:
+            raise ValueError(f"q: {name} ({n}) must be at most {limit} for one launch")
+    return entries, heads, 1
 
 
 def block_position(layout: str, block_m: int):
@@ -118,6 +137,55 @@ def cache_length(ragged: bool, paged: bool):
     return length
 
 
+def block_position_of(layout: str, block_m: int, packed: bool = False):
+    """``position(q, k, v, out, longest_first, schedule) -> (b, h, m0, q_head, k_head, v_head, out_head)``.
+
+    Dense batches: ``block_position(layout, block_m)`` (``schedule`` unused; inlined, so a kernel compiles to what
+    calling that did). Packed sequences (``packed``, the ``PACKED`` grid): views ``(1, heads, total, headdim)`` of the
+    packed arrays, ``b = 0``, and the first row from this block's entry of the int32 ``schedule`` (``SCHEDULE_WORDS``
+    per entry, written by ``forward.varlen``; an idle entry has an empty sequence)."""
+    if not packed:
+        position = block_position(layout, block_m)
+
+        @inlined_function
+        def dense(q, k, v, out, longest_first, schedule):
+            return position(q, k, v, out, longest_first)
+
+        return dense
+
+    @_reads_thread_position
+    def packed_position(q, k, v, out, longest_first, schedule):
+        heads = q.shape[1]
+        h = cuda.blockIdx.y
+        hk = h // (heads // k.shape[1])
+        m0 = schedule[SCHEDULE_WORDS * cuda.blockIdx.x]
+        return 0, h, m0, q[0, h], k[0, hk], v[0, hk], out[0, h]
+
+    return packed_position
+
+
+def sequence_bounds_of(packed: bool = False):
+    """``bounds(q, k, b, schedule) -> (seqlen_q, key_start, key_end, diag_offset)``: ``sequence_bounds`` for dense
+    batches (inlined); for packed sequences from this block's schedule entry, in the packed arrays' positions: the
+    rows end at ``seqlen_q`` (the sequence's end, which loads and stores stop at), the keys are ``key_start ..
+    key_end``, and the diagonal is aligned bottom-right within the sequence, ``diag_offset = key_end - row_end``."""
+    if not packed:
+        @inlined_function
+        def dense(q, k, b, schedule):
+            return sequence_bounds(q, k, b)
+
+        return dense
+
+    @_reads_thread_position
+    def packed_bounds(q, k, b, schedule):
+        at = SCHEDULE_WORDS * cuda.blockIdx.x
+        row_end = schedule[at + 1]
+        key_end = schedule[at + 3]
+        return row_end, schedule[at + 2], key_end, key_end - row_end
+
+    return packed_bounds
+
+
 def key_tiles(block_m: int, block_n: int):
     """``tiles(m0, key_start, key_end, causal, diag_offset) -> n_tiles``: the ``block_n``-key tiles from
     ``key_start`` that rows ``m0 .. m0 + block_m - 1`` walk (0 or less: none)."""
@@ -161,6 +229,29 @@ def key_tile_range(block_m: int, block_n: int, window=NO_WINDOW):
         return begin, end
 
     return window_range
+
+
+def key_tile_walk(block_m: int, block_n: int, window=NO_WINDOW):
+    """``walk(m0, key_start, key_end, causal, diag_offset) -> (n_first, n_tiles)``: ``key_tile_range`` as the pipelined
+    kernels count their tiles: tile ``j`` starts at key ``n_first + j * block_n``, for ``j < n_tiles`` (0 or less:
+    none). Without a window ``(key_start, key_tiles(...))``, inlined: what kernels counted before windows."""
+    BLOCK_N = block_n
+    if window == NO_WINDOW:
+        count = key_tiles(block_m, block_n)
+
+        @inlined_function
+        def causal_walk(m0, key_start, key_end, causal, diag_offset):
+            return key_start, count(m0, key_start, key_end, causal, diag_offset)
+
+        return causal_walk
+    key_range = key_tile_range(block_m, block_n, window)
+
+    @inlined_function
+    def window_walk(m0, key_start, key_end, causal, diag_offset):
+        n_begin, n_end = key_range(m0, key_start, key_end, causal, diag_offset)
+        return n_begin, (n_end - n_begin + BLOCK_N - 1) // BLOCK_N
+
+    return window_walk
 
 
 def query_tiles_start(block_m: int):

@@ -20,7 +20,8 @@ from numba import float32
 
 from . import ptx
 from .constants import ACC_INIT, LN2, LOG2E
-from .mask import hidden
+from .mask import NO_WINDOW, hidden, hidden_in
+from .scores import cap_post, score_cap
 from .staging import device_function
 
 _NEG_INF = np.float32(-np.inf)
@@ -72,6 +73,20 @@ def exponent_scale(scale_log2, scale_first):
     return scale_log2
 
 
+def exponent_scale_for(softcap: float | None):
+    """``exponent_scale`` itself without a cap; with ``softcap = c`` a function giving the compile-time ``c log2 e``
+    (``scores.cap_post``: capped scores are ``tanh`` values, never scaled first)."""
+    if softcap is None:
+        return exponent_scale
+    POST = cap_post(softcap)
+
+    @device_function
+    def capped_exponent_scale(scale, scale_first):
+        return POST
+
+    return capped_exponent_scale
+
+
 @device_function
 def row_sum(l_part):
     """A row's ``l`` from the parts of its 4 lanes (they differ in the two low lane bits)."""
@@ -86,11 +101,12 @@ def log_sum_exp(m_row, l_row, post):
     return _NEG_INF if l_row == _ZERO else (m_row * post + math.log2(l_row)) * LN2
 
 
-def softmax_update(m_tiles: int, s_blocks: int, o_blocks: int, scale_first: bool, rescale_output: bool):
+def softmax_update(m_tiles: int, s_blocks: int, o_blocks: int, scale_first: bool, rescale_output: bool,
+                   window=NO_WINDOW, softcap: float | None = None, precise_tanh: bool = False):
     """``update(s, out, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post)``:
     ``softmax_step`` for each of the ``m_tiles`` m-tiles, each call with a constant m-tile index. (As a loop over
     m-tiles the body was too large for NVVM to unroll, and the register arrays it indexes went to local memory.)"""
-    step = softmax_step(s_blocks, o_blocks, scale_first, rescale_output)
+    step = softmax_step(s_blocks, o_blocks, scale_first, rescale_output, window, softcap, precise_tanh)
     update = None
     for mt in range(m_tiles):
         update = _and_m_tile(update, step, mt)
@@ -114,27 +130,39 @@ def _and_m_tile(before, step, mt: int):
     return device_function(then)
 
 
-def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output: bool, softcap: bool = False):
+def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output: bool, window=NO_WINDOW,
+                 softcap: float | None = None, precise_tanh: bool = False):
     """``step(s, out, m_run, l_run, mt, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post)``:
     one key tile's online-softmax update of m-tile ``mt`` (base 2), for ``s_blocks`` n8 blocks of scores.
 
-    Masks the keys ``mask.hidden`` names (past ``key_end``; above the diagonal when ``causal``) -- only when
-    ``needs_mask`` (``mask.tile_is_partial``). The running max is kept in the scores' units; ``P = exp2(s * post
+    Masks the keys ``mask.hidden_in(window)`` names (past ``key_end``; above the diagonal when ``causal``; outside
+    the compile-time sliding ``window``) -- only when ``needs_mask`` (``mask.tile_is_partial``). The running max is kept in the scores' units; ``P = exp2(s * post
     - m * post)`` replaces ``s`` in place, so a positive scale folds into the exponent's FFMA (``scale_first``: the
     scores are multiplied by ``scale_log2`` first, for a scale <= 0, which does not commute with max; then
     ``post = 1``). The row sums in ``l_run`` are rescaled by ``alpha = exp2((m_old - m_new) * post)`` and grown.
+
+    ``softcap = c``: each score becomes ``tanh(s * scale_log2)`` first (``scores.score_cap``; ``scale_log2`` is then
+    ``sm_scale / c`` and ``post`` is ``c log2 e``: ``exponent_scale_for``), with ``math.tanh`` when ``precise_tanh``
+    and ``tanh.approx`` otherwise; never with ``scale_first``.
 
     ``rescale_output=True``: ``out`` is the ``(m_tiles, o_blocks, 4)`` accumulator, rescaled by ``alpha`` here --
     skipped when no row maximum of the warp moved (a warp vote; after the first tiles they rarely do).
     ``rescale_output=False``: ``out`` receives ``alpha`` at ``[2 mt]``, ``[2 mt + 1]`` for the caller to apply.
 
-    ``softcap=True``: the scores become ``tanh(s * scale_log2)`` before the mask, the caller passing ``pre`` as
-    ``scale_log2`` and ``post = softcap * log2(e)`` (``softcap_scales``); ``scale_first`` is then ignored."""
+    ``softcap=True`` (the decode kernels, whose cap comes at run time): the same with ``math.tanh``, the caller passing
+    ``pre`` as ``scale_log2`` and ``post = softcap * log2(e)`` (``softcap_scales``); ``scale_first`` is then ignored.
+    ``softcap=False`` is no cap."""
     S_BLOCKS = s_blocks
     O_BLOCKS = o_blocks
-    SOFTCAP = softcap
-    SCALE_FIRST = scale_first and not softcap
+    if softcap is False:
+        softcap = None
+    if softcap is True:
+        precise_tanh = True
+    CAPPED = softcap is not None
+    SCALE_FIRST = scale_first and not CAPPED
     RESCALE = rescale_output
+    cap = score_cap(softcap, precise_tanh)
+    hidden = hidden_in(window)
     NEG_INF = _NEG_INF
     ZERO = _ZERO
     exp2 = ptx.exp2_approx
@@ -147,10 +175,10 @@ def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output
         for nb in range(S_BLOCKS):
             for e in range(4):
                 x = s[mt, nb, e]
-                if SOFTCAP:
-                    x = math.tanh(x * scale_log2)
                 if SCALE_FIRST:
                     x *= scale_log2
+                if CAPPED:
+                    x = cap(x, scale_log2)
                 if needs_mask:
                     key = n0 + 8 * nb + 2 * t + e % 2
                     if hidden(key, row0 + 16 * mt + 8 * (e // 2), key_end, causal, diag_offset):

@@ -30,6 +30,16 @@ def inlined_function(fn):
     return cuda.jit(device=True, inline="always")(fn)
 
 
+def kernel_body(fn):
+    """A kernel's body, called once by each of its entry kernels (``forward.common.entry_kernel``): on a GPU a device
+    function Numba inlines into the entry's IR (``inline="always"``: the entry compiles to what the body written in
+    it did); under the simulator a simulated device function, so that the body's module sees the running thread's
+    ``cuda`` (the simulator shows it only to the modules of kernels and simulated device functions)."""
+    if SIMULATOR:
+        return cuda.jit(device=True)(fn)
+    return cuda.jit(device=True, inline="always")(fn)
+
+
 def float32_tile_copy(threads_x: int, threads_y: int, rows: int, width: int, row_step: int, column_step: int):
     """``copy(head, smem, base, n0, seqlen, head_dim, ty, tx)``: rows ``n0 .. n0 + rows`` and columns ``0 .. width``
     of ``head`` (any dtype and strides, converted to float32) to ``smem[base + r * row_step + d * column_step]``,

@@ -4,7 +4,9 @@ padded head dims, the device checks and config validation.
 Each kernel module (``simt``, ``mma``, ``tf32``, ``wgmma``) offers the same interface: a frozen config validated
 where it is made, ``supports(dtype, head_dim, *arrays)`` (does it take this call on this device), the compiled kernel
 of a specialisation (an ``lru_cache``d builder) and ``launch(q, k, v, out, lse, write_lse, sm_scale, causal,
-stream, config=None, ...)``.
+stream, config=None, ...)``. What changes a kernel's code beyond its tiles -- a sliding window, soft-capping,
+packed sequences -- is one ``Variant``; every kernel's body is one function run by its entry kernels
+(``entry_kernel``).
 """
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import types
 
-from ..core.block_info import QUERY_MAJOR, grid
-from ..core.constants import LOG2E
+from ..core.block_info import QUERY_MAJOR, SCHEDULE_WORDS, grid, packed_grid
+from ..core.scores import kernel_scale
+from ..core.mask import NO_WINDOW, UNBOUNDED, window_sides
 from ..runtime.device import SIMULATOR, compute_capability, max_shared_per_block
 from ..runtime.shapes import MAX_HEAD_DIM  # noqa: F401  (the kernels' bound, re-exported for them)
 from ..runtime.views import rows_in_pieces
@@ -55,6 +58,74 @@ class PassTiles(WarpTiles):
     @property
     def passes(self) -> int:
         return self.d_pad // self.d_pass
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The compile-time features of a forward kernel specialisation besides its tiles: ``window``, the sides of a
+    sliding window (``mask.window_sides``; ``NO_WINDOW``: none), ``softcap``, the cap ``c`` of the scores
+    (``core.scores``; None: none), and ``packed``: packed sequences of different lengths, one more kernel argument
+    (the schedule, ``forward.varlen``) and the ``block_info.PACKED`` grid. ``PLAIN``, the default, builds the kernels as they were before these features
+    existed (``scripts/forward_ptx.py`` checks that their PTX is unchanged)."""
+
+    window: tuple = NO_WINDOW
+    softcap: float | None = None
+    packed: bool = False
+
+    def __post_init__(self):
+        window = self.window
+        if (type(window) is not tuple or len(window) != 2
+                or any(type(side) is not int or side < UNBOUNDED for side in window)):
+            raise ValueError(f"Variant.window: expected (left, right) of ints >= 0 or UNBOUNDED, got {window!r}")
+        if self.softcap is not None and not (type(self.softcap) is float and 0 < self.softcap < float("inf")):
+            raise ValueError(f"Variant.softcap: expected None or a finite float > 0, got {self.softcap!r}")
+        if type(self.packed) is not bool:
+            raise ValueError(f"Variant.packed: expected a bool, got {self.packed!r}")
+
+    @classmethod
+    def of(cls, causal: bool, window=None, softcap: float | None = None, packed: bool = False) -> "Variant":
+        """The variant of a call: ``window`` checked (``runtime.arguments.check_window``) or None, ``softcap``
+        checked (``runtime.arguments.check_softcap``) or None, ``packed``: packed sequences with a schedule."""
+        return cls(window_sides(window, causal), None if softcap is None else float(softcap), bool(packed))
+
+
+PLAIN = Variant()
+
+
+def entry_kernel(body, packed: bool, causal_argument: bool = True):
+    """The kernel function (not yet jitted) that runs ``body(q, k, v, out, lse, write_lse, causal, scale_log2,
+    schedule)`` (``core.staging.kernel_body``): ``kernel(q, k, v, out, lse, write_lse, causal, scale_log2)`` for
+    dense batches, where the body's ``schedule`` is ``lse`` (never read there), and with ``schedule`` as a last
+    argument for packed sequences (``Variant.packed``). ``causal_argument=False``: kernels whose causality is a
+    compile-time constant take no ``causal`` argument (the body neither)."""
+    if packed and causal_argument:
+        def packed_kernel(q, k, v, out, lse, write_lse, causal, scale_log2, schedule):
+            body(q, k, v, out, lse, write_lse, causal, scale_log2, schedule)
+
+        return packed_kernel
+    if packed:
+        def packed_static_kernel(q, k, v, out, lse, write_lse, scale_log2, schedule):
+            body(q, k, v, out, lse, write_lse, scale_log2, schedule)
+
+        return packed_static_kernel
+    if causal_argument:
+        def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
+            body(q, k, v, out, lse, write_lse, causal, scale_log2, lse)
+
+        return kernel
+
+    def static_kernel(q, k, v, out, lse, write_lse, scale_log2):
+        body(q, k, v, out, lse, write_lse, scale_log2, lse)
+
+    return static_kernel
+
+
+def signature(element, variant: "Variant") -> types.Signature:
+    """``kernel_signature(element)``, and the int32 schedule after it for packed sequences."""
+    base = kernel_signature(element)
+    if not variant.packed:
+        return base
+    return types.void(*base.args, types.Array(types.int32, 1, "A"))
 
 
 def kernel_signature(element) -> types.Signature:
@@ -98,10 +169,11 @@ def padded_head_dim(head_dim: int, k_step: int, single_pass_max: int | None = No
     return pad
 
 
-def scale_args(sm_scale: float) -> tuple:
+def scale_args(sm_scale: float, softcap: float | None = None) -> tuple:
     """``(scale_log2, scale_first)``: the kernels' base-2 score scale, and whether scores must be scaled before the
-    running max (a scale <= 0 does not commute with max)."""
-    return np.float32(sm_scale * LOG2E), not sm_scale > 0
+    running max (a scale <= 0 does not commute with max); with ``softcap`` its ``sm_scale / c`` instead
+    (``core.scores.kernel_scale``)."""
+    return kernel_scale(sm_scale, softcap)
 
 
 def runs_here(min_compute_capability: tuple) -> bool:
@@ -115,6 +187,14 @@ def check_shared_memory(nbytes: int) -> None:
     if nbytes > limit:
         raise ValueError(f"tiles need {nbytes} bytes of shared memory, more than the {limit} a block may use on this "
                          "device (fewer warps, m-tiles or keys per tile)")
+
+
+def launch_grid(layout: str, batch: int, heads: int, seqlen_q: int, block_m: int, schedule=None) -> tuple:
+    """A forward launch's grid: ``layout``'s for a dense batch, ``block_info.PACKED`` over the entries of the
+    ``schedule`` for packed sequences (``forward.varlen``)."""
+    if schedule is None:
+        return grid(layout, batch, heads, seqlen_q, block_m)
+    return packed_grid(schedule.shape[0] // SCHEDULE_WORDS, heads)
 
 
 def check_grid(batch: int, heads: int) -> None:

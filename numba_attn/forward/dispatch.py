@@ -4,9 +4,9 @@ Backends: "wgmma" (Hopper's warpgroup MMAs, sm_90: float16 / bfloat16, padded he
 in aligned 16-byte pieces), "mma" (tensor cores on sm_80+: float16 / bfloat16 on m16n8k16 -- any head dim up to
 256, any strides --, float32 on tf32 m16n8k8 as 3xTF32, or one tf32 term with ``allow_tf32``) and "simt" (CUDA
 cores, float16 / float32, any GPU). ``None`` picks "wgmma" where it applies, else "mma", else "simt"; under the
-simulator float32 takes "simt" (no MMA emulation, much faster there) unless ``allow_tf32`` asks for tf32. Sliding
-windows run on "simt" only so far: with a window ``None`` picks it, and "mma" or "wgmma" is a ValueError.
-docs/benchmarks.md has the measurements behind the order.
+simulator float32 takes "simt" (no MMA emulation, much faster there) unless ``allow_tf32`` asks for tf32. Every
+backend takes a sliding window (a compile-time variant of its kernel). docs/benchmarks.md has the measurements
+behind the order.
 """
 from __future__ import annotations
 
@@ -41,20 +41,10 @@ def wgmma_applies(dtype: str, head_dim: int, *arrays) -> bool:
     return not SIMULATOR and _flash_wgmma.supports(dtype, head_dim, *arrays)
 
 
-def choose_backend(backend, dtype: str, allow_tf32: bool = False, wgmma_ok: bool = False,
-                   windowed: bool = False) -> str:
-    """The kernel for ``flash_forward``; ``wgmma_ok``: the warpgroup kernel takes these inputs on this GPU;
-    ``windowed``: the call has a sliding window, which only "simt" takes so far."""
+def choose_backend(backend, dtype: str, allow_tf32: bool = False, wgmma_ok: bool = False) -> str:
+    """The kernel for ``flash_forward``; ``wgmma_ok``: the warpgroup kernel takes these inputs on this GPU."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
-    if windowed:
-        if backend not in (None, "simt"):
-            raise ValueError(f"backend: {backend!r} takes no window; windows run on the SIMT kernel only so far "
-                             "(backend='simt' or None)")
-        if dtype == BFLOAT16:
-            raise TypeError("q: bfloat16 with a window: windows run on the SIMT kernel only so far, which takes "
-                            "float16 and float32")
-        return "simt"
     mma_ok = dtype in _flash_mma.DTYPES + _flash_tf32.DTYPES and runs_here(_flash_mma.MIN_COMPUTE_CAPABILITY)
     if backend == "mma" and not mma_ok:
         raise ValueError(
@@ -82,24 +72,25 @@ def check_seqlen_q(seqlen_q: int) -> None:
         raise ValueError(f"q: seqlen_q {seqlen_q} is longer than one launch handles ({limit})")
 
 
-def backend_for(call, shape, backend, allow_tf32: bool, window=None) -> str:
+def backend_for(call, shape, backend, allow_tf32: bool) -> str:
     """The backend that runs this call (``backend`` as the caller passed it; raises where it cannot)."""
     wgmma_ok = wgmma_applies(call.dtype, shape.head_dim, *(call.inputs[name] for name in "qkv"))
-    return choose_backend(backend, call.dtype, allow_tf32, wgmma_ok, window is not None)
+    return choose_backend(backend, call.dtype, allow_tf32, wgmma_ok)
 
 
 def run(call, shape, args: AttentionArgs, backend: str, allow_tf32: bool, lse_placeholder) -> None:
     """Launch ``backend``'s kernel (from ``backend_for``) for ``args`` on the call's stream."""
+    variant = args.variant_options()
     if backend == "mma" and call.dtype == "float32":
-        _flash_tf32.launch(*args.launch_args(), call.stream, tf32_only=allow_tf32)
+        _flash_tf32.launch(*args.launch_args(), call.stream, tf32_only=allow_tf32, **variant)
     elif backend == "mma":
         config = _tuned_config(FLASH_MMA_TUNER, _flash_mma.launch, args, call, shape, lse_placeholder)
-        _flash_mma.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype)
+        _flash_mma.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **variant)
     elif backend == "wgmma":
         config = _tuned_config(FLASH_WGMMA_TUNER, _flash_wgmma.launch, args, call, shape, lse_placeholder)
-        _flash_wgmma.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype)
+        _flash_wgmma.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **variant)
     else:
-        _flash_simt.launch(*args.launch_args(), call.stream, window=args.window)
+        _flash_simt.launch(*args.launch_args(), call.stream, **variant)
 
 
 def tuning_key(dtype: str, head_dim: int, causal: bool, batch: int, heads: int, seqlen_q: int,
@@ -125,7 +116,8 @@ def _tuned_config(tuner, launch, args: AttentionArgs, call, shape, lse_placehold
     def bench(config):
         scratch = args.writing(lift(call.scratch(shape.out_shape(), call.dtype), 4), lse_placeholder, False)
         return _autotune.time_on_stream(
-            lambda: launch(*scratch.launch_args(), call.stream, config=config, dtype=call.dtype), call.stream)
+            lambda: launch(*scratch.launch_args(), call.stream, config=config, dtype=call.dtype,
+                           **scratch.variant_options()), call.stream)
 
     def capturing():
         return _launch.stream_capturing(_launch.stream_handle(call.stream))

@@ -59,14 +59,15 @@ import numpy as np
 from numba import float32, uint16, uint32
 
 from ..core import ptx
-from ..core.block_info import QUERY_MAJOR, block_position, grid, key_tiles, lane_position, sequence_bounds
+from ..core.block_info import QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
 from ..core.epilogue import as_16bit, store_rows
 from ..core.mask import tile_is_partial
-from ..core.softmax import exponent_scale, fragment_clear, softmax_start, softmax_update
-from ..core.staging import device_function, tile_loader
+from ..core.softmax import exponent_scale_for, fragment_clear, softmax_start, softmax_update
+from ..core.staging import device_function, kernel_body, tile_loader
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
 from . import common
+from .common import PLAIN, Variant
 # re-exported: decode.mma and older callers import these from here
 from .common import bits as _bits  # noqa: F401
 from .common import check_grid, vector_loads_ok  # noqa: F401
@@ -162,8 +163,10 @@ def tiles_for(config: MmaConfig, head_dim_pad: int) -> _Tiles:
     return _Tiles(config.warps, config.m_tiles, config.block_n_wide, head_dim_pad, head_dim_pad // 2, config.stages)
 
 
-def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: bool = False):
+def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: bool = False,
+                   variant: Variant = PLAIN):
     """The Python function of one specialisation (not yet jitted); also what ``compile_ptx`` checks offline.
+    ``variant``: the sliding window and soft-capping (``common.Variant``).
 
     ``scale_first=False`` (for a positive scale) keeps the running max on the unscaled scores, so the scale folds
     into the exponent's one FFMA (``exp2(s * scale - m * scale)``); a scale <= 0 does not commute with max and
@@ -192,12 +195,16 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
     wait_tile = ptx.cp_async_wait_group(STAGES - 2)  # the oldest group in flight (tile j's) has landed
     load_q_tile = tile_loader(32 * tiles.warps, ROW, tiles.d_pad, BLOCK_M, np.uint16, vector_loads)
     load_tile = tile_loader(32 * tiles.warps, ROW, tiles.d_pad, BLOCK_N, np.uint16, vector_loads)
-    position = block_position(QUERY_MAJOR, BLOCK_M)
-    count_tiles = key_tiles(BLOCK_M, BLOCK_N)
-    partial = tile_is_partial(BLOCK_N)
+    position = block_position_of(QUERY_MAJOR, BLOCK_M, variant.packed)
+    bounds = sequence_bounds_of(variant.packed)
+    exponent = exponent_scale_for(variant.softcap)  # the compile-time c log2 e with a cap
+    walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)  # tiles wholly outside a window: skipped
+    partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
     clear_s = fragment_clear(M_TILES, S_BLOCKS)
     start = softmax_start(M_TILES, O_BLOCKS)
-    online_softmax = softmax_update(M_TILES, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True)
+    online_softmax = softmax_update(M_TILES, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True,
+                                    window=variant.window, softcap=variant.softcap,
+                                    precise_tanh=False)
     finish = store_rows(M_TILES, O_BLOCKS, as_16bit(bf16))
 
     @device_function
@@ -206,11 +213,12 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
         c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3] = mma(a0, a1, a2, a3, b0, b1,
                                                                  c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3])
 
-    def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
+    @kernel_body
+    def body(q, k, v, out, lse, write_lse, causal, scale_log2, schedule):
         tid, warp, lane, g, t = lane_position()
         # causal: the longest (last) query blocks start first
-        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal)
-        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
+        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal, schedule)
+        seqlen_q, key_start, key_end, diag_offset = bounds(q, k, b, schedule)
         head_dim = q.shape[3]
         warp_row = 16 * M_TILES * warp  # this warp's first row in the block; m-tile mt adds 16 mt
         row0 = m0 + warp_row + g  # rows of this thread: row0 + 16 mt and row0 + 16 mt + 8
@@ -228,8 +236,8 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
         m_run = cuda.local.array(ROW_STATS, float32)  # running row max (score units) of rows 2mt, 2mt + 1
         l_run = cuda.local.array(ROW_STATS, float32)  # this thread's part of the row sums
 
-        n_tiles = count_tiles(m0, key_start, key_end, causal, diag_offset)  # <= 0: nothing to read
-        post = exponent_scale(scale_log2, SCALE_FIRST)
+        n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)  # <= 0: nothing to read
+        post = exponent(scale_log2, SCALE_FIRST)
 
         load_q_tile(q_head, smem, 0, tid, m0, seqlen_q, 0, head_dim)
         for p in range(PASSES):
@@ -239,12 +247,12 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
             cuda.syncthreads()  # a previous pass is done reading its stages
             for ahead in range(STAGES - 1):  # tiles 0 .. STAGES - 2, one commit group each (the Q tile in the first)
                 if ahead < n_tiles:
-                    n_ahead = key_start + ahead * BLOCK_N
+                    n_ahead = n_first + ahead * BLOCK_N
                     load_tile(k_head, smem, Q_TILE + ahead * STAGE, tid, n_ahead, key_end, 0, head_dim)
                     load_tile(v_head, smem, Q_TILE + ahead * STAGE + TILE, tid, n_ahead, key_end, 0, head_dim)
                 commit()
             for j in range(n_tiles):
-                n0 = key_start + j * BLOCK_N
+                n0 = n_first + j * BLOCK_N
                 base = Q_TILE + (j % STAGES) * STAGE
                 wait_tile()
                 cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
@@ -288,20 +296,26 @@ def _kernel_source(tiles: _Tiles, bf16: bool, vector_loads: bool, scale_first: b
             finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, write_lse and p == 0,
                    post)
 
-    return kernel
+    return common.entry_kernel(body, variant.packed)
 
 
 @lru_cache(maxsize=None)
-def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_loads: bool, scale_first: bool = False):
-    """The compiled kernel of one specialisation: tiles, padded head dim, dtype, load width and the sign of the scale
-    are constants (causality is a run-time flag: it only changes the loop bound and the diagonal tiles' masks)."""
-    source = _kernel_source(tiles_for(config, head_dim_pad), bf16, vector_loads, scale_first)
-    return kernel_jit(config.launch_bounds(), SIGNATURE)(source)
+def flash_mma_kernel(config: MmaConfig, head_dim_pad: int, bf16: bool, vector_loads: bool, scale_first: bool = False,
+                     variant: Variant = PLAIN):
+    """The compiled kernel of one specialisation: tiles, padded head dim, dtype, load width, the sign of the scale
+    and the ``variant`` (window) are constants (causality is a run-time flag: it only changes the loop bound and the
+    diagonal tiles' masks)."""
+    source = _kernel_source(tiles_for(config, head_dim_pad), bf16, vector_loads, scale_first, variant)
+    return kernel_jit(config.launch_bounds(), common.signature(uint16, variant))(source)
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: MmaConfig | None = None,
-           dtype: str | None = None):
+           dtype: str | None = None, window=None,
+           softcap: float | None = None, schedule=None):
     """Launch on device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q) float32.
+    ``window``: None or a checked ``(left, right)`` sliding window (``runtime.arguments.check_window``);
+    ``softcap``: None or a checked cap ``c > 0`` of the scores (``core.scores``); ``schedule``: None, or the int32
+    schedule of packed sequences (``forward.varlen``: the views are then ``(1, heads, total, headdim)``).
 
     ``dtype`` is ``"float16"`` or ``"bfloat16"``; None means float16 for float16 arrays and bfloat16 for uint16 /
     int16 bit views (the way this package carries bfloat16). ``out`` has q's shape and receives the input dtype
@@ -318,8 +332,10 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     head_dim_pad = padded_head_dim(head_dim, config)
     tiles = tiles_for(config, head_dim_pad)
     common.check_shared_memory(tiles.shared_bytes)
-    scale_log2, scale_first = common.scale_args(sm_scale)
-    kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads_ok(q, k, v), scale_first)
-    shape = grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m)
+    scale_log2, scale_first = common.scale_args(sm_scale, softcap)
+    kernel = flash_mma_kernel(config, head_dim_pad, dtype == "bfloat16", vector_loads_ok(q, k, v), scale_first,
+                              Variant.of(bool(causal), window, softcap, schedule is not None))
+    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m, schedule)
+    extra = () if schedule is None else (schedule,)
     device_launch(kernel, shape, config.threads, stream, tiles.shared_bytes,
-                  q, k, v, out, lse, bool(write_lse), bool(causal), scale_log2)
+                  q, k, v, out, lse, bool(write_lse), bool(causal), scale_log2, *extra)

@@ -14,8 +14,8 @@ four barriers per tile. The buffer is dynamic shared memory (over 48 KB for larg
 the kernel's limit).
 
 Masks come from ``core.mask`` / ``core.block_info``: causal, and a sliding window (a compile-time pair of sides, part
-of the kernel's cache key) whose key tiles wholly outside the window are skipped; this is the only forward kernel that
-takes a window so far.
+of the kernel's cache key) whose key tiles wholly outside the window are skipped; soft-capping of the scores
+(``core.scores``) is a compile-time variant too.
 
 Everything here also runs under ``NUMBA_ENABLE_CUDASIM=1`` (no warp shuffles: row reductions go through shared
 memory), so the tile shape is a parameter and the tests use tiny tiles.
@@ -30,13 +30,15 @@ import numpy as np
 from numba import float32
 from numba import uint32 as index  # unsigned shared-memory indices: Numba skips its negative-index wraparound code
 
-from ..core.block_info import HEAD_MAJOR, block_position, grid, key_tile_range, sequence_bounds
-from ..core.mask import NO_WINDOW, hidden_in, tile_is_partial, window_sides
+from ..core.block_info import HEAD_MAJOR, block_position_of, key_tile_range, sequence_bounds_of
+from ..core.mask import hidden_in, tile_is_partial
+from ..core.scores import cap_post, score_cap
 from ..core.softmax import log_sum_exp
-from ..core.staging import float32_tile_copy
+from ..core.staging import float32_tile_copy, kernel_body
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
 from . import common
+from .common import PLAIN, Variant
 
 
 @dataclass(frozen=True)
@@ -107,9 +109,15 @@ def padded_head_dim(head_dim: int, config: SimtConfig) -> int:
 
 
 @lru_cache(maxsize=None)
-def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool, window: tuple = NO_WINDOW):
-    """Compile-time specialised kernel: tile shape, padded head dim, causality and the sliding window's sides
-    (``mask.window_sides``; ``NO_WINDOW``: the causal-only code) are constants."""
+def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool, variant: Variant = PLAIN):
+    """Compile-time specialised kernel: tile shape, padded head dim, causality and the ``variant`` (the sliding
+    window's sides, ``mask.window_sides``; the cap of the scores; ``PLAIN``: the causal-only code) are constants.
+    With a cap ``c`` the kernel's ``scale_log2`` argument is ``sm_scale / c`` and a score is ``c log2 e tanh(s *
+    scale_log2)`` (``core.scores``; ``math.tanh``: this kernel computes in float32 for float32 inputs)."""
+    window = variant.window
+    CAPPED = variant.softcap is not None
+    CAP_POST = cap_post(variant.softcap) if CAPPED else np.float32(1.0)
+    cap = score_cap(variant.softcap, precise=True)
     TX, TY = config.threads_x, config.threads_y
     RM, RN = config.rows_per_thread, config.keys_per_thread
     BLOCK_M, BLOCK_N = config.block_m, config.block_n
@@ -125,7 +133,8 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool, wi
     P_OFFSET = KV_OFFSET + max(D_PAD * N_STRIDE, BLOCK_N * D_PAD)
     ROW_OFFSET = P_OFFSET + BLOCK_N * M_STRIDE
     NEG_INF = np.float32(-np.inf)  # a float32 constant keeps the softmax arithmetic in float32
-    position = block_position(HEAD_MAJOR, BLOCK_M)
+    position = block_position_of(HEAD_MAJOR, BLOCK_M, variant.packed)
+    bounds = sequence_bounds_of(variant.packed)
     partial = tile_is_partial(BLOCK_N, BLOCK_M, window)
     hidden = hidden_in(window)
     key_range = key_tile_range(BLOCK_M, BLOCK_N, window)
@@ -133,14 +142,14 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool, wi
     copy_k_t = float32_tile_copy(TX, TY, BLOCK_N, D_PAD, 1, N_STRIDE)  # K^T
     copy_v = float32_tile_copy(TX, TY, BLOCK_N, D_PAD, D_PAD, 1)  # V
 
-    @kernel_jit(launch_bounds=(NT, config.blocks_per_sm))
-    def kernel(q, k, v, out, lse, write_lse, scale_log2):
+    @kernel_body
+    def body(q, k, v, out, lse, write_lse, scale_log2, schedule):
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
         # batch * heads on x, query tiles on y, in launch order (the causal kernels' longest-first order is not
         # used here)
-        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, False)
-        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
+        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, False, schedule)
+        seqlen_q, key_start, key_end, diag_offset = bounds(q, k, b, schedule)
         head_dim = q.shape[3]
 
         # One dynamic buffer, carved by hand:
@@ -184,7 +193,10 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool, wi
                 row = m0 + ty + TY * i
                 tile_max = NEG_INF
                 for j in range(RN):
-                    x = s[i, j] * scale_log2
+                    if CAPPED:
+                        x = CAP_POST * cap(s[i, j], scale_log2)
+                    else:
+                        x = s[i, j] * scale_log2
                     if needs_mask:
                         if hidden(n0 + tx + TX * j, row, key_end, CAUSAL, diag_offset):
                             x = NEG_INF
@@ -242,20 +254,25 @@ def flash_forward_kernel(config: SimtConfig, head_dim_pad: int, causal: bool, wi
                 if write_lse and tx == 0:
                     lse[b, h, row] = log_sum_exp(m_i[i], l, float32(1.0))  # m is in scaled units already
 
-    return kernel
+    return kernel_jit(launch_bounds=(NT, config.blocks_per_sm))(
+        common.entry_kernel(body, variant.packed, causal_argument=False))
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: SimtConfig | None = None,
-           window=None):
+           window=None, softcap: float | None = None, schedule=None):
     """Launch on device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q). ``window``:
-    None or a checked ``(left, right)`` sliding window (``runtime.arguments.check_window``)."""
+    None or a checked ``(left, right)`` sliding window (``runtime.arguments.check_window``); ``softcap``: None or a
+    checked cap ``c > 0`` of the scores (``core.scores``); ``schedule``: None, or the int32 schedule of packed
+    sequences (``forward.varlen``: the views are then ``(1, heads, total, headdim)``, lse ``(1, heads, total_q)``)."""
     batch, heads, seqlen_q, head_dim = q.shape
     config = config or default_config(head_dim)
     head_dim_pad = padded_head_dim(head_dim, config)
     shared_bytes = 4 * config.shared_words(head_dim_pad)
     common.check_shared_memory(shared_bytes)
-    kernel = flash_forward_kernel(config, head_dim_pad, bool(causal), window_sides(window, bool(causal)))
-    shape = grid(HEAD_MAJOR, batch, heads, seqlen_q, config.block_m)
+    kernel = flash_forward_kernel(config, head_dim_pad, bool(causal),
+                                  Variant.of(bool(causal), window, softcap, schedule is not None))
+    shape = common.launch_grid(HEAD_MAJOR, batch, heads, seqlen_q, config.block_m, schedule)
     block = (config.threads_x, config.threads_y)
-    scale_log2, _ = common.scale_args(sm_scale)  # scores are scaled before the max here, whatever the sign
-    device_launch(kernel, shape, block, stream, shared_bytes, q, k, v, out, lse, write_lse, scale_log2)
+    scale_log2, _ = common.scale_args(sm_scale, softcap)  # scores are scaled before the max here, whatever the sign
+    extra = () if schedule is None else (schedule,)
+    device_launch(kernel, shape, block, stream, shared_bytes, q, k, v, out, lse, write_lse, scale_log2, *extra)

@@ -70,14 +70,15 @@ import numpy as np
 from numba import float32, uint32
 
 from ..core import ptx
-from ..core.block_info import HEAD_MAJOR, block_position, grid, key_tiles, lane_position, sequence_bounds
+from ..core.block_info import HEAD_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
 from ..core.epilogue import as_float32, store_rows
 from ..core.mask import tile_is_partial
-from ..core.softmax import exponent_scale, fragment_clear, softmax_start, softmax_update
-from ..core.staging import device_function, tile_loader
+from ..core.softmax import exponent_scale_for, fragment_clear, softmax_start, softmax_update
+from ..core.staging import device_function, kernel_body, tile_loader
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
 from . import common
+from .common import PLAIN, Variant
 from .common import vector_loads_ok
 
 
@@ -246,8 +247,10 @@ def _split_and_mma(tf32_only: bool):
     return device_function(split3), device_function(mma3)
 
 
-def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, scale_first: bool = False):
+def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, scale_first: bool = False,
+                   variant: Variant = PLAIN):
     """The Python function of one specialisation (not yet jitted); also what ``compile_ptx`` checks offline.
+    ``variant``: the sliding window and soft-capping (``common.Variant``).
 
     ``scale_first=False`` (for a positive scale) keeps the running max on the unscaled scores, so the scale folds
     into the exponent's one FFMA; a scale <= 0 does not commute with max and multiplies every score first."""
@@ -275,20 +278,25 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
     load_q_tile = tile_loader(NT, K_STRIDE, tiles.d_pad, BLOCK_M, np.float32, vector_loads)
     load_k_tile = tile_loader(NT, K_STRIDE, tiles.d_pad, BLOCK_N, np.float32, vector_loads)
     load_v_tile = tile_loader(NT, V_STRIDE, D_PASS, BLOCK_N, np.float32, vector_loads)
-    position = block_position(HEAD_MAJOR, BLOCK_M)
-    count_tiles = key_tiles(BLOCK_M, BLOCK_N)
-    partial = tile_is_partial(BLOCK_N)
+    position = block_position_of(HEAD_MAJOR, BLOCK_M, variant.packed)
+    bounds = sequence_bounds_of(variant.packed)
+    exponent = exponent_scale_for(variant.softcap)  # the compile-time c log2 e with a cap
+    walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)  # tiles wholly outside a window: skipped
+    partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
     clear_s = fragment_clear(M_TILES, S_BLOCKS)
     clear_r = fragment_clear(M_TILES, 1)
     start = softmax_start(M_TILES, O_BLOCKS)
-    online_softmax = softmax_update(M_TILES, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False)
+    online_softmax = softmax_update(M_TILES, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
+                                    window=variant.window, softcap=variant.softcap,
+                                    precise_tanh=True)
     finish = store_rows(M_TILES, O_BLOCKS, as_float32)
 
-    def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
+    @kernel_body
+    def body(q, k, v, out, lse, write_lse, causal, scale_log2, schedule):
         tid, warp, lane, g, t = lane_position()
         # causal: the longest (last) query blocks start first
-        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal)
-        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
+        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal, schedule)
+        seqlen_q, key_start, key_end, diag_offset = bounds(q, k, b, schedule)
         head_dim = q.shape[3]
         warp_row = 16 * M_TILES * warp  # this warp's first row in the block; m-tile mt adds 16 mt
         row0 = m0 + warp_row + g  # rows of this thread: row0 + 16 mt and row0 + 16 mt + 8
@@ -308,8 +316,8 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
         l_run = cuda.local.array(ROW_STATS, float32)  # this thread's part of the row sums
         alpha = cuda.local.array(ROW_STATS, float32)  # this tile's rescale factors
 
-        n_tiles = count_tiles(m0, key_start, key_end, causal, diag_offset)  # <= 0: nothing to read
-        post = exponent_scale(scale_log2, SCALE_FIRST)
+        n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)  # <= 0: nothing to read
+        post = exponent(scale_log2, SCALE_FIRST)
 
         load_q_tile(q_head, smem, 0, tid, m0, seqlen_q, 0, head_dim)
         for p in range(PASSES):
@@ -318,11 +326,11 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
 
             cuda.syncthreads()  # a previous pass is done reading stage 0
             if n_tiles > 0:
-                load_k_tile(k_head, smem, Q_TILE, tid, key_start, key_end, 0, head_dim)
-                load_v_tile(v_head, smem, Q_TILE + K_TILE, tid, key_start, key_end, d_off, head_dim)
+                load_k_tile(k_head, smem, Q_TILE, tid, n_first, key_end, 0, head_dim)
+                load_v_tile(v_head, smem, Q_TILE + K_TILE, tid, n_first, key_end, d_off, head_dim)
             commit()  # (with the Q tile in the first pass)
             for j in range(n_tiles):
-                n0 = key_start + j * BLOCK_N
+                n0 = n_first + j * BLOCK_N
                 base = Q_TILE + (j % 2) * STAGE
                 wait_all()
                 cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
@@ -383,21 +391,25 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
             finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, write_lse and p == 0,
                    post)
 
-    return kernel
+    return common.entry_kernel(body, variant.packed)
 
 
 @lru_cache(maxsize=None)
 def flash_tf32_kernel(config: Tf32Config, head_dim_pad: int, tf32_only: bool, vector_loads: bool = True,
-                      scale_first: bool = False):
-    """The compiled kernel of one specialisation: tiles, padded head dim, accuracy mode, load width and the sign of
-    the scale are constants (causality is a run-time flag)."""
-    source = _kernel_source(tiles_for(config, head_dim_pad, tf32_only), tf32_only, vector_loads, scale_first)
-    return kernel_jit(config.launch_bounds(), SIGNATURE)(source)
+                      scale_first: bool = False, variant: Variant = PLAIN):
+    """The compiled kernel of one specialisation: tiles, padded head dim, accuracy mode, load width, the sign of
+    the scale and the ``variant`` (window) are constants (causality is a run-time flag)."""
+    source = _kernel_source(tiles_for(config, head_dim_pad, tf32_only), tf32_only, vector_loads, scale_first, variant)
+    return kernel_jit(config.launch_bounds(), common.signature(float32, variant))(source)
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, config: Tf32Config | None = None,
-           tf32_only: bool = False):
+           tf32_only: bool = False, window=None,
+           softcap: float | None = None, schedule=None):
     """Launch on float32 device views of shape (batch, heads, seqlen, headdim); lse is (batch, heads, seqlen_q).
+    ``window``: None or a checked ``(left, right)`` sliding window (``runtime.arguments.check_window``);
+    ``softcap``: None or a checked cap ``c > 0`` of the scores (``core.scores``); ``schedule``: None, or the int32
+    schedule of packed sequences (``forward.varlen``: the views are then ``(1, heads, total, headdim)``).
 
     ``tf32_only``: one tf32 product per multiply (about 1e-3 relative error) instead of the 3xTF32 split (float32
     accuracy, three MMAs per product)."""
@@ -413,8 +425,10 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     d_pad = padded_head_dim(head_dim, config)
     tiles = tiles_for(config, d_pad, tf32_only)
     common.check_shared_memory(tiles.shared_bytes)
-    scale_log2, scale_first = common.scale_args(sm_scale)
-    kernel = flash_tf32_kernel(config, d_pad, bool(tf32_only), vector_loads_ok(q, k, v), scale_first)
-    shape = grid(HEAD_MAJOR, batch, heads, seqlen_q, config.block_m)
+    scale_log2, scale_first = common.scale_args(sm_scale, softcap)
+    kernel = flash_tf32_kernel(config, d_pad, bool(tf32_only), vector_loads_ok(q, k, v), scale_first,
+                               Variant.of(bool(causal), window, softcap, schedule is not None))
+    shape = common.launch_grid(HEAD_MAJOR, batch, heads, seqlen_q, config.block_m, schedule)
+    extra = () if schedule is None else (schedule,)
     device_launch(kernel, shape, config.threads, stream, tiles.shared_bytes,
-                  q, k, v, out, lse, bool(write_lse), bool(causal), scale_log2)
+                  q, k, v, out, lse, bool(write_lse), bool(causal), scale_log2, *extra)

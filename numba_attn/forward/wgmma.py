@@ -44,14 +44,15 @@ from numba import float32, uint16, uint32
 
 from ..core import ptx
 from ..core import warpgroup as wgmma
-from ..core.block_info import QUERY_MAJOR, block_position, grid, key_tiles, lane_position, sequence_bounds
+from ..core.block_info import QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
 from ..core.epilogue import as_16bit, store_rows
 from ..core.mask import tile_is_partial
-from ..core.softmax import exponent_scale, softmax_start, softmax_update
-from ..core.staging import device_function
+from ..core.softmax import exponent_scale_for, softmax_start, softmax_update
+from ..core.staging import device_function, kernel_body
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
 from . import common
+from .common import PLAIN, Variant
 
 #: wgmma needs sm_90a (numba-cuda compiles Hopper kernels for it)
 MIN_COMPUTE_CAPABILITY = (9, 0)
@@ -159,8 +160,9 @@ def tile_loader(rows: int, d_pad: int):
     return device_function(load)
 
 
-def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: bool = False):
-    """The Python function of one specialisation (not yet jitted)."""
+def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN):
+    """The Python function of one specialisation (not yet jitted); ``variant``: the sliding window and
+    soft-capping (``common.Variant``)."""
     BLOCK_N = config.block_n
     ATOMS = wgmma.atom_columns(d_pad)
     Q_TILE = BLOCK_M * 64 * ATOMS  # elements; shared memory: Q tile, then per stage a K tile and a V tile
@@ -186,11 +188,15 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
     wait_all = ptx.cp_async_wait_all
     load_q_tile = tile_loader(BLOCK_M, d_pad)
     load_tile = tile_loader(BLOCK_N, d_pad)
-    position = block_position(QUERY_MAJOR, BLOCK_M)
-    count_tiles = key_tiles(BLOCK_M, BLOCK_N)
-    partial = tile_is_partial(BLOCK_N)
+    position = block_position_of(QUERY_MAJOR, BLOCK_M, variant.packed)
+    bounds = sequence_bounds_of(variant.packed)
+    exponent = exponent_scale_for(variant.softcap)  # the compile-time c log2 e with a cap
+    walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)  # tiles wholly outside a window: skipped
+    partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
     start = softmax_start(1, O_BLOCKS)
-    online_softmax = softmax_update(1, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False)
+    online_softmax = softmax_update(1, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
+                                    window=variant.window, softcap=variant.softcap,
+                                    precise_tanh=False)
     finish = store_rows(1, O_BLOCKS, as_16bit(bf16))
 
     @device_function
@@ -202,10 +208,10 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
         cuda.syncthreads()
 
     @device_function
-    def prefetch(k_head, v_head, smem, k_base, v_base, tid, j, n_tiles, key_start, key_end, head_dim):
+    def prefetch(k_head, v_head, smem, k_base, v_base, tid, j, n_tiles, n_first, key_end, head_dim):
         """Start copying tile ``j + 1`` over K of tile ``j - 1`` and V of tile ``j - 2``."""
         if j + 1 < n_tiles:
-            n1 = key_start + (j + 1) * BLOCK_N
+            n1 = n_first + (j + 1) * BLOCK_N
             load_tile(k_head, smem, k_base + ((j + 1) % 2) * TILE, tid, n1, key_end, head_dim)
             load_tile(v_head, smem, v_base + ((j + 1) % 3) * TILE, tid, n1, key_end, head_dim)
             commit()
@@ -220,11 +226,12 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
             p[4 * kk + 2] = pack(s[0, 2 * kk + 1, 0], s[0, 2 * kk + 1, 1])
             p[4 * kk + 3] = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
 
-    def kernel(q, k, v, out, lse, write_lse, causal, scale_log2):
+    @kernel_body
+    def body(q, k, v, out, lse, write_lse, causal, scale_log2, schedule):
         tid, warp, lane, g, t = lane_position()  # warp w holds rows 16 w + g and 16 w + g + 8 of the block
         # causal: the longest (last) query blocks start first
-        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal)
-        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
+        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal, schedule)
+        seqlen_q, key_start, key_end, diag_offset = bounds(q, k, b, schedule)
         head_dim = q.shape[3]
         row0 = m0 + 16 * warp + g  # rows of this thread: row0 and row0 + 8
 
@@ -238,32 +245,32 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
         l_run = cuda.local.array(2, float32)
         start(m_run, l_run, acc)
 
-        n_tiles = count_tiles(m0, key_start, key_end, causal, diag_offset)
-        post = exponent_scale(scale_log2, SCALE_FIRST)
+        n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
+        post = exponent(scale_log2, SCALE_FIRST)
 
         k_base = q_base + Q_TILE  # K: two stages; V: three (V of tile j - 1 is still read during tile j)
         v_base = k_base + 2 * TILE
         load_q_tile(q_head, smem, q_base, tid, m0, seqlen_q, head_dim)
         if n_tiles > 0:
-            load_tile(k_head, smem, k_base, tid, key_start, key_end, head_dim)
-            load_tile(v_head, smem, v_base, tid, key_start, key_end, head_dim)
+            load_tile(k_head, smem, k_base, tid, n_first, key_end, head_dim)
+            load_tile(v_head, smem, v_base, tid, n_first, key_end, head_dim)
         commit()
         if n_tiles > 0:  # tile 0: S_0, its softmax and P_0; O += P_0 V_0 overlaps tile 1's softmax
             arrive()
             q_times_k(s, smem, q_base, k_base)
-            prefetch(k_head, v_head, smem, k_base, v_base, tid, 0, n_tiles, key_start, key_end, head_dim)
+            prefetch(k_head, v_head, smem, k_base, v_base, tid, 0, n_tiles, n_first, key_end, head_dim)
             wait_s(s)
-            online_softmax(s, alpha, m_run, l_run, partial(key_start, m0, key_end, causal, diag_offset), key_start,
+            online_softmax(s, alpha, m_run, l_run, partial(n_first, m0, key_end, causal, diag_offset), n_first,
                            row0, t, key_end, causal, diag_offset, scale_log2, post)
             probabilities(s, p)  # O is still zero: nothing to rescale
         for j in range(1, n_tiles):
-            n0 = key_start + j * BLOCK_N
+            n0 = n_first + j * BLOCK_N
             arrive()
             # S_j = Q K_j^T, and behind it O += P_{j-1} V_{j-1}, whose MMAs run under the softmax of S_j; the
             # next tile's copies are issued while the MMAs run
             q_times_k(s, smem, q_base, k_base + (j % 2) * TILE)
             p_times_v(acc, p, smem, v_base + ((j - 1) % 3) * TILE)
-            prefetch(k_head, v_head, smem, k_base, v_base, tid, j, n_tiles, key_start, key_end, head_dim)
+            prefetch(k_head, v_head, smem, k_base, v_base, tid, j, n_tiles, n_first, key_end, head_dim)
             wait_one(s)  # groups complete in order: S_j is done, P V may still run
             online_softmax(s, alpha, m_run, l_run, partial(n0, m0, key_end, causal, diag_offset), n0, row0, t,
                            key_end, causal, diag_offset, scale_log2, post)
@@ -284,23 +291,27 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
         # ---- epilogue: O / l in the input dtype, and lse --------------------------------------------------------
         finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post)
 
-    return kernel
+    return common.entry_kernel(body, variant.packed)
 
 
 @lru_cache(maxsize=None)
-def flash_wgmma_kernel(config: WgmmaConfig, head_dim_pad: int, bf16: bool, scale_first: bool = False):
-    """The compiled kernel of one specialisation (tiles, padded head dim, dtype, sign of the scale)."""
+def flash_wgmma_kernel(config: WgmmaConfig, head_dim_pad: int, bf16: bool, scale_first: bool = False,
+                       variant: Variant = PLAIN):
+    """The compiled kernel of one specialisation (tiles, padded head dim, dtype, sign of the scale, variant)."""
     if head_dim_pad % 16 or not 16 <= head_dim_pad <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, {MAX_HEAD_DIM}], got {head_dim_pad}")
-    source = _kernel_source(config, head_dim_pad, bf16, scale_first)
-    return kernel_jit((THREADS, config.blocks_per_sm), SIGNATURE)(source)
+    source = _kernel_source(config, head_dim_pad, bf16, scale_first, variant)
+    return kernel_jit((THREADS, config.blocks_per_sm), common.signature(uint16, variant))(source)
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream,
-           config: WgmmaConfig | None = None, dtype: str | None = None):
+           config: WgmmaConfig | None = None, dtype: str | None = None, window=None,
+           softcap: float | None = None, schedule=None):
     """Launch on device views of shape (batch, heads, seqlen, headdim) that ``supports`` accepts; lse is (batch,
     heads, seqlen_q) float32. ``dtype``: ``"float16"`` or ``"bfloat16"`` (None: float16 for float16 arrays,
-    bfloat16 for 16-bit bit views)."""
+    bfloat16 for 16-bit bit views). ``window``: None or a checked ``(left, right)`` sliding window; ``softcap``: None
+    or a checked cap ``c > 0`` of the scores; ``schedule``: None, or the int32 schedule of packed sequences
+    (``forward.varlen``)."""
     config = config or default_config()
     dtype = common.sixteen_bit_dtype(q, dtype)
     batch, heads, seqlen_q, head_dim = q.shape
@@ -314,8 +325,10 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     d_pad = padded_head_dim(head_dim)
     nbytes = shared_bytes(config, d_pad)
     common.check_shared_memory(nbytes)
-    scale_log2, scale_first = common.scale_args(sm_scale)
-    kernel = flash_wgmma_kernel(config, d_pad, dtype == "bfloat16", scale_first)
-    shape = grid(QUERY_MAJOR, batch, heads, seqlen_q, BLOCK_M)
+    scale_log2, scale_first = common.scale_args(sm_scale, softcap)
+    kernel = flash_wgmma_kernel(config, d_pad, dtype == "bfloat16", scale_first,
+                                Variant.of(bool(causal), window, softcap, schedule is not None))
+    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, BLOCK_M, schedule)
+    extra = () if schedule is None else (schedule,)
     device_launch(kernel, shape, THREADS, stream, nbytes, q, k, v, out, lse, bool(write_lse), bool(causal),
-                  scale_log2)
+                  scale_log2, *extra)

@@ -214,6 +214,23 @@ class Call:
             return self.output(shape, dtype).view
         return cuda.device_array(shape, dtype=_storage_dtype(dtype), stream=self.stream)
 
+    def upload(self, host: np.ndarray):
+        """A device copy of the small host array ``host`` (an index table a kernel reads), made by the caller's
+        library on the caller's stream, so that it is ordered before the call's kernels; under the simulator the
+        array itself."""
+        if SIMULATOR:
+            return host
+        if self.kind == _CUPY:
+            import cupy
+
+            with cupy.cuda.Device(self.device_id):
+                return _device_view_of_cupy(cupy.asarray(host))
+        if self.kind == _TORCH:
+            import torch
+
+            return DeviceView.of(torch.from_numpy(host).to(f"cuda:{self.device_id}"))
+        return cuda.to_device(host, stream=self.stream)
+
     def _check_out(self, name: str, out: Any, shape: tuple, dtype: str) -> None:
         placement = _placement(name, out)
         if placement.kind != self.kind or placement.device_id != self.device_id:

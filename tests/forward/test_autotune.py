@@ -396,7 +396,8 @@ def forward_call(monkeypatch, capturing: bool):
     call = types.SimpleNamespace(dtype="float16", stream=7, scratch=lambda shape, dtype: np.zeros(shape, np.float16))
     shape = types.SimpleNamespace(head_dim=64, batch=4, heads=48, seqlen_q=1024, seqlen_k=1024,
                                   out_shape=lambda: (4, 48, 1024, 64))
-    args = types.SimpleNamespace(causal=False, writing=lambda *a: types.SimpleNamespace(launch_args=lambda: ()))
+    args = types.SimpleNamespace(causal=False, writing=lambda *a: types.SimpleNamespace(launch_args=lambda: (),
+                                                                                        variant_options=dict))
     return call, shape, args, asked
 
 

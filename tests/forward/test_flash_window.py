@@ -1,10 +1,11 @@
-"""Sliding windows in numba_attn.flash_forward (the SIMT kernel) against reference.attention(..., window=...).
+"""Sliding windows in numba_attn.flash_forward against reference.attention(..., window=...): the SIMT kernel here
+(the tensor-core kernels: test_flash_variants.py), the argument checks and the shared tile predicates.
 
 Query ``i`` sees keys ``i' - left <= j <= i' + right``, ``i' = i + seqlen_k - seqlen_q`` (None: unbounded; causal:
 ``right = min(right, 0)``). Tiny shapes run under the CUDA simulator (tiles of 8 rows / 8 keys there, so lengths
 1..40 reach tiles the window skips, cuts and covers); outputs start as NaN so an unwritten element fails. The block
 range and the tile predicates (``core.block_info.key_tile_range``, ``core.mask``) are checked in pure Python
-against ``reference``'s band, element by element. The `gpu` tests run realistic sizes on real hardware only.
+against ``reference``'s band, element by element. Realistic sizes on a GPU: test_flash_variants.py.
 """
 from __future__ import annotations
 
@@ -82,20 +83,12 @@ def test_unbounded_window_is_no_window():
                 numba_attn.flash_forward(q, k, v, causal=True, window=[None, 7], backend="simt"), plain)
 
 
-def test_window_takes_simt_even_when_tf32_would_take_mma():
-    # under the simulator float32 with allow_tf32 picks "mma"; a window keeps it on "simt"
-    assert dispatch.choose_backend(None, "float32", allow_tf32=True, windowed=True) == "simt"
-    assert dispatch.choose_backend(None, "float16", wgmma_ok=True, windowed=True) == "simt"
+def test_window_with_allow_tf32_takes_the_tf32_kernel():
+    # under the simulator float32 with allow_tf32 picks "mma" (one tf32 term), windows included
+    assert dispatch.choose_backend(None, "float32", allow_tf32=True) == "mma"
     q, k, v = _inputs(5, 2, 2, 10, 12, 8, "float32")
     out = numba_attn.flash_forward(q, k, v, window=(2, 1), allow_tf32=True)
-    assert rel_error(out, reference.attention(q, k, v, window=(2, 1))) < TOLERANCE["float32"]
-
-
-@pytest.mark.parametrize("backend", ["mma", "wgmma"])
-def test_tensor_core_backends_refuse_windows(backend):
-    q, k, v = _inputs(6, 2, 2, 4, 4, 8, "float16")
-    with pytest.raises(ValueError, match="SIMT kernel only"):
-        numba_attn.flash_forward(q, k, v, window=(1, 1), backend=backend)
+    assert rel_error(out, reference.attention(q, k, v, window=(2, 1))) < 2e-3  # one tf32 product: ~1e-3
 
 
 @pytest.mark.parametrize("window,error", [
@@ -130,6 +123,7 @@ def test_block_range_skips_tiles_outside_the_window(window, causal, seqlen_q, se
     the window are never visited -- and a tile the predicate calls whole is seen entirely by every row."""
     sides = mask.window_sides(window, causal)
     key_range = block_info.key_tile_range(BLOCK_M, BLOCK_N, sides)
+    walk = block_info.key_tile_walk(BLOCK_M, BLOCK_N, sides)
     partial = mask.tile_is_partial(BLOCK_N, BLOCK_M, sides)
     hidden = mask.hidden_in(sides)
     band = mask_band(causal, window)
@@ -141,6 +135,8 @@ def test_block_range_skips_tiles_outside_the_window(window, causal, seqlen_q, se
         block_visible = band.visible(rows, np.arange(seqlen_k), seqlen_q, seqlen_k)
         n_begin, n_end = key_range(m0, 0, seqlen_k, causal, diag)
         visited = set(range(n_begin, n_end, BLOCK_N))
+        n_first, n_tiles = walk(m0, 0, seqlen_k, causal, diag)  # the tensor-core kernels' count of the same tiles
+        assert set(range(n_first, n_first + max(n_tiles, 0) * BLOCK_N, BLOCK_N)) == visited
         needed = {n0 for n0 in range(0, seqlen_k, BLOCK_N) if block_visible[:, n0:n0 + BLOCK_N].any()}
         assert visited == needed, (m0, sorted(visited), sorted(needed))
         visited_total += len(visited)
@@ -168,37 +164,7 @@ def test_window_sides():
     assert mask.visible_end_in(mask.NO_WINDOW) is mask.visible_end
 
 
-# ---- realistic sizes on a GPU -----------------------------------------------------------------------------------------
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize(
-    "heads,kv_heads,seqlen_q,seqlen_k,head_dim,window,causal",
-    [
-        (4, 4, 1000, 1000, 64, (256, 0), True),  # local causal attention (Mistral-style)
-        (8, 2, 777, 1531, 128, (100, 50), False),  # GQA, Lq != Lk
-        (2, 1, 1531, 777, 59, (None, 3), False),  # Lq > Lk, odd head dim
-        (2, 2, 300, 5000, 128, (64, None), True),  # queries at the end of a long cache
-        (2, 2, 2000, 200, 80, (0, 0), False),  # most rows see no key
-    ],
-)
-def test_gpu_flash_forward_window(dtype, heads, kv_heads, seqlen_q, seqlen_k, head_dim, window, causal):
-    import cupy
-
-    rng = np.random.default_rng(10)
-    q = rng.standard_normal((2, heads, seqlen_q, head_dim)).astype(dtype)
-    k = rng.standard_normal((2, kv_heads, seqlen_k, head_dim)).astype(dtype)
-    v = rng.standard_normal((2, kv_heads, seqlen_k, head_dim)).astype(dtype)
-    dq, dk, dv = (cupy.asarray(x) for x in (q, k, v))
-    out = cupy.full(q.shape, cupy.nan, dtype=dtype)  # poison: unwritten elements show as NaN
-    _, lse = numba_attn.flash_forward(dq, dk, dv, causal=causal, window=window, out=out, return_lse=True)
-    rows = np.unique(np.r_[0:8, seqlen_q // 2: seqlen_q // 2 + 8, seqlen_q - 8: seqlen_q].clip(0, seqlen_q - 1))
-    ref, ref_lse = reference.attention(q, k, v, causal=causal, window=window, rows=rows, return_lse=True)
-    host = out.get()
-    assert not np.isnan(host).any()
-    assert rel_error(host[:, :, rows], ref) < TOLERANCE[dtype]
-    assert_close_lse(lse.get()[:, :, rows], ref_lse)
-
-
+# ---- on a GPU (realistic sizes on every kernel: test_flash_variants.py) -----------------------------------------------
 @pytest.mark.gpu
 def test_gpu_replayed_calls_keep_their_window():
     # CuPy calls replay recorded plans (runtime.replay): the window is part of a plan's key

@@ -287,6 +287,7 @@ def test_non_arrays_raise_type_error_naming_the_argument(fn, position):
 
 # -- 9. the same defaults as reference ---------------------------------------------------------------------------------
 PAIRS = [(numba_attn.flash_forward, reference.attention), (numba_attn.flash_decode, reference.attention_with_kvcache),
+         (numba_attn.flash_forward_varlen, reference.attention_varlen),
          (numba_attn.combine_lse, reference.combine_lse),
          (numba_attn.causal_dot_product, reference.causal_dot_product),
          (numba_attn.linear_attention, reference.linear_attention),

@@ -54,7 +54,7 @@ One module per instruction family; every name is re-exported here, so kernels wr
 * ``convert``: ``cvt`` packs of float32 pairs to float16 / bfloat16, 16-bit floats to float32, raw bit moves, and the
   host (NumPy) bfloat16 helpers.
 * ``warp``: ``shfl.sync.bfly``, ``vote.sync.all``, ``bar.warp.sync``.
-* ``sfu``: ``ex2.approx``.
+* ``sfu``: ``ex2.approx``, ``tanh.approx``.
 * ``_asm`` (private): the GPU-or-simulator switch and the shared code-generation helpers; ``_sim`` (private): how the
   simulator twins of warp-collective instructions see the other lanes.
 
@@ -78,7 +78,7 @@ from .memory import (load1, load2, load_f32_at, load_f32x2, load_f32x4, load_f32
                      load_u16x8, store1, store2, store_f32x2, store_f32x2_at, store_f32x4, store_pair, store_u32_at,
                      store_u32x4)
 from .mma import mma_m16n8k8_tf32, mma_m16n8k16_bf16, mma_m16n8k16_f16, to_tf32
-from .sfu import exp2_approx
+from .sfu import exp2_approx, tanh_approx
 from .warp import all_lanes, shfl_xor_f32, warp_sync
 
 __all__ = [
@@ -140,4 +140,5 @@ __all__ = [
     "warp_sync",
     # sfu
     "exp2_approx",
+    "tanh_approx",
 ]

@@ -353,10 +353,10 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
             commit()  # (with the Q tile in the first pass)
             for j in range(n_tiles):
                 n0 = key_start + j * BLOCK_N
+                base = Q_TILE if KV_SPLIT else Q_TILE + (j % 2) * STAGE  # the stage warps read
                 wait_all()
                 cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
                 if KV_SPLIT:  # split tile j into the one split stage; then the raw stage takes tile j + 1
-                    base = Q_TILE
                     split_k_tile(smem, RAW_K, Q_TILE, tid)
                     split_v_tile(smem, RAW_V, Q_TILE + K_TILE, tid)
                     cuda.syncthreads()  # the split tile is ready; the raw tile is read
@@ -364,13 +364,11 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
                         load_k_tile(k_head, smem, RAW_K, tid, n0 + BLOCK_N, key_end, 0, head_dim)
                         load_v_tile(v_head, smem, RAW_V, tid, n0 + BLOCK_N, key_end, d_off, head_dim)
                         commit()
-                else:
-                    base = Q_TILE + (j % 2) * STAGE
-                    if j + 1 < n_tiles:  # the copy of tile j + 1 runs under this tile's MMAs
-                        nxt = Q_TILE + STAGE - (j % 2) * STAGE
-                        load_k_tile(k_head, smem, nxt, tid, n0 + BLOCK_N, key_end, 0, head_dim)
-                        load_v_tile(v_head, smem, nxt + K_TILE, tid, n0 + BLOCK_N, key_end, d_off, head_dim)
-                        commit()
+                elif j + 1 < n_tiles:  # the copy of tile j + 1 runs under this tile's MMAs
+                    nxt = Q_TILE + STAGE - (j % 2) * STAGE
+                    load_k_tile(k_head, smem, nxt, tid, n0 + BLOCK_N, key_end, 0, head_dim)
+                    load_v_tile(v_head, smem, nxt + K_TILE, tid, n0 + BLOCK_N, key_end, d_off, head_dim)
+                    commit()
 
                 # ---- S = Q K^T: one split K fragment feeds the MMAs of every m-tile -------------------------------
                 clear_s(s)

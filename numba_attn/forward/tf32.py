@@ -6,39 +6,42 @@ Same interface and semantics as ``mma.launch`` and ``simt.launch``: float32 view
 that see no key give 0 and ``lse = -inf``, lse in natural log. The float32 default of ``flash_forward`` on sm_80+.
 
 Accuracy: 3xTF32
-    A tf32 operand keeps 10 of float32's 23 mantissa bits, so one tf32 product is good to about 1e-3 -- far from the
-    1e-5 this package promises for float32. Every operand ``x`` is split into ``hi = tf32(x)`` (``cvt.rna``) and
-    ``lo = x - hi`` (exact in float32), and a product ``a b`` is taken as ``a_lo b_hi + a_hi b_lo + a_hi b_hi`` --
-    three MMAs into one float32 accumulator, small terms first. ``lo`` goes to the MMA unrounded: the tensor cores
-    read only its tf32 bits (at worst truncating), an error below 2^-21 |x|, one conversion less per operand. Errors
-    against a float64 reference on an H100: 3e-7 .. 1.4e-6 (relative Frobenius norm).
-    ``allow_tf32=True`` (``tf32_only``) keeps only ``a_hi b_hi``: a third of the MMAs and about 4e-4 error.
-    (This is CUTLASS's ``OpMultiplyAddFastF32``, which torch's memory-efficient fp32 attention uses.)
+    A tf32 operand keeps 10 of float32's 23 mantissa bits (one product good to about 1e-3, far from the package's
+    1e-5 for float32). Every operand ``x`` is split into ``hi = tf32(x)`` and ``lo = x - hi`` (exact; the MMA reads
+    only its top 19 bits, an error below 2^-21 |x|), and ``a b`` is taken as ``a_lo b_hi + a_hi b_lo + a_hi b_hi``,
+    three MMAs into one float32 accumulator, small terms first (CUTLASS's ``OpMultiplyAddFastF32``, as in torch's
+    memory-efficient fp32 attention). Errors against float64 on an H100: 3e-7 .. 1.4e-6 (relative Frobenius norm).
+    How and where operands are split is ``Tf32Config.split`` (``tf32_split``): by ``cvt.rna`` in every warp (the
+    default; +-inf inputs give NaN), or by a rounding that keeps +-inf, in every warp or once per block for the Q
+    tile and / or each K/V tile -- bit for bit the same results on finite inputs. ``allow_tf32=True``
+    (``tf32_only``) keeps only ``a_hi b_hi``: a third of the MMAs, about 4e-4 error, ``split`` ignored.
     The tensor cores' float32 accumulation does not round to nearest, so nothing is accumulated across key tiles
     through an MMA's C operand: each tile's ``P V`` starts from zero accumulators and is added to ``O`` with float32
-    FMAs (``O = alpha O + P V``). Feeding ``O`` as C instead gave an error that grew with the number of key tiles,
-    over the 1e-5 bound at a few thousand keys (docs/design/forward.md).
+    FMAs. Feeding ``O`` as C gave an error that grew with the number of key tiles (docs/design/forward.md).
 
 Work split
     As in ``mma``: one block = ``warps`` warps x ``m_tiles`` 16-row MMA tiles = ``block_m`` query rows of one
     (batch, head) (default 4 x 2 = 128 rows, two blocks per SM). A row's softmax statistics never leave the 4 lanes
-    that hold it, and every split K or V fragment feeds the MMAs of all ``m_tiles`` tiles.
+    that hold it, and every K or V fragment feeds the MMAs of all ``m_tiles`` tiles.
 
-Shared memory (dynamic; ``_Tiles.shared_bytes``) and pipeline
+Shared memory (dynamic; ``_Tiles``) and pipeline
     The Q tile, then two stages of (K tile, V tile of this pass's columns), float32 words, rows >= the sequence
     length and columns >= headdim zero (padding adds exactly 0, never NaN). Row strides make every fragment load hit
     32 banks and every row start on 16 bytes: Q and K ``8 mod 16`` words (8-byte loads, two phases of 16 lanes
     reading ``g * stride + 2t``), V ``4 mod 8`` (4-byte loads at ``2t * stride + g``). Per K/V tile: wait for the
     ``cp.async`` copies + barrier, start the copy of the next tile (``staging.tile_loader``: 16-byte ``cp.async``
     pieces, or a synchronous element copy when Q, K or V rows are not 16-byte pieces), then ``S = Q K^T``, the online
-    softmax, ``O = alpha O + P V``. Operands stay float32 in shared memory and are split in registers where used.
+    softmax, ``O = alpha O + P V``. Split once per block (``split`` "q", "kv", "qkv"): the Q tile lands in the K/V
+    area and is split into the Q area (hi and lo: twice the words); K/V tiles land in one raw stage, are split by all
+    threads into one split stage between two barriers, then the raw stage takes the next tile's copy.
 
 Fragments (``ptx`` module docstring: m16n8k8 tf32 layout and the k permutation)
     Both products use the permutation "A column ``t`` <-> k ``2t``, column ``t + 4`` <-> k ``2t + 1``":
 
     * ``S = Q K^T`` (k = head-dim column): the A registers of lane ``(g, t)`` are Q rows ``g`` and ``g + 8``, columns
       ``8 kk + 2t`` and ``8 kk + 2t + 1``; the B registers are K row ``8 nb + g`` at the same two columns -- two
-      neighbouring words, read by one 8-byte shared load (``ptx.load_f32x2``).
+      neighbouring words, read by one 8-byte shared load (``ptx.load_f32x2``; split tiles: one 16-byte load of
+      ``(hi, hi, lo, lo)``).
     * ``P V`` (k = key): the C fragment ``(c0, c1, c2, c3)`` of S block ``j`` IS the A fragment of k-step ``j``
       as ``(c0, c2, c1, c3)``, so P never leaves the registers; the B registers are V rows (keys) ``8 j + 2t`` and
       ``8 j + 2t + 1`` of column ``8 ob + g``.
@@ -55,8 +58,8 @@ Head dims
     nests are unrolled completely, and NVVM stops unrolling a nest between 192 and 384 MMAs, so tiles are cut to
     ``max_pv_mmas``. ``gpu_config`` picks the tiles per head dim (measured; ptxas report there).
 
-Specialisations (compiled once each, cached on disk): tiles, padded head dim, ``tf32_only``, load width and the sign
-of the scale. Causality is a run-time flag.
+Specialisations (compiled once each, cached on disk): tiles, padded head dim, ``split``, ``tf32_only``, load width
+and the sign of the scale. Causality is a run-time flag.
 
 Under the CUDA simulator the same code runs with the ``ptx`` emulations (``SIMULATOR_CONFIG``: one warp, one m-tile,
 8-key tiles, two passes above 32 columns).
@@ -79,7 +82,8 @@ from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
 from . import common
 from .common import vector_loads_ok
-from .tf32_split import SPLITS, a_fragment_splitter, key_pairs_splitter, row_pairs_splitter, split_rules
+from .tf32_split import (SPLITS, a_fragment_splitter, fragment_reads, key_pairs_splitter, row_pairs_splitter,
+                         split_rules)
 
 
 @dataclass(frozen=True)
@@ -273,10 +277,7 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
     KV_SPLIT = tiles.kv_split
     SCALE_FIRST = scale_first
     split, split_p, mma_into = split_rules(tiles.split, tf32_only)
-    load1 = ptx.load1
-    load_f32x2 = ptx.load_f32x2
-    load_f32x4 = ptx.load_f32x4_1d
-    float_bits = ptx.float_bits
+    lane_words, read_q, read_k, read_v = fragment_reads(tiles, split)
     commit = ptx.cp_async_commit
     wait_all = ptx.cp_async_wait_all
     # tiles that warps read raw are padded (k_stride, v_stride); tiles that are split first are not
@@ -303,20 +304,7 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
         head_dim = q.shape[3]
         warp_row = 16 * M_TILES * warp  # this warp's first row in the block; m-tile mt adds 16 mt
         row0 = m0 + warp_row + g  # rows of this thread: row0 + 16 mt and row0 + 16 mt + 8
-        # this lane's words of its fragments (row g, columns 2t, 2t + 1 of a k-step; V: keys 2t, 2t + 1, column g),
-        # the V tile's past the K tile; split tiles (tf32_split): the 16-byte chunks of those, hi and lo
-        if Q_SPLIT:  # A quads of row pair (g, g + 8) of the warp's first m-tile, column pair t; hi second for odd g
-            q_hi = (warp_row // 2 + g) * 4 * D_PAD + 8 * t + 4 * (g % 2)
-            q_lo = q_hi + 4 - 8 * (g % 2)
-        else:
-            q_hi = (warp_row + g) * K_STRIDE + 2 * t
-            q_lo = q_hi
-        if KV_SPLIT:  # K row g, column pair t: unit (g // 2) d_pad + 2t + g % 2; V key pair t, column g ^ 2t
-            k_lane = (g // 2) * 4 * D_PAD + 8 * t + 4 * (g % 2)
-            v_lane = K_TILE + t * 4 * D_PASS + 4 * (g ^ (2 * t))
-        else:
-            k_lane = g * K_STRIDE + 2 * t
-            v_lane = K_TILE + 2 * t * V_STRIDE + g
+        q_hi, q_lo, k_lane, v_lane = lane_words(warp_row, g, t)  # this lane's fragment words
 
         smem = cuda.shared.array(0, float32)  # dynamic: Q tile, K/V area
         a_hi = cuda.local.array((M_TILES, 1, 4), uint32)  # Q's A fragments of one k-step, tf32 hi / lo
@@ -374,29 +362,9 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
                 clear_s(s)
                 for kk in range(QK_STEPS):
                     for mt in range(M_TILES):
-                        # (a0, a2): row g, columns 2t, 2t + 1; (a1, a3): row g + 8 (A column t <-> k 2t, t + 4 <-> 2t + 1)
-                        if Q_SPLIT:
-                            h0, h1, h2, h3 = load_f32x4(smem, q_hi + 32 * mt * D_PAD + 32 * kk)
-                            l0, l1, l2, l3 = load_f32x4(smem, q_lo + 32 * mt * D_PAD + 32 * kk)
-                            a_hi[mt, 0, 0], a_lo[mt, 0, 0] = float_bits(h0), float_bits(l0)
-                            a_hi[mt, 0, 1], a_lo[mt, 0, 1] = float_bits(h1), float_bits(l1)
-                            a_hi[mt, 0, 2], a_lo[mt, 0, 2] = float_bits(h2), float_bits(l2)
-                            a_hi[mt, 0, 3], a_lo[mt, 0, 3] = float_bits(h3), float_bits(l3)
-                        else:
-                            x0, x2 = load_f32x2(smem, q_hi + 16 * mt * K_STRIDE + 8 * kk)
-                            x1, x3 = load_f32x2(smem, q_lo + (16 * mt + 8) * K_STRIDE + 8 * kk)
-                            a_hi[mt, 0, 0], a_lo[mt, 0, 0] = split(x0)
-                            a_hi[mt, 0, 1], a_lo[mt, 0, 1] = split(x1)
-                            a_hi[mt, 0, 2], a_lo[mt, 0, 2] = split(x2)
-                            a_hi[mt, 0, 3], a_lo[mt, 0, 3] = split(x3)
+                        read_q(smem, q_hi, q_lo, mt, kk, a_hi, a_lo)
                     for nb in range(S_BLOCKS):
-                        if KV_SPLIT:
-                            h0, h1, l0, l1 = load_f32x4(smem, base + k_lane + 16 * nb * D_PAD + 32 * kk)
-                            bh0, bh1, bl0, bl1 = float_bits(h0), float_bits(h1), float_bits(l0), float_bits(l1)
-                        else:
-                            y0, y1 = load_f32x2(smem, base + k_lane + 8 * nb * K_STRIDE + 8 * kk)
-                            bh0, bl0 = split(y0)
-                            bh1, bl1 = split(y1)
+                        bh0, bh1, bl0, bl1 = read_k(smem, base + k_lane, nb, kk)
                         for mt in range(M_TILES):
                             mma_into(s, mt, nb, a_hi, a_lo, 0, bh0, bh1, bl0, bl1)
 
@@ -416,15 +384,7 @@ def _kernel_source(tiles: _Tiles, tf32_only: bool, vector_loads: bool = True, sc
                 for ob in range(O_BLOCKS):
                     clear_r(r)
                     for kj in range(S_BLOCKS):
-                        # B fragment: V rows (keys) 8 kj + 2t and 8 kj + 2t + 1, column 8 ob + g
-                        if KV_SPLIT:
-                            h0, h1, l0, l1 = load_f32x4(smem, base + v_lane + 16 * kj * D_PASS + 32 * ob)
-                            bh0, bh1, bl0, bl1 = float_bits(h0), float_bits(h1), float_bits(l0), float_bits(l1)
-                        else:
-                            y0 = load1(smem, base + v_lane + 8 * kj * V_STRIDE + 8 * ob)
-                            y1 = load1(smem, base + v_lane + (8 * kj + 1) * V_STRIDE + 8 * ob)
-                            bh0, bl0 = split(y0)
-                            bh1, bl1 = split(y1)
+                        bh0, bh1, bl0, bl1 = read_v(smem, base + v_lane, kj, ob)
                         for mt in range(M_TILES):
                             mma_into(r, mt, 0, p_hi, p_lo, kj, bh0, bh1, bl0, bl1)
                     for mt in range(M_TILES):

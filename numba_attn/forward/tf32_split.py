@@ -35,7 +35,7 @@ Where (the fragments each warp feeds its MMAs)
 from __future__ import annotations
 
 from ..core import ptx
-from ..core.staging import device_function
+from ..core.staging import device_function, inlined_function
 
 #: ``Tf32Config.split`` values: where the operands are split (module docstring)
 SPLITS = ("cvt", "warp", "q", "kv", "qkv")
@@ -199,3 +199,78 @@ def a_fragment_splitter(threads: int, rows: int, width: int, src_row: int, split
                 store_f32x4(smem, lo, bits_float(l0), bits_float(l1), bits_float(l2), bits_float(l3))
 
     return split_tile
+
+
+def fragment_reads(tiles, split):
+    """``(lane_words, read_q, read_k, read_v)``: where a lane's fragments lie in shared memory and how a warp reads
+    them, split where they are used or already split (``tiles.q_split``, ``tiles.kv_split``), for ``forward.tf32``.
+
+    ``lane_words(warp_row, g, t) -> (q_hi, q_lo, k_lane, v_lane)``: word offsets of lane ``(g, t)``'s fragments
+    (Q rows ``g`` / ``g + 8`` of the warp's first m-tile, hi / lo parts when split; K row ``g``; V keys ``2t, 2t + 1``
+    of column ``g``, past the K tile). ``read_q(smem, q_hi, q_lo, mt, kk, a_hi, a_lo)`` fills the A fragment
+    ``a_hi[mt, 0]``, ``a_lo[mt, 0]`` of k-step ``kk``; ``read_k(smem, at, nb, kk)`` and ``read_v(smem, at, kj, ob)``
+    give ``(bh0, bh1, bl0, bl1)`` (``at``: the stage plus ``k_lane`` / ``v_lane``)."""
+    D_PAD, D_PASS = tiles.d_pad, tiles.d_pass
+    K_STRIDE, V_STRIDE, K_TILE = tiles.k_stride, tiles.v_stride, tiles.k_tile
+    Q_SPLIT, KV_SPLIT = tiles.q_split, tiles.kv_split
+    load1 = ptx.load1
+    load_f32x2 = ptx.load_f32x2
+    load_f32x4 = ptx.load_f32x4_1d
+    bits = ptx.float_bits
+
+    @inlined_function
+    def lane_words(warp_row, g, t):
+        if Q_SPLIT:  # A quads of row pair (g, g + 8) of the warp's first m-tile, column pair t; hi second for odd g
+            q_hi = (warp_row // 2 + g) * 4 * D_PAD + 8 * t + 4 * (g % 2)
+            q_lo = q_hi + 4 - 8 * (g % 2)
+        else:  # row g, columns 2t, 2t + 1 of a k-step (row g + 8: 8 rows on)
+            q_hi = (warp_row + g) * K_STRIDE + 2 * t
+            q_lo = q_hi
+        if KV_SPLIT:  # K row g, column pair t: unit (g // 2) d_pad + 2t + g % 2; V key pair t, column g ^ 2t
+            k_lane = (g // 2) * 4 * D_PAD + 8 * t + 4 * (g % 2)
+            v_lane = K_TILE + t * 4 * D_PASS + 4 * (g ^ (2 * t))
+        else:
+            k_lane = g * K_STRIDE + 2 * t
+            v_lane = K_TILE + 2 * t * V_STRIDE + g
+        return q_hi, q_lo, k_lane, v_lane
+
+    @inlined_function
+    def read_q(smem, q_hi, q_lo, mt, kk, a_hi, a_lo):
+        # (a0, a2): row g, columns 2t, 2t + 1; (a1, a3): row g + 8 (A column t <-> k 2t, t + 4 <-> 2t + 1)
+        if Q_SPLIT:
+            h0, h1, h2, h3 = load_f32x4(smem, q_hi + 32 * mt * D_PAD + 32 * kk)
+            l0, l1, l2, l3 = load_f32x4(smem, q_lo + 32 * mt * D_PAD + 32 * kk)
+            a_hi[mt, 0, 0], a_lo[mt, 0, 0] = bits(h0), bits(l0)
+            a_hi[mt, 0, 1], a_lo[mt, 0, 1] = bits(h1), bits(l1)
+            a_hi[mt, 0, 2], a_lo[mt, 0, 2] = bits(h2), bits(l2)
+            a_hi[mt, 0, 3], a_lo[mt, 0, 3] = bits(h3), bits(l3)
+        else:
+            x0, x2 = load_f32x2(smem, q_hi + 16 * mt * K_STRIDE + 8 * kk)
+            x1, x3 = load_f32x2(smem, q_lo + (16 * mt + 8) * K_STRIDE + 8 * kk)
+            a_hi[mt, 0, 0], a_lo[mt, 0, 0] = split(x0)
+            a_hi[mt, 0, 1], a_lo[mt, 0, 1] = split(x1)
+            a_hi[mt, 0, 2], a_lo[mt, 0, 2] = split(x2)
+            a_hi[mt, 0, 3], a_lo[mt, 0, 3] = split(x3)
+
+    @inlined_function
+    def read_k(smem, at, nb, kk):  # K row 8 nb + g, columns 8 kk + 2t, 8 kk + 2t + 1
+        if KV_SPLIT:
+            h0, h1, l0, l1 = load_f32x4(smem, at + 16 * nb * D_PAD + 32 * kk)
+            return bits(h0), bits(h1), bits(l0), bits(l1)
+        y0, y1 = load_f32x2(smem, at + 8 * nb * K_STRIDE + 8 * kk)
+        bh0, bl0 = split(y0)
+        bh1, bl1 = split(y1)
+        return bh0, bh1, bl0, bl1
+
+    @inlined_function
+    def read_v(smem, at, kj, ob):  # V rows (keys) 8 kj + 2t and 8 kj + 2t + 1, column 8 ob + g
+        if KV_SPLIT:
+            h0, h1, l0, l1 = load_f32x4(smem, at + 16 * kj * D_PASS + 32 * ob)
+            return bits(h0), bits(h1), bits(l0), bits(l1)
+        y0 = load1(smem, at + 8 * kj * V_STRIDE + 8 * ob)
+        y1 = load1(smem, at + (8 * kj + 1) * V_STRIDE + 8 * ob)
+        bh0, bl0 = split(y0)
+        bh1, bl1 = split(y1)
+        return bh0, bh1, bl0, bl1
+
+    return lane_words, read_q, read_k, read_v

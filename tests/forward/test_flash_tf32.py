@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -23,6 +24,7 @@ from kernel_checks import TOLERANCE, assert_close_lse, device_view_in_layout, re
 from numba_attn.runtime.device import cuda, max_shared_per_block
 from numba_attn.forward import common
 from numba_attn.forward import tf32 as flash_tf32
+from numba_attn.forward.tf32_split import SPLITS
 
 #: plain tf32 (``allow_tf32=True``): 10 mantissa bits per operand, about 4e-4 on unit-variance inputs
 TF32_TOLERANCE = 5e-3
@@ -175,6 +177,52 @@ def test_simulated_huge_logits(logit):
     assert_close_lse(lse, ref_lse, tol=1e-6)
 
 
+@functools.lru_cache(maxsize=None)
+def _split_run(case, split, warps=1, m_tiles=1):
+    """(out, lse) of one simulator case (``SPLIT_CASES``) under ``Tf32Config.split = split``."""
+    heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal = SPLIT_CASES[case]
+    q, k, v = _inputs(case, 1, heads, kv_heads, seqlen_q, seqlen_k, head_dim)
+    config = TINY.replace(split=split, warps=warps, m_tiles=m_tiles)
+    got, lse = _run(q, k, v, causal, config=config)
+    ref = reference.attention(q, k, v, causal=causal)
+    assert rel_error(got, ref) < TOLERANCE["float32"]
+    return got, lse
+
+
+SPLIT_CASES = {
+    0: (2, 1, 9, 12, 16, True),  # GQA, Lq < Lk causal, tail tile, cp.async loads
+    1: (1, 1, 5, 8, 40, False),  # two passes over 24-column output halves (the V split of each pass)
+    2: (1, 1, 40, 8, 8, False),  # with 2 warps x 2 m-tiles: the split Q tile's rows of every warp and m-tile
+}
+
+
+@simulator_only
+@pytest.mark.parametrize("case, split, warps, m_tiles", [
+    (0, "warp", 1, 1), (0, "q", 1, 1), (0, "kv", 1, 1), (1, "qkv", 1, 1), (2, "qkv", 2, 2)])
+def test_simulated_splits_equal_cvt_bit_for_bit(case, split, warps, m_tiles):
+    # every split mode splits a finite value into the same (hi, lo) as cvt.rna (tf32_split): only where the split
+    # happens and how the split tiles are laid out differ, and a wrong offset would not give the same bits
+    got, lse = _split_run(case, split, warps, m_tiles)
+    want, want_lse = _split_run(case, "cvt", warps, m_tiles)
+    assert np.array_equal(got, want) and np.array_equal(lse, want_lse)
+
+
+def test_split_modes_fit_two_blocks_per_sm_up_to_d128():
+    for split in SPLITS:
+        for d in range(1, 257):
+            config = flash_tf32.gpu_config(d, split=split)
+            tiles = flash_tf32.tiles_for(config, flash_tf32.padded_head_dim(d, config))
+            assert tiles.split == split and tiles.shared_bytes <= max_shared_per_block()
+            for words in (tiles.q_tile, tiles.k_tile, tiles.stage, tiles.raw_k, tiles.kv_words):
+                assert words % 4 == 0  # 16-byte cp.async pieces and 16-byte split chunks
+            if tiles.d_pad <= 128:  # 228 KiB per SM on an H100, 1 KiB of it reserved per block
+                assert 2 * (tiles.shared_bytes + 1024) <= 228 * 1024, (split, d, tiles.shared_bytes)
+        # tf32_only ignores split: one kernel, the "cvt" one
+        assert flash_tf32.tiles_for(flash_tf32.gpu_config(64, True, split), 64, True).split == "cvt"
+    with pytest.raises(ValueError, match="split"):
+        flash_tf32.Tf32Config(split="none")
+
+
 def test_float32_dispatch():
     # float32 defaults to the 3xTF32 tensor-core kernel on a GPU (float32 accuracy, measured faster than the SIMT
     # kernel and than torch's float32 path on an H100, 2026-11-22) and to the SIMT kernel under the simulator (no
@@ -278,6 +326,14 @@ def test_many_key_tiles_keep_float32_accuracy():
     ref = reference.attention(q, k, v, causal=False, rows=rows)
     err = rel_error(got[:, :, rows], ref)
     assert err <= 1e-5, f"rel error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", SPLITS[1:])
+@pytest.mark.parametrize("head_dim, causal", [(64, False), (64, True), (128, True), (128, False), (59, True)])
+def test_split_modes(split, head_dim, causal):
+    # each split mode with its own tiles (gpu_config); scripts/check_tf32.py --compare-split times them
+    _check(2, 4, 2, 300, 333, head_dim, causal, config=flash_tf32.gpu_config(head_dim, split=split), seed=head_dim)
 
 
 @pytest.mark.gpu

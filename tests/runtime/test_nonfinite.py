@@ -60,10 +60,30 @@ def _xfail(kernel_change):
     return pytest.mark.xfail(strict=True, reason=f"needs kernel change: {kernel_change}")
 
 
-TF32_SPLIT = ("3xTF32 (forward/tf32.py `_split_and_mma`) splits x = hi + lo; for x = +-inf, lo = inf - inf is NaN, "
-              "and with lo = 0 the product hi_a lo_b of an inf and a 0 is NaN still. Splits that keep inf (hi "
-              "saturated by cvt.rna.satfinite, or truncated) cost 7-21 % of the float32 forward on an H100 "
-              "(docs/benchmarks.md): use backend='simt' for such inputs")
+TF32_SPLIT = ("3xTF32 with Tf32Config.split='cvt' (the default; forward/tf32_split.py) splits x = hi + lo with hi = "
+              "cvt.rna.tf32(x); for x = +-inf, lo = inf - inf is NaN. The other split modes keep +-inf (hi = +-1, "
+              "lo = x); the default changes once they are timed (scripts/check_tf32.py --compare-split)")
+
+
+def _tf32_split(split):
+    """The float32 tensor-core forward with ``Tf32Config.split = split`` (its default tiles for that mode)."""
+    def call(q, k, v):
+        from numba_attn.forward import tf32
+        from numba_attn.runtime.device import cuda
+
+        b, h, lq, d = q.shape
+        out = cuda.to_device(np.zeros(q.shape, np.float32))
+        lse = cuda.to_device(np.zeros((b, h, lq), np.float32))
+        stream = 0 if numba_attn.SIMULATOR else cuda.default_stream()
+        tf32.launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, lse, True, 1.0 / np.sqrt(d), False,
+                    stream, config=tf32.default_config(d, False, split))
+        return out.copy_to_host(), lse.copy_to_host()
+
+    return call
+
+
+#: the split modes that keep +-inf (forward/tf32_split.py)
+TF32_INF_SPLITS = ("warp", "q", "kv", "qkv")
 
 
 ATTENTION_PATHS = {
@@ -74,6 +94,7 @@ ATTENTION_PATHS = {
                          np.float16, [], []),
     "forward-3xtf32-fp32": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="mma"),
                             np.float32, [_xfail(TF32_SPLIT)], [_xfail(TF32_SPLIT)]),
+    **{f"forward-3xtf32-fp32-split-{split}": (_tf32_split(split), np.float32, [], []) for split in TF32_INF_SPLITS},
     "forward-wgmma-fp16": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="wgmma"),
                            np.float16, [pytest.mark.gpu], [pytest.mark.gpu]),
     "decode-fp32": (lambda q, k, v: numba_attn.flash_decode(q, k, v, return_lse=True), np.float32, [], []),
@@ -106,6 +127,42 @@ def test_attention_out_nonfinite(path):
 def test_attention_lse_nonfinite(path):
     _, lse, _, ref_lse, _ = _attention_result(path)
     assert_same_nonfinite(lse, ref_lse, 1e-4, what="lse")
+
+
+def tf32_split_scenarios():
+    """(1, 4, 3, 8) queries against 6 keys, the cases a 3xTF32 split meets (float32):
+
+    head 0: k[:, 0] = -inf; q row 0 = [+inf, 0...] (inf * -inf: all scores -inf, 0 and lse -inf), row 1 = [-inf,
+            0...] (+inf scores: NaN), row 2 finite with q[2, 0] = 0 (0 * -inf: NaN);
+    head 1: v column 2 holds +inf and -inf (NaN), column 5 -inf (-inf);
+    head 2: NaN bit patterns 0x7FFFFFFF (v column 1), 0x7F800001 (v column 6) and 0xFFFFFFFF (q row 1);
+    head 3: v[0, 0] = 3.402e38, a finite value that rounds to inf in tf32 (column 0 finite, to about 1e-3).
+    """
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((1, 4, n, 8)).astype(np.float32) for n in (3, 6, 6))
+    q[0, 0, :2] = 0.0
+    q[0, 0, 0, 0], q[0, 0, 1, 0], q[0, 0, 2, 0] = np.inf, -np.inf, 0.0
+    k[0, 0, :, 0] = -np.inf
+    v[0, 1, 1, 2], v[0, 1, 3, 2], v[0, 1, 0, 5] = np.inf, -np.inf, -np.inf
+    for x, at, bits in ((v, (0, 2, 2, 1), 0x7FFFFFFF), (v, (0, 2, 4, 6), 0x7F800001), (q, (0, 2, 1, 3), 0xFFFFFFFF)):
+        x.view(np.uint32)[at] = bits
+    v[0, 3, 0, 0] = 3.402e38
+    return q, k, v
+
+
+@pytest.mark.parametrize("split", TF32_INF_SPLITS)
+def test_tf32_split_nonfinite(split):
+    q, k, v = tf32_split_scenarios()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out, lse = _tf32_split(split)(q, k, v)
+        ref_out, ref_lse = reference.attention(q, k, v, return_lse=True)
+    assert np.isneginf(ref_lse[0, 0, 0]) and np.isnan(ref_out[0, 0, 1:]).all() and np.isnan(ref_out[0, 1, :, 2]).all()
+    huge = np.zeros(ref_out.shape, bool)
+    huge[0, 3, :, 0] = True  # rounds like a tf32 product there: checked below
+    assert_same_nonfinite(out, ref_out, 1e-5, specified=~huge)
+    assert_same_nonfinite(lse, ref_lse, 1e-5, what="lse")
+    np.testing.assert_allclose(out[0, 3, :, 0], ref_out[0, 3, :, 0], rtol=5e-3)
 
 
 def test_reference_attention_rules():

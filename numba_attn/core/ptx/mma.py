@@ -143,3 +143,62 @@ def to_tf32(typingctx, x):
                     [_f32(context, builder, args[0], sig.args[0])])
 
     return sig, codegen
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# tf32 rounding by integer arithmetic (plain LLVM, no asm)
+# ---------------------------------------------------------------------------------------------------------------------
+#: |x| from which rounding to tf32 overflows: the finite float32 values >= (2 - 2^-11) 2^127 round to +-inf
+TF32_HUGE = float(np.uint32(0x7F7FF000).view(np.float32))
+_ROUND = 0x1000  # half a tf32 unit in the last place: 13 dropped bits
+_KEEP = 0xFFFFE000  # the 19 bits a tf32 operand keeps
+_SIGN_ONE = 0xBF800000  # (x + _ROUND) & this: +-1.0 for +-inf and for the finite values that round to +-inf
+
+
+def _sim_round_tf32(x):
+    return np.uint32(((int(np.float32(x).view(np.uint32)) + _ROUND) & _KEEP) & 0xFFFFFFFF)
+
+
+def _sim_round_tf32_keep_inf(x):
+    mask = _SIGN_ONE if abs(float(x)) >= TF32_HUGE else _KEEP
+    return np.uint32(((int(np.float32(x).view(np.uint32)) + _ROUND) & mask) & 0xFFFFFFFF)
+
+
+def _rounding(keep_inf: bool):
+    def typer(x):
+        if not _is_number(x):
+            return None
+        sig = types.uint32(x)
+
+        def codegen(context, builder, sig, args):
+            value = _f32(context, builder, args[0], sig.args[0])
+            if keep_inf:  # NVVM has no llvm.fabs: PTX, where ptxas folds the abs into the compare
+                return _asm(builder, _I32, [_F32, _I32], (
+                    "{ .reg .pred p; .reg .b32 m; .reg .f32 a; abs.f32 a, $1; "
+                    f"setp.ge.f32 p, a, 0f{0x7F7FF000:08X}; selp.b32 m, {_SIGN_ONE}, {_KEEP}, p; "
+                    f"add.u32 $0, $2, {_ROUND}; and.b32 $0, $0, m; }}"), "=r,f,r", [value, builder.bitcast(value, _I32)])
+            rounded = builder.add(builder.bitcast(value, _I32), ir.Constant(_I32, _ROUND))
+            return builder.and_(rounded, ir.Constant(_I32, _KEEP))
+
+        return sig, codegen
+
+    return typer
+
+
+@simulated_by(_sim_round_tf32)
+def round_tf32(typingctx, x):
+    """x -> uint32: float32 ``x`` rounded to tf32 as ``cvt.rna`` rounds finite values (nearest, ties away), by
+    integer arithmetic: ``(bits(x) + 0x1000) & 0xFFFFE000``. Two instructions where ``cvt.rna.tf32.f32`` takes four
+    on sm_90 (it also tests for NaN and inf and passes them unchanged). +-inf stay +-inf; a NaN may come out as
+    -0.0 or inf, so a split ``hi = round_tf32(x), lo = x - hi`` keeps NaN in ``lo`` only. Plain LLVM, no asm."""
+    return _rounding(False)(x)
+
+
+@simulated_by(_sim_round_tf32_keep_inf)
+def round_tf32_keep_inf(typingctx, x):
+    """x -> uint32: as ``round_tf32``, but ``|x| >= TF32_HUGE`` (+-inf, and the finite values that round to +-inf)
+    gives +-1.0 (the mask ``0xBF800000`` instead of ``0xFFFFE000``; a compare and a select more). Then
+    ``lo = x - hi`` is +-inf for +-inf (where ``hi = inf`` gave ``lo = inf - inf = NaN``): in the 3xTF32 product
+    ``a_lo b_hi + a_hi b_lo + a_hi b_hi`` an infinite ``a`` meets ``b`` through ``a_lo b_hi`` (+-inf, or NaN for
+    ``b = 0``, as IEEE says) while ``a_hi = +-1`` keeps the other two terms finite."""
+    return _rounding(True)(x)

@@ -11,9 +11,9 @@ Accuracy: 3xTF32
     only its top 19 bits, an error below 2^-21 |x|), and ``a b`` is taken as ``a_lo b_hi + a_hi b_lo + a_hi b_hi``,
     three MMAs into one float32 accumulator, small terms first (CUTLASS's ``OpMultiplyAddFastF32``, as in torch's
     memory-efficient fp32 attention). Errors against float64 on an H100: 3e-7 .. 1.4e-6 (relative Frobenius norm).
-    How and where operands are split is ``Tf32Config.split`` (``tf32_split``): by ``cvt.rna`` in every warp (the
-    default; +-inf inputs give NaN), or by a rounding that keeps +-inf, in every warp or once per block for the Q
-    tile and / or each K/V tile -- bit for bit the same results on finite inputs. ``allow_tf32=True``
+    How and where operands are split is ``Tf32Config.split`` (``tf32_split``): by a rounding that keeps +-inf, in
+    every warp (``"warp"``, the default) or once per block for the Q tile and / or each K/V tile, or by ``cvt.rna``
+    in every warp (``"cvt"``: +-inf inputs give NaN) -- bit for bit the same results on finite inputs. ``allow_tf32=True``
     (``tf32_only``) keeps only ``a_hi b_hi``: a third of the MMAs, about 4e-4 error, ``split`` ignored.
     The tensor cores' float32 accumulation does not round to nearest, so nothing is accumulated across key tiles
     through an MMA's C operand: each tile's ``P V`` starts from zero accumulators and is added to ``O`` with float32
@@ -105,8 +105,9 @@ class Tf32Config(common.WarpTiles):
     min_warps: int = 8
     # where the 3xTF32 split happens and by which rule (``tf32_split``): "cvt" (every warp splits what it loads, by
     # cvt.rna: +-inf inputs give NaN), "warp" (every warp, a split that keeps +-inf), "q" / "kv" / "qkv" (those
-    # tiles split once per block into shared memory, the rest as "warp"). Ignored by tf32_only.
-    split: str = "cvt"
+    # tiles split once per block into shared memory, the rest as "warp"). Ignored by tf32_only. "warp" is the default:
+    # as fast as "cvt" on an H100, the others slower at D128 (docs/benchmarks.md, "3xTF32 and inf").
+    split: str = "warp"
 
     def __post_init__(self):
         common.check_fields(self, warps=(1, 32, 1), m_tiles=(1, None, 1), block_n=(8, None, 8),
@@ -138,11 +139,11 @@ DTYPES = ("float32",)
 SIGNATURE = common.kernel_signature(float32)
 
 
-def default_config(head_dim: int = 64, tf32_only: bool = False, split: str = "cvt") -> Tf32Config:
+def default_config(head_dim: int = 64, tf32_only: bool = False, split: str = "warp") -> Tf32Config:
     return SIMULATOR_CONFIG.replace(split=split) if SIMULATOR else gpu_config(head_dim, tf32_only, split)
 
 
-def gpu_config(head_dim: int, tf32_only: bool = False, split: str = "cvt") -> Tf32Config:
+def gpu_config(head_dim: int, tf32_only: bool = False, split: str = "warp") -> Tf32Config:
     """Tiles on a GPU, by padded head dim (both accuracy modes), the fastest measured (docs/design/forward.md):
 
     * up to 64: 4 warps x 2 m-tiles (128 query rows), 32-key tiles;
@@ -150,7 +151,7 @@ def gpu_config(head_dim: int, tf32_only: bool = False, split: str = "cvt") -> Tf
     * above (two passes over output halves): 4 warps x 1 m-tile, 8-key tiles, the largest shape ptxas keeps free of
       spills there (``scripts/check_tf32.py --compile-only``).
 
-    ``split`` "q", "kv", "qkv" (not yet timed against each other: ``scripts/check_tf32.py --compare-split``): up to
+    ``split`` "q", "kv", "qkv" (timed by ``scripts/check_tf32.py --part compare-split``; slower than "warp" at D128): up to
     128 the Q tile or the K/V stages of two m-tiles would leave one block per SM (over 113 KiB), so 1 m-tile (64 query
     rows) there, as in two passes; up to 64 the tiles of "cvt" (all fit two blocks per SM)."""
     d_pad = padded_head_dim(head_dim)
@@ -160,7 +161,7 @@ def gpu_config(head_dim: int, tf32_only: bool = False, split: str = "cvt") -> Tf
         config = DEFAULT_CONFIG if split in ("cvt", "warp") or tf32_only else DEFAULT_CONFIG.replace(m_tiles=1)
     else:
         config = TWO_PASS_CONFIG
-    return config if split == "cvt" else config.replace(split=split)
+    return config if config.split == split else config.replace(split=split)
 
 
 def supports(dtype: str, head_dim: int, *arrays) -> bool:

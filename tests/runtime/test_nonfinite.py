@@ -60,9 +60,9 @@ def _xfail(kernel_change):
     return pytest.mark.xfail(strict=True, reason=f"needs kernel change: {kernel_change}")
 
 
-TF32_SPLIT = ("3xTF32 with Tf32Config.split='cvt' (the default; forward/tf32_split.py) splits x = hi + lo with hi = "
-              "cvt.rna.tf32(x); for x = +-inf, lo = inf - inf is NaN. The other split modes keep +-inf (hi = +-1, "
-              "lo = x); the default changes once they are timed (scripts/check_tf32.py --compare-split)")
+TF32_SPLIT = ("3xTF32 with Tf32Config.split='cvt' (no longer the default; forward/tf32_split.py) splits x = hi + lo "
+              "with hi = cvt.rna.tf32(x); for x = +-inf, lo = inf - inf is NaN. The other split modes keep +-inf "
+              "(hi = +-1, lo = x); the default, 'warp', is one of them")
 
 
 def _tf32_split(split):
@@ -93,7 +93,8 @@ ATTENTION_PATHS = {
     "forward-mma-fp16": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="mma"),
                          np.float16, [], []),
     "forward-3xtf32-fp32": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="mma"),
-                            np.float32, [_xfail(TF32_SPLIT)], [_xfail(TF32_SPLIT)]),
+                            np.float32, [], []),  # the default split, "warp", keeps +-inf
+    "forward-3xtf32-fp32-split-cvt": (_tf32_split("cvt"), np.float32, [_xfail(TF32_SPLIT)], [_xfail(TF32_SPLIT)]),
     **{f"forward-3xtf32-fp32-split-{split}": (_tf32_split(split), np.float32, [], []) for split in TF32_INF_SPLITS},
     "forward-wgmma-fp16": (lambda q, k, v: numba_attn.flash_forward(q, k, v, return_lse=True, backend="wgmma"),
                            np.float16, [pytest.mark.gpu], [pytest.mark.gpu]),

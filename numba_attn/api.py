@@ -32,15 +32,9 @@ from __future__ import annotations
 
 import math
 
-from .backward import dispatch as _backward
 from .core.scores import kernel_scale
-from .decode import cached as _decode_plan
-from .decode import dispatch as _decode
-from .decode import simt as _decode_simt
 from .forward import dispatch as _forward
-from .forward import varlen as _varlen
 from .forward.dispatch import BACKENDS
-from .linear.dispatch import BACKENDS as LINEAR_BACKENDS
 from .runtime import views as _views
 from .runtime.arguments import (check_backend, check_flag, check_num_splits, check_sm_scale,
                                 check_softcap, check_window)
@@ -48,11 +42,22 @@ from .runtime.arrays import prepare
 from .runtime.attention_args import AttentionArgs, BackwardArgs
 from .runtime.device import SIMULATOR, DeviceView, on_device
 from .runtime.shapes import attention_shape, check_array
+from .runtime.lazy import lazy_exports, lazy_module
 from .runtime.views import lift
 from .runtime.serving import one_call_at_a_time_under_the_simulator as _one_call_at_a_time_under_the_simulator
 from .runtime.serving import served as _served
-from .linear.api import (causal_dot_product, causal_dot_product_backward, linear_attention,  # noqa: F401
-                         linear_attention_backward)
+
+# the families a program may never call load on first use (``runtime.lazy``: import time)
+_backward = lazy_module(".backward.dispatch", __package__)
+_decode_plan = lazy_module(".decode.cached", __package__)
+_decode = lazy_module(".decode.dispatch", __package__)
+_decode_simt = lazy_module(".decode.simt", __package__)
+_varlen = lazy_module(".forward.varlen", __package__)
+#: the linear-attention functions (``linear.api``) and their backends, re-exported on first read
+__getattr__ = lazy_exports(__package__, {
+    **{name: ".linear.api" for name in ("causal_dot_product", "causal_dot_product_backward", "linear_attention",
+                                        "linear_attention_backward")},
+    "LINEAR_BACKENDS": ".linear.dispatch:BACKENDS"})
 
 __all__ = [
     "flash_forward", "flash_forward_varlen", "flash_backward", "flash_decode", "combine_lse", "causal_dot_product",

@@ -10,7 +10,7 @@ correctness     ``causal_dot_product_backward`` (chunked: float16, bfloat16, flo
                 next to the error of torch autograd through a naive implementation in the same dtype. PASS when ours
                 is at most twice torch's error or within the usual bound (float32 1e-5, float16 2e-3, bfloat16 1e-2;
                 tf32 5e-3).
-timing          B=4 H=8 E=M=64 N=16k float16 (``--seqlen`` / ``--batch`` / ``--heads`` change it): median ms of our
+timing          B=4 H=8 E=M=64 N=16k float16 (``--seqlens`` / ``--dtypes`` / ``--batch`` / ``--heads`` change it): median ms of our
                 forward and backward, and fla's ``chunk_linear_attn(scale=1, normalize=False)`` forward and
                 backward when fla imports; our layer's forward and backward.
 
@@ -323,17 +323,16 @@ def _time(fn, reps: int) -> float:
     return float(np.median(times))
 
 
-def part_timing(args) -> int:
+def _timing_case(b, h, n, d, dtype, reps, with_layer):
+    """Median ms of our forward and backward and fla's, one (dtype, N); the layer's too when ``with_layer``."""
     import torch
 
     import numba_attn
 
-    b, h, n, d = args.batch, args.heads, args.seqlen, 64
-    q, k, v, g = (torch.randn(b, h, n, d, device=DEVICE, dtype=torch.float16) for _ in range(4))
-    rows = []
-    rows.append(("ours causal_dot_product forward", _time(lambda: numba_attn.causal_dot_product(q, k, v), args.reps)))
-    rows.append(("ours causal_dot_product_backward (chunked)",
-                 _time(lambda: numba_attn.causal_dot_product_backward(g, q, k, v), args.reps)))
+    q, k, v, g = (torch.randn(b, h, n, d, device=DEVICE, dtype=dtype) for _ in range(4))
+    rows = [("ours causal_dot_product forward", _time(lambda: numba_attn.causal_dot_product(q, k, v), reps)),
+            ("ours causal_dot_product_backward (chunked)",
+             _time(lambda: numba_attn.causal_dot_product_backward(g, q, k, v), reps))]
     try:
         from bench.peers import fla_linear
 
@@ -349,22 +348,37 @@ def part_timing(args) -> int:
         def fla_backward():
             torch.autograd.grad(out, leaves, tg, retain_graph=True)
 
-        rows.append(("fla chunk_linear_attn forward", _time(fla_forward, args.reps)))
-        rows.append(("fla chunk_linear_attn backward", _time(fla_backward, args.reps)))
+        rows.append(("fla chunk_linear_attn forward", _time(fla_forward, reps)))
+        rows.append(("fla chunk_linear_attn backward", _time(fla_backward, reps)))
     except Exception as exc:  # noqa: BLE001
-        say(f"INFO fla not timed: {type(exc).__name__}: {exc}")
-    rows.append(("ours linear_attention forward causal",
-                 _time(lambda: numba_attn.linear_attention(q, k, v, causal=True), args.reps)))
-    rows.append(("ours linear_attention_backward causal",
-                 _time(lambda: numba_attn.linear_attention_backward(g, q, k, v, causal=True), args.reps)))
-    for name, ms in rows:
-        say(f"INFO time B{b} H{h} N{n} D{d} float16 {name}: {ms:.3f} ms")
-    times = dict(rows)
-    fla = times.get("fla chunk_linear_attn backward")
-    if fla:
-        ours = times["ours causal_dot_product_backward (chunked)"]
-        say(f"INFO time backward ours / fla = {ours / fla:.2f}; forward + backward ours / fla = "
-            f"{(ours + times['ours causal_dot_product forward']) / (fla + times['fla chunk_linear_attn forward']):.2f}")
+        say(f"INFO fla not timed ({dtype}, N {n}): {type(exc).__name__}: {exc}")
+    if with_layer:
+        rows.append(("ours linear_attention forward causal",
+                     _time(lambda: numba_attn.linear_attention(q, k, v, causal=True), reps)))
+        rows.append(("ours linear_attention_backward causal",
+                     _time(lambda: numba_attn.linear_attention_backward(g, q, k, v, causal=True), reps)))
+    return dict(rows)
+
+
+def part_timing(args) -> int:
+    """One line per (dtype, N): our forward / backward against fla's; backward time over fla's (<= 1.0 is the
+    target of issue #28). The layer is timed at the last length only."""
+    import torch
+
+    b, h, d = args.batch, args.heads, 64
+    dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+    seqlens = [int(x[:-1]) * 1024 if x.endswith("k") else int(x) for x in args.seqlens.split(",")]
+    for name in args.dtypes.split(","):
+        for n in seqlens:
+            t = _timing_case(b, h, n, d, dtypes[name], args.reps, with_layer=n == seqlens[-1] and name == "fp16")
+            fla = t.get("fla chunk_linear_attn backward")
+            ratio = f"{t['ours causal_dot_product_backward (chunked)'] / fla:.2f}" if fla else "n/a"
+            fla_text = (f"fla fwd {t['fla chunk_linear_attn forward']:.3f} bwd {fla:.3f}" if fla else "fla n/a")
+            say(f"INFO time B{b} H{h} N{n} D{d} {name}: ours fwd {t['ours causal_dot_product forward']:.3f} bwd "
+                f"{t['ours causal_dot_product_backward (chunked)']:.3f} ms; {fla_text} ms; bwd ours/fla {ratio}")
+            for key in ("ours linear_attention forward causal", "ours linear_attention_backward causal"):
+                if key in t:
+                    say(f"INFO time B{b} H{h} N{n} D{d} {name} {key}: {t[key]:.3f} ms")
     return 0
 
 
@@ -375,7 +389,8 @@ def main() -> int:
     parser.add_argument("--skip-correctness", action="store_true")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--seqlen", type=int, default=16384)
+    parser.add_argument("--seqlens", default="16k", help="timing: lengths, e.g. 1k,2k,4k,8k,16k")
+    parser.add_argument("--dtypes", default="fp16", help="timing: fp16,bf16,fp32")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--workers", type=int, default=0,
                         help="processes for the correctness cases (0: one per case, at most one per CPU)")

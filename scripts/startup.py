@@ -38,6 +38,19 @@ CASES = {
                                           "f = lambda: numba_attn.causal_dot_product(*a)"),
     "linear_attention fp16": ("linear", "a = [mk((4, 8, 4096, 64), 'float16') for _ in range(3)]; "
                                         "f = lambda: numba_attn.linear_attention(*a)"),
+    # (inputs made, and the forwards the backward needs run, before the timed first call)
+    "flash_forward_varlen fp16": ("varlen", "a = [mk((4096, 16, 128), 'float16') for _ in range(3)]; "
+                                            "cu = np.array([0, 1000, 3000, 4096], np.int32); "
+                                            "f = lambda: numba_attn.flash_forward_varlen(*a, cu, cu, causal=True)"),
+    "flash_backward fp16": ("backward", "a = [mk((4, 16, 4096, 128), 'float16') for _ in range(4)]; "
+                                        "o, l = numba_attn.flash_forward(*a[:3], causal=True, return_lse=True); "
+                                        "f = lambda: numba_attn.flash_backward(a[3], *a[:3], o, l, causal=True)"),
+    "causal_dot_product_backward fp16": ("linear_backward",
+                                         "a = [mk((4, 8, 4096, 64), 'float16') for _ in range(4)]; "
+                                         "f = lambda: numba_attn.causal_dot_product_backward(a[3], *a[:3])"),
+    "linear_attention_backward fp16": ("linear_backward",
+                                       "a = [mk((4, 8, 4096, 64), 'float16') for _ in range(4)]; "
+                                       "f = lambda: numba_attn.linear_attention_backward(a[3], *a[:3])"),
 }
 
 _CHILD = """

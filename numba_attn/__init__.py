@@ -1,7 +1,8 @@
 """numba_attn: attention kernels in Python with Numba CUDA, checked against the NumPy `reference` package.
 
 Public functions (each mirrors a `reference` function of the same signature):
-``flash_forward``, ``flash_forward_varlen``, ``flash_backward``, ``flash_decode``, ``combine_lse``,
+``flash_forward``, ``flash_forward_varlen``, ``flash_backward``, ``flash_backward_varlen``, ``flash_decode``,
+``combine_lse``,
 ``causal_dot_product``, ``causal_dot_product_backward``, ``linear_attention``, ``linear_attention_backward``; and
 ``autotune()``, a context manager under which calls tune the tile configurations of new keys on their own inputs
 (``numba_attn.runtime.autotune``).
@@ -11,10 +12,11 @@ from .runtime import device as _device  # noqa: F401  (decides GPU vs simulator 
 from .runtime.device import SIMULATOR
 from .runtime.autotune import autotune
 from .api import (BACKENDS, LINEAR_BACKENDS, causal_dot_product, causal_dot_product_backward, combine_lse,
-                  flash_backward, flash_decode, flash_forward, flash_forward_varlen, linear_attention,
-                  linear_attention_backward)
+                  flash_backward, flash_backward_varlen, flash_decode, flash_forward, flash_forward_varlen,
+                  linear_attention, linear_attention_backward)
 
 __version__ = "0.1.0"
-__all__ = ["BACKENDS", "LINEAR_BACKENDS", "flash_forward", "flash_forward_varlen", "flash_backward", "flash_decode",
+__all__ = ["BACKENDS", "LINEAR_BACKENDS", "flash_forward", "flash_forward_varlen", "flash_backward",
+           "flash_backward_varlen", "flash_decode",
            "combine_lse", "causal_dot_product", "causal_dot_product_backward", "linear_attention",
            "linear_attention_backward", "autotune", "SIMULATOR"]

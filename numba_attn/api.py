@@ -5,6 +5,7 @@
 | ``flash_forward``       | ``reference.attention``           |
 | ``flash_forward_varlen`` | ``reference.attention_varlen``   |
 | ``flash_backward``      | ``reference.flash_attention_v2_backward`` (``attention_backward``) |
+| ``flash_backward_varlen`` | ``reference.attention_varlen_backward`` |
 | ``flash_decode``        | ``reference.attention_with_kvcache`` (``reference.attention`` without cache options) |
 | ``combine_lse``         | ``reference.combine_lse``         |
 | ``causal_dot_product``  | ``reference.causal_dot_product``  |
@@ -33,6 +34,7 @@ from __future__ import annotations
 import math
 
 from .backward import dispatch as _backward
+from .backward import varlen as _backward_varlen
 from .core.scores import kernel_scale
 from .decode import cached as _decode_plan
 from .decode import dispatch as _decode
@@ -55,7 +57,7 @@ from .linear.api import (causal_dot_product, causal_dot_product_backward, linear
                          linear_attention_backward)
 
 __all__ = [
-    "flash_forward", "flash_forward_varlen", "flash_backward", "flash_decode", "combine_lse", "causal_dot_product",
+    "flash_forward", "flash_forward_varlen", "flash_backward", "flash_backward_varlen", "flash_decode", "combine_lse", "causal_dot_product",
     "causal_dot_product_backward", "linear_attention", "linear_attention_backward", "BACKENDS", "LINEAR_BACKENDS",
 ]
 
@@ -256,6 +258,31 @@ def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, dete
                                 sm_scale, causal, window, softcap)
             _backward.run(call, args, backend, deterministic)
         return call.result(dq), call.result(dk), call.result(dv)
+
+
+@_one_call_at_a_time_under_the_simulator
+def flash_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
+                          max_seqlen_k=None, causal=False, sm_scale=None, window=None, softcap=None,
+                          deterministic=False, backend=None):
+    """Gradients ``(dq, dk, dv)`` of ``flash_forward_varlen``'s output (``reference.attention_varlen_backward``):
+    ``flash_backward`` of each packed sequence, in one call, no padding work.
+
+    Args:
+        dout: ``(total_q, heads, headdim)``, the gradient of the output.
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale, window, softcap: as passed
+            to ``flash_forward_varlen`` (host offsets checked, device offsets the caller's contract).
+        out, lse: what ``flash_forward_varlen(..., return_lse=True)`` returned (``lse`` ``(heads, total_q)``
+            float32).
+        deterministic, backend: as ``flash_backward``'s.
+
+    Returns:
+        ``(dq, dk, dv)`` of the shapes of q, k, v; keys no row sees get 0, rows that see no key ``dq = 0``.
+    """
+    causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
+    sm_scale, window, softcap = check_sm_scale(sm_scale), check_window(window), check_softcap(softcap)
+    return _backward_varlen.run(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                causal, sm_scale, window, softcap, deterministic,
+                                check_backend(backend, _backward.BACKENDS))
 
 
 @_one_call_at_a_time_under_the_simulator

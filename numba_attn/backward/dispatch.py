@@ -89,7 +89,7 @@ def run(call, args: BackwardArgs, backend: str, deterministic: bool, packed=None
 
 def _run_mma(call, args: BackwardArgs, deterministic: bool, packed) -> None:
     batch, heads, seqlen_q, head_dim = args.q.shape
-    config, options = _mma.default_config(head_dim), args.variant_options()
+    config, options = _mma.default_config(head_dim, packed is not None), args.variant_options()
     bf16 = call.dtype == BFLOAT16
     stats = call.scratch((batch, heads, _mma.stats_rows(seqlen_q, config) // 2, 4), "float32")
     dq_acc = None

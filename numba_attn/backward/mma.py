@@ -146,11 +146,19 @@ SIMULATOR_CONFIG = MmaBackwardConfig(warps=1, block_m=16, dq_row_tiles=1, dq_war
                                     max_single_pass_dim=32)
 
 
-def default_config(head_dim: int = 128) -> MmaBackwardConfig:
-    """The simulator's tiles, or the GPU tiles for this head dim."""
+#: packed sequences up to padded head dim 128: the key-block kernel's bounds are run-time values and the stats of its
+#: tiles are copied element by element (tiles start on any row), and with the default tiles ptxas spilled 80 bytes at
+#: 64 and 200 at 128 (sm_90, float16); 32-row query tiles spill none at 64 and 16 bytes at 128
+PACKED_GPU_CONFIG = GPU_CANDIDATES["w8m32"]
+
+
+def default_config(head_dim: int = 128, packed: bool = False) -> MmaBackwardConfig:
+    """The simulator's tiles, or the GPU tiles for this head dim (``packed``: for packed sequences)."""
     if SIMULATOR:
         return SIMULATOR_CONFIG
     d_pad = padded_head_dim(head_dim)
+    if packed and d_pad <= 128:
+        return PACKED_GPU_CONFIG
     return GPU_CONFIG_64 if d_pad <= 64 else GPU_CONFIG_128 if d_pad <= 128 else GPU_CONFIG_256
 
 

@@ -146,7 +146,8 @@ def _flex_call(q, k, v, cu, lengths):
     def document_causal(b, h, q_idx, kv_idx):
         return (docs[q_idx] == docs[kv_idx]) & (q_idx >= kv_idx)
 
-    mask = create_block_mask(document_causal, None, None, total, total, device="cuda")
+    # _compile: the block mask is built block by block, never as a dense total x total mask (which took 117 GiB)
+    mask = create_block_mask(document_causal, None, None, total, total, device="cuda", _compile=True)
     compiled = torch.compile(flex_attention, dynamic=False)
     qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # (1, heads, total, D) views
     compiled(qt, kt, vt, block_mask=mask)  # compile outside the timing

@@ -5,6 +5,7 @@
 | ``flash_forward``       | ``reference.attention``           |
 | ``flash_forward_varlen`` | ``reference.attention_varlen``   |
 | ``flash_backward``      | ``reference.flash_attention_v2_backward`` (``attention_backward``) |
+| ``flash_backward_varlen`` | ``reference.attention_varlen_backward`` |
 | ``flash_decode``        | ``reference.attention_with_kvcache`` (``reference.attention`` without cache options) |
 | ``combine_lse``         | ``reference.combine_lse``         |
 | ``causal_dot_product``  | ``reference.causal_dot_product``  |
@@ -49,6 +50,7 @@ from .runtime.serving import served as _served
 
 # the families a program may never call load on first use (``runtime.lazy``: import time)
 _backward = lazy_module(".backward.dispatch", __package__)
+_backward_varlen = lazy_module(".backward.varlen", __package__)
 _decode_plan = lazy_module(".decode.cached", __package__)
 _decode = lazy_module(".decode.dispatch", __package__)
 _decode_simt = lazy_module(".decode.simt", __package__)
@@ -60,8 +62,9 @@ __getattr__ = lazy_exports(__package__, {
     "LINEAR_BACKENDS": ".linear.dispatch:BACKENDS"})
 
 __all__ = [
-    "flash_forward", "flash_forward_varlen", "flash_backward", "flash_decode", "combine_lse", "causal_dot_product",
-    "causal_dot_product_backward", "linear_attention", "linear_attention_backward", "BACKENDS", "LINEAR_BACKENDS",
+    "flash_forward", "flash_forward_varlen", "flash_backward", "flash_backward_varlen", "flash_decode", "combine_lse",
+    "causal_dot_product", "causal_dot_product_backward", "linear_attention", "linear_attention_backward", "BACKENDS",
+    "LINEAR_BACKENDS",
 ]
 
 
@@ -201,15 +204,19 @@ def flash_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=No
 
 
 @_one_call_at_a_time_under_the_simulator
-def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, deterministic=False, backend=None):
+def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, deterministic=False, backend=None,
+                   window=None, softcap=None):
     """Gradients ``(dq, dk, dv)`` of ``flash_forward``'s output: FlashAttention-2's backward, which recomputes the
     attention weights from the forward's ``lse`` instead of keeping them.
 
     Args:
         dout: the gradient of the loss with respect to ``out``, ``out``'s (= q's) shape and dtype.
-        q, k, v, causal, sm_scale: as passed to ``flash_forward`` (grouped-query heads; causal aligned bottom-right;
-            ``sm_scale`` default ``1 / sqrt(headdim)``); float16, bfloat16 (torch tensors) or float32.
-        out, lse: what ``flash_forward(q, k, v, causal=causal, sm_scale=sm_scale, return_lse=True)`` returned:
+        q, k, v, causal, sm_scale, window, softcap: as passed to ``flash_forward`` (grouped-query heads; causal and
+            the sliding window aligned bottom-right; ``sm_scale`` default ``1 / sqrt(headdim)``; with ``softcap`` the
+            gradient goes through the cap, ``dS (1 - tanh^2)``, recomputed with the forward kernels' ``tanh``);
+            float16, bfloat16 (torch tensors) or float32.
+        out, lse: what ``flash_forward(q, k, v, causal=causal, sm_scale=sm_scale, window=window, softcap=softcap,
+            return_lse=True)`` returned:
             ``out`` q's shape and dtype, ``lse`` ``(batch, heads, seqlen_q)`` (``(seqlen_q,)`` for 2-D inputs)
             float32, natural log; rows with ``lse = -inf`` (they see no key) contribute nothing.
         deterministic: compute ``dq`` in a second kernel over query blocks instead of adding each key block's part
@@ -230,7 +237,7 @@ def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, dete
     causal = check_flag(causal, "causal")
     deterministic = check_flag(deterministic, "deterministic")
     backend = check_backend(backend, _backward.BACKENDS)
-    sm_scale = check_sm_scale(sm_scale)
+    sm_scale, window, softcap = check_sm_scale(sm_scale), check_window(window), check_softcap(softcap)
     shape = attention_shape(q, k, v)
     for name, x in (("dout", dout), ("out", out)):
         check_array(name, x)
@@ -242,6 +249,8 @@ def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, dete
                          f"got {tuple(lse.shape)}")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(shape.head_dim)
+    if softcap is not None:
+        kernel_scale(sm_scale, softcap)  # ValueError where the kernels' float32 scales would not be finite
     call = prepare({"q": q, "k": k, "v": v, "dout": dout, "out": out, "lse": lse},
                    own_dtype={"lse": ("float32",)})
     backend = _backward.choose_backend(backend, call.dtype, shape.head_dim)
@@ -252,9 +261,34 @@ def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, dete
         if shape.batch * shape.heads > 0 and shape.head_dim > 0:
             args = BackwardArgs(*(lift(call.inputs[name], 4) for name in ("dout", "q", "k", "v", "out")),
                                 lift(call.inputs["lse"], 3), lift(dq.view, 4), lift(dk.view, 4), lift(dv.view, 4),
-                                sm_scale, causal)
+                                sm_scale, causal, window, softcap)
             _backward.run(call, args, backend, deterministic)
         return call.result(dq), call.result(dk), call.result(dv)
+
+
+@_one_call_at_a_time_under_the_simulator
+def flash_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
+                          max_seqlen_k=None, causal=False, sm_scale=None, window=None, softcap=None,
+                          deterministic=False, backend=None):
+    """Gradients ``(dq, dk, dv)`` of ``flash_forward_varlen``'s output (``reference.attention_varlen_backward``):
+    ``flash_backward`` of each packed sequence, in one call, no padding work.
+
+    Args:
+        dout: ``(total_q, heads, headdim)``, the gradient of the output.
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale, window, softcap: as passed
+            to ``flash_forward_varlen`` (host offsets checked, device offsets the caller's contract).
+        out, lse: what ``flash_forward_varlen(..., return_lse=True)`` returned (``lse`` ``(heads, total_q)``
+            float32).
+        deterministic, backend: as ``flash_backward``'s.
+
+    Returns:
+        ``(dq, dk, dv)`` of the shapes of q, k, v; keys no row sees get 0, rows that see no key ``dq = 0``.
+    """
+    causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
+    sm_scale, window, softcap = check_sm_scale(sm_scale), check_window(window), check_softcap(softcap)
+    return _backward_varlen.run(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                causal, sm_scale, window, softcap, deterministic,
+                                check_backend(backend, _backward.BACKENDS))
 
 
 @_one_call_at_a_time_under_the_simulator

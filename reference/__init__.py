@@ -17,6 +17,7 @@ an independent problem under the same conventions.
 Backward passes, float64 gradients under the same conventions:
 :func:`attention_backward` (the definition) and :func:`flash_attention_v2_backward`
 (FlashAttention-2's blockwise order) in :mod:`reference.attention_backward`;
+:func:`attention_varlen_backward` (packed sequences) in :mod:`reference.varlen`;
 :func:`causal_dot_product_backward` (and its recurrent and chunked forms) and
 :func:`linear_attention_backward` in :mod:`reference.linear_backward`.
 
@@ -74,7 +75,7 @@ from .softmax import (
     safe_softmax,
     softmax_state,
 )
-from .varlen import attention_varlen, attention_with_kvcache
+from .varlen import attention_varlen, attention_varlen_backward, attention_with_kvcache
 
 __all__ = [
     "naive_softmax",
@@ -86,6 +87,7 @@ __all__ = [
     "flash_attention_v1",
     "flash_attention_v2",
     "attention_varlen",
+    "attention_varlen_backward",
     "attention_with_kvcache",
     "attention_backward",
     "flash_attention_v2_backward",

@@ -30,8 +30,9 @@ import numpy as np
 from ._masks import check_softcap, check_window, mask_band
 from ._shapes import ArgumentTypeError, check_flag, resolve_sm_scale, to_float64
 from .attention import _masked_attention
+from .attention_backward import attention_backward
 
-__all__ = ["attention_varlen", "attention_with_kvcache"]
+__all__ = ["attention_varlen", "attention_varlen_backward", "attention_with_kvcache"]
 
 
 def _sequence_attention(q, k, v, band, sm_scale, softcap):
@@ -124,6 +125,34 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, sm_sc
                                            band, sm_scale, softcap)
         out[rows], lse[:, rows] = out_b.transpose(1, 0, 2), lse_b
     return (out, lse) if return_lse else out
+
+
+def attention_varlen_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, sm_scale=None,
+                              window=None, softcap=None):
+    """Gradients of :func:`attention_varlen`'s output: ``(dq, dk, dv)`` of the shapes of ``q``, ``k``, ``v``, float64.
+
+    ``dout`` has the output's shape ``(total_q, heads, headdim)``; the other arguments are :func:`attention_varlen`'s.
+    Each sequence's gradients are :func:`reference.attention_backward` of that sequence alone (``dk``, ``dv`` summed
+    over each kv head's group of query heads); keys of a sequence without queries get ``dk = dv = 0``, rows that
+    see no key ``dq = 0``.
+    """
+    q, k, v = to_float64(q, "q"), to_float64(k, "k"), to_float64(v, "v")
+    attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, sm_scale=sm_scale, window=window,
+                     softcap=softcap)  # the same argument checks, and the same errors
+    dout = to_float64(dout, "dout")
+    if dout.shape != q.shape:
+        raise ValueError(f"dout must have the output's shape {q.shape}; got shape {dout.shape}")
+    cu_q = _check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q")
+    cu_k = _check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k")
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for b in range(cu_q.size - 1):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        # (tokens, heads, headdim) -> (1, heads, tokens, headdim), and back
+        grads = attention_backward(*(x.transpose(1, 0, 2)[None] for x in (dout[rows], q[rows], k[keys], v[keys])),
+                                   causal=causal, sm_scale=sm_scale, window=window, softcap=softcap)
+        for full, part, where in zip((dq, dk, dv), grads, (rows, keys, keys)):
+            full[where] = part[0].transpose(1, 0, 2)
+    return dq, dk, dv
 
 
 def _check_cache_seqlens(cache_seqlens, batch, capacity):

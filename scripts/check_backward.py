@@ -18,6 +18,9 @@ timing       B=4, (D=64, H=48) and (D=128, H=32), N = --seqlens, causal or not, 
 --compile-only  no GPU: every kernel specialisation (float16 / bfloat16, head dims 64 / 128 / 256, atomic dQ or
              not, vector loads or not, the sm_90 vector reductions or not, the query-block kernel) compiled for sm_90
              and assembled by ``ptxas -v`` (registers, spills). Causality is a run-time flag (no specialisation).
+             With ``--variants``: instead, the default tiles' specialisations of the issue #29 variants (a sliding
+             window, soft-capping, packed sequences, and all three), vector loads, atomic dQ with the sm_90 vector
+             reductions and the query-block kernel, float16 / bfloat16, head dims 64 / 128 / 256.
 """
 from __future__ import annotations
 
@@ -47,7 +50,28 @@ def parse_size(text: str) -> int:
 # ---------------------------------------------------------------------------------------------------------------------
 # --compile-only
 # ---------------------------------------------------------------------------------------------------------------------
-def compile_only(configs) -> int:
+def _variant_jobs(mma, mma_kernels, config, d_pad: int, bf16: bool, dtype: str) -> list:
+    """``--variants``: (label, source, signature, bounds) of the variant specialisations at one head dim and dtype
+    (``config`` None: the tiles the dispatch picks, ``mma.default_config(d_pad, packed)``)."""
+    from numba_attn.forward.common import Variant
+
+    variants = {"window": Variant(window=(256, 0)), "window2": Variant(window=(100, 37)),
+                "softcap": Variant(softcap=30.0), "packed": Variant(packed=True),
+                "all": Variant(window=(256, 0), softcap=30.0, packed=True)}
+    jobs = []
+    for name, variant in variants.items():
+        cfg = config or mma.default_config(d_pad, variant.packed)
+        for want_dv, want_dk in mma.key_block_passes(cfg, d_pad):
+            label = f"key {name} d{d_pad} {dtype} dv={int(want_dv)} dk={int(want_dk)} atomic={int(want_dk)}"
+            jobs.append((label, mma_kernels.key_block_source(cfg, d_pad, bf16, True, want_dv, want_dk, want_dk,
+                                                             want_dk, variant),
+                         mma.signature(mma.KEY_SIGNATURE, variant), cfg.key_launch_bounds()))
+        jobs.append((f"query {name} d{d_pad} {dtype}", mma_kernels.query_block_source(cfg, d_pad, bf16, True, variant),
+                     mma.signature(mma.QUERY_SIGNATURE, variant), cfg.query_launch_bounds()))
+    return jobs
+
+
+def compile_only(configs, variants: bool = False) -> int:
     import numba_attn  # noqa: F401  (decides simulator or not before numba.cuda is imported)
     from numba_attn.runtime.device import SIMULATOR, cuda
 
@@ -87,8 +111,8 @@ def compile_only(configs) -> int:
                 continue
             for dtype in ("float16", "bfloat16"):
                 bf16 = dtype == "bfloat16"
-                jobs = []
-                for want_dv, want_dk in mma.key_block_passes(cfg, d_pad):
+                jobs = _variant_jobs(mma, mma_kernels, config, d_pad, bf16, dtype) if variants else []
+                for want_dv, want_dk in () if variants else mma.key_block_passes(cfg, d_pad):
                     for atomic in ((True, False) if want_dk else (False,)):
                         for vred in ((True, False) if atomic else (False,)):
                             for vector in (True, False):
@@ -99,7 +123,7 @@ def compile_only(configs) -> int:
                                 jobs.append((label, mma_kernels.key_block_source(
                                     cfg, d_pad, bf16, vector, want_dv, want_dk, atomic, vred),
                                     mma.KEY_SIGNATURE, cfg.key_launch_bounds()))
-                for vector in (True, False):
+                for vector in () if variants else (True, False):
                     jobs.append((f"query d{d_pad} {dtype} vector={int(vector)}",
                                  mma_kernels.query_block_source(cfg, d_pad, bf16, vector), mma.QUERY_SIGNATURE,
                                  cfg.query_launch_bounds()))
@@ -263,7 +287,7 @@ def timing(args, torch, configs) -> None:
                 for name, config in configs:
                     try:
                         if config is not None:
-                            mma.default_config = lambda head_dim=128, _c=config: _c
+                            mma.default_config = lambda head_dim=128, packed=False, _c=config: _c
                         ms = _median_ms(torch, lambda: numba_attn.flash_backward(
                             dout, q, k, v, out, lse, causal=causal, backend="mma"), args.reps)
                         ours[name] = ms
@@ -308,6 +332,8 @@ def main():
     parser.add_argument("--skip-timing", action="store_true")
     parser.add_argument("--compile-only", action="store_true",
                         help="no GPU: compile every specialisation for sm_90 and run ptxas -v (NUMBA_ENABLE_CUDASIM=0)")
+    parser.add_argument("--variants", action="store_true",
+                        help="--compile-only: the window / softcap / packed specialisations instead")
     args = parser.parse_args()
     args.deadline = time.time() + args.budget
     args.seqlens = [parse_size(s) for s in args.seqlens.split(",") if s.strip()]
@@ -322,7 +348,7 @@ def main():
     configs = [("default", None)] + [(n.strip(), mma.GPU_CANDIDATES[n.strip()])
                                      for n in args.configs.split(",") if n.strip()]
     if args.compile_only:
-        return compile_only(configs)
+        return compile_only(configs, args.variants)
 
     import torch
 

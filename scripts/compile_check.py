@@ -6,7 +6,9 @@ simulator never meets.
 Families: ``backward`` (preprocess, the SIMT dK/dV and dQ kernels, convert) -- each kernel specialisation its
 launch can build, compiled with the argument types its launch passes (4-d arrays of the input dtype, layout "A";
 float32 lse / delta / accumulators). Prints one line per kernel (``OK`` with its instruction count, or ``FAIL`` and
-the error's first lines); exit status 1 if any failed. ``--out`` also writes the PTX.
+the error's first lines); exit status 1 if any failed. ``--out`` also writes the PTX. ``backward_variants``: the
+SIMT kernels' specialisations of a sliding window, soft-capping and packed sequences (issue #29; the tensor-core
+ones: ``scripts/check_backward.py --compile-only --variants``).
 """
 from __future__ import annotations
 
@@ -60,12 +62,42 @@ def backward_cases():
     return cases
 
 
-FAMILIES = {"backward": backward_cases}
+def backward_variant_cases():
+    """The SIMT backward kernels' window / softcap / packed specialisations, float16 and float32, head dims 64 / 256."""
+    from numba import types
+
+    from numba_attn.backward import simt
+    from numba_attn.forward.common import Variant
+
+    f32 = types.float32
+    arr3 = types.Array(f32, 3, "A")
+    schedule = types.Array(types.int32, 1, "A")
+    variants = {"window": Variant(window=(256, 0)), "window2": Variant(window=(100, 37)),
+                "softcap": Variant(softcap=30.0), "packed": Variant(packed=True),
+                "all": Variant(window=(256, 0), softcap=30.0, packed=True)}
+    cases = []
+    config = simt.GPU_CONFIG
+    bounds = (config.threads, config.blocks_per_sm)
+    for name, variant in variants.items():
+        extra = (schedule,) if variant.packed else ()
+        for d in (64, 256):
+            pad = simt.padded_head_dim(d, config)
+            for dtype in (types.float16, f32):
+                a = types.Array(dtype, 4, "A")
+                tag = f"{name}_d{d}_{dtype}"
+                cases.append((f"dkdv_{tag}", simt.dkdv_kernel(config, pad, True, True, variant),
+                              (a, a, a, a, arr3, arr3, types.Array(f32, 4, "A"), a, a, f32, f32) + extra, bounds))
+                cases.append((f"dq_{tag}", simt.dq_kernel(config, pad, False, variant),
+                              (a, a, a, a, arr3, arr3, a, f32, f32) + extra, bounds))
+    return cases
+
+
+FAMILIES = {"backward": backward_cases, "backward_variants": backward_variant_cases}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("families", nargs="*", default=list(FAMILIES))
+    parser.add_argument("families", nargs="*", default=["backward"], choices=list(FAMILIES))
     parser.add_argument("--out", default=None)
     parser.add_argument("--first", type=int, default=0, help="only the first N kernels of each family (0: all)")
     args = parser.parse_args()

@@ -10,6 +10,9 @@ the lse as ``(lse log2(e), D)`` pairs --, and the float32 ``dq`` accumulator zer
 ``dv``; ``dq`` by float32 atomics; "mma" above head dim 128: two launches), then either the cast of the accumulator
 into ``dq`` (16-bit ``dq``; float32 ``dq`` is accumulated in place) or, with ``deterministic``, the query-block
 kernel that computes ``dq`` without atomics.
+
+Both backends take the forward's compile-time variants: a sliding window, soft-capping and packed sequences
+(``flash_backward_varlen``: ``backward.varlen`` makes the schedules, the key blocks' and the forward's).
 """
 from __future__ import annotations
 
@@ -48,14 +51,22 @@ def choose_backend(backend, dtype: str, head_dim: int) -> str:
     return backend
 
 
-def run(call, args: BackwardArgs, backend: str, deterministic: bool) -> None:
-    """Launch ``backend``'s kernels for ``args`` (4-D views; ``dq``, ``dk``, ``dv`` written whole)."""
+def _schedule(packed, which: str, block: int) -> dict:
+    """The ``schedule=`` launch keyword of packed sequences: ``packed.keys(block_n)`` or ``packed.rows(block_m)``."""
+    return {} if packed is None else {"schedule": getattr(packed, which)(block)}
+
+
+def run(call, args: BackwardArgs, backend: str, deterministic: bool, packed=None) -> None:
+    """Launch ``backend``'s kernels for ``args`` (4-D views; ``dq``, ``dk``, ``dv`` written whole). ``packed``: None,
+    or the schedules of packed sequences (``backward.varlen.Schedules``; the views are then ``(1, heads, total,
+    headdim)``)."""
     if backend == "mma":
-        _run_mma(call, args, deterministic)
+        _run_mma(call, args, deterministic, packed)
         return
     if backend != "simt":
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
-    batch, heads, seqlen_q, _ = args.q.shape
+    batch, heads, seqlen_q, head_dim = args.q.shape
+    config, options = _simt.default_config(head_dim), args.variant_options()
     delta = call.scratch((batch, heads, seqlen_q), "float32")
     dq_acc = None
     if not deterministic:
@@ -65,19 +76,20 @@ def run(call, args: BackwardArgs, backend: str, deterministic: bool) -> None:
         _preprocess.launch(args.out, args.dout, delta, dq_acc, call.stream)
     if args.k.shape[2] > 0:
         _simt.launch_dkdv(args.q, args.k, args.v, args.dout, args.lse, delta, dq_acc, args.dk, args.dv,
-                          args.sm_scale, args.causal, call.stream)
+                          args.sm_scale, args.causal, call.stream, config, **options,
+                          **_schedule(packed, "keys", config.block_n))
     if seqlen_q == 0:
         return
     if deterministic:
         _simt.launch_dq(args.q, args.k, args.v, args.dout, args.lse, delta, args.dq, args.sm_scale, args.causal,
-                        call.stream)
+                        call.stream, config, **options, **_schedule(packed, "rows", config.dq_block_m))
     elif dq_acc is not args.dq:
         _convert.launch(dq_acc, args.dq, call.stream)
 
 
-def _run_mma(call, args: BackwardArgs, deterministic: bool) -> None:
+def _run_mma(call, args: BackwardArgs, deterministic: bool, packed) -> None:
     batch, heads, seqlen_q, head_dim = args.q.shape
-    config = _mma.default_config(head_dim)
+    config, options = _mma.default_config(head_dim, packed is not None), args.variant_options()
     bf16 = call.dtype == BFLOAT16
     stats = call.scratch((batch, heads, _mma.stats_rows(seqlen_q, config) // 2, 4), "float32")
     dq_acc = None
@@ -88,11 +100,12 @@ def _run_mma(call, args: BackwardArgs, deterministic: bool) -> None:
         _preprocess.launch(args.out, args.dout, stats, dq_acc, call.stream, bf16=bf16, lse=args.lse)
     if args.k.shape[2] > 0:
         _mma.launch_dkdv(args.q, args.k, args.v, args.dout, stats, dq_acc, args.dk, args.dv, args.sm_scale,
-                         args.causal, call.stream, config=config, dtype=call.dtype)
+                         args.causal, call.stream, config=config, dtype=call.dtype, **options,
+                         **_schedule(packed, "keys", config.block_n))
     if seqlen_q == 0:
         return
     if deterministic:
         _mma.launch_dq(args.q, args.k, args.v, args.dout, stats, args.dq, args.sm_scale, args.causal, call.stream,
-                       config=config, dtype=call.dtype)
+                       config=config, dtype=call.dtype, **options, **_schedule(packed, "rows", config.dq_block_m))
     else:
         _convert.launch(restride(dq_acc, tuple(args.dq.shape), dq_acc.strides), args.dq, call.stream, bf16=bf16)

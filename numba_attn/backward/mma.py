@@ -23,6 +23,12 @@ Query-block kernel (``query_block_kernel``, ``deterministic=True``), grid ``(que
     ``dP = dO V^T``, ``dS`` on the fragments, ``dQ += dS K`` with ``dS`` from registers and K by ``ldmatrix.trans``;
     ``dQ`` written once (the same sums in the same order on every call).
 
+Variants (``forward.common.Variant``, compile-time, the forward's): a sliding window (key blocks walk only the query
+tiles that see them, ``block_info.query_tile_range``; query blocks only the key tiles, ``block_info.key_tile_walk``;
+masks on the tiles the window's edges cut), soft-capping (``core.gradients``: ``tanh.approx``, as the 16-bit forward
+kernels) and packed sequences (``flash_backward_varlen``: key blocks over a key schedule, query blocks over the
+forward's; the stats of tiles that start on any row copied element by element, ``preprocess.stats_loader``).
+
 Shared-memory rows are ``d_pad + 8`` (``dS^T``: ``block_m + 8``) 16-bit elements, an odd number of 16-byte pieces,
 so the 8 rows an ``ldmatrix`` matrix reads (and the 8 rows of a fragment's 32-bit stores) fall in distinct banks.
 Rows past a sequence and columns past headdim are zeros. Runs under the CUDA simulator with the ``ptx`` twins.
@@ -39,9 +45,9 @@ from functools import lru_cache
 import numpy as np
 from numba import types
 
-from ..core.block_info import HEAD_MAJOR, QUERY_MAJOR, grid
-from ..core.constants import LOG2E
+from ..core.block_info import HEAD_MAJOR, QUERY_MAJOR
 from ..forward import common
+from ..forward.common import PLAIN, Variant
 from ..runtime.device import SIMULATOR, kernel_jit, max_shared_per_block
 from ..runtime.launch import launch as device_launch
 from . import mma_kernels as _kernels
@@ -140,11 +146,19 @@ SIMULATOR_CONFIG = MmaBackwardConfig(warps=1, block_m=16, dq_row_tiles=1, dq_war
                                     max_single_pass_dim=32)
 
 
-def default_config(head_dim: int = 128) -> MmaBackwardConfig:
-    """The simulator's tiles, or the GPU tiles for this head dim."""
+#: packed sequences up to padded head dim 128: the key-block kernel's bounds are run-time values and the stats of its
+#: tiles are copied element by element (tiles start on any row), and with the default tiles ptxas spilled 80 bytes at
+#: 64 and 200 at 128 (sm_90, float16); 32-row query tiles spill none at 64 and 16 bytes at 128
+PACKED_GPU_CONFIG = GPU_CANDIDATES["w8m32"]
+
+
+def default_config(head_dim: int = 128, packed: bool = False) -> MmaBackwardConfig:
+    """The simulator's tiles, or the GPU tiles for this head dim (``packed``: for packed sequences)."""
     if SIMULATOR:
         return SIMULATOR_CONFIG
     d_pad = padded_head_dim(head_dim)
+    if packed and d_pad <= 128:
+        return PACKED_GPU_CONFIG
     return GPU_CONFIG_64 if d_pad <= 64 else GPU_CONFIG_128 if d_pad <= 128 else GPU_CONFIG_256
 
 
@@ -179,19 +193,26 @@ QUERY_SIGNATURE = types.void(_OPERAND, _OPERAND, _OPERAND, _OPERAND, _FLOATS, _O
                              types.float32, types.float32)
 
 
+def signature(base: types.Signature, variant: Variant) -> types.Signature:
+    """``KEY_SIGNATURE`` or ``QUERY_SIGNATURE``, with the int32 schedule after it for packed sequences."""
+    return types.void(*base.args, types.Array(types.int32, 1, "A")) if variant.packed else base
+
+
 @lru_cache(maxsize=None)
 def key_block_kernel(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_loads: bool, want_dv: bool,
-                     want_dk: bool, atomic_dq: bool, vector_red: bool):
+                     want_dk: bool, atomic_dq: bool, vector_red: bool, variant: Variant = PLAIN):
     """The compiled key-block kernel of one specialisation (``mma_kernels.key_block_source``)."""
-    source = _kernels.key_block_source(config, d_pad, bf16, vector_loads, want_dv, want_dk, atomic_dq, vector_red)
-    return kernel_jit(config.key_launch_bounds(), KEY_SIGNATURE)(source)
+    source = _kernels.key_block_source(config, d_pad, bf16, vector_loads, want_dv, want_dk, atomic_dq, vector_red,
+                                       variant)
+    return kernel_jit(config.key_launch_bounds(), signature(KEY_SIGNATURE, variant))(source)
 
 
 @lru_cache(maxsize=None)
-def query_block_kernel(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_loads: bool):
+def query_block_kernel(config: MmaBackwardConfig, d_pad: int, bf16: bool, vector_loads: bool,
+                       variant: Variant = PLAIN):
     """The compiled query-block kernel of one specialisation (``mma_kernels.query_block_source``)."""
-    return kernel_jit(config.query_launch_bounds(), QUERY_SIGNATURE)(
-        _kernels.query_block_source(config, d_pad, bf16, vector_loads))
+    return kernel_jit(config.query_launch_bounds(), signature(QUERY_SIGNATURE, variant))(
+        _kernels.query_block_source(config, d_pad, bf16, vector_loads, variant))
 
 
 def key_block_passes(config: MmaBackwardConfig, d_pad: int) -> tuple:
@@ -208,10 +229,13 @@ def _operands(dtype, *arrays):
 
 
 def launch_dkdv(q, k, v, dout, stats, dq_acc, dk, dv, sm_scale: float, causal: bool, stream,
-                config: MmaBackwardConfig | None = None, dtype: str | None = None) -> None:
+                config: MmaBackwardConfig | None = None, dtype: str | None = None, window=None,
+                softcap: float | None = None, schedule=None) -> None:
     """``dk``, ``dv`` (and, unless ``dq_acc`` is None, ``sm_scale dS K`` added to ``dq_acc``: float32 ``(batch,
     heads, seqlen_q, padded head dim)``, zeroed before) from views ``(batch, heads, seqlen, headdim)`` of float16 or
-    bfloat16 (bit views); ``stats`` from ``preprocess`` (``stats_rows`` rows)."""
+    bfloat16 (bit views); ``stats`` from ``preprocess`` (``stats_rows`` rows). ``window``, ``softcap``: checked, as
+    the forward's; ``schedule``: None, or the key schedule of packed sequences (``backward.varlen``; the views are
+    then ``(1, heads, total, headdim)``)."""
     batch, kv_heads, seqlen_k, head_dim = k.shape
     config = config or default_config(head_dim)
     dtype = common.sixteen_bit_dtype(q, dtype)
@@ -220,21 +244,25 @@ def launch_dkdv(q, k, v, dout, stats, dq_acc, dk, dv, sm_scale: float, causal: b
     atomic = dq_acc is not None
     vector_red = atomic and not SIMULATOR and common.runs_here(VECTOR_RED_CAPABILITY)
     vector = common.vector_loads_ok(q, k, v, dout)
-    shape = grid(HEAD_MAJOR, batch, kv_heads, seqlen_k, config.block_n)
+    shape = common.launch_grid(HEAD_MAJOR, batch, kv_heads, seqlen_k, config.block_n, schedule)
+    variant = Variant.of(bool(causal), window, softcap, schedule is not None)
+    scale, _ = common.scale_args(sm_scale, softcap)  # (applied inside the exponent: either sign)
+    extra = () if schedule is None else (schedule,)
     for want_dv, want_dk in key_block_passes(config, d_pad):
         shared_bytes = config.key_shared_bytes(d_pad, atomic and want_dk)
         common.check_shared_memory(shared_bytes)
         kernel = key_block_kernel(config, d_pad, dtype == "bfloat16", vector, want_dv, want_dk, atomic and want_dk,
-                                  vector_red)
+                                  vector_red, variant)
         # without atomics the kernel never touches dq_acc: the float32 stats stand in (one compiled type)
         device_launch(kernel, shape, config.warps * 32, stream, shared_bytes, q, k, v, dout, stats,
-                      dq_acc if atomic else stats, dk, dv, bool(causal), np.float32(sm_scale * LOG2E),
-                      np.float32(sm_scale))
+                      dq_acc if atomic else stats, dk, dv, bool(causal), scale, np.float32(sm_scale), *extra)
 
 
 def launch_dq(q, k, v, dout, stats, dq, sm_scale: float, causal: bool, stream,
-              config: MmaBackwardConfig | None = None, dtype: str | None = None) -> None:
-    """``dq`` (q's dtype, any strides) from the query-block kernel; arguments as ``launch_dkdv``."""
+              config: MmaBackwardConfig | None = None, dtype: str | None = None, window=None,
+              softcap: float | None = None, schedule=None) -> None:
+    """``dq`` (q's dtype, any strides) from the query-block kernel; arguments as ``launch_dkdv`` (``schedule``: the
+    forward's schedule of packed sequences, ``forward.varlen``, over ``dq_block_m``-row blocks)."""
     batch, heads, seqlen_q, head_dim = q.shape
     config = config or default_config(head_dim)
     dtype = common.sixteen_bit_dtype(q, dtype)
@@ -242,7 +270,10 @@ def launch_dq(q, k, v, dout, stats, dq, sm_scale: float, causal: bool, stream,
     d_pad = padded_head_dim(head_dim)
     shared_bytes = config.query_shared_bytes(d_pad)
     common.check_shared_memory(shared_bytes)
-    kernel = query_block_kernel(config, d_pad, dtype == "bfloat16", common.vector_loads_ok(q, k, v, dout))
-    device_launch(kernel, grid(QUERY_MAJOR, batch, heads, seqlen_q, config.dq_block_m), config.dq_warps * 32,
-                  stream, shared_bytes, q, k, v, dout, stats, dq, bool(causal), np.float32(sm_scale * LOG2E),
-                  np.float32(sm_scale))
+    variant = Variant.of(bool(causal), window, softcap, schedule is not None)
+    kernel = query_block_kernel(config, d_pad, dtype == "bfloat16", common.vector_loads_ok(q, k, v, dout), variant)
+    scale, _ = common.scale_args(sm_scale, softcap)
+    extra = () if schedule is None else (schedule,)
+    device_launch(kernel, common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.dq_block_m, schedule),
+                  config.dq_warps * 32, stream, shared_bytes, q, k, v, dout, stats, dq, bool(causal), scale,
+                  np.float32(sm_scale), *extra)

@@ -12,14 +12,16 @@ import numpy as np
 from numba import float32, uint16, uint32
 
 from ..core import ptx
-from ..core.block_info import (HEAD_MAJOR, QUERY_MAJOR, block_position, key_tiles, lane_position,
-                               query_tiles_start, sequence_bounds)
+from ..core.block_info import (HEAD_MAJOR, QUERY_MAJOR, block_position_of, key_block_bounds_of, key_tile_walk,
+                               lane_position, query_tile_range, sequence_bounds_of)
 from ..core.epilogue import add_fragments, as_16bit, store_fragments
 from ..core.gradients import probabilities_and_grads
 from ..core.mask import tile_is_partial
 from ..core.softmax import fragment_clear
-from ..core.staging import device_function, tile_loader
+from ..core.staging import device_function, kernel_body, tile_loader
+from ..forward.common import PLAIN
 from ..runtime.device import cuda
+from .preprocess import stats_loader
 
 
 def _mma_into(bf16: bool):
@@ -53,11 +55,40 @@ def _packed(m_tiles: int, blocks: int, pack):
     return pack_c
 
 
+def _entry(body, packed: bool, key_block: bool):
+    """The kernel function running ``body(..., schedule)``: ``kernel(q, k, v, dout, stats, dq_acc, dk, dv, causal,
+    scale_log2, sm_scale)`` (``key_block``) or ``kernel(q, k, v, dout, stats, dq, causal, scale_log2, sm_scale)``,
+    with the int32 ``schedule`` as a last argument for packed sequences (otherwise the body's ``schedule`` is
+    ``stats``, never read as one)."""
+    if key_block and packed:
+        def packed_key_kernel(q, k, v, dout, stats, dq_acc, dk, dv, causal, scale_log2, sm_scale, schedule):
+            body(q, k, v, dout, stats, dq_acc, dk, dv, causal, scale_log2, sm_scale, schedule)
+
+        return packed_key_kernel
+    if key_block:
+        def key_kernel(q, k, v, dout, stats, dq_acc, dk, dv, causal, scale_log2, sm_scale):
+            body(q, k, v, dout, stats, dq_acc, dk, dv, causal, scale_log2, sm_scale, stats)
+
+        return key_kernel
+    if packed:
+        def packed_query_kernel(q, k, v, dout, stats, dq, causal, scale_log2, sm_scale, schedule):
+            body(q, k, v, dout, stats, dq, causal, scale_log2, sm_scale, schedule)
+
+        return packed_query_kernel
+
+    def query_kernel(q, k, v, dout, stats, dq, causal, scale_log2, sm_scale):
+        body(q, k, v, dout, stats, dq, causal, scale_log2, sm_scale, stats)
+
+    return query_kernel
+
+
 def key_block_source(config, d_pad: int, bf16: bool, vector_loads: bool, want_dv: bool,
-                      want_dk: bool, atomic_dq: bool, vector_red: bool):
+                     want_dk: bool, atomic_dq: bool, vector_red: bool, variant=PLAIN):
     """The Python function of one key-block specialisation (not yet jitted); also what the offline checks compile.
     ``want_dv`` / ``want_dk``: which of ``dV`` and ``dK`` this launch computes (both unless the head dim takes two
-    passes); ``atomic_dq`` (with ``want_dk``): ``dQ`` by reductions into ``dq_acc``."""
+    passes); ``atomic_dq`` (with ``want_dk``): ``dQ`` by reductions into ``dq_acc``; ``variant``
+    (``forward.common.Variant``): the window (only the query tiles that see the block are walked), the cap and packed
+    sequences (a key schedule, ``backward.varlen``)."""
     if atomic_dq and not want_dk:
         raise ValueError("atomic_dq needs want_dk (dS)")
     W, KT = config.warps, config.key_tiles
@@ -96,14 +127,15 @@ def key_block_source(config, d_pad: int, bf16: bool, vector_loads: bool, want_dv
     threads = 32 * W
     load_keys = tile_loader(threads, ROW, d_pad, BLOCK_N, np.uint16, vector_loads)
     load_rows = tile_loader(threads, ROW, d_pad, BLOCK_M, np.uint16, vector_loads)
-    load_stats = tile_loader(threads, 4, 4, BLOCK_M // 2, np.float32, True)
-    position = block_position(HEAD_MAJOR, BLOCK_N)
-    first_tile = query_tiles_start(BLOCK_M)
-    partial = tile_is_partial(BLOCK_N)
+    load_stats = stats_loader(threads, BLOCK_M, variant.packed)
+    position = block_position_of(HEAD_MAJOR, BLOCK_N, variant.packed)
+    bounds = key_block_bounds_of(variant.packed)
+    query_range = query_tile_range(BLOCK_M, BLOCK_N, variant.window)
+    partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
     clear_st = fragment_clear(KT, Q_BLOCKS)
     clear_acc = fragment_clear(KT, D_BLOCKS)
     clear_dq = fragment_clear(DQ_ROWS, DQ_BLOCKS)
-    grads = probabilities_and_grads(KT, Q_BLOCKS, keys_on_rows=True)
+    grads = probabilities_and_grads(KT, Q_BLOCKS, True, variant.window, variant.softcap)
     store = store_fragments(KT, D_BLOCKS, as_16bit(bf16))
     add_dq = add_fragments(DQ_ROWS, DQ_BLOCKS, vector_red)
     mma_into = _mma_into(bf16)
@@ -114,13 +146,14 @@ def key_block_source(config, d_pad: int, bf16: bool, vector_loads: bool, want_dv
         """Start the copies of query tile ``m0`` of head ``h``: Q, dO and their stats into the stage at ``base``."""
         load_rows(q[b, h], smem, base, tid, m0, seqlen_q, 0, head_dim)
         load_rows(dout[b, h], smem, base + Q_TILE, tid, m0, seqlen_q, 0, head_dim)
-        load_stats(stats[b, h], floats, (base + 2 * Q_TILE) // 2, tid, m0 // 2, stats.shape[2], 0, 4)
+        load_stats(stats[b, h], floats, (base + 2 * Q_TILE) // 2, tid, m0, seqlen_q)
 
-    def kernel(q, k, v, dout, stats, dq_acc, dk, dv, causal, scale_log2, sm_scale):
+    @kernel_body
+    def body(q, k, v, dout, stats, dq_acc, dk, dv, causal, scale_log2, sm_scale, schedule):
         tid, warp, lane, g, t = lane_position()
         # a block per (batch, kv head, key block): k in q's place gives the kv head and its views
-        b, hk, n0, k_head, _, v_head, _ = position(k, k, v, k, False)
-        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
+        b, hk, n0, k_head, _, v_head, _ = position(k, k, v, k, False, schedule)
+        row_start, seqlen_q, key_end, diag_offset = bounds(q, k, b, schedule)
         head_dim = q.shape[3]
         group = q.shape[1] // k.shape[1]
         key0 = 16 * KT * warp  # this warp's first key in the block
@@ -149,8 +182,9 @@ def key_block_source(config, d_pad: int, bf16: bool, vector_loads: bool, want_dv
         load_keys(k_head, smem, K_OFF, tid, n0, key_end, 0, head_dim)
         if WANT_DK:  # (dP = dO V^T only feeds dS)
             load_keys(v_head, smem, V_OFF, tid, n0, key_end, 0, head_dim)
-        m_begin = first_tile(n0, seqlen_q, causal, diag_offset)
-        tiles = (seqlen_q - m_begin + BLOCK_M - 1) // BLOCK_M  # per query head (>= 0)
+        # the query tiles that see these keys: from the diagonal (causal) or a window's right edge to its left edge
+        m_begin, m_end = query_range(n0, row_start, seqlen_q, key_end, causal, diag_offset)
+        tiles = max(0, (m_end - m_begin + BLOCK_M - 1) // BLOCK_M)  # per query head
         total = group * tiles  # the walk: head-major over (query head of the group, query tile)
         for ahead in range(STAGES - 1):  # tiles 0 .. STAGES - 2, one commit group each (K and V in the first)
             if ahead < total:
@@ -269,11 +303,12 @@ def key_block_source(config, d_pad: int, bf16: bool, vector_loads: bool, want_dv
         if WANT_DK:
             store(acc_k, dk[b, hk], n0 + key0 + g, key_end, 2 * t, head_dim, sm_scale)
 
-    return kernel
+    return _entry(body, variant.packed, key_block=True)
 
 
-def query_block_source(config, d_pad: int, bf16: bool, vector_loads: bool):
-    """The Python function of one query-block specialisation (``deterministic=True``'s ``dQ``)."""
+def query_block_source(config, d_pad: int, bf16: bool, vector_loads: bool, variant=PLAIN):
+    """The Python function of one query-block specialisation (``deterministic=True``'s ``dQ``); ``variant`` as
+    ``key_block_source``'s (packed sequences: the forward's schedule, over ``dq_block_m``-row blocks)."""
     W, MT = config.dq_warps, config.dq_m_tiles
     BLOCK_M, BLOCK_N, STAGES = config.dq_block_m, config.dq_block_n, config.dq_stages
     ROW = d_pad + 8
@@ -296,22 +331,24 @@ def query_block_source(config, d_pad: int, bf16: bool, vector_loads: bool):
     threads = 32 * W
     load_rows = tile_loader(threads, ROW, d_pad, BLOCK_M, np.uint16, vector_loads)
     load_keys = tile_loader(threads, ROW, d_pad, BLOCK_N, np.uint16, vector_loads)
-    load_stats = tile_loader(threads, 4, 4, BLOCK_M // 2, np.float32, True)
-    position = block_position(QUERY_MAJOR, BLOCK_M)
-    count_tiles = key_tiles(BLOCK_M, BLOCK_N)
-    partial = tile_is_partial(BLOCK_N)
+    load_stats = stats_loader(threads, BLOCK_M, variant.packed)
+    position = block_position_of(QUERY_MAJOR, BLOCK_M, variant.packed)
+    bounds = sequence_bounds_of(variant.packed)
+    walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)  # tiles wholly outside a window: skipped
+    partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
     clear_s = fragment_clear(MT, S_BLOCKS)
     clear_acc = fragment_clear(MT, D_BLOCKS)
-    grads = probabilities_and_grads(MT, S_BLOCKS, keys_on_rows=False)
+    grads = probabilities_and_grads(MT, S_BLOCKS, False, variant.window, variant.softcap)
     store = store_fragments(MT, D_BLOCKS, as_16bit(bf16))
     mma_into = _mma_into(bf16)
     pack_c = _packed(MT, S_BLOCKS, pack)
 
-    def kernel(q, k, v, dout, stats, dq, causal, scale_log2, sm_scale):
+    @kernel_body
+    def body(q, k, v, dout, stats, dq, causal, scale_log2, sm_scale, schedule):
         tid, warp, lane, g, t = lane_position()
         # causal: the longest (last) query blocks start first
-        b, h, m0, q_head, k_head, v_head, dq_head = position(q, k, v, dq, causal)
-        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
+        b, h, m0, q_head, k_head, v_head, dq_head = position(q, k, v, dq, causal, schedule)
+        seqlen_q, key_start, key_end, diag_offset = bounds(q, k, b, schedule)
         head_dim = q.shape[3]
         warp_row = 16 * MT * warp
         a_lane = (8 * ((lane // 8) % 2) + lane % 8) * ROW + 8 * (lane // 16)  # as in the key-block kernel
@@ -326,20 +363,20 @@ def query_block_source(config, d_pad: int, bf16: bool, vector_loads: bool):
         dp = cuda.local.array((MT, S_BLOCKS, 4), float32)
         acc = cuda.local.array((MT, D_BLOCKS, 4), float32)
 
-        n_tiles = count_tiles(m0, key_start, key_end, causal, diag_offset)  # <= 0: nothing to read
+        n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)  # <= 0: nothing to read
         load_rows(q_head, smem, Q_OFF, tid, m0, seqlen_q, 0, head_dim)
         load_rows(dout[b, h], smem, DO_OFF, tid, m0, seqlen_q, 0, head_dim)
-        load_stats(stats[b, h], floats, STATS_OFF // 2, tid, m0 // 2, stats.shape[2], 0, 4)
+        load_stats(stats[b, h], floats, STATS_OFF // 2, tid, m0, seqlen_q)
         for ahead in range(STAGES - 1):  # one commit group each (Q, dO and stats in the first)
             if ahead < n_tiles:
-                n_ahead = key_start + ahead * BLOCK_N
+                n_ahead = n_first + ahead * BLOCK_N
                 load_keys(k_head, smem, STAGE0 + ahead * STAGE, tid, n_ahead, key_end, 0, head_dim)
                 load_keys(v_head, smem, STAGE0 + ahead * STAGE + TILE, tid, n_ahead, key_end, 0, head_dim)
             commit()
         clear_acc(acc)
 
         for j in range(n_tiles):
-            n0 = key_start + j * BLOCK_N
+            n0 = n_first + j * BLOCK_N
             base = STAGE0 + (j % STAGES) * STAGE
             wait_tile()
             cuda.syncthreads()  # tile j has landed for everyone; everyone is done with tile j - 1's stage
@@ -384,4 +421,4 @@ def query_block_source(config, d_pad: int, bf16: bool, vector_loads: bool):
 
         store(acc, dq_head, m0 + warp_row + g, seqlen_q, 2 * t, head_dim, sm_scale)
 
-    return kernel
+    return _entry(body, variant.packed, key_block=False)

@@ -8,7 +8,8 @@ depend on timing).
 Two outputs: ``delta`` ``(batch, heads, seqlen_q)`` (the SIMT kernels), or, for the tensor-core kernels, ``stats``:
 per row the pair ``(lse log2(e), D)``, float32, rows padded to a whole number of tiles, stored as ``(batch, heads,
 rows / 2, 4)`` (two rows per 16-byte piece, what ``cp.async`` copies). There a row that sees no key (``lse = -inf``)
-and every padding row get ``(+inf, 0)``: ``P = exp2(s - inf) = 0`` needs no test in the kernels.
+and every padding row get ``(+inf, 0)``: ``P = exp2(s - inf) = 0`` needs no test in the kernels. The kernels copy
+a tile's pairs to shared memory with ``stats_loader`` (the same layout there: row ``r`` at float ``2r``).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from numba import uint32 as index
 from ..core import ptx
 from ..core.block_info import HEAD_MAJOR, block_position, grid
 from ..core.constants import LOG2E
+from ..core.staging import device_function, tile_loader
 from ..forward import common
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
@@ -123,3 +125,35 @@ def launch(out, dout, delta, dq_acc, stream, config: PreprocessConfig | None = N
     shape = grid(HEAD_MAJOR, batch, heads, rows, config.threads_y)
     device_launch(kernel, shape, (config.threads_x, config.threads_y), stream, 0, out, dout,
                   lse if stats else delta, delta, dq_acc if zero_dq else out)
+
+
+def stats_loader(threads: int, block_m: int, packed: bool):
+    """``load(stats_head, floats, at, tid, m0, row_end)``: the ``(lse log2(e), D)`` pairs of rows ``m0 .. m0 +
+    block_m - 1`` from ``stats_head`` (``(rows / 2, 4)``, one head of ``stats``) to ``floats[at + 2r ..]``, every one
+    of the block's ``threads`` threads taking part. Dense batches: ``m0`` even (a tile of the query grid), 16-byte
+    ``cp.async`` copies of row pairs, the padding rows' ``(+inf, 0)`` included (``row_end`` unused). Packed
+    sequences, whose tiles start on any row: element by element and synchronous, rows from ``row_end`` on (another
+    sequence's) as ``(+inf, 0)``."""
+    if not packed:
+        copy = tile_loader(threads, 4, 4, block_m // 2, np.float32, True)
+
+        @device_function
+        def load_pairs(stats_head, floats, at, tid, m0, row_end):
+            copy(stats_head, floats, at, tid, m0 // 2, stats_head.shape[0], 0, 4)
+
+        return load_pairs
+    NT = threads
+    WORDS = 2 * block_m
+    INF = _INF
+    ZERO = np.float32(0.0)
+
+    @device_function
+    def load_elements(stats_head, floats, at, tid, m0, row_end):
+        for idx in range(tid, WORDS, NT):
+            row = m0 + idx // 2
+            x = INF if idx % 2 == 0 else ZERO
+            if row < row_end:
+                x = stats_head[row // 2, 2 * (row % 2) + idx % 2]
+            floats[at + idx] = x
+
+    return load_elements

@@ -18,13 +18,16 @@ from the forward's natural-log ``lse`` (rows with ``lse = -inf`` see no key: ``P
   same sums in the same order on every call. Thread ``(ty, tx)`` owns rows ``ty + threads_y i``, keys ``tx +
   threads_x j`` and columns ``tx + threads_x j``.
 
-Masks (``core.mask``): only tiles that cross the diagonal or hold the last key evaluate the element test; rows past
-``seqlen_q`` load as zeros with ``P = 0``. Transposed tiles have one word of padding per row, as in the forward.
-Runs under the CUDA simulator (no shuffles, no tensor cores) with tiny tiles.
+Masks (``core.mask``): only tiles that cross the diagonal, a window's edges or hold the last key evaluate the
+element test; rows past ``seqlen_q`` load as zeros with ``P = 0``. Transposed tiles have one word of padding per
+row, as in the forward. The compile-time ``forward.common.Variant`` of the call is the forward's: a sliding window
+(the key blocks walk only the query tiles that see them, ``block_info.query_tile_range``; the query blocks only the
+key tiles, ``block_info.key_tile_range``), soft-capping (``core.gradients.weight_and_gradient`` with ``math.tanh``,
+the forward's) and packed sequences (the key blocks over a key schedule, ``backward.varlen``, the query blocks over
+the forward's). Runs under the CUDA simulator (no shuffles, no tensor cores) with tiny tiles.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -32,11 +35,14 @@ import numpy as np
 from numba import float32
 from numba import uint32 as index  # unsigned shared-memory indices: Numba skips its negative-index wraparound code
 
-from ..core.block_info import HEAD_MAJOR, block_position, grid, query_tiles_start, sequence_bounds
+from ..core.block_info import (HEAD_MAJOR, block_position_of, key_block_bounds_of, key_tile_range,
+                               query_tile_range, sequence_bounds_of)
 from ..core.constants import LOG2E
-from ..core.mask import hidden, tile_is_partial, visible_end
-from ..core.staging import float32_tile_copy, inlined_function
+from ..core.gradients import weight_and_gradient
+from ..core.mask import hidden_in, tile_is_partial
+from ..core.staging import float32_tile_copy, inlined_function, kernel_body
 from ..forward import common
+from ..forward.common import PLAIN, Variant
 from ..runtime.device import SIMULATOR, cuda, kernel_jit, max_shared_per_block
 from ..runtime.launch import launch as device_launch
 from ..runtime.views import with_unit_axes
@@ -155,10 +161,27 @@ def tile_products(rows: int, cols: int, threads_y: int, threads_x: int, depth: i
     return inlined_function(products)
 
 
+def _entry(body, packed: bool):
+    """The kernel running ``body(q, k, v, dout, lse, delta, dq, scale_log2, sm_scale, schedule)``: without
+    ``packed`` its ``schedule`` is ``lse`` (never read), with it a last argument."""
+    if packed:
+        def packed_kernel(q, k, v, dout, lse, delta, dq, scale_log2, sm_scale, schedule):
+            body(q, k, v, dout, lse, delta, dq, scale_log2, sm_scale, schedule)
+
+        return packed_kernel
+
+    def kernel(q, k, v, dout, lse, delta, dq, scale_log2, sm_scale):
+        body(q, k, v, dout, lse, delta, dq, scale_log2, sm_scale, lse)
+
+    return kernel
+
+
 @lru_cache(maxsize=None)
-def dkdv_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool, atomic_dq: bool):
-    """``kernel(q, k, v, dout, lse, delta, dq_acc, dk, dv, scale_log2, sm_scale)``; ``atomic_dq``: also add each
-    key block's ``sm_scale dS K`` to ``dq_acc`` (float32, q's shape, zeroed before)."""
+def dkdv_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool, atomic_dq: bool,
+                variant: Variant = PLAIN):
+    """``kernel(q, k, v, dout, lse, delta, dq_acc, dk, dv, scale_log2, sm_scale[, schedule])``; ``atomic_dq``: also
+    add each key block's ``sm_scale dS K`` to ``dq_acc`` (float32, q's shape, zeroed before); ``variant``: the
+    window, the cap (``scale_log2`` is then ``sm_scale / c``) and packed sequences (a key schedule)."""
     TX, TY = config.threads_x, config.threads_y
     RN, RM = config.keys_per_thread, config.rows_per_thread
     BLOCK_N, BLOCK_M = config.block_n, config.block_m
@@ -179,22 +202,25 @@ def dkdv_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool, ato
     DQ_ELEMENTS = BLOCK_M * D_PAD
     NEG_INF = _NEG_INF
     LOG2E_F32 = np.float32(LOG2E)
-    position = block_position(HEAD_MAJOR, BLOCK_N)
-    first_tile = query_tiles_start(BLOCK_M)
-    partial = tile_is_partial(BLOCK_N)
+    position = block_position_of(HEAD_MAJOR, BLOCK_N, variant.packed)
+    bounds = key_block_bounds_of(variant.packed)
+    query_range = query_tile_range(BLOCK_M, BLOCK_N, variant.window)
+    partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
+    hidden = hidden_in(variant.window)
+    element = weight_and_gradient(variant.softcap, precise=True)
     copy_keys_t = float32_tile_copy(TX, TY, BLOCK_N, D_PAD, 1, N_STRIDE)
     copy_rows_t = float32_tile_copy(TX, TY, BLOCK_M, D_PAD, 1, M_STRIDE)
     key_products = tile_products(RN, RM, TY, TX, D_PAD, K_T, V_T, N_STRIDE, Q_T, DO_T, M_STRIDE)
 
-    @kernel_jit(launch_bounds=(NT, config.blocks_per_sm))
-    def kernel(q, k, v, dout, lse, delta, dq_acc, dk, dv, scale_log2, sm_scale):
+    @kernel_body
+    def body(q, k, v, dout, lse, delta, dq_acc, dk, dv, scale_log2, sm_scale, schedule):
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
         tid = ty * TX + tx
         # a block per (batch, kv head, key block): k in the place of q gives the kv head and its views
-        b, hk, n0, k_head, _, v_head, dk_head = position(k, k, v, dk, False)
+        b, hk, n0, k_head, _, v_head, dk_head = position(k, k, v, dk, False, schedule)
         dv_head = dv[b, hk]
-        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
+        row_start, seqlen_q, key_end, diag_offset = bounds(q, k, b, schedule)
         head_dim = q.shape[3]
         group = q.shape[1] // k.shape[1]
 
@@ -213,12 +239,13 @@ def dkdv_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool, ato
                 dk_acc[i, j] = 0.0
                 dv_acc[i, j] = 0.0
 
-        m_begin = first_tile(n0, seqlen_q, CAUSAL, diag_offset)
+        # the query tiles that see these keys: from the diagonal (causal) or a window's right edge to its left edge
+        m_begin, m_end = query_range(n0, row_start, seqlen_q, key_end, CAUSAL, diag_offset)
         for g in range(group):
             h = hk * group + g
             q_head = q[b, h]
             do_head = dout[b, h]
-            for m0 in range(m_begin, seqlen_q, BLOCK_M):
+            for m0 in range(m_begin, m_end, BLOCK_M):
                 # ---- Q^T, dO^T of the tile -> shared (after every thread is done with the previous tile's) ------
                 cuda.syncthreads()
                 copy_rows_t(q_head, smem, Q_T, m0, seqlen_q, head_dim, ty, tx)
@@ -235,21 +262,21 @@ def dkdv_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool, ato
                 # ---- S^T = K Q^T and dP^T = V dO^T in registers ---------------------------------------------------
                 key_products(s, dp, smem, ty, tx)
 
-                # ---- P^T, dS^T -> shared; masks only where the tile crosses the diagonal or the last key --------
+                # ---- P^T, dS^T -> shared; masks only where the tile crosses the diagonal, a window edge or the end -
                 needs_mask = partial(n0, m0, key_end, CAUSAL, diag_offset)
                 for i in range(RN):
                     c = ty + TY * i
                     for j in range(RM):
                         r = tx + TX * j
                         p = float32(0.0)
+                        ds = float32(0.0)
                         if lse_r[j] != NEG_INF:  # a row that sees no key contributes nothing
-                            x = s[i, j] * scale_log2
+                            masked = False
                             if needs_mask:
-                                if hidden(n0 + c, m0 + r, key_end, CAUSAL, diag_offset):
-                                    x = NEG_INF
-                            p = math.exp2(x - lse_r[j])
+                                masked = hidden(n0 + c, m0 + r, key_end, CAUSAL, diag_offset)
+                            p, ds = element(s[i, j], dp[i, j], lse_r[j], d_r[j], masked, scale_log2)
                         smem[index(P_T + c * M_STRIDE + r)] = p
-                        smem[index(DS_T + c * M_STRIDE + r)] = p * (dp[i, j] - d_r[j])
+                        smem[index(DS_T + c * M_STRIDE + r)] = ds
                 cuda.syncthreads()
 
                 # ---- dV += P^T dO, dK += dS^T Q ------------------------------------------------------------------
@@ -285,13 +312,19 @@ def dkdv_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool, ato
                         dk_head[key, dd] = dk_acc[i, j] * sm_scale
                         dv_head[key, dd] = dv_acc[i, j]
 
-    return kernel
+    if variant.packed:
+        def kernel(q, k, v, dout, lse, delta, dq_acc, dk, dv, scale_log2, sm_scale, schedule):
+            body(q, k, v, dout, lse, delta, dq_acc, dk, dv, scale_log2, sm_scale, schedule)
+    else:
+        def kernel(q, k, v, dout, lse, delta, dq_acc, dk, dv, scale_log2, sm_scale):
+            body(q, k, v, dout, lse, delta, dq_acc, dk, dv, scale_log2, sm_scale, lse)
+    return kernel_jit(launch_bounds=(NT, config.blocks_per_sm))(kernel)
 
 
 @lru_cache(maxsize=None)
-def dq_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool):
-    """``kernel(q, k, v, dout, lse, delta, dq, scale_log2, sm_scale)``: ``dq`` of each query block, in a fixed
-    order (bitwise repeatable)."""
+def dq_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool, variant: Variant = PLAIN):
+    """``kernel(q, k, v, dout, lse, delta, dq, scale_log2, sm_scale[, schedule])``: ``dq`` of each query block, in a
+    fixed order (bitwise repeatable); ``variant`` as ``dkdv_kernel``'s (packed: the forward's schedule)."""
     TX, TY = config.threads_x, config.threads_y
     RM, RN = config.rows_per_thread, config.keys_per_thread
     BLOCK_M, BLOCK_N = config.dq_block_m, config.dq_block_n
@@ -308,19 +341,23 @@ def dq_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool):
     DS_T = V_T + D_PAD * N_STRIDE  # dS^T[c * M_STRIDE + r]
     NEG_INF = _NEG_INF
     LOG2E_F32 = np.float32(LOG2E)
-    position = block_position(HEAD_MAJOR, BLOCK_M)
-    partial = tile_is_partial(BLOCK_N)
+    position = block_position_of(HEAD_MAJOR, BLOCK_M, variant.packed)
+    bounds = sequence_bounds_of(variant.packed)
+    key_range = key_tile_range(BLOCK_M, BLOCK_N, variant.window)
+    partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
+    hidden = hidden_in(variant.window)
+    element = weight_and_gradient(variant.softcap, precise=True)
     copy_rows_t = float32_tile_copy(TX, TY, BLOCK_M, D_PAD, 1, M_STRIDE)
     copy_keys_t = float32_tile_copy(TX, TY, BLOCK_N, D_PAD, 1, N_STRIDE)
     query_products = tile_products(RM, RN, TY, TX, D_PAD, Q_T, DO_T, M_STRIDE, K_T, V_T, N_STRIDE)
 
-    @kernel_jit(launch_bounds=(NT, config.blocks_per_sm))
-    def kernel(q, k, v, dout, lse, delta, dq, scale_log2, sm_scale):
+    @kernel_body
+    def body(q, k, v, dout, lse, delta, dq, scale_log2, sm_scale, schedule):
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
-        b, h, m0, q_head, k_head, v_head, dq_head = position(q, k, v, dq, False)
+        b, h, m0, q_head, k_head, v_head, dq_head = position(q, k, v, dq, False, schedule)
         do_head = dout[b, h]
-        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
+        seqlen_q, key_start, key_end, diag_offset = bounds(q, k, b, schedule)
         head_dim = q.shape[3]
 
         smem = cuda.shared.array(0, float32)
@@ -342,8 +379,8 @@ def dq_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool):
             for j in range(RD):
                 acc[i, j] = 0.0
 
-        n_end = visible_end(m0 + BLOCK_M, key_start, key_end, CAUSAL, diag_offset)
-        for n0 in range(key_start, n_end, BLOCK_N):
+        n_begin, n_end = key_range(m0, key_start, key_end, CAUSAL, diag_offset)  # (tiles outside a window: none)
+        for n0 in range(n_begin, n_end, BLOCK_N):
             # ---- K^T, V^T of the tile -> shared (the first barrier also publishes Q^T, dO^T) ------------------------
             copy_keys_t(k_head, smem, K_T, n0, key_end, head_dim, ty, tx)
             copy_keys_t(v_head, smem, V_T, n0, key_end, head_dim, ty, tx)
@@ -358,14 +395,13 @@ def dq_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool):
                 r = ty + TY * i
                 for j in range(RN):
                     c = tx + TX * j
-                    p = float32(0.0)
+                    ds = float32(0.0)
                     if lse_r[i] != NEG_INF:
-                        x = s[i, j] * scale_log2
+                        masked = False
                         if needs_mask:
-                            if hidden(n0 + c, m0 + r, key_end, CAUSAL, diag_offset):
-                                x = NEG_INF
-                        p = math.exp2(x - lse_r[i])
-                    smem[index(DS_T + c * M_STRIDE + r)] = p * (dp[i, j] - d_r[i])
+                            masked = hidden(n0 + c, m0 + r, key_end, CAUSAL, diag_offset)
+                        _, ds = element(s[i, j], dp[i, j], lse_r[i], d_r[i], masked, scale_log2)
+                    smem[index(DS_T + c * M_STRIDE + r)] = ds
             cuda.syncthreads()
 
             # ---- dQ += dS K -----------------------------------------------------------------------------------------
@@ -384,36 +420,47 @@ def dq_kernel(config: SimtBackwardConfig, head_dim_pad: int, causal: bool):
                     if dd < head_dim:
                         dq_head[row, dd] = acc[i, j] * sm_scale
 
-    return kernel
+    return kernel_jit(launch_bounds=(NT, config.blocks_per_sm))(_entry(body, variant.packed))
 
 
 def launch_dkdv(q, k, v, dout, lse, delta, dq_acc, dk, dv, sm_scale: float, causal: bool, stream,
-                config: SimtBackwardConfig | None = None) -> None:
+                config: SimtBackwardConfig | None = None, window=None, softcap: float | None = None,
+                schedule=None) -> None:
     """``dk``, ``dv`` (and, unless ``dq_acc`` is None, ``sm_scale dS K`` added to ``dq_acc``) from views of shape
-    ``(batch, heads, seqlen, headdim)``; ``lse``, ``delta``: ``(batch, heads, seqlen_q)`` float32."""
+    ``(batch, heads, seqlen, headdim)``; ``lse``, ``delta``: ``(batch, heads, seqlen_q)`` float32. ``window``,
+    ``softcap``: checked, as the forward's; ``schedule``: None, or the key schedule of packed sequences
+    (``backward.varlen``; the views are then ``(1, heads, total, headdim)``)."""
     batch, kv_heads, seqlen_k, head_dim = k.shape
     config = config or default_config(head_dim)
     head_dim_pad = padded_head_dim(head_dim, config)
     shared_bytes = 4 * config.shared_words(head_dim_pad)
     common.check_shared_memory(shared_bytes)
     atomic = dq_acc is not None
-    kernel = dkdv_kernel(config, head_dim_pad, bool(causal), atomic)
-    shape = grid(HEAD_MAJOR, batch, kv_heads, seqlen_k, config.block_n)
+    kernel = dkdv_kernel(config, head_dim_pad, bool(causal), atomic,
+                         Variant.of(bool(causal), window, softcap, schedule is not None))
+    shape = common.launch_grid(HEAD_MAJOR, batch, kv_heads, seqlen_k, config.block_n, schedule)
     # without atomics the kernel never touches dq_acc: a float32 view of delta stands in (one compiled type)
     placeholder = dq_acc if atomic else with_unit_axes(delta, 3, 1)
+    scale, _ = common.scale_args(sm_scale, softcap)
+    extra = () if schedule is None else (schedule,)
     device_launch(kernel, shape, (config.threads_x, config.threads_y), stream, shared_bytes, q, k, v, dout, lse,
-                  delta, placeholder, dk, dv, np.float32(sm_scale * LOG2E), np.float32(sm_scale))
+                  delta, placeholder, dk, dv, scale, np.float32(sm_scale), *extra)
 
 
 def launch_dq(q, k, v, dout, lse, delta, dq, sm_scale: float, causal: bool, stream,
-              config: SimtBackwardConfig | None = None) -> None:
-    """``dq`` (any dtype of ``DTYPES``, any strides) written by ``dq_kernel``; arguments as ``launch_dkdv``."""
+              config: SimtBackwardConfig | None = None, window=None, softcap: float | None = None,
+              schedule=None) -> None:
+    """``dq`` (any dtype of ``DTYPES``, any strides) written by ``dq_kernel``; arguments as ``launch_dkdv``
+    (``schedule``: the forward's schedule of packed sequences, ``forward.varlen``, over ``dq_block_m``-row blocks)."""
     batch, heads, seqlen_q, head_dim = q.shape
     config = config or default_config(head_dim)
     head_dim_pad = padded_head_dim(head_dim, config)
     shared_bytes = 4 * config.dq_shared_words(head_dim_pad)
     common.check_shared_memory(shared_bytes)
-    kernel = dq_kernel(config, head_dim_pad, bool(causal))
-    shape = grid(HEAD_MAJOR, batch, heads, seqlen_q, config.dq_block_m)
+    kernel = dq_kernel(config, head_dim_pad, bool(causal), Variant.of(bool(causal), window, softcap,
+                                                                       schedule is not None))
+    shape = common.launch_grid(HEAD_MAJOR, batch, heads, seqlen_q, config.dq_block_m, schedule)
+    scale, _ = common.scale_args(sm_scale, softcap)
+    extra = () if schedule is None else (schedule,)
     device_launch(kernel, shape, (config.threads_x, config.threads_y), stream, shared_bytes, q, k, v, dout, lse,
-                  delta, dq, np.float32(sm_scale * LOG2E), np.float32(sm_scale))
+                  delta, dq, scale, np.float32(sm_scale), *extra)

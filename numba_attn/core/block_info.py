@@ -5,7 +5,9 @@ device's limits, ``block_position`` reads it back on the device. ``key_tiles`` g
 rows walks (``mask.visible_end``: causal blocks stop at the diagonal), ``key_tile_range`` the same under a sliding
 window, where a block's keys also begin late (``mask.visible_start``), and ``key_tile_walk`` counts those tiles as
 the pipelined kernels do; ``query_tiles_start`` the first query tile a
-block of keys meets (the backward's reverse walk, ``mask.first_row``). A sequence's keys are ``key_start ..
+block of keys meets (the backward's reverse walk, ``mask.first_row``), and ``query_tile_range`` the query tiles such
+a block walks under a window and in packed sequences, whose key blocks read their keys and rows from a schedule of
+their own (``key_block_bounds_of``). A sequence's keys are ``key_start ..
 key_end``: ``0 .. seqlen_k`` for every entry of a dense batch; packed sequences of different lengths
 (``flash_forward_varlen``) take a third grid, ``PACKED``, whose blocks read their rows and keys from a schedule
 (``block_position_of`` and ``sequence_bounds_of``, which give the dense functions unchanged otherwise); a KV cache's rows have
@@ -16,7 +18,7 @@ from __future__ import annotations
 from numba import int64
 
 from ..runtime.device import SIMULATOR, cuda, device_properties
-from .mask import NO_WINDOW, first_row, visible_end, visible_end_in, visible_start
+from .mask import NO_WINDOW, first_row, visible_end, visible_end_in, visible_rows, visible_start
 from .staging import device_function, inlined_function
 
 
@@ -264,3 +266,50 @@ def query_tiles_start(block_m: int):
         return first_row(n0, 0, seqlen_q, causal, diag_offset) // BLOCK_M * BLOCK_M
 
     return start
+
+
+def query_tile_range(block_m: int, block_n: int, window=NO_WINDOW):
+    """``tiles(n0, row_start, row_end, key_end, causal, diag_offset) -> (m_begin, m_end)``: the backward's key block
+    ``n0 .. n0 + block_n - 1`` (keys from ``key_end`` on do not count) walks the ``block_m``-row query tiles
+    ``range(m_begin, m_end, block_m)``, aligned on ``row_start``'s grid: from the tile holding the first row that
+    sees one of its keys to the last such row (``mask.visible_rows``), none when ``m_begin >= m_end``. Without a
+    window and with ``row_start = 0``: ``(query_tiles_start(...), row_end)``, what the dense kernels walked."""
+    BLOCK_M = block_m
+    LAST = block_n - 1
+    rows = visible_rows(window)
+
+    @inlined_function
+    def tile_range(n0, row_start, row_end, key_end, causal, diag_offset):
+        first, end = rows(n0, min(n0 + LAST, key_end - 1), row_start, row_end, causal, diag_offset)
+        return row_start + (first - row_start) // BLOCK_M * BLOCK_M, end
+
+    return tile_range
+
+
+#: a key block's entry of a packed-sequence schedule for the backward's key-block kernels (``SCHEDULE_WORDS`` int32
+#: words, the forward's entry with keys and rows swapped): the block's first key, one past its sequence's last key,
+#: and its sequence's first and one-past-last query row (positions in the packed arrays)
+KEY_SCHEDULE = "first key, key end, row start, row end"
+
+
+def key_block_bounds_of(packed: bool = False):
+    """``bounds(q, k, b, schedule) -> (row_start, row_end, key_end, diag_offset)`` of a backward key block: the query
+    rows of its sequence, one past its last key and the diagonal's offset. Dense batches: ``(0, seqlen_q, seqlen_k,
+    seqlen_k - seqlen_q)`` (inlined); packed sequences: from this block's ``KEY_SCHEDULE`` entry, ``diag_offset =
+    key_end - row_end`` (bottom-right within the sequence, as ``sequence_bounds_of``)."""
+    if not packed:
+        @inlined_function
+        def dense(q, k, b, schedule):
+            seqlen_q, _, seqlen_k, diag_offset = sequence_bounds(q, k, b)
+            return 0, seqlen_q, seqlen_k, diag_offset
+
+        return dense
+
+    @_reads_thread_position
+    def packed_key_bounds(q, k, b, schedule):
+        at = SCHEDULE_WORDS * cuda.blockIdx.x
+        key_end = schedule[at + 1]
+        row_end = schedule[at + 3]
+        return schedule[at + 2], row_end, key_end, key_end - row_end
+
+    return packed_key_bounds

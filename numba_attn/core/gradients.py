@@ -1,5 +1,6 @@
-"""The backward's element-wise step on MMA C fragments: the attention weights ``P`` recomputed from the forward's
-lse, and ``dS = P (dP - D)``, shared by the tensor-core backward kernels.
+"""The backward's element-wise step: the attention weights ``P`` recomputed from the forward's lse, and ``dS = P (dP -
+D)``, on MMA C fragments for the tensor-core backward kernels (``probabilities_and_grads``), element by element for
+the CUDA-core ones (``weight_and_gradient``).
 
 Fragments ``s[mt, nb, e]`` (scores) and ``dp[mt, nb, e]`` (``dO V^T``) as in ``softmax``: lane ``(g, t)`` has
 fragment rows ``g`` (e = 0, 1) and ``g + 8`` (e = 2, 3) of each 16-row m-tile and columns ``8 nb + 2t + e % 2``.
@@ -10,20 +11,59 @@ query-block kernel's ``S = Q K^T``, whose ``dS`` feeds ``dQ += dS K``).
 Each query row's statistics sit in shared memory as float32 pairs ``(lse log2(e), D)`` (``backward.preprocess``):
 ``lse log2(e)`` is ``+inf`` for a row that sees no key (and for the padding rows past the sequence), so its ``P =
 exp2(s scale_log2 - lse log2(e))`` is 0 without a test. The scale may have either sign (it is applied inside the
-exponent, never to a running max). Masked elements (``mask.hidden``, tested only where ``needs_mask``) get ``P = 0``.
+exponent, never to a running max). Masked elements (``mask.hidden_in`` of the kernel's window, tested only where
+``needs_mask``) get ``P = 0``.
+
+Soft-capped scores (``core.scores``: ``y = tanh(q.k sm_scale / c)``, the softmax's score ``c y``) take the kernels'
+score-scale argument ``sm_scale / c`` and the compile-time ``c log2 e``: ``P = exp2(y c log2 e - lse log2 e)`` and
+``dS = P (dP - D) (1 - y^2)``, the cap's derivative folded in, so that ``dQ = sm_scale dS K`` and ``dK = sm_scale
+dS^T Q`` stay as they are. ``weight_and_gradient`` is that element step, shared with the CUDA-core kernels; it
+caps with the forward's ``tanh`` (``scores.score_cap``: ``precise`` for the CUDA-core kernels, ``tanh.approx`` for
+the 16-bit tensor-core ones), so the recomputed ``P`` is the forward's.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from . import ptx
-from .mask import hidden
+from .mask import NO_WINDOW, hidden_in
+from .scores import cap_post, score_cap
 from .staging import device_function
 
 _ZERO = np.float32(0.0)
+_ONE = np.float32(1.0)
 
 
-def probabilities_and_grads(m_tiles: int, blocks: int, keys_on_rows: bool):
+def weight_and_gradient(softcap: float | None = None, precise: bool = False):
+    """``element(x, dpx, lse2, delta, masked, scale_log2) -> (p, ds)``: the attention weight of raw score ``x``
+    (``q.k``) of a row with ``lse log2(e) = lse2`` and ``D = delta``, and ``dS = P (dP - D)`` (times ``1 - y^2``
+    with a cap, module docstring); ``masked``: ``P = 0``. ``precise``: ``math.exp2`` / ``math.tanh`` (the CUDA-core
+    kernels), else the SFU's ``ex2.approx`` / ``tanh.approx``."""
+    CAPPED = softcap is not None
+    POST = cap_post(softcap) if CAPPED else _ONE
+    cap = score_cap(softcap, precise)
+    exp2 = math.exp2 if precise else ptx.exp2_approx
+
+    @device_function
+    def element(x, dpx, lse2, delta, masked, scale_log2):
+        if CAPPED:
+            y = cap(x, scale_log2)
+            p = exp2(y * POST - lse2)
+            if masked:
+                p = _ZERO
+            return p, p * (dpx - delta) * (_ONE - y * y)
+        p = exp2(x * scale_log2 - lse2)
+        if masked:  # (a select: -inf scores would turn into +inf under a negative scale)
+            p = _ZERO
+        return p, p * (dpx - delta)
+
+    return element
+
+
+def probabilities_and_grads(m_tiles: int, blocks: int, keys_on_rows: bool, window=NO_WINDOW,
+                            softcap: float | None = None):
     """``step(s, dp, stats, stats_at, needs_mask, row0, col0, key_end, causal, diag_offset, scale_log2)``: ``s``
     becomes ``P`` and ``dp`` becomes ``dS``, in place, for ``(m_tiles, blocks, 4)`` register arrays.
 
@@ -31,20 +71,15 @@ def probabilities_and_grads(m_tiles: int, blocks: int, keys_on_rows: bool):
     positions in their sequences. ``stats`` is the float32 view of shared memory; ``stats_at`` indexes this lane's
     first pair: with ``keys_on_rows`` the pair of query column ``col0`` (read as ``(lse, D)`` of columns ``col0,
     col0 + 1`` in one 16-byte load per n8 block, 16 floats apart), else the pair of row ``row0`` (8 floats per row:
-    ``+16`` for ``g + 8``, ``+32`` per m-tile)."""
+    ``+16`` for ``g + 8``, ``+32`` per m-tile). ``window`` (``mask.window_sides``) and ``softcap``: the kernel's
+    compile-time mask and cap (with a cap ``scale_log2`` is ``sm_scale / c``)."""
     M_TILES = m_tiles
     BLOCKS = blocks
     KEYS_ON_ROWS = keys_on_rows
-    exp2 = ptx.exp2_approx
     load_pair = ptx.load_f32x2
     load_two_pairs = ptx.load_f32x4_1d
-
-    @device_function
-    def element(x, dpx, lse2, delta, masked, scale_log2):
-        p = exp2(x * scale_log2 - lse2)
-        if masked:  # (a select: -inf scores would turn into +inf under a negative scale)
-            p = _ZERO
-        return p, p * (dpx - delta)
+    element = weight_and_gradient(softcap)
+    hidden = hidden_in(window)
 
     @device_function
     def is_hidden(row, col, key_end, causal, diag_offset):

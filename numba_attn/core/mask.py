@@ -7,13 +7,13 @@ diag_offset``, ``diag_offset = seqlen_k - seqlen_q`` (a row that sees no key giv
 Kernels ask four questions, all answered here: is this element hidden (``hidden``), may a whole key tile skip the
 per-element test (``tile_is_partial``), where do the keys a block of rows sees end (``visible_end``, for the
 block's key range in ``block_info``), and -- the backward's key blocks -- where do the rows that see a key begin
-(``first_row``). The masks are monotone -- a key hidden from a row is hidden from every earlier
+(``first_row``; under a window also where they end: ``visible_rows``). The masks are monotone -- a key hidden from a row is hidden from every earlier
 row, and so is every later key -- so one corner of a tile answers for the whole tile.
 
 Sliding windows (``window=(left, right)``, as ``reference._masks``): query ``i`` sees keys ``i + diag_offset - left
 <= j <= i + diag_offset + right``; with ``causal`` the right side is ``min(right, 0)``. A window is a compile-time
 pair of sides (``window_sides``: ints, ``UNBOUNDED`` for an open side) given to the builders ``hidden_in``,
-``tile_is_partial`` and ``visible_start`` / ``visible_end_in``, which return a device function specialised to it; for
+``tile_is_partial``, ``visible_start`` / ``visible_end_in`` and ``visible_rows``, which return a device function specialised to it; for
 ``NO_WINDOW`` they return the causal-only functions above unchanged, so kernels built without a window compile to
 the code they always did. The left edge adds a clause: a tile is partial when its first key is hidden from the
 block's last row, and a block's keys begin at ``visible_start``.
@@ -174,3 +174,34 @@ def visible_start(window=NO_WINDOW):
         return min(key_end, max(key_start, row_start + diag_offset - LEFT))
 
     return start_windowed
+
+
+def visible_rows(window=NO_WINDOW):
+    """``rows(key, key_last, row_start, row_end, causal, diag_offset) -> (first, end)``: the rows of ``row_start ..
+    row_end`` that see some key of ``key .. key_last`` (inclusive) under the compile-time ``window`` are ``first ..
+    end`` (none when ``first >= end``): the backward's key blocks walk only them. The right side (and ``causal``)
+    bounds the first row by the first key, the left side the last row by the last key. Without a window:
+    ``(first_row(...), row_end)``."""
+    left, right = _check_sides(window)
+    if window == NO_WINDOW:
+        @device_function
+        def rows_causal(key, key_last, row_start, row_end, causal, diag_offset):
+            return first_row(key, row_start, row_end, causal, diag_offset), row_end
+
+        return rows_causal
+    HAS_LEFT, LEFT = left != UNBOUNDED, left
+    HAS_RIGHT, RIGHT = right != UNBOUNDED, right
+
+    @device_function
+    def rows_windowed(key, key_last, row_start, row_end, causal, diag_offset):
+        first = row_start
+        if causal:
+            first = max(first, key - diag_offset)
+        if HAS_RIGHT:
+            first = max(first, key - diag_offset - RIGHT)
+        end = row_end
+        if HAS_LEFT:
+            end = min(end, key_last + 1 - diag_offset + LEFT)
+        return min(first, row_end), end
+
+    return rows_windowed

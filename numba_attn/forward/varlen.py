@@ -229,7 +229,7 @@ def packed_shape(q, k, v) -> tuple:
     return total_q, total_k, heads, kv_heads, head_dim
 
 
-def _batched(view, shape: tuple):
+def batched(view, shape: tuple):
     """``(total, heads, ...)`` -> ``(1, heads, total, ...)``: the kernels' layout of a packed array, no copy."""
     strides = tuple(view.strides)
     return restride(view, (1, shape[1], shape[0]) + tuple(shape[2:]), (0, strides[1], strides[0]) + strides[2:])
@@ -265,15 +265,15 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal:
     if softcap is not None:
         kernel_scale(sm_scale, softcap)  # ValueError where the kernels' float32 scales would not be finite
     max_seqlen_q = check_max_seqlen(max_seqlen_q, "max_seqlen_q")
-    offsets = _offsets(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q,
+    offsets = check_offsets(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q,
                        check_max_seqlen(max_seqlen_k, "max_seqlen_k"))
     arrays = {"q": q, "k": k, "v": v}
     if offsets is None:  # device offsets: checked for place and dtype with the arrays
         arrays.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     call = prepare(arrays, own_dtype={"cu_seqlens_q": ("int32",), "cu_seqlens_k": ("int32",)})
     with on_device(call.device_id):
-        q4 = _batched(call.inputs["q"], (total_q, heads, head_dim))
-        k4, v4 = (_batched(call.inputs[name], (total_k, kv_heads, head_dim)) for name in "kv")
+        q4 = batched(call.inputs["q"], (total_q, heads, head_dim))
+        k4, v4 = (batched(call.inputs[name], (total_k, kv_heads, head_dim)) for name in "kv")
         chosen = _dispatch.choose_backend(backend, call.dtype, False,
                                           _dispatch.wgmma_applies(call.dtype, head_dim, q4, k4, v4))
         result = call.output((total_q, heads, head_dim), out=out)
@@ -291,7 +291,7 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal:
             if schedule is not None and schedule.shape[0]:
                 lse_view = restride(lse.view, (1, heads, total_q), (0,) + tuple(lse.view.strides)) if return_lse \
                     else lse_placeholder(call)
-                args = AttentionArgs(q4, k4, v4, _batched(result.view, (total_q, heads, head_dim)), lse_view,
+                args = AttentionArgs(q4, k4, v4, batched(result.view, (total_q, heads, head_dim)), lse_view,
                                      return_lse, sm_scale, causal, window, softcap)
                 _launch(chosen, call, args, config, schedule)
         if return_lse:
@@ -299,7 +299,7 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal:
         return call.result(result)
 
 
-def _offsets(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q, max_seqlen_k):
+def check_offsets(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q, max_seqlen_k):
     """Checked host offsets ``(cu_q, cu_k)`` (int64), or None for device offsets after their shape checks."""
     host = on_host(cu_seqlens_q)
     if on_host(cu_seqlens_k) != host:

@@ -58,7 +58,8 @@ class AttentionArgs:
 class BackwardArgs:
     """One backward call on the device: batched views ``(batch, heads, seqlen, headdim)`` of the inputs ``dout``,
     ``q``, ``k``, ``v``, ``out`` and the gradients ``dq``, ``dk``, ``dv`` it writes, the forward's ``(batch, heads,
-    seqlen_q)`` natural-log ``lse``, the score scale and the mask."""
+    seqlen_q)`` natural-log ``lse``, the score scale, the mask (``causal`` and a checked ``window``) and a checked
+    ``softcap``, as ``AttentionArgs``."""
 
     dout: Any
     q: Any
@@ -71,9 +72,19 @@ class BackwardArgs:
     dv: Any
     sm_scale: float
     causal: bool
+    window: tuple | None = None
+    softcap: float | None = None
 
     def __post_init__(self):
         if type(self.causal) is not bool:
             raise TypeError("causal: expected bool")
         if type(self.sm_scale) is not float:
             raise TypeError(f"sm_scale: expected a float, got {type(self.sm_scale).__name__}")
+        if self.window is not None and type(self.window) is not tuple:
+            raise TypeError(f"window: expected None or a checked (left, right) tuple, got {self.window!r}")
+        if self.softcap is not None and type(self.softcap) is not float:
+            raise TypeError(f"softcap: expected None or a checked float, got {self.softcap!r}")
+
+    def variant_options(self) -> dict:
+        """The backward kernels' ``launch`` keywords of the compile-time variant (as ``AttentionArgs``')."""
+        return AttentionArgs.variant_options(self)

@@ -18,7 +18,7 @@ from strategies import (
     windows,
 )
 
-from reference import attention, attention_varlen, attention_with_kvcache
+from reference import attention, attention_backward, attention_varlen, attention_varlen_backward, attention_with_kvcache
 
 
 def _options(draw):
@@ -59,20 +59,24 @@ class VarlenCase:
 
 
 @st.composite
-def varlen_cases(draw, max_seqlen: int = 8):
-    """Up to 4 sequences (empty ones too), seqlen_q != seqlen_k per sequence, GQA groups 1-3, any window and cap."""
+def varlen_cases(draw, max_seqlen: int = 8, scales=value_scales, softcap=None):
+    """Up to 4 sequences (empty ones too), seqlen_q != seqlen_k per sequence, GQA groups 1-3, any window and cap
+    (``scales``: a strategy for the inputs' magnitudes; ``softcap``: one for the cap, else ``softcaps()``)."""
     batch = draw(st.integers(0, 4))
     lengths_q = draw(st.lists(seqlens(0, max_seqlen), min_size=batch, max_size=batch))
     lengths_k = draw(st.one_of(st.just(lengths_q), st.lists(seqlens(0, max_seqlen), min_size=batch, max_size=batch)))
     heads_kv, group, headdim = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 6))
     rng = np.random.default_rng(draw(seeds))
-    q = standard_normal(rng, (sum(lengths_q), heads_kv * group, headdim), draw(value_scales))
-    k = standard_normal(rng, (sum(lengths_k), heads_kv, headdim), draw(value_scales))
-    v = standard_normal(rng, (sum(lengths_k), heads_kv, headdim), draw(value_scales))
+    q = standard_normal(rng, (sum(lengths_q), heads_kv * group, headdim), draw(scales))
+    k = standard_normal(rng, (sum(lengths_k), heads_kv, headdim), draw(scales))
+    v = standard_normal(rng, (sum(lengths_k), heads_kv, headdim), draw(scales))
     dtype = draw(st.sampled_from([np.int32, np.int64]))
     cu_q, cu_k = (np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(dtype)
                   for lengths in (lengths_q, lengths_k))
-    return VarlenCase(q, k, v, cu_q, cu_k, _options(draw))
+    options = _options(draw)
+    if softcap is not None:
+        options["softcap"] = draw(softcap)
+    return VarlenCase(q, k, v, cu_q, cu_k, options)
 
 
 @given(varlen_cases())
@@ -105,6 +109,53 @@ def test_other_sequences_never_affect_a_sequence(case, poison):
         with np.errstate(invalid="ignore", over="ignore"):  # the poisoned sequences
             out = attention_varlen(case.q, k, v, case.cu_seqlens_q, case.cu_seqlens_k, **case.options)
         np.testing.assert_array_equal(out[rows], expected[rows])
+
+
+# -- the backward of packed sequences ----------------------------------------------------------------------------------
+
+@given(varlen_cases(), seeds)
+def test_varlen_backward_equals_each_sequence_on_its_own(case, seed):
+    dout = np.random.default_rng(seed).standard_normal(case.q.shape)
+    dq, dk, dv = attention_varlen_backward(dout, case.q, case.k, case.v, case.cu_seqlens_q, case.cu_seqlens_k,
+                                           **case.options)
+    assert (dq.shape, dk.shape, dv.shape) == (case.q.shape, case.k.shape, case.v.shape)
+    for rows, keys, (q, k, v) in case.sequences():
+        expected = attention_backward(dout[rows].transpose(1, 0, 2)[None], q, k, v, **case.options)
+        for actual, want in zip((dq[rows], dk[keys], dv[keys]), expected):
+            np.testing.assert_array_equal(actual, want[0].transpose(1, 0, 2))
+
+
+# central differences: as tests/reference/test_reference_attention_backward.py (moderate values, caps from 0.5)
+FD_STEP = 1e-6
+
+
+@given(varlen_cases(max_seqlen=5, scales=st.sampled_from([0.1, 0.5, 1.0, 2.0]),
+                    softcap=st.none() | st.floats(0.5, 20.0)), seeds)
+def test_varlen_backward_equals_central_differences(case, seed):
+    rng = np.random.default_rng(seed)
+    dout = rng.standard_normal(case.q.shape)
+    directions = [rng.standard_normal(x.shape) for x in (case.q, case.k, case.v)]
+    grads = attention_varlen_backward(dout, case.q, case.k, case.v, case.cu_seqlens_q, case.cu_seqlens_k,
+                                      **case.options)
+
+    def loss(sign):
+        q, k, v = (x + sign * FD_STEP * d for x, d in zip((case.q, case.k, case.v), directions))
+        return float(np.sum(dout * attention_varlen(q, k, v, case.cu_seqlens_q, case.cu_seqlens_k, **case.options)))
+
+    fd = (loss(1) - loss(-1)) / (2 * FD_STEP)
+    terms = np.array([np.sum(g * d) for g, d in zip(grads, directions)])
+    magnitude = float(np.sum(np.abs(dout))) * float(np.max(np.abs(case.v), initial=0.0))
+    assert abs(fd - terms.sum()) <= 1e-6 * np.abs(terms).sum() + 1e-8 * magnitude
+
+
+def test_varlen_backward_checks_dout_and_the_arguments():
+    q, k, v = _packed()
+    with pytest.raises(ValueError, match="^dout"):
+        attention_varlen_backward(np.zeros((4, 4, 3)), q, k, v, [0, 3, 5], [0, 4, 6])
+    with pytest.raises(ValueError, match="^cu_seqlens_q"):
+        attention_varlen_backward(q, q, k, v, [0, 3, 4], [0, 4, 6])
+    with pytest.raises(ValueError, match="^window"):
+        attention_varlen_backward(q, q, k, v, [0, 3, 5], [0, 4, 6], window=(-1, 0))
 
 
 def test_return_lse_false_returns_only_the_output():

@@ -3,7 +3,8 @@ import subprocess
 import sys
 
 LAZY = ("numba_attn.backward.dispatch", "numba_attn.decode.dispatch", "numba_attn.decode.cached",
-        "numba_attn.linear.api", "numba_attn.linear.dispatch", "numba_attn.forward.varlen")
+        "numba_attn.linear.api", "numba_attn.linear.dispatch", "numba_attn.forward.varlen",
+        "numba_attn.backward.varlen")
 
 
 def test_import_leaves_other_families_unloaded():

@@ -1,0 +1,344 @@
+"""The benchmark targets of issue #29 (real batches) in one GPU run: a compact table, and every row as JSON.
+
+    python scripts/bench_issue29.py --out results.json            # all parts (a few minutes with compiles)
+    python scripts/bench_issue29.py --part decode --out d.json     # one part
+    python scripts/bench_issue29.py --dry-run                      # the cases, nothing run (works without a GPU)
+
+varlen   ``flash_forward_varlen`` over 16 packed sequences of 512..16k tokens (causal, fp16 / bf16, D64 H32 and
+         D128 H16), TFLOP/s counted on real tokens (``2 H D sum(L^2)``, the causal half), against ``flash_forward``
+         on a dense batch of 16 at the batch's mean length (target >= 0.95x) and against torch's varlen paths where
+         they run (target >= 1.0x): FlexAttention (``torch.compile``d, a block mask from document ids) and SDPA on
+         jagged nested tensors. Each peer is guarded: a peer that raises prints SKIP and why.
+decode   ``flash_decode`` of one token per row, B8 H32 D128 fp16, MHA (32 kv heads) and GQA 8 (4 kv heads), 16k and
+         64k keys, in CUDA graphs: the dense cache, and paged caches (pages 16, 64, 256, in shuffled order) with
+         every row full: GB/s of K and V read against a device copy of the same bytes (read + written bytes per
+         second, target >= 90 %) and against our dense decode (target >= 0.95x). Then ragged device
+         ``cache_seqlens`` (lengths uniform in [L/2, L]) on the dense cache and on pages of 64: GB/s counted on the
+         real keys (target >= 85 % of the copy).
+window   ``flash_forward`` causal on one 64k sequence (H16 D128, fp16 / bf16) with ``window=(4096, 0)`` against the
+         full causal call: TFLOP/s counted on the visible (in-window) pairs against the dense kernel's causal
+         TFLOP/s (target >= 0.9x).
+
+Each line: ``OK`` (target met), ``MISS`` (not met), ``INFO`` (no target), ``SKIP`` (a peer or case that did not run,
+with the reason), ``ERROR``. Timings: forward calls by CUDA events (median of ``--reps`` after a warm-up call that
+also compiles); decode calls as replays of a CUDA graph of ``--calls`` calls (``decode_kvcache_bench._time``).
+Compiling the kernels takes most of a first run (5-10 s per specialisation; ``runtime.kernel_cache`` keeps them).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for _path in (ROOT, HERE):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+PARTS = ("varlen", "decode", "window")
+#: (head_dim, heads) of the varlen part
+VARLEN_SHAPES = ((64, 32), (128, 16))
+VARLEN_DTYPES = ("float16", "bfloat16")
+DECODE_SHAPE = dict(batch=8, heads=32, head_dim=128)
+DECODE_KV_HEADS = {"MHA": 32, "GQA8": 4}
+DECODE_LENGTHS = (16384, 65536)
+PAGES = (16, 64, 256)
+WINDOW = dict(seqlen=65536, heads=16, head_dim=128, window=(4096, 0))
+TARGETS = {"varlen_vs_dense": 0.95, "varlen_vs_peer": 1.0, "paged_vs_copy": 0.90, "paged_vs_dense": 0.95,
+           "ragged_vs_copy": 0.85, "window_vs_dense": 0.9}
+
+rows: list = []
+
+
+def emit(status: str, part: str, case: str, text: str, **numbers) -> None:
+    """One table line and one JSON row."""
+    print(f"{status:5s} {part:6s} {case:46s} {text}", flush=True)
+    rows.append(dict(status=status, part=part, case=case, text=text, **numbers))
+
+
+def judged(ratio: float, target: float) -> str:
+    return "OK" if ratio >= target else "MISS"
+
+
+def varlen_lengths(seed: int = 0):
+    """16 lengths in [512, 16384]: the two ends and 14 drawn uniformly, in a shuffled order."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lengths = np.r_[512, 16384, rng.integers(512, 16385, 14)]
+    return rng.permutation(lengths)
+
+
+def causal_flops(heads: int, head_dim: int, lengths) -> float:
+    """``4 H D sum(L^2) / 2``: two products over the causal half (the sweep's convention)."""
+    return 2.0 * heads * head_dim * float(sum(int(n) * int(n) for n in lengths))
+
+
+def part_varlen(args) -> None:
+    import numpy as np
+    import torch
+
+    import numba_attn
+    from check_variants import median_ms
+
+    lengths = varlen_lengths()
+    cu = np.r_[0, np.cumsum(lengths)].astype(np.int32)
+    total, longest, mean = int(cu[-1]), int(lengths.max()), int(round(lengths.mean()))
+    device_cu = torch.from_numpy(cu).cuda()
+    for head_dim, heads in VARLEN_SHAPES:
+        for dtype in VARLEN_DTYPES:
+            tdtype = getattr(torch, dtype)
+            label = f"{dtype[:4]} D{head_dim} H{heads} {total} tok"
+            try:
+                q, k, v = (torch.randn(total, heads, head_dim, device="cuda", dtype=tdtype) for _ in range(3))
+                flops = causal_flops(heads, head_dim, lengths)
+                ours_ms = median_ms(lambda: numba_attn.flash_forward_varlen(
+                    q, k, v, device_cu, device_cu, max_seqlen_q=longest, max_seqlen_k=longest, causal=True),
+                    args.reps)
+                ours = flops / ours_ms / 1e9
+                dq, dk, dv = (torch.randn(16, heads, mean, head_dim, device="cuda", dtype=tdtype) for _ in range(3))
+                dense_ms = median_ms(lambda: numba_attn.flash_forward(dq, dk, dv, causal=True), args.reps)
+                dense = causal_flops(heads, head_dim, [mean] * 16) / dense_ms / 1e9
+                del dq, dk, dv
+                ratio = ours / dense
+                emit(judged(ratio, TARGETS["varlen_vs_dense"]), "varlen", label,
+                     f"{ours:6.1f} TFLOP/s ({ours_ms:.2f} ms) vs dense B16 L{mean} {dense:6.1f}: {ratio:.2f}x "
+                     f"(>= {TARGETS['varlen_vs_dense']})", tflops=ours, ms=ours_ms, dense_tflops=dense, ratio=ratio,
+                     dtype=dtype, head_dim=head_dim, heads=heads, lengths=[int(n) for n in lengths])
+                for peer, make in (("flex", _flex_call), ("nested-sdpa", _nested_call)):
+                    try:
+                        fn = make(q, k, v, cu, lengths)
+                        peer_ms = median_ms(fn, args.reps)
+                        theirs = flops / peer_ms / 1e9
+                        ratio = ours / theirs
+                        emit(judged(ratio, TARGETS["varlen_vs_peer"]), "varlen", f"{label} vs {peer}",
+                             f"{ours:6.1f} vs {theirs:6.1f} TFLOP/s ({peer_ms:.2f} ms): {ratio:.2f}x "
+                             f"(>= {TARGETS['varlen_vs_peer']})", tflops=ours, peer=peer, peer_tflops=theirs,
+                             peer_ms=peer_ms, ratio=ratio, dtype=dtype, head_dim=head_dim)
+                    except Exception as exc:  # noqa: BLE001  (a peer that cannot run is reported, not fatal)
+                        emit("SKIP", "varlen", f"{label} vs {peer}", f"{type(exc).__name__}: {_first_line(exc)}")
+                del q, k, v
+                torch.cuda.empty_cache()
+            except Exception as exc:  # noqa: BLE001
+                emit("ERROR", "varlen", label, f"{type(exc).__name__}: {_first_line(exc)}")
+                traceback.print_exc()
+
+
+def _first_line(exc) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:160] if text else ""
+
+
+def _flex_call(q, k, v, cu, lengths):
+    """FlexAttention over the packed tokens as one sequence, causal within each document (a block mask from the
+    document ids, made once, untimed), ``torch.compile``d."""
+    import numpy as np
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    total = q.shape[0]
+    docs = torch.from_numpy(np.repeat(np.arange(len(lengths)), lengths).astype(np.int32)).cuda()
+
+    def document_causal(b, h, q_idx, kv_idx):
+        return (docs[q_idx] == docs[kv_idx]) & (q_idx >= kv_idx)
+
+    # _compile: the block mask is built block by block, never as a dense total x total mask (which took 117 GiB)
+    mask = create_block_mask(document_causal, None, None, total, total, device="cuda", _compile=True)
+    compiled = torch.compile(flex_attention, dynamic=False)
+    qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # (1, heads, total, D) views
+    compiled(qt, kt, vt, block_mask=mask)  # compile outside the timing
+    return lambda: compiled(qt, kt, vt, block_mask=mask)
+
+
+def _nested_call(q, k, v, cu, lengths):
+    """SDPA on jagged nested tensors (``torch.nested``, layout ``torch.jagged``) made from the packed arrays and
+    their offsets (no copy), causal."""
+    import torch
+    import torch.nn.functional as F
+
+    offsets = torch.from_numpy(cu.astype("int64")).cuda()
+    qn, kn, vn = (torch.nested.nested_tensor_from_jagged(x, offsets).transpose(1, 2) for x in (q, k, v))
+    F.scaled_dot_product_attention(qn, kn, vn, is_causal=True)
+    return lambda: F.scaled_dot_product_attention(qn, kn, vn, is_causal=True)
+
+
+def part_decode(args) -> None:
+    import numpy as np
+    import torch
+
+    import numba_attn
+    from decode_kvcache_bench import _time
+
+    rng = np.random.default_rng(1)
+    batch, heads, head_dim = DECODE_SHAPE["batch"], DECODE_SHAPE["heads"], DECODE_SHAPE["head_dim"]
+    for kind, kv_heads in DECODE_KV_HEADS.items():
+        for capacity in DECODE_LENGTHS:
+            label = f"B{batch} H{heads}/{kv_heads} {kind} L{capacity // 1024}k"
+            try:
+                q = torch.randn(batch, heads, 1, head_dim, device="cuda", dtype=torch.float16)
+                k, v = (torch.randn(batch, kv_heads, capacity, head_dim, device="cuda", dtype=torch.float16)
+                        for _ in range(2))
+                nbytes = 2 * k.numel() * k.element_size()
+                copy_us = _copy_us(k, v, args.calls)
+                copy_gbs = 2 * nbytes / copy_us / 1e3  # read + written
+                dense_us = _time(lambda: numba_attn.flash_decode(q, k, v), args.calls, True)
+                dense_gbs = nbytes / dense_us / 1e3
+                emit("INFO", "decode", f"{label} dense", f"{dense_gbs:6.0f} GB/s ({dense_us:.1f} us), copy "
+                     f"{copy_gbs:.0f} GB/s: {dense_gbs / copy_gbs:.0%}", gbs=dense_gbs, us=dense_us,
+                     copy_gbs=copy_gbs, kv_heads=kv_heads, capacity=capacity)
+                ragged = torch.from_numpy(rng.integers(capacity // 2, capacity + 1, batch).astype(np.int32)).cuda()
+                real_bytes = 2 * int(ragged.sum()) * kv_heads * head_dim * 2
+                paged64 = None
+                for page in PAGES:
+                    k_pages, v_pages, table = _paged(k, v, page, rng)
+                    paged_us = _time(lambda: numba_attn.flash_decode(q, k_pages, v_pages, block_table=table),
+                                     args.calls, True)
+                    gbs = nbytes / paged_us / 1e3
+                    vs_copy, vs_dense = gbs / copy_gbs, gbs / dense_gbs
+                    ok = vs_copy >= TARGETS["paged_vs_copy"] and vs_dense >= TARGETS["paged_vs_dense"]
+                    emit("OK" if ok else "MISS", "decode", f"{label} paged {page}",
+                         f"{gbs:6.0f} GB/s ({paged_us:.1f} us): {vs_copy:.0%} of copy (>= 90%), {vs_dense:.2f}x "
+                         "dense (>= 0.95)", gbs=gbs, us=paged_us, vs_copy=vs_copy, vs_dense=vs_dense, page=page,
+                         kv_heads=kv_heads, capacity=capacity)
+                    if page == 64:
+                        paged64 = (k_pages, v_pages, table)
+                    else:
+                        del k_pages, v_pages
+                calls = {"ragged dense": lambda: numba_attn.flash_decode(q, k, v, cache_seqlens=ragged)}
+                if paged64 is not None:
+                    calls["ragged paged 64"] = lambda: numba_attn.flash_decode(
+                        q, paged64[0], paged64[1], cache_seqlens=ragged, block_table=paged64[2])
+                for name, fn in calls.items():
+                    us = _time(fn, args.calls, True)
+                    gbs = real_bytes / us / 1e3
+                    emit(judged(gbs / copy_gbs, TARGETS["ragged_vs_copy"]), "decode", f"{label} {name}",
+                         f"{gbs:6.0f} GB/s on real keys ({us:.1f} us): {gbs / copy_gbs:.0%} of copy (>= 85%)",
+                         gbs=gbs, us=us, vs_copy=gbs / copy_gbs, kv_heads=kv_heads, capacity=capacity)
+                del k, v, paged64
+                torch.cuda.empty_cache()
+            except Exception as exc:  # noqa: BLE001
+                emit("ERROR", "decode", label, f"{type(exc).__name__}: {_first_line(exc)}")
+                traceback.print_exc()
+                torch.cuda.empty_cache()
+
+
+def _copy_us(k, v, calls: int) -> float:
+    """Microseconds of a device copy of ``k`` and ``v`` into fresh buffers, in a CUDA graph as the decode calls."""
+    import torch
+
+    from decode_kvcache_bench import _time
+
+    k2, v2 = torch.empty_like(k), torch.empty_like(v)
+
+    def copy():
+        k2.copy_(k)
+        v2.copy_(v)
+
+    us = _time(copy, calls, True)
+    del k2, v2
+    return us
+
+
+def _paged(k, v, page: int, rng):
+    """The dense cache as pages ``(num_pages, page, kv_heads, D)`` in a shuffled order, and its block table."""
+    import torch
+
+    batch, kv_heads, capacity, head_dim = k.shape
+    max_pages = capacity // page
+    order = torch.from_numpy(rng.permutation(batch * max_pages)).cuda()
+    table = order.reshape(batch, max_pages).to(torch.int32)
+    pages = []
+    for dense in (k, v):
+        pool = torch.empty(batch * max_pages, page, kv_heads, head_dim, device="cuda", dtype=dense.dtype)
+        pool[order] = dense.transpose(1, 2).reshape(batch * max_pages, page, kv_heads, head_dim)
+        pages.append(pool)
+    return pages[0], pages[1], table
+
+
+def part_window(args) -> None:
+    import torch
+
+    import numba_attn
+    from check_variants import median_ms
+
+    n, heads, head_dim, window = WINDOW["seqlen"], WINDOW["heads"], WINDOW["head_dim"], WINDOW["window"]
+    left = window[0]
+    visible = sum(min(i, left) + 1 for i in range(n))  # causal window (left, 0): row i sees min(i, left) + 1 keys
+    for dtype in VARLEN_DTYPES:
+        label = f"{dtype[:4]} L{n // 1024}k H{heads} D{head_dim} window{window}"
+        try:
+            q, k, v = (torch.randn(1, heads, n, head_dim, device="cuda", dtype=getattr(torch, dtype))
+                       for _ in range(3))
+            dense_ms = median_ms(lambda: numba_attn.flash_forward(q, k, v, causal=True), args.reps)
+            win_ms = median_ms(lambda: numba_attn.flash_forward(q, k, v, causal=True, window=window), args.reps)
+            dense = causal_flops(heads, head_dim, [n]) / dense_ms / 1e9
+            ours = 4.0 * heads * head_dim * visible / win_ms / 1e9
+            ratio = ours / dense
+            emit(judged(ratio, TARGETS["window_vs_dense"]), "window", label,
+                 f"{ours:6.1f} TFLOP/s in-window ({win_ms:.2f} ms) vs dense causal {dense:6.1f} ({dense_ms:.2f} ms): "
+                 f"{ratio:.2f}x (>= {TARGETS['window_vs_dense']})", tflops=ours, ms=win_ms, dense_tflops=dense,
+                 dense_ms=dense_ms, ratio=ratio, dtype=dtype)
+            del q, k, v
+            torch.cuda.empty_cache()
+        except Exception as exc:  # noqa: BLE001
+            emit("ERROR", "window", label, f"{type(exc).__name__}: {_first_line(exc)}")
+            traceback.print_exc()
+
+
+def dry_run(parts) -> None:
+    """The cases each part would run, without touching a GPU."""
+    lengths = varlen_lengths()
+    if "varlen" in parts:
+        for head_dim, heads in VARLEN_SHAPES:
+            for dtype in VARLEN_DTYPES:
+                print(f"varlen {dtype} D{head_dim} H{heads}: lengths {lengths.tolist()} ({int(lengths.sum())} tokens),"
+                      f" dense B16 L{int(round(lengths.mean()))}, peers flex, nested-sdpa")
+    if "decode" in parts:
+        for kind, kv_heads in DECODE_KV_HEADS.items():
+            for capacity in DECODE_LENGTHS:
+                print(f"decode {kind} kv_heads {kv_heads} L{capacity}: copy, dense, paged {list(PAGES)}, ragged dense,"
+                      " ragged paged 64")
+    if "window" in parts:
+        for dtype in VARLEN_DTYPES:
+            print(f"window {dtype} {WINDOW}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=PARTS + ("all",), default="all")
+    parser.add_argument("--reps", type=int, default=10, help="forward calls timed per case (median)")
+    parser.add_argument("--calls", type=int, default=20, help="decode calls per CUDA graph")
+    parser.add_argument("--out", help="write every row as JSON to this path")
+    parser.add_argument("--dry-run", action="store_true", help="list the cases and exit (no GPU needed)")
+    args = parser.parse_args(argv)
+    parts = PARTS if args.part == "all" else (args.part,)
+    if args.dry_run:
+        dry_run(parts)
+        return 0
+    import numba_attn
+
+    if numba_attn.SIMULATOR:
+        print("SKIP bench_issue29.py needs a GPU (try --dry-run)")
+        return 0
+    import torch
+
+    started = time.time()
+    device = f"{torch.cuda.get_device_name()} cc{torch.cuda.get_device_capability()} torch {torch.__version__}"
+    print(f"INFO  device: {device}", flush=True)
+    for part in parts:
+        globals()[f"part_{part}"](args)
+    seconds = time.time() - started
+    misses = sum(row["status"] in ("MISS", "ERROR") for row in rows)
+    print(f"INFO  {len(rows)} rows, {misses} MISS / ERROR, {seconds:.0f} s", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(device=device, command=sys.argv, seconds=seconds, targets=TARGETS, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

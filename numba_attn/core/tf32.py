@@ -60,14 +60,11 @@ def split_hi(x):
 
 def mma3(c, mt, n, a_hi, a_lo, i, bh0, bh1, bl0, bl1):
     """``c[mt, n, :] += A B`` with A the fragment ``a_hi[mt, i]`` + ``a_lo[mt, i]`` (register arrays) and B ``(bh0,
-    bh1) + (bl0, bl1)``: three MMAs, lo * hi, hi * lo, hi * hi (the small terms first)."""
-    mma = ptx.mma_m16n8k8_tf32
-    c0, c1, c2, c3 = mma(a_lo[mt, i, 0], a_lo[mt, i, 1], a_lo[mt, i, 2], a_lo[mt, i, 3], bh0, bh1,
-                         c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3])
-    c0, c1, c2, c3 = mma(a_hi[mt, i, 0], a_hi[mt, i, 1], a_hi[mt, i, 2], a_hi[mt, i, 3], bl0, bl1,
-                         c0, c1, c2, c3)
-    c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3] = mma(
-        a_hi[mt, i, 0], a_hi[mt, i, 1], a_hi[mt, i, 2], a_hi[mt, i, 3], bh0, bh1, c0, c1, c2, c3)
+    bh1) + (bl0, bl1)``: three MMAs, lo * hi, hi * lo, hi * hi (the small terms first; ``ptx.mma_m16n8k8_tf32x3``)."""
+    c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3] = ptx.mma_m16n8k8_tf32x3(
+        a_hi[mt, i, 0], a_hi[mt, i, 1], a_hi[mt, i, 2], a_hi[mt, i, 3],
+        a_lo[mt, i, 0], a_lo[mt, i, 1], a_lo[mt, i, 2], a_lo[mt, i, 3], bh0, bh1, bl0, bl1,
+        c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3])
 
 
 def mma1(c, mt, n, a_hi, a_lo, i, bh0, bh1, bl0, bl1):

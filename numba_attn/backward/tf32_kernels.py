@@ -118,6 +118,7 @@ def key_block_source(config, d_pad: int, tf32_only: bool, vector_loads: bool, wa
     GROUPS = BLOCK_M // 16 // DQ_ROWS
     DQ_BLOCKS = -(-D_STEPS // (W // GROUPS))  # n8 blocks per warp
     DQ_ALIGNED = DQ_BLOCKS % 4 == 0  # a warp's first column is a multiple of 32: its swizzle is the constant one
+    DQ_EVEN = D_STEPS % (W // GROUPS) == 0  # every warp's share is whole: no test per n8 block
     split, mma_into = tf32_products(tf32_only)
     commit = ptx.cp_async_commit
     wait_tile = ptx.cp_async_wait_group(STAGES - 2)
@@ -272,7 +273,7 @@ def key_block_source(config, d_pad: int, tf32_only: bool, vector_loads: bool, wa
                         qh[mw, 0, 3], ql[mw, 0, 3] = split(x3)
                     kat = K_OFF + 8 * kn * ROW + col_lane
                     for ob in range(DQ_BLOCKS):
-                        if d0 + 8 * ob < D_PAD:  # (warp-uniform: the last warp's share may be short)
+                        if DQ_EVEN or d0 + 8 * ob < D_PAD:  # (warp-uniform: the last warp's share may be short)
                             if DQ_ALIGNED:
                                 col_e = d0 + swizzled(8 * ob, s_e)
                                 col_o = d0 + swizzled(8 * ob, s_o)

@@ -125,11 +125,15 @@ class Tf32BackwardConfig:
 
 
 #: GPU tiles by padded head dim (not yet timed; ``scripts/check_backward_tf32.py --compile-only`` gives ptxas's
-#: registers and spills). Up to 64: 128-key blocks, 64-row query tiles (166 KB); up to 128: 128-key blocks, 32-row
-#: tiles (210 KB); above (two key-block launches): 64-key blocks, 16-row tiles, 16-key tiles in the query-block kernel.
+#: registers and spills). Up to 64: 128-key blocks, 64-row query tiles (161 KB); up to 128: 128-key blocks, 32-row
+#: tiles (209 KB); above (two key-block launches): 64-key blocks, 16-row tiles, 16-key tiles in the query-block kernel.
 GPU_CONFIG_64 = Tf32BackwardConfig(block_m=64)
 GPU_CONFIG_128 = Tf32BackwardConfig()
 GPU_CONFIG_256 = Tf32BackwardConfig(warps=4, block_m=16, dq_block_n=16)
+#: where a block's shared memory is smaller (sm_80: 163 KB): 64-key blocks up to 128 (137 KB at 128), 32-key blocks
+#: and 2-warp query blocks above (132 KB at 256)
+SMALL_CONFIG_128 = Tf32BackwardConfig(warps=4)
+SMALL_CONFIG_256 = Tf32BackwardConfig(warps=2, block_m=16, dq_warps=2, dq_block_n=16)
 #: alternatives for ``scripts/check_backward_tf32.py --configs``
 GPU_CANDIDATES = {
     "w8m32": GPU_CONFIG_128,
@@ -140,17 +144,23 @@ GPU_CANDIDATES = {
     "w8m64c": Tf32BackwardConfig(block_m=64, tile_sums=False),
     "w8m32q2": Tf32BackwardConfig(dq_row_tiles=2),  # dQ: both m-tiles x a quarter of the columns per warp
     "w4m16": GPU_CONFIG_256,
+    "w2m16": SMALL_CONFIG_256,
 }
 #: one warp, 16-key blocks and 16-row tiles; two passes above 32 (every thread is a Python thread there)
 SIMULATOR_CONFIG = Tf32BackwardConfig(warps=1, block_m=16, dq_warps=1, dq_block_n=16, max_single_pass_dim=32)
 
 
 def default_config(head_dim: int = 128) -> Tf32BackwardConfig:
-    """The simulator's tiles, or the GPU tiles for this head dim."""
+    """The simulator's tiles, or the GPU tiles for this head dim: the first of the large and the small ones that fits
+    the device's shared memory per block (the small ones where none does)."""
     if SIMULATOR:
         return SIMULATOR_CONFIG
     d_pad = padded_head_dim(head_dim)
-    return GPU_CONFIG_64 if d_pad <= 64 else GPU_CONFIG_128 if d_pad <= 128 else GPU_CONFIG_256
+    if d_pad <= 128:
+        large, small = (GPU_CONFIG_64 if d_pad <= 64 else GPU_CONFIG_128), SMALL_CONFIG_128
+    else:
+        large, small = GPU_CONFIG_256, SMALL_CONFIG_256
+    return large if large.shared_bytes(d_pad) <= max_shared_per_block() else small
 
 
 def padded_head_dim(head_dim: int) -> int:

@@ -133,11 +133,14 @@ def test_config_is_validated(kwargs, match):
         backward_tf32.Tf32BackwardConfig(**kwargs)
 
 
-def test_gpu_tiles_fit_an_sm90_block():
+def test_gpu_tiles_fit_a_block():
+    # the large tiles an sm_90 block (227 KB), the small ones an sm_80 block (163 KB), at every padded head dim
     for d_pad in range(8, 257, 8):
         config = backward_tf32.GPU_CONFIG_64 if d_pad <= 64 else (
             backward_tf32.GPU_CONFIG_128 if d_pad <= 128 else backward_tf32.GPU_CONFIG_256)
+        small = backward_tf32.SMALL_CONFIG_128 if d_pad <= 128 else backward_tf32.SMALL_CONFIG_256
         assert config.shared_bytes(d_pad) <= 227 * 1024, d_pad
+        assert small.shared_bytes(d_pad) <= 163 * 1024, d_pad
 
 
 def test_fragment_swizzle_is_free_of_bank_conflicts():

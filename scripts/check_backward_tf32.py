@@ -71,7 +71,7 @@ def compile_only(configs) -> int:
     failed = 0
     for name, config in configs:
         for d_pad in (64, 128, 256):
-            cfg = tf32.default_config(d_pad) if config is None else config
+            cfg = tf32.gpu_config(d_pad) if config is None else config
             if cfg.shared_bytes(d_pad) > 227 * 1024:
                 say(f"SKIP compile {name} d{d_pad}: {cfg.shared_bytes(d_pad)} bytes of shared memory (sm_90: 227 KB)")
                 continue

@@ -8,11 +8,12 @@ Accuracy
     Every operand of every product is split as it is read, ``x = hi + lo`` (``core.tf32``: ``hi`` rounded to tf32,
     ``lo`` exact), and each product is three MMAs into one float32 accumulator (``a_lo b_hi + a_hi b_lo + a_hi b_hi``),
     as the forward (``forward.tf32``) and torch's memory-efficient float32 kernels do; ``allow_tf32=True``
-    (``tf32_only``) keeps ``a_hi b_hi`` alone (a third of the MMAs, about 1e-3 error). The tensor cores' float32
-    accumulation does not round to nearest, and an error fed through an MMA's C operand over many steps grows (the
-    forward measured it over key tiles): with ``tile_sums`` (the default) each query tile's ``dV`` / ``dK`` products
-    (and, in the query-block kernel, each key tile's ``dQ`` products) go into fresh accumulators that are added to the
-    running sums with float32 adds. ``dQ`` of the key-block kernel is one tile's products, added with float32 atomics.
+    (``tf32_only``) keeps ``a_hi b_hi`` alone (a third of the MMAs, about 1e-3 error). The tensor cores round each
+    MMA's float32 sum toward zero, so a sum chained through the C operand over many MMAs shrinks (``core.tf32``; the
+    first GPU run's errors, 2.5-6x torch's and growing with the head dim, came from the 3 x head dim / 8 MMAs of
+    ``S`` and ``dP``): each k-step's ``S`` / ``dP`` products go into fresh accumulators (``core.tf32.mma3_add``) and
+    ``dV``, ``dK``, ``dQ`` chain ``k_chunk`` k-steps before a float32 add; ``dQ`` of the key-block kernel is added
+    with float32 atomics.
 
 Work split (as ``mma``; its docstring has the walk)
     Key-block kernel, grid ``(batch * kv_heads, key blocks)``: ``warps`` warps of ``16 key_tiles`` keys each; K and V
@@ -72,16 +73,14 @@ class Tf32BackwardConfig:
     stages: int = 2  # cp.async stages of (Q, dO, stats) tiles
     min_warps: int = 8  # launch bound, as warps per SM to keep resident
     max_single_pass_dim: int = 128  # padded head dims above this take two key-block launches (dV, then dK and dQ)
-    tile_sums: bool = True  # each tile's dV / dK (query-block kernel: dQ) products in fresh accumulators
+    k_chunk: int = 2  # dV, dK, dQ: k-steps of 8 chained through the MMAs' C before a float32 add (core.tf32)
     dq_warps: int = 4  # query-block kernel: warps per block
     dq_m_tiles: int = 1  # 16-row m-tiles per warp there: dq_block_m = 16 dq_m_tiles dq_warps
     dq_block_n: int = 32  # keys per K / V tile there
     dq_stages: int = 2
 
     def __post_init__(self):
-        if type(self.tile_sums) is not bool:
-            raise ValueError(f"Tf32BackwardConfig.tile_sums: expected a bool, got {self.tile_sums!r}")
-        common.check_fields(self, warps=(1, 32, 1), key_tiles=(1, 8, 1), block_m=(16, 256, 16),
+        common.check_fields(self, k_chunk=(1, 32, 1), warps=(1, 32, 1), key_tiles=(1, 8, 1), block_m=(16, 256, 16),
                             dq_row_tiles=(1, 16, 1), stages=(2, 4, 1), min_warps=(1, None, 1),
                             max_single_pass_dim=(16, common.MAX_HEAD_DIM, 16), dq_warps=(1, 32, 1),
                             dq_m_tiles=(1, 8, 1), dq_block_n=(8, 256, 8), dq_stages=(2, 4, 1))
@@ -140,8 +139,9 @@ GPU_CANDIDATES = {
     "w8m64": GPU_CONFIG_64,
     "w4m32": Tf32BackwardConfig(warps=4),  # 64-key blocks (two blocks per SM at 64)
     "w4m64": Tf32BackwardConfig(warps=4, block_m=64),
-    "w8m32c": Tf32BackwardConfig(tile_sums=False),  # dV / dK accumulated through the MMAs' C operand
-    "w8m64c": Tf32BackwardConfig(block_m=64, tile_sums=False),
+    "w8m32k1": Tf32BackwardConfig(k_chunk=1),  # every k-step of dV / dK / dQ added in float32
+    "w8m32k4": Tf32BackwardConfig(k_chunk=4),
+    "w8m64k4": Tf32BackwardConfig(block_m=64, k_chunk=4),
     "w8m32q2": Tf32BackwardConfig(dq_row_tiles=2),  # dQ: both m-tiles x a quarter of the columns per warp
     "w4m16": GPU_CONFIG_256,
     "w2m16": SMALL_CONFIG_256,
@@ -151,16 +151,21 @@ SIMULATOR_CONFIG = Tf32BackwardConfig(warps=1, block_m=16, dq_warps=1, dq_block_
 
 
 def default_config(head_dim: int = 128) -> Tf32BackwardConfig:
-    """The simulator's tiles, or the GPU tiles for this head dim: the first of the large and the small ones that fits
-    the device's shared memory per block (the small ones where none does)."""
+    """The simulator's tiles, or ``gpu_config`` for this head dim and the device's shared memory per block."""
     if SIMULATOR:
         return SIMULATOR_CONFIG
+    return gpu_config(head_dim, max_shared_per_block())
+
+
+def gpu_config(head_dim: int, shared_limit: int = 227 * 1024) -> Tf32BackwardConfig:
+    """The GPU tiles for this head dim: the large ones where they fit ``shared_limit`` bytes (sm_90's by default),
+    else the small ones."""
     d_pad = padded_head_dim(head_dim)
     if d_pad <= 128:
         large, small = (GPU_CONFIG_64 if d_pad <= 64 else GPU_CONFIG_128), SMALL_CONFIG_128
     else:
         large, small = GPU_CONFIG_256, SMALL_CONFIG_256
-    return large if large.shared_bytes(d_pad) <= max_shared_per_block() else small
+    return large if large.shared_bytes(d_pad) <= shared_limit else small
 
 
 def padded_head_dim(head_dim: int) -> int:

@@ -8,6 +8,8 @@ XOR ``s_g``) or ``g`` (column pairs: rows ``2t``, ``2t + 1``, XORs ``s_e``, ``s_
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import float32, uint32
 
@@ -39,13 +41,15 @@ def _c_to_a(blocks: int, rows: int, split):
     return to_a
 
 
-def _column_products(rows: int, out_blocks: int, k_steps: int, row_words: int, tile_sums: bool, split, mma_into):
+def _column_products(rows: int, out_blocks: int, k_steps: int, row_words: int, k_chunk: int, split, mma_into):
     """``products(acc, r, hi, lo, smem, at, s_e, s_o)``: ``acc[i, ob] += A_i B`` for the ``rows`` A rows ``i`` of
     k-steps ``hi[i, 0..k_steps]`` / ``lo`` and B the ``[k][n]`` tile at ``smem[at ..]`` (rows of ``row_words``;
-    ``at`` with the lane's ``2t row_words + g``) read as column pairs, split as read. ``tile_sums``: each output
-    block's products go into the fresh ``r[i, 0]`` and are added to ``acc`` with float32 adds (the tensor cores'
-    float32 accumulation does not round to nearest: ``backward.tf32`` docstring)."""
-    ROWS, OUT_BLOCKS, K_STEPS, ROW, TILE_SUMS = rows, out_blocks, k_steps, row_words, tile_sums
+    ``at`` with the lane's ``2t row_words + g``) read as column pairs, split as read. The products of ``k_chunk``
+    k-steps at a time go into the fresh ``r[i, 0]`` and are added to ``acc`` with float32 adds (``core.tf32``: the
+    tensor cores' accumulation rounds toward zero)."""
+    ROWS, OUT_BLOCKS, ROW = rows, out_blocks, row_words
+    CHUNK = math.gcd(k_steps, k_chunk)
+    CHUNKS = k_steps // CHUNK
     load1 = ptx.load1
     clear = fragment_clear(rows, 1)
 
@@ -54,17 +58,14 @@ def _column_products(rows: int, out_blocks: int, k_steps: int, row_words: int, t
         for ob in range(OUT_BLOCKS):
             col_e = swizzled(8 * ob, s_e)
             col_o = swizzled(8 * ob, s_o)
-            if TILE_SUMS:
+            for c in range(CHUNKS):
                 clear(r)
-            for kq in range(K_STEPS):
-                bh0, bl0 = split(load1(smem, at + 8 * kq * ROW + col_e))
-                bh1, bl1 = split(load1(smem, at + (8 * kq + 1) * ROW + col_o))
-                for i in range(ROWS):
-                    if TILE_SUMS:
+                for u in range(CHUNK):
+                    kq = c * CHUNK + u
+                    bh0, bl0 = split(load1(smem, at + 8 * kq * ROW + col_e))
+                    bh1, bl1 = split(load1(smem, at + (8 * kq + 1) * ROW + col_o))
+                    for i in range(ROWS):
                         mma_into(r, i, 0, hi, lo, kq, bh0, bh1, bl0, bl1)
-                    else:
-                        mma_into(acc, i, ob, hi, lo, kq, bh0, bh1, bl0, bl1)
-            if TILE_SUMS:
                 for i in range(ROWS):
                     for e in range(4):
                         acc[i, ob, e] += r[i, 0, e]
@@ -119,7 +120,8 @@ def key_block_source(config, d_pad: int, tf32_only: bool, vector_loads: bool, wa
     DQ_BLOCKS = -(-D_STEPS // (W // GROUPS))  # n8 blocks per warp
     DQ_ALIGNED = DQ_BLOCKS % 4 == 0  # a warp's first column is a multiple of 32: its swizzle is the constant one
     DQ_EVEN = D_STEPS % (W // GROUPS) == 0  # every warp's share is whole: no test per n8 block
-    split, mma_into = tf32_products(tf32_only)
+    DQ_CHUNK = math.gcd(KEY_STEPS, config.k_chunk)  # dQ's k-steps per fresh accumulator
+    split, mma_into, mma_add = tf32_products(tf32_only)
     commit = ptx.cp_async_commit
     wait_tile = ptx.cp_async_wait_group(STAGES - 2)
     store_f32x2 = ptx.store_f32x2
@@ -139,7 +141,7 @@ def key_block_source(config, d_pad: int, tf32_only: bool, vector_loads: bool, wa
     add_dq = add_fragments(DQ_ROWS, DQ_BLOCKS, vector_red)
     to_a = _c_to_a(Q_BLOCKS, KT, split)
     read_a = _row_pairs(split)
-    products = _column_products(KT, D_STEPS, Q_BLOCKS, ROW, config.tile_sums, split, mma_into)
+    products = _column_products(KT, D_STEPS, Q_BLOCKS, ROW, config.k_chunk, split, mma_into)
 
     @device_function
     def load_tile(q, dout, stats, smem, base, b, h, m0, tid, seqlen_q, head_dim):
@@ -178,6 +180,7 @@ def key_block_source(config, d_pad: int, tf32_only: bool, vector_loads: bool, wa
         acc_v = cuda.local.array((KT, D_STEPS, 4), float32)
         acc_k = cuda.local.array((KT, D_STEPS, 4), float32)
         acc_q = cuda.local.array((DQ_ROWS, DQ_BLOCKS, 4), float32)
+        rq = cuda.local.array((DQ_ROWS, DQ_BLOCKS, 4), float32)  # DQ_CHUNK k-steps of dQ
 
         load_keys(k_head, smem, K_OFF, tid, n0, key_end, 0, head_dim)
         if WANT_DK:  # (dP = dO V^T only feeds dS)
@@ -211,7 +214,8 @@ def key_block_source(config, d_pad: int, tf32_only: bool, vector_loads: bool, wa
                           m_begin + (jn - gn * tiles) * BLOCK_M, tid, seqlen_q, head_dim)
             commit()  # an empty group past the last tile keeps "oldest group = tile j" true
 
-            # ---- S^T = K Q^T, dP^T = V dO^T: one split Q / dO fragment feeds every key tile of the warp ----------
+            # ---- S^T = K Q^T, dP^T = V dO^T: one split Q / dO fragment feeds every key tile of the warp; each
+            # k-step's products into fresh accumulators (core.tf32: the tensor cores round toward zero) ----------
             clear_st(s)
             clear_st(dp)
             for kk in range(D_STEPS):
@@ -226,13 +230,13 @@ def key_block_source(config, d_pad: int, tf32_only: bool, vector_loads: bool, wa
                     bh0, bl0 = split(y0)
                     bh1, bl1 = split(y1)
                     for kt in range(KT):
-                        mma_into(s, kt, nb, ah, al, 0, bh0, bh1, bl0, bl1)
+                        mma_add(s, kt, nb, ah, al, 0, bh0, bh1, bl0, bl1)
                     if WANT_DK:
                         y0, y1 = ptx.load_f32x2(smem, base + Q_TILE + 8 * nb * ROW + col)
                         bh0, bl0 = split(y0)
                         bh1, bl1 = split(y1)
                         for kt in range(KT):
-                            mma_into(dp, kt, nb, vh, vl, 0, bh0, bh1, bl0, bl1)
+                            mma_add(dp, kt, nb, vh, vl, 0, bh0, bh1, bl0, bl1)
 
             # ---- P^T and dS^T on the fragments; masks only where the tile crosses the diagonal or the last key ---
             grads(s, dp, smem, base + 2 * Q_TILE + 4 * t, partial(n0, m0, key_end, causal, diag_offset),
@@ -258,32 +262,39 @@ def key_block_source(config, d_pad: int, tf32_only: bool, vector_loads: bool, wa
                 mq0 = (warp % GROUPS) * DQ_ROWS
                 d0 = (warp // GROUPS) * 8 * DQ_BLOCKS
                 clear_dq(acc_q)
-                for kn in range(KEY_STEPS):
-                    # A = dS (query rows 16 m + g, + 8; keys 8 kn + 2t, + 1) = dS^T read as column pairs
-                    at = DS_OFF + 8 * kn * DS_ROW + ds_lane
+                for c in range(KEY_STEPS // DQ_CHUNK):
+                    clear_dq(rq)
+                    for u in range(DQ_CHUNK):
+                        kn = c * DQ_CHUNK + u
+                        # A = dS (query rows 16 m + g, + 8; keys 8 kn + 2t, + 1) = dS^T read as column pairs
+                        at = DS_OFF + 8 * kn * DS_ROW + ds_lane
+                        for mw in range(DQ_ROWS):
+                            c16 = 16 * (mq0 + mw)
+                            x0 = load1(smem, at + swizzled(c16, s_e))
+                            x1 = load1(smem, at + swizzled(c16 + 8, s_e))
+                            x2 = load1(smem, at + DS_ROW + swizzled(c16, s_o))
+                            x3 = load1(smem, at + DS_ROW + swizzled(c16 + 8, s_o))
+                            qh[mw, 0, 0], ql[mw, 0, 0] = split(x0)
+                            qh[mw, 0, 1], ql[mw, 0, 1] = split(x1)
+                            qh[mw, 0, 2], ql[mw, 0, 2] = split(x2)
+                            qh[mw, 0, 3], ql[mw, 0, 3] = split(x3)
+                        kat = K_OFF + 8 * kn * ROW + col_lane
+                        for ob in range(DQ_BLOCKS):
+                            if DQ_EVEN or d0 + 8 * ob < D_PAD:  # (warp-uniform: the last warp's share may be short)
+                                if DQ_ALIGNED:
+                                    col_e = d0 + swizzled(8 * ob, s_e)
+                                    col_o = d0 + swizzled(8 * ob, s_o)
+                                else:
+                                    col_e = swizzled(d0 + 8 * ob, s_e)
+                                    col_o = swizzled(d0 + 8 * ob, s_o)
+                                bh0, bl0 = split(load1(smem, kat + col_e))  # K row (key) 8 kn + 2t, column + g
+                                bh1, bl1 = split(load1(smem, kat + ROW + col_o))
+                                for mw in range(DQ_ROWS):
+                                    mma_into(rq, mw, ob, qh, ql, 0, bh0, bh1, bl0, bl1)
                     for mw in range(DQ_ROWS):
-                        c16 = 16 * (mq0 + mw)
-                        x0 = load1(smem, at + swizzled(c16, s_e))
-                        x1 = load1(smem, at + swizzled(c16 + 8, s_e))
-                        x2 = load1(smem, at + DS_ROW + swizzled(c16, s_o))
-                        x3 = load1(smem, at + DS_ROW + swizzled(c16 + 8, s_o))
-                        qh[mw, 0, 0], ql[mw, 0, 0] = split(x0)
-                        qh[mw, 0, 1], ql[mw, 0, 1] = split(x1)
-                        qh[mw, 0, 2], ql[mw, 0, 2] = split(x2)
-                        qh[mw, 0, 3], ql[mw, 0, 3] = split(x3)
-                    kat = K_OFF + 8 * kn * ROW + col_lane
-                    for ob in range(DQ_BLOCKS):
-                        if DQ_EVEN or d0 + 8 * ob < D_PAD:  # (warp-uniform: the last warp's share may be short)
-                            if DQ_ALIGNED:
-                                col_e = d0 + swizzled(8 * ob, s_e)
-                                col_o = d0 + swizzled(8 * ob, s_o)
-                            else:
-                                col_e = swizzled(d0 + 8 * ob, s_e)
-                                col_o = swizzled(d0 + 8 * ob, s_o)
-                            bh0, bl0 = split(load1(smem, kat + col_e))  # K row (key) 8 kn + 2t, column + g
-                            bh1, bl1 = split(load1(smem, kat + ROW + col_o))
-                            for mw in range(DQ_ROWS):
-                                mma_into(acc_q, mw, ob, qh, ql, 0, bh0, bh1, bl0, bl1)
+                        for ob in range(DQ_BLOCKS):
+                            for e in range(4):
+                                acc_q[mw, ob, e] += rq[mw, ob, e]
                 add_dq(acc_q, dq_acc[b, h], m0 + 16 * mq0 + g, seqlen_q, d0 + 2 * t, D_PAD, sm_scale)
 
         # ---- every key of the block is written, 0 where no row sees it ------------------------------------------------
@@ -309,7 +320,7 @@ def query_block_source(config, d_pad: int, tf32_only: bool, vector_loads: bool):
     STAGE0 = STATS_OFF + 2 * BLOCK_M
     TILE = BLOCK_N * ROW
     STAGE = 2 * TILE
-    split, mma_into = tf32_products(tf32_only)
+    split, mma_into, mma_add = tf32_products(tf32_only)
     commit = ptx.cp_async_commit
     wait_tile = ptx.cp_async_wait_group(STAGES - 2)
     threads = 32 * W
@@ -325,7 +336,7 @@ def query_block_source(config, d_pad: int, tf32_only: bool, vector_loads: bool):
     store = store_fragments(MT, D_STEPS, as_float32)
     to_a = _c_to_a(S_BLOCKS, MT, split)
     read_a = _row_pairs(split)
-    products = _column_products(MT, D_STEPS, S_BLOCKS, ROW, config.tile_sums, split, mma_into)
+    products = _column_products(MT, D_STEPS, S_BLOCKS, ROW, config.k_chunk, split, mma_into)
 
     def kernel(q, k, v, dout, stats, dq, causal, scale_log2, sm_scale):
         tid, warp, lane, g, t = lane_position()
@@ -390,12 +401,12 @@ def query_block_source(config, d_pad: int, tf32_only: bool, vector_loads: bool):
                     bh0, bl0 = split(y0)
                     bh1, bl1 = split(y1)
                     for mt in range(MT):
-                        mma_into(s, mt, nb, qh, ql, 0, bh0, bh1, bl0, bl1)
+                        mma_add(s, mt, nb, qh, ql, 0, bh0, bh1, bl0, bl1)
                     y0, y1 = ptx.load_f32x2(smem, base + TILE + 8 * nb * ROW + col)
                     bh0, bl0 = split(y0)
                     bh1, bl1 = split(y1)
                     for mt in range(MT):
-                        mma_into(dp, mt, nb, oh, ol, 0, bh0, bh1, bl0, bl1)
+                        mma_add(dp, mt, nb, oh, ol, 0, bh0, bh1, bl0, bl1)
 
             # ---- P, dS on the fragments -------------------------------------------------------------------------
             grads(s, dp, smem, STATS_OFF + 2 * (warp_row + g), partial(n0, m0, key_end, causal, diag_offset),

@@ -8,6 +8,13 @@ Split (``split_finite``): ``hi = round_tf32(x)`` (nearest, ties away, by integer
 2^-21 relative. +-inf gives ``lo = NaN`` (``forward.tf32_split`` keeps +-inf for the forward's inputs; the backward
 takes NaN there, as the float64 reference does for infinite scores).
 
+Accumulation: the tensor cores add C and the products exactly and round the float32 result toward zero, so every
+MMA chained through the C operand shrinks the running sum by up to an ulp of IT. Over ``n`` chained MMAs that is a
+bias of about ``n 2^-24`` relative to the sum (3xTF32 chains three MMAs per k-step: 96 for a head dim of 256; a
+NumPy model of this rounding gives 2.3e-6 for such a dot product, 1.4e-7 with fresh accumulators per k-step, the
+backward's measured gradient errors grew with the head dim the same way). Long sums therefore take ``mma3_add``
+(fresh accumulators, float32 adds, which round to nearest) or chain a few k-steps into fresh accumulators.
+
 Fragment swizzle (``fragment_swizzle``, ``swizzled``; ``staging.tile_loader(swizzle="fragments")``)
     A float32 tile stored in rows of ``row`` words (a multiple of 32: ``swizzled_row_words``) has its word ``c`` of
     row ``r`` at ``r * row + (c ^ s(r))``, ``s(r) = 8 ((r mod 4) xor ((r / 4) mod 2))``: the 8-word groups of a row
@@ -25,8 +32,12 @@ Fragment swizzle (``fragment_swizzle``, ``swizzled``; ``staging.tile_loader(swiz
 """
 from __future__ import annotations
 
+import numpy as np
+
 from . import ptx
 from .staging import device_function, inlined_function
+
+_ZERO = np.float32(0.0)
 
 
 def swizzled_row_words(width: int) -> int:
@@ -67,6 +78,20 @@ def mma3(c, mt, n, a_hi, a_lo, i, bh0, bh1, bl0, bl1):
         c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3])
 
 
+def mma3_add(c, mt, n, a_hi, a_lo, i, bh0, bh1, bl0, bl1):
+    """``mma3`` into fresh zero accumulators, the result added to ``c[mt, n, :]`` with float32 adds: the tensor cores'
+    float32 accumulation rounds toward zero, so a long chain through the C operand shrinks a sum (module docstring);
+    each MMA's truncation is then relative to one k-step's products."""
+    d0, d1, d2, d3 = ptx.mma_m16n8k8_tf32x3(
+        a_hi[mt, i, 0], a_hi[mt, i, 1], a_hi[mt, i, 2], a_hi[mt, i, 3],
+        a_lo[mt, i, 0], a_lo[mt, i, 1], a_lo[mt, i, 2], a_lo[mt, i, 3], bh0, bh1, bl0, bl1,
+        _ZERO, _ZERO, _ZERO, _ZERO)
+    c[mt, n, 0] += d0
+    c[mt, n, 1] += d1
+    c[mt, n, 2] += d2
+    c[mt, n, 3] += d3
+
+
 def mma1(c, mt, n, a_hi, a_lo, i, bh0, bh1, bl0, bl1):
     """``mma3`` with the hi * hi product alone (``allow_tf32``; ``a_lo``, ``bl0``, ``bl1`` unused)."""
     c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3] = ptx.mma_m16n8k8_tf32(
@@ -75,8 +100,9 @@ def mma1(c, mt, n, a_hi, a_lo, i, bh0, bh1, bl0, bl1):
 
 
 def tf32_products(tf32_only: bool):
-    """``(split, mma_into)``: ``split_finite`` and ``mma3``, or (``tf32_only``) ``split_hi`` and ``mma1``, as device
-    functions."""
+    """``(split, mma_into, mma_add)``: ``split_finite``, ``mma3`` and ``mma3_add``, or (``tf32_only``, whose error of
+    about 1e-3 a chain's truncations do not change) ``split_hi`` and ``mma1`` twice, as device functions."""
     if tf32_only:
-        return device_function(split_hi), device_function(mma1)
-    return device_function(split_finite), device_function(mma3)
+        one = device_function(mma1)
+        return device_function(split_hi), one, one
+    return device_function(split_finite), device_function(mma3), device_function(mma3_add)

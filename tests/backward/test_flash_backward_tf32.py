@@ -86,11 +86,11 @@ def test_one_tf32_term_strided_and_deterministic_repeats(poisoned_outputs):
     _check(first, exact, True, -0.3, TF32_TOLERANCE)
 
 
-def test_two_warps_two_key_tiles_and_sums_through_the_mmas(monkeypatch, poisoned_outputs):
-    # 2 warps x 2 key tiles: 64-key blocks; 32-row tiles whose dQ m-tiles go to one warp each; dV / dK accumulated
-    # through the MMAs' C operand (tile_sums=False)
+def test_two_warps_two_key_tiles_and_longer_chains(monkeypatch, poisoned_outputs):
+    # 2 warps x 2 key tiles: 64-key blocks; 32-row tiles whose dQ m-tiles go to one warp each; dV / dK / dQ chained
+    # through the MMAs' C operand over 4 k-steps
     monkeypatch.setattr(backward_tf32, "SIMULATOR_CONFIG", dataclasses.replace(
-        backward_tf32.SIMULATOR_CONFIG, warps=2, key_tiles=2, block_m=32, tile_sums=False))
+        backward_tf32.SIMULATOR_CONFIG, warps=2, key_tiles=2, block_m=32, k_chunk=4))
     inputs, exact = _case(5, 1, 1, 9, 36, 16, True)
     _check(numba_attn.flash_backward(*inputs, causal=True, backend="tf32"), exact, True, None)
 
@@ -124,7 +124,7 @@ def test_backend_choice():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(block_m=24), "block_m"),
     (dict(warps=0), "warps"),
-    (dict(tile_sums=1), "tile_sums"),
+    (dict(k_chunk=0), "k_chunk"),
     (dict(block_m=64, dq_row_tiles=3), "dq_row_tiles"),
     (dict(warps=2, block_m=128), "dq_row_tiles"),
 ])

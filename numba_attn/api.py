@@ -205,7 +205,7 @@ def flash_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=No
 
 @_one_call_at_a_time_under_the_simulator
 def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, deterministic=False, backend=None,
-                   window=None, softcap=None):
+                   window=None, softcap=None, allow_tf32=False):
     """Gradients ``(dq, dk, dv)`` of ``flash_forward``'s output: FlashAttention-2's backward, which recomputes the
     attention weights from the forward's ``lse`` instead of keeping them.
 
@@ -222,8 +222,13 @@ def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, dete
         deterministic: compute ``dq`` in a second kernel over query blocks instead of adding each key block's part
             with float32 atomics: bitwise the same result on every call, one more pass over K and V.
         backend: ``"mma"`` (tensor cores, GPUs of compute capability >= 8.0: float16 / bfloat16, headdim up to
-            256, any strides), ``"simt"`` (CUDA cores: float16 / float32, any GPU) or None: "mma" where it applies
-            (under the simulator only for bfloat16), else "simt". float32 always runs on "simt".
+            256, any strides), ``"tf32"`` (tensor cores, compute capability >= 8.0: float32 as 3xTF32, headdim up
+            to 256 where its tiles fit the shared memory), ``"simt"`` (CUDA cores: float16 / float32, any GPU) or
+            None: "mma" for 16-bit and "tf32" for float32 inputs where they apply (under the simulator only for
+            bfloat16, and for float32 with ``allow_tf32``), else "simt".
+        allow_tf32: float32 inputs only: one plain tf32 product on the tensor cores instead of three (a third of
+            the tensor-core work, relative error about 1e-3 instead of 1e-6). Ignored for 16-bit inputs and by
+            ``backend="simt"``.
 
     Returns:
         ``(dq, dk, dv)`` in the inputs' dtype and kind, the shapes of q, k, v; ``dk`` and ``dv`` summed over each kv
@@ -236,6 +241,7 @@ def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, dete
     """
     causal = check_flag(causal, "causal")
     deterministic = check_flag(deterministic, "deterministic")
+    allow_tf32 = check_flag(allow_tf32, "allow_tf32")
     backend = check_backend(backend, _backward.BACKENDS)
     sm_scale, window, softcap = check_sm_scale(sm_scale), check_window(window), check_softcap(softcap)
     shape = attention_shape(q, k, v)
@@ -253,7 +259,9 @@ def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, dete
         kernel_scale(sm_scale, softcap)  # ValueError where the kernels' float32 scales would not be finite
     call = prepare({"q": q, "k": k, "v": v, "dout": dout, "out": out, "lse": lse},
                    own_dtype={"lse": ("float32",)})
-    backend = _backward.choose_backend(backend, call.dtype, shape.head_dim)
+    asked = backend
+    backend = _backward.choose_backend(backend, call.dtype, shape.head_dim, allow_tf32)
+    backend = _backward.variant_backend(backend, asked, window is not None or softcap is not None)
     with on_device(call.device_id):
         dq = call.output(shape.out_shape(), name="dq")
         dk = call.output(shape.kv_shape(), name="dk")
@@ -262,7 +270,7 @@ def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, dete
             args = BackwardArgs(*(lift(call.inputs[name], 4) for name in ("dout", "q", "k", "v", "out")),
                                 lift(call.inputs["lse"], 3), lift(dq.view, 4), lift(dk.view, 4), lift(dv.view, 4),
                                 sm_scale, causal, window, softcap)
-            _backward.run(call, args, backend, deterministic)
+            _backward.run(call, args, backend, deterministic, allow_tf32)
         return call.result(dq), call.result(dk), call.result(dv)
 
 

@@ -6,7 +6,7 @@ The ops, registered once, when this module is first imported (on first use):
 * ``numba_attn::flash_forward(Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, str? backend,
   bool allow_tf32) -> (Tensor out, Tensor lse)``
 * ``numba_attn::flash_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal,
-  float? sm_scale, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)``
+  float? sm_scale, bool deterministic, bool allow_tf32) -> (Tensor dq, Tensor dk, Tensor dv)``
 * ``numba_attn::causal_dot_product(Tensor q, Tensor k, Tensor v, Tensor? initial_state, bool return_state,
   bool allow_tf32, str? backend) -> (Tensor out, Tensor final_state)`` (``final_state`` empty without
   ``return_state``)
@@ -23,8 +23,8 @@ backward registered as its forward's autograd formula. The public functions take
 tensors when grad mode is on and one of their tensors requires grad (``api``); a model calling them compiles with
 ``torch.compile(fullgraph=True)`` without a graph break. :func:`flash_attention` is the same as a plain
 differentiable function. ``flash_forward``'s backward is ``flash_backward``'s default choice
-(``numba_attn/backward/``: tensor cores for float16 / bfloat16 on sm_80+, CUDA cores for float32); ``deterministic``
-follows ``torch.are_deterministic_algorithms_enabled()``. The linear functions' backwards take every dtype of their
+(``numba_attn/backward/``: tensor cores on sm_80+, float32 as 3xTF32) with the forward's ``allow_tf32``;
+``deterministic`` follows ``torch.are_deterministic_algorithms_enabled()``. The linear functions' backwards take every dtype of their
 forwards and the forward's ``allow_tf32`` and ``backend``.
 
 This module imports torch; ``import numba_attn`` does not import it.
@@ -46,7 +46,7 @@ __all__ = ["flash_attention", "ops"]
 _FORWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, str? backend, bool allow_tf32) "
                    "-> (Tensor out, Tensor lse)")
 _BACKWARD_SCHEMA = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
-                    "float? sm_scale, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)")
+                    "float? sm_scale, bool deterministic, bool allow_tf32) -> (Tensor dq, Tensor dk, Tensor dv)")
 _CDP_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? initial_state, bool return_state, bool allow_tf32, "
                "str? backend) -> (Tensor out, Tensor final_state)")
 _CDP_BACKWARD_SCHEMA = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor? initial_state, Tensor? dstate, "
@@ -91,26 +91,28 @@ def _register() -> SimpleNamespace:
         return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
     @torch.library.custom_op("numba_attn::flash_backward", mutates_args=(), schema=_BACKWARD_SCHEMA)
-    def flash_backward(dout, q, k, v, out, lse, causal, sm_scale, deterministic):
+    def flash_backward(dout, q, k, v, out, lse, causal, sm_scale, deterministic, allow_tf32):
         return _api.flash_backward(dout.detach(), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
-                                   causal=causal, sm_scale=sm_scale, deterministic=deterministic)
+                                   causal=causal, sm_scale=sm_scale, deterministic=deterministic,
+                                   allow_tf32=allow_tf32)
 
     @flash_backward.register_fake
-    def _(dout, q, k, v, out, lse, causal, sm_scale, deterministic):
+    def _(dout, q, k, v, out, lse, causal, sm_scale, deterministic, allow_tf32):
         _check_ranks(q, k, v)
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
     def setup_context(ctx, inputs, output):
-        q, k, v, causal, sm_scale, _backend, _allow_tf32 = inputs
+        q, k, v, causal, sm_scale, _backend, allow_tf32 = inputs
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.sm_scale = causal, sm_scale
+        ctx.causal, ctx.sm_scale, ctx.allow_tf32 = causal, sm_scale, allow_tf32
         ctx.mark_non_differentiable(lse)
 
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = torch.ops.numba_attn.flash_backward(dout, q, k, v, out, lse, ctx.causal, ctx.sm_scale,
-                                                          torch.are_deterministic_algorithms_enabled())
+                                                          torch.are_deterministic_algorithms_enabled(),
+                                                          ctx.allow_tf32)
         need = ctx.needs_input_grad
         return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None, None, None)
 

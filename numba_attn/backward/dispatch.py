@@ -1,18 +1,21 @@
 """Which backward kernels run a ``flash_backward`` call, and their launches in order.
 
-Backends: "mma" (tensor cores on sm_80+, float16 / bfloat16, ``backward.mma``) and "simt" (CUDA cores, float16 /
-float32, any GPU). ``None`` picks "mma" where it applies, else "simt"; float32 always runs on "simt" (a 3xTF32
-backward is not there), and under the simulator float16 takes "simt" too (much faster there) unless "mma" is asked
-for. bfloat16 needs "mma".
+Backends: "mma" (tensor cores on sm_80+, float16 / bfloat16, ``backward.mma``), "tf32" (tensor cores on sm_80+,
+float32 as 3xTF32, or one tf32 term with ``allow_tf32``, ``backward.tf32``) and "simt" (CUDA cores, float16 /
+float32, any GPU). ``None`` picks "mma" for 16-bit inputs and "tf32" for float32 where they apply, else "simt";
+under the simulator float16 and float32 take "simt" (much faster there) unless a tensor-core backend is asked for
+(float32: or ``allow_tf32``). bfloat16 needs "mma". "simt" ignores ``allow_tf32``.
 
-A call is three or four launches on the caller's stream: ``preprocess`` (``D = rowsum(dout * out)`` -- for "mma" with
-the lse as ``(lse log2(e), D)`` pairs --, and the float32 ``dq`` accumulator zeroed), the key-block kernel (``dk``,
-``dv``; ``dq`` by float32 atomics; "mma" above head dim 128: two launches), then either the cast of the accumulator
-into ``dq`` (16-bit ``dq``; float32 ``dq`` is accumulated in place) or, with ``deterministic``, the query-block
-kernel that computes ``dq`` without atomics.
+A call is three or four launches on the caller's stream: ``preprocess`` (``D = rowsum(dout * out)`` -- for "mma" and
+"tf32" with the lse as ``(lse log2(e), D)`` pairs --, and the float32 ``dq`` accumulator zeroed), the key-block kernel
+(``dk``, ``dv``; ``dq`` by float32 atomics; "mma" and "tf32" above head dim 128: two launches), then either the cast
+of the accumulator into ``dq`` ("simt": only for 16-bit ``dq``, float32 ``dq`` is accumulated in place; "mma",
+"tf32": a copy from the padded accumulator) or, with ``deterministic``, the query-block kernel that computes ``dq``
+without atomics.
 
-Both backends take the forward's compile-time variants: a sliding window, soft-capping and packed sequences
-(``flash_backward_varlen``: ``backward.varlen`` makes the schedules, the key blocks' and the forward's).
+"mma" and "simt" take the forward's compile-time variants: a sliding window, soft-capping and packed sequences
+(``flash_backward_varlen``: ``backward.varlen`` makes the schedules, the key blocks' and the forward's). "tf32" takes
+none of them yet: float32 calls with one run on "simt" (``variant_backend``).
 """
 from __future__ import annotations
 
@@ -24,26 +27,37 @@ from . import convert as _convert
 from . import mma as _mma
 from . import preprocess as _preprocess
 from . import simt as _simt
+from . import tf32 as _tf32
 
-BACKENDS = ("simt", "mma")
+BACKENDS = ("simt", "mma", "tf32")
 
 
-def choose_backend(backend, dtype: str, head_dim: int) -> str:
+def choose_backend(backend, dtype: str, head_dim: int, allow_tf32: bool = False) -> str:
     """The backend for a call of this dtype and head dim (``backend``: None or one of ``BACKENDS``, checked);
     raises where the asked-for backend (or, for None, every backend) cannot take it."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
     mma_ok = _mma.supports(dtype, head_dim)
+    tf32_ok = _tf32.supports(dtype, head_dim)
+    where = "the simulator" if SIMULATOR else f"compute capability {compute_capability()}"
     if backend == "mma" and not mma_ok:
         if dtype not in _mma.DTYPES:
-            raise ValueError(f"backend: 'mma' takes float16 or bfloat16, got {dtype} (float32: backend='simt')")
-        where = "the simulator" if SIMULATOR else f"compute capability {compute_capability()}"
+            raise ValueError(f"backend: 'mma' takes float16 or bfloat16, got {dtype} (float32: backend='tf32' or "
+                             "'simt')")
         raise ValueError(f"backend: 'mma' does not take headdim {head_dim} on {where} (it needs compute capability "
+                         ">= 8.0 and the shared memory of its tiles)")
+    if backend == "tf32" and not tf32_ok:
+        if dtype not in _tf32.DTYPES:
+            raise ValueError(f"backend: 'tf32' takes float32, got {dtype} (16-bit: backend='mma')")
+        raise ValueError(f"backend: 'tf32' does not take headdim {head_dim} on {where} (it needs compute capability "
                          ">= 8.0 and the shared memory of its tiles)")
     if backend == "simt" and dtype == BFLOAT16:
         raise ValueError("backend: 'simt' does not take bfloat16; use 'mma' or None")
     if backend is None:
-        backend = "mma" if mma_ok and (dtype == BFLOAT16 or not SIMULATOR) else "simt"
+        if dtype == "float32":
+            backend = "tf32" if tf32_ok and (allow_tf32 or not SIMULATOR) else "simt"
+        else:
+            backend = "mma" if mma_ok and (dtype == BFLOAT16 or not SIMULATOR) else "simt"
     if backend == "simt" and dtype == BFLOAT16:
         raise TypeError("q: bfloat16 needs the tensor-core backward, which needs a GPU of compute capability >= 8.0")
     if backend == "simt" and not _simt.supports(dtype, head_dim):
@@ -51,17 +65,28 @@ def choose_backend(backend, dtype: str, head_dim: int) -> str:
     return backend
 
 
+def variant_backend(backend: str, asked, has_variant: bool) -> str:
+    """``backend`` (chosen for the dtype) for a call with a window, soft-capping or packed sequences
+    (``has_variant``): "tf32" has no such variants yet, so such float32 calls run on "simt"; asking for "tf32"
+    explicitly then is a ValueError."""
+    if backend != "tf32" or not has_variant:
+        return backend
+    if asked == "tf32":
+        raise ValueError("backend: 'tf32' takes no window, softcap or packed sequences yet; use 'simt' or None")
+    return "simt"
+
+
 def _schedule(packed, which: str, block: int) -> dict:
     """The ``schedule=`` launch keyword of packed sequences: ``packed.keys(block_n)`` or ``packed.rows(block_m)``."""
     return {} if packed is None else {"schedule": getattr(packed, which)(block)}
 
 
-def run(call, args: BackwardArgs, backend: str, deterministic: bool, packed=None) -> None:
-    """Launch ``backend``'s kernels for ``args`` (4-D views; ``dq``, ``dk``, ``dv`` written whole). ``packed``: None,
-    or the schedules of packed sequences (``backward.varlen.Schedules``; the views are then ``(1, heads, total,
-    headdim)``)."""
-    if backend == "mma":
-        _run_mma(call, args, deterministic, packed)
+def run(call, args: BackwardArgs, backend: str, deterministic: bool, allow_tf32: bool = False, packed=None) -> None:
+    """Launch ``backend``'s kernels for ``args`` (4-D views; ``dq``, ``dk``, ``dv`` written whole); ``allow_tf32``:
+    "tf32" takes one tf32 product per multiply. ``packed``: None, or the schedules of packed sequences
+    (``backward.varlen.Schedules``; the views are then ``(1, heads, total, headdim)``; not with "tf32")."""
+    if backend in ("mma", "tf32"):
+        _run_mma(call, args, deterministic, packed, backend == "tf32", allow_tf32)
         return
     if backend != "simt":
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -87,25 +112,33 @@ def run(call, args: BackwardArgs, backend: str, deterministic: bool, packed=None
         _convert.launch(dq_acc, args.dq, call.stream)
 
 
-def _run_mma(call, args: BackwardArgs, deterministic: bool, packed) -> None:
+def _run_mma(call, args: BackwardArgs, deterministic: bool, packed, tf32: bool = False,
+             allow_tf32: bool = False) -> None:
+    """"mma" or (``tf32``) "tf32": the same launches, ``backward.mma`` or ``backward.tf32``'s kernels."""
     batch, heads, seqlen_q, head_dim = args.q.shape
-    config, options = _mma.default_config(head_dim, packed is not None), args.variant_options()
+    if tf32:
+        if packed is not None or args.variant_options():
+            raise ValueError("backend: 'tf32' takes no window, softcap or packed sequences yet")
+        kernels, config, options = _tf32, _tf32.default_config(head_dim), dict(tf32_only=bool(allow_tf32))
+    else:
+        kernels, config = _mma, _mma.default_config(head_dim, packed is not None)
+        options = dict(args.variant_options(), dtype=call.dtype)
     bf16 = call.dtype == BFLOAT16
-    stats = call.scratch((batch, heads, _mma.stats_rows(seqlen_q, config) // 2, 4), "float32")
+    stats = call.scratch((batch, heads, kernels.stats_rows(seqlen_q, config) // 2, 4), "float32")
     dq_acc = None
     if not deterministic:
         # as wide as the padded head dim: whole column pairs for the vector reductions
-        dq_acc = call.scratch((batch, heads, seqlen_q, _mma.padded_head_dim(head_dim)), "float32")
+        dq_acc = call.scratch((batch, heads, seqlen_q, kernels.padded_head_dim(head_dim)), "float32")
     if seqlen_q > 0:
         _preprocess.launch(args.out, args.dout, stats, dq_acc, call.stream, bf16=bf16, lse=args.lse)
     if args.k.shape[2] > 0:
-        _mma.launch_dkdv(args.q, args.k, args.v, args.dout, stats, dq_acc, args.dk, args.dv, args.sm_scale,
-                         args.causal, call.stream, config=config, dtype=call.dtype, **options,
-                         **_schedule(packed, "keys", config.block_n))
+        kernels.launch_dkdv(args.q, args.k, args.v, args.dout, stats, dq_acc, args.dk, args.dv, args.sm_scale,
+                            args.causal, call.stream, config=config, **options,
+                            **_schedule(packed, "keys", config.block_n))
     if seqlen_q == 0:
         return
     if deterministic:
-        _mma.launch_dq(args.q, args.k, args.v, args.dout, stats, args.dq, args.sm_scale, args.causal, call.stream,
-                       config=config, dtype=call.dtype, **options, **_schedule(packed, "rows", config.dq_block_m))
+        kernels.launch_dq(args.q, args.k, args.v, args.dout, stats, args.dq, args.sm_scale, args.causal,
+                          call.stream, config=config, **options, **_schedule(packed, "rows", config.dq_block_m))
     else:
         _convert.launch(restride(dq_acc, tuple(args.dq.shape), dq_acc.strides), args.dq, call.stream, bf16=bf16)

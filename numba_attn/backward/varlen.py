@@ -105,7 +105,7 @@ def run(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
         arrays.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     call = prepare(arrays, own_dtype={"lse": ("float32",), "cu_seqlens_q": ("int32",),
                                       "cu_seqlens_k": ("int32",)})
-    chosen = _dispatch.choose_backend(backend, call.dtype, head_dim)
+    chosen = _dispatch.variant_backend(_dispatch.choose_backend(backend, call.dtype, head_dim), backend, True)
     with on_device(call.device_id):
         dq = call.output((total_q, heads, head_dim), name="dq")
         dk = call.output((total_k, kv_heads, head_dim), name="dk")

@@ -80,15 +80,23 @@ def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loa
     kernels keep the checked path until they are timed with it.
     ``swizzle``: rows without padding (``row == width``, a whole number of 8-piece groups), 16-byte piece ``p`` of
     tile row ``r`` stored at piece ``p ^ (r % 8)``, so that the 8 rows an ``ldmatrix`` matrix reads, or the rows
-    ``2t, 2t + 1`` of a fragment's scalar reads, fall on different banks without the padding's memory."""
+    ``2t, 2t + 1`` of a fragment's scalar reads, fall on different banks without the padding's memory.
+    ``swizzle="fragments"``: float32 rows of ``row`` words, a multiple of 32, word ``c`` of row ``r`` at ``c ^
+    tf32.fragment_swizzle(r)`` (``core.tf32``: row-pair and column-pair fragment reads both without conflicts)."""
     ZERO = np.dtype(dtype).type(0)
     PIECE = 16 // ZERO.itemsize  # elements per 16-byte piece
     if width % PIECE:
         raise ValueError(f"tile width {width} is not a multiple of {PIECE} elements (16 bytes)")
     PIECES = width // PIECE  # 16-byte pieces per row
-    SWIZZLE = swizzle
-    if swizzle and (row != width or PIECES % 8):
+    SWIZZLE = swizzle is True
+    FRAGMENTS = swizzle == "fragments"
+    if swizzle not in (False, True, "fragments"):
+        raise ValueError(f"swizzle: expected False, True or 'fragments', got {swizzle!r}")
+    if SWIZZLE and (row != width or PIECES % 8):
         raise ValueError(f"a swizzled tile needs unpadded rows of whole 8-piece groups (row {row}, width {width})")
+    if FRAGMENTS and (ZERO.itemsize != 4 or row % 32 or width > row):
+        raise ValueError(f"a fragment-swizzled tile needs 4-byte elements in rows of 32-word lines (row {row}, "
+                         f"width {width})")
     # the pieces of a tile in steps of the block: thread tid takes piece column tid % PIECES of rows
     # tid // PIECES + k ROWS (when PIECES divides the block, so that the column and the global offset within a row
     # stay fixed per thread)
@@ -105,6 +113,8 @@ def tile_loader(threads: int, row: int, width: int, rows: int, dtype, vector_loa
     def placed(r, col):  # where column ``col`` of tile row ``r`` lies in the row
         if SWIZZLE:
             return col ^ (PIECE * (r % 8))
+        if FRAGMENTS:  # (core.tf32.fragment_swizzle, written out: core.tf32 imports this module)
+            return col ^ (8 * ((r & 3) ^ ((r >> 2) & 1)))
         return col
 
     def load_vector(head, smem, base, tid, n0, seqlen, c0, head_dim):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from ..core import ptx
 from ..core.staging import device_function, inlined_function
+from ..core.tf32 import mma1, mma3, split_finite
 
 #: ``Tf32Config.split`` values: where the operands are split (module docstring)
 SPLITS = ("cvt", "warp", "q", "kv", "qkv")
@@ -47,13 +48,11 @@ def split_rules(split: str, tf32_only: bool):
     ``split_operand(x) / split_p(x) -> (hi, lo)`` for Q, K, V and for P (``lo`` unused, 0, when ``tf32_only``).
     ``mma_into(c, mt, n, a_hi, a_lo, i, bh0, bh1, bl0, bl1)``: ``c[mt, n] += A B`` with A the fragment ``a_hi[mt, i]``
     / ``a_lo[mt, i]`` (register arrays), as three MMAs (lo * hi, hi * lo, hi * hi: the small terms first) or one
-    (hi * hi, ``tf32_only``, which keeps ``cvt.rna`` and ignores ``split``)."""
+    (hi * hi, ``tf32_only``, which keeps ``cvt.rna`` and ignores ``split``): ``core.tf32.mma3`` / ``mma1``."""
     to_tf32 = ptx.to_tf32
-    round_tf32 = ptx.round_tf32
     round_keep_inf = ptx.round_tf32_keep_inf
     bits_float = ptx.bits_float
     float_bits = ptx.float_bits
-    mma = ptx.mma_m16n8k8_tf32
 
     def split_cvt(x):
         # lo = x - hi is exact in float32 and goes to the MMA unrounded: the tensor cores read only its tf32 bits
@@ -65,25 +64,8 @@ def split_rules(split: str, tf32_only: bool):
         hi = round_keep_inf(x)
         return hi, float_bits(x - bits_float(hi))
 
-    def split_finite(x):  # P: finite or NaN; a NaN stays in lo
-        hi = round_tf32(x)
-        return hi, float_bits(x - bits_float(hi))
-
     def split1(x):
         return to_tf32(x), 0
-
-    def mma3(c, mt, n, a_hi, a_lo, i, bh0, bh1, bl0, bl1):
-        c0, c1, c2, c3 = mma(a_lo[mt, i, 0], a_lo[mt, i, 1], a_lo[mt, i, 2], a_lo[mt, i, 3], bh0, bh1,
-                             c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3])
-        c0, c1, c2, c3 = mma(a_hi[mt, i, 0], a_hi[mt, i, 1], a_hi[mt, i, 2], a_hi[mt, i, 3], bl0, bl1,
-                             c0, c1, c2, c3)
-        c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3] = mma(
-            a_hi[mt, i, 0], a_hi[mt, i, 1], a_hi[mt, i, 2], a_hi[mt, i, 3], bh0, bh1, c0, c1, c2, c3)
-
-    def mma1(c, mt, n, a_hi, a_lo, i, bh0, bh1, bl0, bl1):
-        c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3] = mma(
-            a_hi[mt, i, 0], a_hi[mt, i, 1], a_hi[mt, i, 2], a_hi[mt, i, 3], bh0, bh1,
-            c[mt, n, 0], c[mt, n, 1], c[mt, n, 2], c[mt, n, 3])
 
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
@@ -93,6 +75,7 @@ def split_rules(split: str, tf32_only: bool):
     if split == "cvt":
         both = device_function(split_cvt)
         return both, both, device_function(mma3)
+    # P is finite or NaN (a NaN stays in lo): core.tf32's split
     return device_function(split_keep_inf), device_function(split_finite), device_function(mma3)
 
 

@@ -84,7 +84,8 @@ def _backward_backends() -> tuple:
 
 def numba_attn_providers(sweep: str) -> dict:
     """``numba_attn`` (default dispatch), ``numba_attn[<backend>]`` for each backend the function offers, and
-    ``numba_attn[tf32]`` (float32 inputs in one tf32 term) where it offers ``allow_tf32``. The backward
+    ``numba_attn[tf32]`` (float32 inputs in one tf32 term) where it offers ``allow_tf32`` (``numba_attn[tf32x1]`` where
+    "tf32" is a backend's name: the backward's). The backward
     (``flash_bwd``) times ``flash_backward`` on the ``out`` and ``lse`` of one ``flash_forward`` call made when the
     provider is prepared (not timed), and returns ``dq`` for the check."""
     fn = {"flash": numba_attn.flash_forward, "flash_bwd": numba_attn.flash_backward,
@@ -92,8 +93,10 @@ def numba_attn_providers(sweep: str) -> dict:
     names = {"flash": getattr(numba_attn, "BACKENDS", ("simt", "mma")), "flash_bwd": _backward_backends(),
              "linear": getattr(numba_attn, "LINEAR_BACKENDS", ())}.get(sweep, ())
     variants = [(backend, {} if backend is None else {"backend": backend}) for backend in _backend_variants(fn, names)]
+    # (the backward has a backend named "tf32" -- float32 as 3xTF32 --: its one-term variant is "tf32x1")
+    tf32_variant = "tf32x1" if "tf32" in names else "tf32"
     if _takes(fn, "allow_tf32"):
-        variants.append(("tf32", {"allow_tf32": True}))
+        variants.append((tf32_variant, {"allow_tf32": True}))
     providers = {}
     for variant, kwargs in variants:
 
@@ -107,7 +110,7 @@ def numba_attn_providers(sweep: str) -> dict:
             return Prepared(lambda: fn(x["q"], x["k"], x["v"], **kwargs))
 
         name = OURS if variant is None else f"{OURS}[{variant}]"
-        if variant == "tf32":
+        if variant == tf32_variant:
             providers[name] = Provider(prepare, ours=True, check=_float32_only, tf32_dtypes=("float32",),
                                        note=f"numba_attn.{fn.__name__}(allow_tf32=True)")
         else:

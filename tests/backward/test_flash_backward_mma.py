@@ -151,7 +151,7 @@ def test_empty_sequences_give_zero_gradients(poisoned_outputs, deterministic):
 
 def test_backend_choice():
     assert dispatch.choose_backend(None, "bfloat16", 64) == "mma"
-    assert dispatch.choose_backend(None, "float32", 64) == "simt"
+    assert dispatch.choose_backend(None, "float32", 64) == ("simt" if numba_attn.SIMULATOR else "tf32")
     # under the simulator float16 stays on the (much faster there) SIMT kernels unless "mma" is asked for
     assert dispatch.choose_backend(None, "float16", 64) == ("simt" if numba_attn.SIMULATOR else "mma")
     assert dispatch.choose_backend("mma", "float16", 256) == "mma"
@@ -160,7 +160,7 @@ def test_backend_choice():
     with pytest.raises(ValueError, match="'simt' does not take bfloat16"):
         dispatch.choose_backend("simt", "bfloat16", 64)
     inputs, _ = _case(4, 1, 1, 4, 5, 8, "float16", False)
-    with pytest.raises(ValueError, match="backend: expected one of simt, mma or None"):
+    with pytest.raises(ValueError, match="backend: expected one of simt, mma, tf32 or None"):
         numba_attn.flash_backward(*inputs, backend="wgmma")
 
 

@@ -104,7 +104,7 @@ def test_opcheck_forward_and_backward():
     out, lse = ops().flash_forward(q.detach(), k.detach(), v.detach(), True, None, None, False)
     assert lse.dtype == torch.float32 and lse.shape == (1, 2, 6)
     torch.library.opcheck(ops().flash_backward, (dout, q.detach(), k.detach(), v.detach(), out, lse, True, None,
-                                                 False))
+                                                 False, False))
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -126,6 +126,25 @@ def test_deterministic_follows_torch(monkeypatch, deterministic):
     finally:
         torch.use_deterministic_algorithms(before)
     assert seen == [deterministic]
+
+
+@pytest.mark.parametrize("allow_tf32", [False, True])
+def test_backward_takes_the_forwards_allow_tf32(monkeypatch, allow_tf32):
+    from numba_attn import torch_ops
+
+    seen, backward = [], torch_ops._api.flash_backward
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["allow_tf32"])
+        return backward(*args, **kwargs)
+
+    monkeypatch.setattr(torch_ops._api, "flash_backward", recording)
+    (q, k, v), dout = _inputs(13, 1, 1, 5, 6, 8, "float32")
+    numba_attn.flash_forward(q, k, v, allow_tf32=allow_tf32).backward(dout)
+    assert seen == [allow_tf32]
+    refs = reference.attention_backward(_numpy(dout), _numpy(q), _numpy(k), _numpy(v))
+    for x, ref in zip((q, k, v), refs):  # (one tf32 term each way: about 1e-3)
+        assert rel_error(x.grad, ref) < (5e-3 if allow_tf32 else TOLERANCE["float32"])
 
 
 # -- torch.compile -----------------------------------------------------------------------------------------------------

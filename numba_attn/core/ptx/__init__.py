@@ -45,8 +45,8 @@ next product: ``(a0, a1, a2, a3) = (c0, c2, c1, c3)``, and the matching B regist
 
 One module per instruction family; every name is re-exported here, so kernels write ``ptx.mma_m16n8k16_f16(...)``:
 
-* ``mma``: ``mma.sync`` (m16n8k16 float16 / bfloat16, m16n8k8 tf32, the layouts above), ``to_tf32`` and the
-  integer roundings ``round_tf32``, ``round_tf32_keep_inf``.
+* ``mma``: ``mma.sync`` (m16n8k16 float16 / bfloat16, m16n8k8 tf32, the layouts above; ``mma_m16n8k8_tf32x3``: the
+  three MMAs of a 3xTF32 product), ``to_tf32`` and the integer roundings ``round_tf32``, ``round_tf32_keep_inf``.
 * ``ldmatrix``: ``ldmatrix.x4`` and ``.trans`` (shared memory straight into A / B fragments; ``_short``: the
   address in 32-bit arithmetic).
 * ``cp_async``: ``cp.async`` copies from global to shared memory, commit groups and their waits.
@@ -78,8 +78,8 @@ from .ldmatrix import ldmatrix_x4, ldmatrix_x4_short, ldmatrix_x4_trans, ldmatri
 from .memory import (load1, load2, load_f32_at, load_f32x2, load_f32x4, load_f32x4_1d, load_u16x2, load_u16x4,
                      load_u16x8, store1, store2, store_f32x2, store_f32x2_at, store_f32x4, store_pair, store_u32_at,
                      store_u32x4)
-from .mma import (TF32_HUGE, mma_m16n8k8_tf32, mma_m16n8k16_bf16, mma_m16n8k16_f16, round_tf32, round_tf32_keep_inf,
-                  to_tf32)
+from .mma import (TF32_HUGE, mma_m16n8k8_tf32, mma_m16n8k8_tf32x3, mma_m16n8k16_bf16, mma_m16n8k16_f16, round_tf32,
+                  round_tf32_keep_inf, to_tf32)
 from .sfu import exp2_approx, tanh_approx
 from .warp import all_lanes, shfl_xor_f32, warp_sync
 
@@ -88,6 +88,7 @@ __all__ = [
     "mma_m16n8k16_f16",
     "mma_m16n8k16_bf16",
     "mma_m16n8k8_tf32",
+    "mma_m16n8k8_tf32x3",
     "to_tf32",
     "round_tf32",
     "round_tf32_keep_inf",

@@ -121,6 +121,63 @@ def mma_m16n8k8_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     return _mma("tf32", (a0, a1, a2, a3, b0, b1), (c0, c1, c2, c3), shape="m16n8k8")
 
 
+def _tf32_block(lanes, at, rows, cols, a_layout):
+    """The 16x8 A (``a_layout``) or 8x8 B matrix held in registers ``at ..`` of every lane's tuple."""
+    m = np.zeros((rows, cols))
+    for lane, r in enumerate(lanes):
+        g, t = lane // 4, lane % 4
+        if a_layout:
+            m[g, t], m[g + 8, t], m[g, t + 4], m[g + 8, t + 4] = (_tf32_value(x) for x in r[at:at + 4])
+        else:
+            m[t, g], m[t + 4, g] = _tf32_value(r[at]), _tf32_value(r[at + 1])
+    return m
+
+
+def _sim_mma_m16n8k8_tf32x3(ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1, c0, c1, c2, c3):
+    """Simulator emulation of ``mma_m16n8k8_tf32x3``: the three products in float64, rounded to float32 once, from
+    one exchange of the warp's registers (a third of the simulator's barriers)."""
+    lanes = _sim_warp_gather((ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1, c0, c1, c2, c3))
+    a_hi, a_lo = _tf32_block(lanes, 0, 16, 8, True), _tf32_block(lanes, 4, 16, 8, True)
+    b_hi, b_lo = _tf32_block(lanes, 8, 8, 8, False), _tf32_block(lanes, 10, 8, 8, False)
+    c = np.zeros((16, 8))
+    for lane, r in enumerate(lanes):
+        g, t = lane // 4, lane % 4
+        c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1] = (float(x) for x in r[12:])
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = (a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi + c).astype(np.float32)
+    g, t = _sim_lane() // 4, _sim_lane() % 4
+    return d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1]
+
+
+@simulated_by(_sim_mma_m16n8k8_tf32x3)
+def mma_m16n8k8_tf32x3(typingctx, ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1, c0, c1, c2, c3):
+    """3xTF32: ``D = A_lo B_hi + A_hi B_lo + A_hi B_hi + C`` as three ``mma_m16n8k8_tf32`` in that order (the small
+    terms first), each feeding the next as C: the same three inline-asm MMAs as three calls of that intrinsic. A
+    operands ``(ah*, al*)``, B ``(bh*, bl*)`` tf32 bit patterns in its layout, C and D float32. (Under the simulator
+    one exchange of the warp's registers for the three.)"""
+    regs = (ah0, ah1, ah2, ah3, al0, al1, al2, al3, bh0, bh1, bl0, bl1)
+    accs = (c0, c1, c2, c3)
+    if not (_is_int(*regs) and _is_number(*accs)):
+        return None
+    text = ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+    sig = types.UniTuple(types.float32, 4)(*regs, *accs)
+
+    def codegen(context, builder, sig, args):
+        a_hi, a_lo = [[_i32(context, builder, v, ty) for v, ty in zip(args[i:i + 4], sig.args[i:i + 4])]
+                      for i in (0, 4)]
+        b_hi, b_lo = [[_i32(context, builder, v, ty) for v, ty in zip(args[i:i + 2], sig.args[i:i + 2])]
+                      for i in (8, 10)]
+        acc = [_f32(context, builder, v, ty) for v, ty in zip(args[12:], sig.args[12:])]
+        for a, b in ((a_lo, b_hi), (a_hi, b_lo), (a_hi, b_hi)):
+            res = _asm(builder, ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4, text,
+                       "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", a + b + acc, convergent=True)
+            acc = [builder.extract_value(res, i) for i in range(4)]
+        return context.make_tuple(builder, sig.return_type, acc)
+
+    return sig, codegen
+
+
 def _sim_to_tf32(x):
     bits = int(np.float32(x).view(np.uint32))
     if (bits & 0x7F800000) == 0x7F800000:  # inf and NaN pass unchanged

@@ -1,7 +1,8 @@
 """Which forward kernel runs a ``flash_forward`` call, with which tile configuration, and its launch.
 
 Backends: "wgmma" (Hopper's warpgroup MMAs, sm_90: float16 / bfloat16, padded head dims up to 128, rows that copy
-in aligned 16-byte pieces), "mma" (tensor cores on sm_80+: float16 / bfloat16 on m16n8k16 -- any head dim up to
+in aligned 16-byte pieces), "wgmma_ws" (the same, warp-specialised with TMA copies, FlashAttention-3's structure;
+only when asked for while it is being measured; dense batches -- packed sequences take "wgmma"), "mma" (tensor cores on sm_80+: float16 / bfloat16 on m16n8k16 -- any head dim up to
 256, any strides --, float32 on tf32 m16n8k8 as 3xTF32, or one tf32 term with ``allow_tf32``) and "simt" (CUDA
 cores, float16 / float32, any GPU). ``None`` picks "wgmma" where it applies, else "mma", else "simt"; under the
 simulator float32 takes "simt" (no MMA emulation, much faster there) unless ``allow_tf32`` asks for tf32. Every
@@ -23,8 +24,9 @@ from .common import runs_here
 from . import simt as _flash_simt
 from . import tf32 as _flash_tf32
 from . import wgmma as _flash_wgmma
+from . import wgmma_ws as _flash_ws
 
-BACKENDS = ("simt", "mma", "wgmma")
+BACKENDS = ("simt", "mma", "wgmma", "wgmma_ws")
 
 #: the shipped tables of tuned configurations, one file per GPU family (``sm90.json``; ``scripts/tune_defaults.py``)
 TABLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
@@ -33,7 +35,8 @@ TABLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
 FLASH_MMA_TUNER = _autotune.Autotuner("flash_mma", _flash_mma.TUNING_CANDIDATES, _flash_mma.DEFAULT_CONFIG, TABLE_DIR)
 FLASH_WGMMA_TUNER = _autotune.Autotuner("flash_wgmma", _flash_wgmma.TUNING_CANDIDATES, _flash_wgmma.DEFAULT_CONFIG,
                                         TABLE_DIR)
-TUNERS = (FLASH_MMA_TUNER, FLASH_WGMMA_TUNER)
+FLASH_WS_TUNER = _autotune.Autotuner("flash_wgmma_ws", _flash_ws.TUNING_CANDIDATES, _flash_ws.DEFAULT_CONFIG, TABLE_DIR)
+TUNERS = (FLASH_MMA_TUNER, FLASH_WGMMA_TUNER, FLASH_WS_TUNER)
 
 
 def wgmma_applies(dtype: str, head_dim: int, *arrays) -> bool:
@@ -51,10 +54,11 @@ def choose_backend(backend, dtype: str, allow_tf32: bool = False, wgmma_ok: bool
             f"backend: 'mma' needs a GPU of compute capability >= 8.0 "
             f"(got {dtype} on {'the simulator' if SIMULATOR else compute_capability()})"
         )
-    if backend == "wgmma" and dtype not in _flash_wgmma.DTYPES:
-        raise ValueError(f"backend: 'wgmma' takes float16 or bfloat16, got {dtype}")
-    if backend == "wgmma" and not runs_here(_flash_wgmma.MIN_COMPUTE_CAPABILITY):
-        raise ValueError(f"backend: 'wgmma' needs a GPU of compute capability 9.0 (Hopper), got {compute_capability()}")
+    if backend in ("wgmma", "wgmma_ws") and dtype not in _flash_wgmma.DTYPES:
+        raise ValueError(f"backend: {backend!r} takes float16 or bfloat16, got {dtype}")
+    if backend in ("wgmma", "wgmma_ws") and not runs_here(_flash_wgmma.MIN_COMPUTE_CAPABILITY):
+        raise ValueError(f"backend: {backend!r} needs a GPU of compute capability 9.0 (Hopper), got "
+                         f"{compute_capability()}")
     if backend == "simt" and dtype == BFLOAT16:
         raise ValueError("backend: 'simt' does not take bfloat16; use 'mma' or None")
     if backend is None:
@@ -89,6 +93,9 @@ def run(call, shape, args: AttentionArgs, backend: str, allow_tf32: bool, lse_pl
     elif backend == "wgmma":
         config = _tuned_config(FLASH_WGMMA_TUNER, _flash_wgmma.launch, args, call, shape, lse_placeholder)
         _flash_wgmma.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **variant)
+    elif backend == "wgmma_ws":
+        config = _tuned_config(FLASH_WS_TUNER, _flash_ws.launch, args, call, shape, lse_placeholder)
+        _flash_ws.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **variant)
     else:
         _flash_simt.launch(*args.launch_args(), call.stream, **variant)
 

@@ -340,8 +340,8 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
            config: WsConfig | None = None, dtype: str | None = None, window=None,
            softcap: float | None = None, schedule=None):
     """Launch on device views of shape (batch, heads, seqlen, headdim) that ``supports`` accepts (as
-    ``wgmma.launch``; ``schedule`` must be None). Where a tensor map cannot be had now, ``wgmma.launch`` runs the call
-    with its default tiles."""
+    ``wgmma.launch``; ``schedule`` must be None). Where a tensor map cannot be had now, and for calls without keys,
+    ``wgmma.launch`` runs the call with its default tiles."""
     config = config or default_config()
     if schedule is not None:
         raise ValueError("schedule: the wgmma_ws kernel takes dense batches only (packed sequences: wgmma)")
@@ -350,6 +350,10 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     if batch * heads == 0 or seqlen_q == 0:
         return
     q, k, v, out = (common.bits(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out")))
+    if k.shape[2] == 0:  # no key: nothing to copy (and no map of an empty tensor); zeros and -inf
+        flash_wgmma.launch(q, k, v, out, lse, write_lse, sm_scale, causal, stream, dtype=dtype, window=window,
+                           softcap=softcap)
+        return
     if not supports(dtype, head_dim, q, k, v):
         raise ValueError("q, k, v: the wgmma_ws kernel needs float16 / bfloat16 arrays the TMA can read (16-byte "
                          "aligned base, unit-stride last axis, other strides multiples of 16 bytes) and a padded "

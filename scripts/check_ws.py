@@ -2,7 +2,7 @@
 SDPA's FlashAttention-2 and cuDNN backends, in one process, one call at a time (H100; a few minutes at most).
 
     python scripts/check_ws.py                       # B4, (D64 H48) and (D128 H32), N 1k..16k, causal and not, fp16/bf16
-    python scripts/check_ws.py --seqlens 4k --dtypes fp16 --ws-configs all    # every tuning candidate of wgmma_ws
+    python scripts/check_ws.py --seqlens 1k,4k,16k --dtypes fp16 --ws-configs all   # every wgmma_ws candidate
 
 First every kernel specialisation the run needs is compiled in parallel child processes (they fill the kernel
 cache on disk, which the main process then loads). Per case: the outputs of ``wgmma_ws`` and ``wgmma`` against a
@@ -30,15 +30,20 @@ def _sizes(text: str) -> list:
     return [int(x[:-1]) * 1024 if x.endswith("k") else int(x) for x in text.split(",")]
 
 
-def _configs(which: str):
+def _configs(which: str, head_dim: int):
+    """The wgmma_ws configurations to time at ``head_dim``: the default, or every tuning candidate whose registers
+    fit (``wgmma_ws.fits_registers``)."""
     from numba_attn.forward import wgmma_ws
 
-    return list(wgmma_ws.TUNING_CANDIDATES) if which == "all" else [wgmma_ws.DEFAULT_CONFIG]
+    if which != "all":
+        return [wgmma_ws.DEFAULT_CONFIG]
+    return [c for c in wgmma_ws.TUNING_CANDIDATES if wgmma_ws.usable(c, wgmma_ws.padded_head_dim(head_dim))]
 
 
 def _warm(job):
-    """Child process: compile (or load) the kernels of one (dtype, head dim) by calling them on each case's shape."""
-    dtype, head_dim, heads, batch, seqlens, which = job
+    """Child process: compile (or load) one kernel (``config`` None: the wgmma one) by calling it on each case's
+    shape, both masks."""
+    dtype, head_dim, heads, batch, seqlens, config = job
     import torch
 
     import numba_attn
@@ -48,11 +53,12 @@ def _warm(job):
     for n in seqlens:
         x = q[:, :, :n]
         for causal in (False, True):
-            numba_attn.flash_forward(x, x, x, causal=causal, backend="wgmma")
-            for config in _configs(which):
+            if config is None:
+                numba_attn.flash_forward(x, x, x, causal=causal, backend="wgmma")
+            else:
                 _run_ws(x, x, x, causal, config)
     torch.cuda.synchronize()
-    return f"{SHORT[dtype]} D{head_dim}: {time.time() - t0:.0f}s"
+    return time.time() - t0
 
 
 def _run_ws(q, k, v, causal, config):
@@ -73,6 +79,12 @@ def _run_ws(q, k, v, causal, config):
     wgmma_ws.launch(*views, DeviceView.of(lse), False, q.shape[-1] ** -0.5, causal,
                     torch.cuda.current_stream().cuda_stream, config=config, dtype=dtype)
     return out
+
+
+def _tag(config) -> str:
+    """A config in a few letters: c<consumers>n<block_n>s<stages>, then 'np' without ping-pong, 'P' persistent."""
+    return (f"c{config.consumers}n{config.block_n}s{config.stages}{'' if config.pingpong else 'np'}"
+            f"{'P' if config.persistent else ''}")
 
 
 def _time(fn, reps: int, rounds: int) -> float:
@@ -140,10 +152,16 @@ def main() -> int:
         import concurrent.futures as futures
         import multiprocessing
 
-        jobs = [(dtype, d, h, args.batch, args.seqlens, args.ws_configs) for dtype in dtypes for d, h in shapes]
-        with futures.ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
-            print("compiled in parallel: " + "; ".join(pool.map(_warm, jobs)), flush=True)
-    print("dtype D   H  causal     N |   ws  wgmma  fa2  cudnn TF/s | ws/cudnn ws/wgmma | err ws / wgmma", flush=True)
+        jobs = [(dtype, d, h, args.batch, args.seqlens, config) for dtype in dtypes for d, h in shapes
+                for config in [None] + _configs(args.ws_configs, d)]
+        workers = min(len(jobs), max(1, (os.cpu_count() or 2) - 1))
+        with futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            spent = list(pool.map(_warm, jobs))
+        print(f"compiled {len(jobs)} kernels in {workers} processes: {time.time() - t_start:.0f}s "
+              f"(longest {max(spent):.0f}s)", flush=True)
+    print("dtype D   H  causal     N |   ws  wgmma  fa2  cudnn TF/s | ws/cudnn ws/wgmma | err ws / wgmma"
+          + (" | each ws config (c consumers, n block_n, s stages, np no ping-pong, P persistent)"
+             if args.ws_configs == "all" else ""), flush=True)
     failed, ratios = 0, []
     for d, h in shapes:
         for dtype in dtypes:
@@ -154,7 +172,8 @@ def main() -> int:
                     q, k, v = (torch.randn(args.batch, h, n, d, device="cuda", dtype=tdtype, generator=gen)
                                for _ in range(3))
                     outs = {"wgmma": numba_attn.flash_forward(q, k, v, causal=causal, backend="wgmma")}
-                    for config in _configs(args.ws_configs):
+                    configs = _configs(args.ws_configs, d)
+                    for config in configs:
                         outs[config] = _run_ws(q, k, v, causal, config)
                     if n <= args.check_max:
                         ref = _reference(q, k, v, causal)
@@ -167,7 +186,7 @@ def main() -> int:
                     times = {"wgmma": _time(lambda: numba_attn.flash_forward(q, k, v, causal=causal,
                                                                                backend="wgmma"),
                                             args.reps, args.rounds)}
-                    for config in _configs(args.ws_configs):
+                    for config in configs:
                         times[config] = _time(lambda: _run_ws(q, k, v, causal, config), args.reps, args.rounds)
                     for name, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                         try:
@@ -176,15 +195,13 @@ def main() -> int:
                         except RuntimeError:
                             times[name] = float("nan")
                     rate = {name: flops / t / 1e9 for name, t in times.items()}
-                    configs = _configs(args.ws_configs)
                     best = max(configs, key=lambda c: rate[c])
                     bad = [name for name, e in errors.items() if e > TOLERANCE[dtype]]
                     failed += bool(bad)
                     ratios.append((dtype, d, causal, n, rate[best] / rate["cudnn"]))
                     extra = ""
                     if len(configs) > 1:
-                        extra = " | " + " ".join(f"n{c.block_n}s{c.stages}{'' if c.pingpong else 'np'}:"
-                                                 f"{rate[c]:.0f}" for c in configs)
+                        extra = " | " + " ".join(f"{_tag(c)}:{rate[c]:.0f}" for c in configs)
                     print(f"{SHORT[dtype]}  {d:3d} {h:3d} {'yes' if causal else 'no ':3s} {n:6d} | "
                           f"{rate[best]:5.0f} {rate['wgmma']:5.0f} {rate['fa2']:5.0f} {rate['cudnn']:5.0f}      | "
                           f"{rate[best] / rate['cudnn']:7.2f} {rate[best] / rate['wgmma']:8.2f} | "

@@ -111,8 +111,11 @@ def _specs(kernel, window, softcap, varlen):
         if kwargs.get("variant") is not None and kwargs["variant"].packed:
             return  # (dense batches only)
         for config in wgmma_ws.TUNING_CANDIDATES:
-            tag = f"n{config.block_n}_s{config.stages}{'' if config.pingpong else '_nopp'}"
+            tag = (f"c{config.consumers}_n{config.block_n}_s{config.stages}{'' if config.pingpong else '_nopp'}"
+                   f"{'_persistent' if config.persistent else ''}")
             for d in (64, 128):
+                if not wgmma_ws.usable(config, d):
+                    continue
                 for bf16 in (False, True):
                     for scale_first in (False, True):
                         if (scale_first or bf16) and (config != wgmma_ws.DEFAULT_CONFIG or
@@ -120,7 +123,7 @@ def _specs(kernel, window, softcap, varlen):
                             continue
                         yield (f"wgmma_ws_{tag}_d{d}_{'bf16' if bf16 else 'f16'}{'_scalefirst' if scale_first else ''}",
                                wgmma_ws._kernel_source(config, d, bf16, scale_first, **kwargs),
-                               wgmma_ws.SIGNATURE.args, (wgmma_ws.THREADS, 1))
+                               wgmma_ws.SIGNATURE.args, (config.threads, 1))
     else:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
 

@@ -94,7 +94,9 @@ def run(call, shape, args: AttentionArgs, backend: str, allow_tf32: bool, lse_pl
         config = _tuned_config(FLASH_WGMMA_TUNER, _flash_wgmma.launch, args, call, shape, lse_placeholder)
         _flash_wgmma.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **variant)
     elif backend == "wgmma_ws":
-        config = _tuned_config(FLASH_WS_TUNER, _flash_ws.launch, args, call, shape, lse_placeholder)
+        d_pad = _flash_ws.padded_head_dim(shape.head_dim)
+        config = _tuned_config(FLASH_WS_TUNER, _flash_ws.launch, args, call, shape, lse_placeholder,
+                               lambda c: _flash_ws.usable(c, d_pad))
         _flash_ws.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **variant)
     else:
         _flash_simt.launch(*args.launch_args(), call.stream, **variant)
@@ -111,7 +113,7 @@ def tuning_key(dtype: str, head_dim: int, causal: bool, batch: int, heads: int, 
     )
 
 
-def _tuned_config(tuner, launch, args: AttentionArgs, call, shape, lse_placeholder):
+def _tuned_config(tuner, launch, args: AttentionArgs, call, shape, lse_placeholder, usable=None):
     """The tuner's configuration for this call (None under the simulator: the kernel's simulator configuration).
     In tuning mode a key new to the user's choices times every candidate on these inputs with ``launch``, writing
     into a scratch output, unless the call's stream is being captured into a CUDA graph."""
@@ -121,6 +123,8 @@ def _tuned_config(tuner, launch, args: AttentionArgs, call, shape, lse_placehold
                      shape.seqlen_k)
 
     def bench(config):
+        if usable is not None and not usable(config):  # (tiles that do not fit this head dim: never chosen)
+            return float("inf")
         scratch = args.writing(lift(call.scratch(shape.out_shape(), call.dtype), 4), lse_placeholder, False)
         return _autotune.time_on_stream(
             lambda: launch(*scratch.launch_args(), call.stream, config=config, dtype=call.dtype,

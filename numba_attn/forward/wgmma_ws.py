@@ -50,7 +50,7 @@ from ..core.ptx import tma
 from ..core.softmax import exponent_scale_for, softmax_start, softmax_update
 from ..core.staging import device_function, kernel_body
 from ..runtime import tensor_map
-from ..runtime.device import SIMULATOR, cuda, kernel_jit
+from ..runtime.device import SIMULATOR, cuda, kernel_jit, multiprocessor_count
 from ..runtime.launch import launch as device_launch
 from . import common
 from . import wgmma as flash_wgmma
@@ -58,10 +58,8 @@ from .common import PLAIN, Variant
 
 MIN_COMPUTE_CAPABILITY = (9, 0)
 MAX_HEAD_DIM = 128
-CONSUMERS = 2
 ROWS = wgmma.ROWS  # query rows per consumer warpgroup
-BLOCK_M = CONSUMERS * ROWS
-THREADS = (1 + CONSUMERS) * wgmma.WARPGROUP_THREADS
+WARPGROUP = wgmma.WARPGROUP_THREADS
 DTYPES = ("float16", "bfloat16")
 #: the SM's registers: the budgets of one producer and two consumer warpgroups must fit
 _REGISTERS = 65536
@@ -74,34 +72,57 @@ class WsConfig:
     block_n: int = 128  # keys per K / V tile (multiple of 16, at most 256: one TMA box, one wgmma N)
     stages: int = 2  # K / V tiles in flight (the ring's depth)
     pingpong: bool = True  # consumers take turns issuing their MMAs (named barriers)
+    persistent: bool = False  # one block per SM looping over the query blocks (else one block per query block)
+    consumers: int = 2  # consumer warpgroups of 64 query rows each (2 or 3)
     producer_registers: int = 24  # setmaxnreg.dec of the producer warpgroup
     consumer_registers: int = 240  # setmaxnreg.inc of the consumer warpgroups
 
     def __post_init__(self):
         common.check_fields(self, block_n=(16, 256, 16), stages=(1, 8, 1), producer_registers=(24, 256, 8),
-                            consumer_registers=(24, 256, 8))
-        if type(self.pingpong) is not bool:
-            raise ValueError(f"WsConfig.pingpong: expected a bool, got {self.pingpong!r}")
-        used = wgmma.WARPGROUP_THREADS * (self.producer_registers + CONSUMERS * self.consumer_registers)
+                            consumer_registers=(24, 256, 8), consumers=(2, 3, 1))
+        for name in ("pingpong", "persistent"):
+            if type(getattr(self, name)) is not bool:
+                raise ValueError(f"WsConfig.{name}: expected a bool, got {getattr(self, name)!r}")
+        used = WARPGROUP * (self.producer_registers + self.consumers * self.consumer_registers)
         if used > _REGISTERS:
-            raise ValueError(f"WsConfig: producer_registers + {CONSUMERS} x consumer_registers must fit the SM's "
+            raise ValueError(f"WsConfig: producer_registers + {self.consumers} x consumer_registers must fit the SM's "
                              f"{_REGISTERS} registers over 128 threads each, got {used}")
 
     @property
     def block_m(self) -> int:
-        return BLOCK_M
+        return self.consumers * ROWS
 
     @property
     def threads(self) -> int:
-        return THREADS
+        return (1 + self.consumers) * WARPGROUP
 
 
 #: 128-key tiles in two stages (160 KB of shared memory at head dim 128), ping-pong on, 24 / 240 registers (the
 #: budgets FlashAttention-3 gives two consumer warpgroups)
 DEFAULT_CONFIG = WsConfig()
 SIMULATOR_CONFIG = WsConfig(block_n=16, stages=2)
-TUNING_CANDIDATES = (DEFAULT_CONFIG, WsConfig(block_n=64, stages=3), WsConfig(block_n=176, stages=2),
-                     WsConfig(pingpong=False))
+#: what ``flash_forward``'s autotuner times per key (those that fit: ``fits_registers``, ``shared_bytes``). Deeper
+#: rings for head dim 64, whose tiles compute in less time than a TMA copy takes to land. (Three consumer
+#: warpgroups -- FlashAttention-3's 192 rows at head dim 64 -- spill at 160 registers today: not a candidate.)
+TUNING_CANDIDATES = (DEFAULT_CONFIG, WsConfig(block_n=64, stages=3), WsConfig(block_n=128, stages=3),
+                     WsConfig(block_n=128, stages=4), WsConfig(block_n=176, stages=2), WsConfig(block_n=176, stages=3),
+                     WsConfig(pingpong=False), WsConfig(persistent=True))
+
+
+#: dynamic shared memory a block of sm_90 may use
+SHARED_LIMIT = 227 * 1024
+
+
+def usable(config: WsConfig, head_dim_pad: int) -> bool:
+    """Whether ``config`` suits a padded head dim: its tiles fit shared memory and its values the registers."""
+    return shared_bytes(config, head_dim_pad) <= SHARED_LIMIT and fits_registers(config, head_dim_pad)
+
+
+def fits_registers(config: WsConfig, head_dim_pad: int) -> bool:
+    """Whether a consumer's live values fit its register budget: S (``block_n / 2`` per thread), P (``block_n /
+    4``), O (``head_dim_pad / 2``) and ~40 for the rest (a rough rule from ptxas: 128-key tiles at head dim 64 spill
+    at 160 registers, 176-key tiles at head dim 128 do not at 240)."""
+    return config.block_n // 2 + config.block_n // 4 + head_dim_pad // 2 + 40 <= config.consumer_registers
 
 
 def default_config() -> WsConfig:
@@ -113,12 +134,12 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 def _barriers(stages: int) -> int:
-    return 1 + 4 * stages  # Q full, then K full, K empty, V full, V empty per stage
+    return 2 + 4 * stages  # Q full, Q empty, then K full, K empty, V full, V empty per stage
 
 
 def shared_bytes(config: WsConfig, head_dim_pad: int) -> int:
     """Q (128 rows), ``stages`` K and V tiles, the mbarriers, and 1 KB to align the first tile to 1024 bytes."""
-    tiles = 128 * wgmma.atom_columns(head_dim_pad) * (BLOCK_M + 2 * config.stages * config.block_n)
+    tiles = 128 * wgmma.atom_columns(head_dim_pad) * (config.block_m + 2 * config.stages * config.block_n)
     return tiles + 8 * _barriers(config.stages) + 1024
 
 
@@ -140,6 +161,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     ATOMS = wgmma.atom_columns(d_pad)
     Q_TILE = ROWS * 64 * ATOMS  # elements of one consumer's Q tile
     TILE = BLOCK_N * 64 * ATOMS  # elements of a K or V tile
+    CONSUMERS = config.consumers
+    BLOCK_M = config.block_m
     Q_BYTES = 2 * CONSUMERS * Q_TILE
     TILE_BYTES = 2 * TILE
     Q_BOX = 64 * ROWS  # elements of one 64-column box of Q
@@ -151,7 +174,10 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     QK_STEPS = d_pad // 16
     SCALE_FIRST = scale_first
     EMPTY_ARRIVALS = 4 * CONSUMERS  # one per consumer warp
-    PAIR = 2 * wgmma.WARPGROUP_THREADS  # threads of a ping-pong barrier
+    PERSISTENT = config.persistent
+    # the mbarriers, 4 elements (8 bytes) each from ``bars``: Q full, Q empty, then per stage of the ring
+    K_FULL, K_EMPTY, V_FULL, V_EMPTY = (4 * (2 + n * STAGES) for n in range(4))
+    PAIR = 2 * WARPGROUP  # threads of a ping-pong barrier: the waiting warpgroup and the one arriving
     q_times_k = wgmma.wgmma_ss(BLOCK_N, QK_STEPS, bf16, wgmma.k_major(ROWS, QK_STEPS),
                                wgmma.k_major(BLOCK_N, QK_STEPS), wait=False)
     p_times_v = wgmma.wgmma_rs(d_pad, PV_STEPS, bf16, wgmma.mn_major(BLOCK_N, PV_STEPS), True, wait=False)
@@ -182,33 +208,29 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     finish = store_rows(1, O_BLOCKS, as_16bit(bf16))
 
     @device_function
-    def load_tile(smem, dst, tmap, n0, hk, b, bar):
-        """Arm ``bar`` with a K or V tile's bytes and copy its 64-column boxes."""
-        arrive_tx(smem, bar, TILE_BYTES)
+    def load_kv(smem, base, tmap, it, n0, hk, b, full, empty):
+        """K or V tile number ``it`` of this block (its ring slot ``it % STAGES``), once the slot is free."""
+        stage = it % STAGES
+        wait(smem, empty + 4 * stage, ((it // STAGES) & 1) ^ 1)  # (the first round passes at once)
+        arrive_tx(smem, full + 4 * stage, TILE_BYTES)
         for a in range(ATOMS):
-            load_box(smem, dst + a * KV_BOX, tmap, 64 * a, n0, hk, b, bar)
+            load_box(smem, base + stage * TILE + a * KV_BOX, tmap, 64 * a, n0, hk, b, full + 4 * stage)
 
     @device_function
-    def produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m0, h, hk, b, n_first, n_tiles):
-        """The producer thread: Q, K of tile 0, then per tile K of the next and V of this one."""
-        acquire(q_map)
-        acquire(k_map)
-        acquire(v_map)
+    def produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m0, h, hk, b, n_first, n_tiles, it, qn):
+        """The producer thread, one block of rows: Q (once the consumers are done with the previous block's: its
+        ``qn``-th), K of tile 0, then per tile K of the next and V of this one (``it``: tiles copied before)."""
+        wait(smem, bars + 4, (qn & 1) ^ 1)
         arrive_tx(smem, bars, Q_BYTES)
         for c in range(CONSUMERS):
             for a in range(ATOMS):
                 load_box(smem, q_base + c * Q_TILE + a * Q_BOX, q_map, 64 * a, m0 + ROWS * c, h, b, bars)
-        load_tile(smem, k_base, k_map, n_first, hk, b, bars + 4)  # (stage 0 starts empty)
+        load_kv(smem, k_base, k_map, it, n_first, hk, b, bars + K_FULL, bars + K_EMPTY)
         for j in range(n_tiles):
             if j + 1 < n_tiles:
-                stage = (j + 1) % STAGES
-                wait(smem, bars + 4 * (1 + STAGES + stage), (((j + 1) // STAGES) & 1) ^ 1)
-                load_tile(smem, k_base + stage * TILE, k_map, n_first + (j + 1) * BLOCK_N, hk, b,
-                          bars + 4 * (1 + stage))
-            stage = j % STAGES
-            wait(smem, bars + 4 * (1 + 3 * STAGES + stage), ((j // STAGES) & 1) ^ 1)
-            load_tile(smem, v_base + stage * TILE, v_map, n_first + j * BLOCK_N, hk, b,
-                      bars + 4 * (1 + 2 * STAGES + stage))
+                load_kv(smem, k_base, k_map, it + j + 1, n_first + (j + 1) * BLOCK_N, hk, b, bars + K_FULL,
+                        bars + K_EMPTY)
+            load_kv(smem, v_base, v_map, it + j, n_first + j * BLOCK_N, hk, b, bars + V_FULL, bars + V_EMPTY)
 
     @device_function
     def probabilities(s, p):
@@ -219,44 +241,10 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             p[4 * kk + 2] = pack(s[0, 2 * kk + 1, 0], s[0, 2 * kk + 1, 1])
             p[4 * kk + 3] = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
 
-    @kernel_body
-    def body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map):
-        tid, warp, lane, g, t = lane_position()
-        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal, lse)
-        seqlen_q, key_start, key_end, diag_offset = bounds(q, k, b, lse)
-        hk = h // (q.shape[1] // k.shape[1])
-        head_dim = q.shape[3]
-        n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
-
-        smem = cuda.shared.array(0, uint16)
-        q_base = ((1024 - shared_address(smem) % 1024) % 1024) // 2
-        k_base = q_base + CONSUMERS * Q_TILE
-        v_base = k_base + STAGES * TILE
-        bars = v_base + STAGES * TILE  # Q full; K full, K empty, V full, V empty per stage (4 elements each)
-        if tid == 0:
-            init(smem, bars, 1)
-            for stage in range(STAGES):
-                init(smem, bars + 4 * (1 + stage), 1)
-                init(smem, bars + 4 * (1 + STAGES + stage), EMPTY_ARRIVALS)
-                init(smem, bars + 4 * (1 + 2 * STAGES + stage), 1)
-                init(smem, bars + 4 * (1 + 3 * STAGES + stage), EMPTY_ARRIVALS)
-            fence_init()
-        cuda.syncthreads()  # (the last block-wide barrier: the producer's idle warps leave)
-
-        role = tid // 128
-        if role == 0:
-            fewer_registers()
-            if warp == 0 and n_tiles > 0:
-                if elect_one():
-                    produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m0, h, hk, b, n_first, n_tiles)
-            return
-
-        more_registers()
-        c = role - 1
-        own = 1 + c  # this consumer's ping-pong barrier; the other's is 2 - c
-        m_c = m0 + ROWS * c
-        row0 = m_c + 16 * (warp - 4 * role) + g
-        q_c = q_base + c * Q_TILE
+    @device_function
+    def consume(smem, q_c, k_base, v_base, bars, c, lane, m_c, row0, t, n_first, n_tiles, it, qn, key_end, causal,
+                diag_offset, scale_log2, post, out_head, lse, b, h, seqlen_q, head_dim, write_lse):
+        """Consumer ``c``'s 64 rows of one block (``qn``: Q copies before, ``it``: K / V tiles before)."""
         s = cuda.local.array((1, S_BLOCKS, 4), float32)
         acc = cuda.local.array((1, O_BLOCKS, 4), float32)
         p = cuda.local.array(P_WORDS, uint32)
@@ -264,43 +252,41 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         m_run = cuda.local.array(2, float32)
         l_run = cuda.local.array(2, float32)
         start(m_run, l_run, acc)
-        post = exponent(scale_log2, SCALE_FIRST)
-        if PINGPONG and c == 1:
-            bar_arrive(1, PAIR)  # consumer 0 issues first
         if n_tiles > 0:  # tile 0: S_0, its softmax and P_0
-            wait(smem, bars, 0)
-            wait(smem, bars + 4, 0)
+            wait(smem, bars, qn & 1)
+            stage = it % STAGES
+            wait(smem, bars + K_FULL + 4 * stage, (it // STAGES) & 1)
             if PINGPONG:
-                bar_sync(own, PAIR)
-            q_times_k(s, smem, q_c, k_base)
+                bar_sync(1 + c, PAIR)
+            q_times_k(s, smem, q_c, k_base + stage * TILE)
             if PINGPONG:
-                bar_arrive(2 - c, PAIR)
+                bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
             wait_s(s)
             if lane == 0:
-                arrive(smem, bars + 4 * (1 + STAGES))
+                arrive(smem, bars + K_EMPTY + 4 * stage)
             online_softmax(s, alpha, m_run, l_run, partial(n_first, m_c, key_end, causal, diag_offset), n_first,
                            row0, t, key_end, causal, diag_offset, scale_log2, post)
             probabilities(s, p)
         for j in range(1, n_tiles):
             n0 = n_first + j * BLOCK_N
-            stage = j % STAGES
-            before = (j - 1) % STAGES
-            wait(smem, bars + 4 * (1 + stage), (j // STAGES) & 1)
+            stage = (it + j) % STAGES
+            before = (it + j - 1) % STAGES
+            wait(smem, bars + K_FULL + 4 * stage, ((it + j) // STAGES) & 1)
             if PINGPONG:
-                bar_sync(own, PAIR)
+                bar_sync(1 + c, PAIR)
             q_times_k(s, smem, q_c, k_base + stage * TILE)
-            wait(smem, bars + 4 * (1 + 2 * STAGES + before), ((j - 1) // STAGES) & 1)
+            wait(smem, bars + V_FULL + 4 * before, ((it + j - 1) // STAGES) & 1)
             p_times_v(acc, p, smem, v_base + before * TILE)
             if PINGPONG:
-                bar_arrive(2 - c, PAIR)
+                bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
             wait_one(s)  # S_j is done; P V may still run
             if lane == 0:
-                arrive(smem, bars + 4 * (1 + STAGES + stage))  # K of tile j is free
+                arrive(smem, bars + K_EMPTY + 4 * stage)  # K of tile j is free
             online_softmax(s, alpha, m_run, l_run, partial(n0, m_c, key_end, causal, diag_offset), n0, row0, t,
                            key_end, causal, diag_offset, scale_log2, post)
             wait_o(acc)
             if lane == 0:
-                arrive(smem, bars + 4 * (1 + 3 * STAGES + before))  # V of tile j - 1 is free
+                arrive(smem, bars + V_EMPTY + 4 * before)  # V of tile j - 1 is free
             if not all_lanes(alpha[0] == ONE and alpha[1] == ONE):
                 for ob in range(O_BLOCKS):
                     acc[0, ob, 0] *= alpha[0]
@@ -309,13 +295,96 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                     acc[0, ob, 3] *= alpha[1]
             probabilities(s, p)
         if n_tiles > 0:
-            last = (n_tiles - 1) % STAGES
-            wait(smem, bars + 4 * (1 + 2 * STAGES + last), ((n_tiles - 1) // STAGES) & 1)
+            last = (it + n_tiles - 1) % STAGES
+            wait(smem, bars + V_FULL + 4 * last, ((it + n_tiles - 1) // STAGES) & 1)
             p_times_v(acc, p, smem, v_base + last * TILE)
             wait_o(acc)
-        if PINGPONG and c == 0:
-            bar_sync(own, PAIR)  # consumer 1's last arrival: both barriers end as they began
+            if lane == 0:
+                arrive(smem, bars + V_EMPTY + 4 * last)
+                arrive(smem, bars + 4)  # Q is free (the producer copies the next block's over it)
         finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post)
+
+    @device_function
+    def tile_of(tile, q, causal):
+        """``(b, h, m0)`` of the persistent loop's ``tile``: heads outer, query blocks inner (so the blocks running
+        at once share a head's K and V in L2), the longest (last) query blocks first under a causal mask."""
+        blocks = (q.shape[2] + BLOCK_M - 1) // BLOCK_M
+        bh = tile // blocks
+        m_block = tile - bh * blocks
+        if causal:
+            m_block = blocks - 1 - m_block
+        return bh // q.shape[1], bh % q.shape[1], m_block * BLOCK_M
+
+    @kernel_body
+    def body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map):
+        tid, warp, lane, g, t = lane_position()
+        seqlen_q, key_start, key_end, diag_offset = bounds(q, k, 0, lse)
+        group = q.shape[1] // k.shape[1]
+        head_dim = q.shape[3]
+        smem = cuda.shared.array(0, uint16)
+        q_base = ((1024 - shared_address(smem) % 1024) % 1024) // 2
+        k_base = q_base + CONSUMERS * Q_TILE
+        v_base = k_base + STAGES * TILE
+        bars = v_base + STAGES * TILE  # Q full, Q empty; K full, K empty, V full, V empty per stage
+        if tid == 0:
+            init(smem, bars, 1)
+            init(smem, bars + 4, EMPTY_ARRIVALS)
+            for stage in range(STAGES):
+                init(smem, bars + K_FULL + 4 * stage, 1)
+                init(smem, bars + K_EMPTY + 4 * stage, EMPTY_ARRIVALS)
+                init(smem, bars + V_FULL + 4 * stage, 1)
+                init(smem, bars + V_EMPTY + 4 * stage, EMPTY_ARRIVALS)
+            fence_init()
+        cuda.syncthreads()  # (the last block-wide barrier: the producer's idle warps leave)
+        if PERSISTENT:
+            first, count, step = cuda.blockIdx.x, q.shape[0] * q.shape[1] * ((seqlen_q + BLOCK_M - 1) // BLOCK_M), \
+                cuda.gridDim.x
+        else:
+            first, count, step = 0, 1, 1
+        role = tid // 128
+        if role == 0:
+            fewer_registers()
+            if warp == 0 and elect_one():
+                acquire(q_map)
+                acquire(k_map)
+                acquire(v_map)
+                it = 0
+                qn = 0
+                for tile in range(first, count, step):
+                    if PERSISTENT:
+                        b, h, m0 = tile_of(tile, q, causal)
+                    else:
+                        b, h, m0, _, _, _, _ = position(q, k, v, out, causal, lse)
+                    n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
+                    if n_tiles > 0:
+                        produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m0, h, h // group, b,
+                                n_first, n_tiles, it, qn)
+                        it += n_tiles
+                        qn += 1
+            return
+
+        more_registers()
+        c = role - 1
+        if PINGPONG and c == CONSUMERS - 1:
+            bar_arrive(1, PAIR)  # consumer 0 issues first
+        it = 0
+        qn = 0
+        post = exponent(scale_log2, SCALE_FIRST)
+        for tile in range(first, count, step):
+            if PERSISTENT:
+                b, h, m0 = tile_of(tile, q, causal)
+            else:
+                b, h, m0, _, _, _, _ = position(q, k, v, out, causal, lse)
+            n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
+            m_c = m0 + ROWS * c
+            consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m_c, m_c + 16 * (warp - 4 * role) + g,
+                    t, n_first, n_tiles, it, qn, key_end, causal, diag_offset, scale_log2, post, out[b, h], lse, b, h,
+                    seqlen_q, head_dim, write_lse)
+            if n_tiles > 0:
+                it += n_tiles
+                qn += 1
+        if PINGPONG and c == 0:
+            bar_sync(1, PAIR)  # the last consumer's last arrival: the barriers end as they began
 
     def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map):
         body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map)
@@ -333,7 +402,7 @@ def flash_ws_kernel(config: WsConfig, head_dim_pad: int, bf16: bool, scale_first
     knows the registers at entry and honours ``setmaxnreg``)."""
     if head_dim_pad % 16 or not 16 <= head_dim_pad <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, {MAX_HEAD_DIM}], got {head_dim_pad}")
-    return kernel_jit((THREADS, 1), SIGNATURE)(_kernel_source(config, head_dim_pad, bf16, scale_first, variant))
+    return kernel_jit((config.threads, 1), SIGNATURE)(_kernel_source(config, head_dim_pad, bf16, scale_first, variant))
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream,
@@ -369,6 +438,8 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     common.check_shared_memory(nbytes)
     scale_log2, scale_first = common.scale_args(sm_scale, softcap)
     kernel = flash_ws_kernel(config, d_pad, dtype == "bfloat16", scale_first, Variant.of(bool(causal), window, softcap))
-    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, BLOCK_M)
-    device_launch(kernel, shape, THREADS, stream, nbytes, q, k, v, out, lse, bool(write_lse), bool(causal),
+    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m)
+    if config.persistent:  # one block per SM (or per query block, when there are fewer)
+        shape = (min(shape[0] * shape[1] * shape[2], multiprocessor_count()), 1, 1)
+    device_launch(kernel, shape, config.threads, stream, nbytes, q, k, v, out, lse, bool(write_lse), bool(causal),
                   scale_log2, *(np.uint64(m) for m in maps))

@@ -33,7 +33,8 @@ def check(*args, config=None, **kwargs):
 
 # -- always --------------------------------------------------------------------------------------------------------
 def test_configs_are_validated_where_made():
-    for bad in (dict(block_n=24), dict(block_n=272), dict(stages=0), dict(pingpong=1), dict(producer_registers=20),
+    for bad in (dict(block_n=24), dict(block_n=272), dict(stages=0), dict(pingpong=1), dict(persistent=None),
+                dict(producer_registers=20),
                 dict(consumer_registers=250), dict(producer_registers=56, consumer_registers=240)):
         with pytest.raises(ValueError, match="WsConfig"):
             wgmma_ws.WsConfig(**bad)
@@ -41,11 +42,15 @@ def test_configs_are_validated_where_made():
 
 
 def test_candidates_fit_shared_memory():
-    for config in wgmma_ws.TUNING_CANDIDATES:
-        for head_dim in range(8, wgmma_ws.MAX_HEAD_DIM + 1, 8):
-            assert wgmma_ws.shared_bytes(config, wgmma_ws.padded_head_dim(head_dim)) <= 227 * 1024
+    assert wgmma_ws.usable(wgmma_ws.DEFAULT_CONFIG, 128) and wgmma_ws.SHARED_LIMIT == 227 * 1024
+    for head_dim in range(8, wgmma_ws.MAX_HEAD_DIM + 1, 8):
+        d_pad = wgmma_ws.padded_head_dim(head_dim)
+        fit = [c for c in wgmma_ws.TUNING_CANDIDATES if wgmma_ws.usable(c, d_pad)]
+        assert wgmma_ws.DEFAULT_CONFIG in fit and len(fit) >= 5
+        assert all(wgmma_ws.shared_bytes(c, d_pad) <= wgmma_ws.SHARED_LIMIT for c in fit)
+    assert not wgmma_ws.usable(wgmma_ws.WsConfig(block_n=128, stages=4), 128)  # 289 KB
     # 128 rows of Q, two stages of 128-key K and V tiles at head dim 128, the barriers, the alignment slack
-    assert wgmma_ws.shared_bytes(wgmma_ws.DEFAULT_CONFIG, 128) == 256 * (128 + 4 * 128) + 8 * 9 + 1024
+    assert wgmma_ws.shared_bytes(wgmma_ws.DEFAULT_CONFIG, 128) == 256 * (128 + 4 * 128) + 8 * 10 + 1024
 
 
 def test_unsupported_inputs_are_refused():
@@ -71,11 +76,18 @@ def test_unsupported_inputs_are_refused():
     [
         # GQA, Lq < Lk, tail tiles through both stages of the ring (3 tiles), ping-pong
         ("float16", 2, 1, 20, 37, 16, True, TINY),
-        # Lq > Lk: rows without keys in consumer 1, a padded head dim, no ping-pong
-        ("bfloat16", 1, 1, 70, 33, 24, True, wgmma_ws.WsConfig(block_n=16, stages=1, pingpong=False)),
+        # Lq > Lk: rows without keys in consumer 1, a padded head dim, no ping-pong, one stage; persistent: one
+        # block walks both heads (the ring's phases and Q's carry over from one head to the next)
+        ("bfloat16", 2, 2, 70, 17, 24, True, wgmma_ws.WsConfig(block_n=16, stages=1, pingpong=False,
+                                                               persistent=True)),
+        # persistent with ping-pong among three consumers: the turns carry over from one head to the next too
+        ("float16", 2, 1, 9, 20, 16, False, wgmma_ws.WsConfig(block_n=16, stages=2, persistent=True, consumers=3,
+                                                             producer_registers=32, consumer_registers=160)),
     ],
 )
-def test_simulated_kernel_equals_reference(dtype, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, config):
+def test_simulated_kernel_equals_reference(dtype, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, config,
+                                           monkeypatch):
+    monkeypatch.setattr(wgmma_ws, "multiprocessor_count", lambda: 1)  # (persistent: one block does every head)
     check(dtype, 1, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, config=config)
 
 
@@ -122,7 +134,7 @@ def test_padded_head_dims(head_dim):
                                                                                     consumer_registers=232)))
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_tile_configs_many_tiles(config, head_dim):
-    if wgmma_ws.shared_bytes(config, head_dim) > 227 * 1024:
+    if wgmma_ws.shared_bytes(config, head_dim) > wgmma_ws.SHARED_LIMIT:
         pytest.skip("tiles do not fit")
     check("bfloat16", 1, 2, 1, 1100, 3001, head_dim, True, config=config, seed=11)
     check("float16", 2, 2, 2, 300, 257, head_dim, False, config=config, seed=12)

@@ -208,29 +208,42 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     finish = store_rows(1, O_BLOCKS, as_16bit(bf16))
 
     @device_function
-    def load_kv(smem, base, tmap, it, n0, hk, b, full, empty):
-        """K or V tile number ``it`` of this block (its ring slot ``it % STAGES``), once the slot is free."""
-        stage = it % STAGES
-        wait(smem, empty + 4 * stage, ((it // STAGES) & 1) ^ 1)  # (the first round passes at once)
+    def advance(stage, phase):
+        """The ring's next slot and its phase bit (one division-free step; the phase flips at each wrap)."""
+        stage += 1
+        if stage == STAGES:
+            return 0, phase ^ 1
+        return stage, phase
+
+    @device_function
+    def load_kv(smem, base, tmap, stage, phase, n0, hk, b, full, empty):
+        """A K or V tile into ring slot ``stage`` (its ``phase``-th use), once the consumers have freed it."""
+        wait(smem, empty + 4 * stage, phase ^ 1)  # (the first round passes at once)
         arrive_tx(smem, full + 4 * stage, TILE_BYTES)
         for a in range(ATOMS):
             load_box(smem, base + stage * TILE + a * KV_BOX, tmap, 64 * a, n0, hk, b, full + 4 * stage)
 
     @device_function
-    def produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m0, h, hk, b, n_first, n_tiles, it, qn):
+    def produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m0, h, hk, b, n_first, n_tiles, stage,
+                phase, qn):
         """The producer thread, one block of rows: Q (once the consumers are done with the previous block's: its
-        ``qn``-th), K of tile 0, then per tile K of the next and V of this one (``it``: tiles copied before)."""
+        ``qn``-th), K of tile 0, then per tile K of the next and V of this one. Tile 0 goes to ring slot ``stage``
+        (use ``phase``); returns the slot and phase of the next block's tile 0."""
         wait(smem, bars + 4, (qn & 1) ^ 1)
         arrive_tx(smem, bars, Q_BYTES)
         for c in range(CONSUMERS):
             for a in range(ATOMS):
                 load_box(smem, q_base + c * Q_TILE + a * Q_BOX, q_map, 64 * a, m0 + ROWS * c, h, b, bars)
-        load_kv(smem, k_base, k_map, it, n_first, hk, b, bars + K_FULL, bars + K_EMPTY)
+        load_kv(smem, k_base, k_map, stage, phase, n_first, hk, b, bars + K_FULL, bars + K_EMPTY)
         for j in range(n_tiles):
+            v_stage, v_phase = stage, phase  # V of tile j goes where K of tile j went
+            stage, phase = advance(stage, phase)
             if j + 1 < n_tiles:
-                load_kv(smem, k_base, k_map, it + j + 1, n_first + (j + 1) * BLOCK_N, hk, b, bars + K_FULL,
+                load_kv(smem, k_base, k_map, stage, phase, n_first + (j + 1) * BLOCK_N, hk, b, bars + K_FULL,
                         bars + K_EMPTY)
-            load_kv(smem, v_base, v_map, it + j, n_first + j * BLOCK_N, hk, b, bars + V_FULL, bars + V_EMPTY)
+            load_kv(smem, v_base, v_map, v_stage, v_phase, n_first + j * BLOCK_N, hk, b, bars + V_FULL,
+                    bars + V_EMPTY)
+        return stage, phase
 
     @device_function
     def probabilities(s, p):
@@ -242,9 +255,10 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             p[4 * kk + 3] = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
 
     @device_function
-    def consume(smem, q_c, k_base, v_base, bars, c, lane, m_c, row0, t, n_first, n_tiles, it, qn, key_end, causal,
-                diag_offset, scale_log2, post, out_head, lse, b, h, seqlen_q, head_dim, write_lse):
-        """Consumer ``c``'s 64 rows of one block (``qn``: Q copies before, ``it``: K / V tiles before)."""
+    def consume(smem, q_c, k_base, v_base, bars, c, lane, m_c, row0, t, n_first, n_tiles, stage, phase, qn, key_end,
+                causal, diag_offset, scale_log2, post, out_head, lse, b, h, seqlen_q, head_dim, write_lse):
+        """Consumer ``c``'s 64 rows of one block (``qn``: Q copies before; tile 0 in ring slot ``stage``, use
+        ``phase``); returns the slot and phase of the next block's tile 0."""
         s = cuda.local.array((1, S_BLOCKS, 4), float32)
         acc = cuda.local.array((1, O_BLOCKS, 4), float32)
         p = cuda.local.array(P_WORDS, uint32)
@@ -252,10 +266,11 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         m_run = cuda.local.array(2, float32)
         l_run = cuda.local.array(2, float32)
         start(m_run, l_run, acc)
+        v_stage = stage  # the slot of the V tile the next P V reads
+        v_phase = phase
         if n_tiles > 0:  # tile 0: S_0, its softmax and P_0
             wait(smem, bars, qn & 1)
-            stage = it % STAGES
-            wait(smem, bars + K_FULL + 4 * stage, (it // STAGES) & 1)
+            wait(smem, bars + K_FULL + 4 * stage, phase)
             if PINGPONG:
                 bar_sync(1 + c, PAIR)
             q_times_k(s, smem, q_c, k_base + stage * TILE)
@@ -267,16 +282,15 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             online_softmax(s, alpha, m_run, l_run, partial(n_first, m_c, key_end, causal, diag_offset), n_first,
                            row0, t, key_end, causal, diag_offset, scale_log2, post)
             probabilities(s, p)
+            stage, phase = advance(stage, phase)
         for j in range(1, n_tiles):
             n0 = n_first + j * BLOCK_N
-            stage = (it + j) % STAGES
-            before = (it + j - 1) % STAGES
-            wait(smem, bars + K_FULL + 4 * stage, ((it + j) // STAGES) & 1)
+            wait(smem, bars + K_FULL + 4 * stage, phase)
             if PINGPONG:
                 bar_sync(1 + c, PAIR)
             q_times_k(s, smem, q_c, k_base + stage * TILE)
-            wait(smem, bars + V_FULL + 4 * before, ((it + j - 1) // STAGES) & 1)
-            p_times_v(acc, p, smem, v_base + before * TILE)
+            wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
+            p_times_v(acc, p, smem, v_base + v_stage * TILE)
             if PINGPONG:
                 bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
             wait_one(s)  # S_j is done; P V may still run
@@ -286,7 +300,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                            key_end, causal, diag_offset, scale_log2, post)
             wait_o(acc)
             if lane == 0:
-                arrive(smem, bars + V_EMPTY + 4 * before)  # V of tile j - 1 is free
+                arrive(smem, bars + V_EMPTY + 4 * v_stage)  # V of tile j - 1 is free
             if not all_lanes(alpha[0] == ONE and alpha[1] == ONE):
                 for ob in range(O_BLOCKS):
                     acc[0, ob, 0] *= alpha[0]
@@ -294,15 +308,17 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                     acc[0, ob, 2] *= alpha[1]
                     acc[0, ob, 3] *= alpha[1]
             probabilities(s, p)
+            v_stage, v_phase = advance(v_stage, v_phase)
+            stage, phase = advance(stage, phase)
         if n_tiles > 0:
-            last = (it + n_tiles - 1) % STAGES
-            wait(smem, bars + V_FULL + 4 * last, ((it + n_tiles - 1) // STAGES) & 1)
-            p_times_v(acc, p, smem, v_base + last * TILE)
+            wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
+            p_times_v(acc, p, smem, v_base + v_stage * TILE)
             wait_o(acc)
             if lane == 0:
-                arrive(smem, bars + V_EMPTY + 4 * last)
+                arrive(smem, bars + V_EMPTY + 4 * v_stage)
                 arrive(smem, bars + 4)  # Q is free (the producer copies the next block's over it)
         finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post)
+        return stage, phase
 
     @device_function
     def tile_of(tile, q, causal):
@@ -336,11 +352,9 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                 init(smem, bars + V_EMPTY + 4 * stage, EMPTY_ARRIVALS)
             fence_init()
         cuda.syncthreads()  # (the last block-wide barrier: the producer's idle warps leave)
-        if PERSISTENT:
-            first, count, step = cuda.blockIdx.x, q.shape[0] * q.shape[1] * ((seqlen_q + BLOCK_M - 1) // BLOCK_M), \
-                cuda.gridDim.x
-        else:
-            first, count, step = 0, 1, 1
+        # (the block loop of the persistent kernel is its own branch: a one-trip loop around the consumer made
+        # ptxas spill 480 bytes at head dim 128)
+        blocks = q.shape[0] * q.shape[1] * ((seqlen_q + BLOCK_M - 1) // BLOCK_M)
         role = tid // 128
         if role == 0:
             fewer_registers()
@@ -348,41 +362,49 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                 acquire(q_map)
                 acquire(k_map)
                 acquire(v_map)
-                it = 0
-                qn = 0
-                for tile in range(first, count, step):
-                    if PERSISTENT:
+                if PERSISTENT:
+                    stage = 0
+                    phase = 0
+                    qn = 0
+                    for tile in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
                         b, h, m0 = tile_of(tile, q, causal)
-                    else:
-                        b, h, m0, _, _, _, _ = position(q, k, v, out, causal, lse)
-                    n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
-                    if n_tiles > 0:
-                        produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m0, h, h // group, b,
-                                n_first, n_tiles, it, qn)
-                        it += n_tiles
-                        qn += 1
+                        n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
+                        if n_tiles > 0:
+                            stage, phase = produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m0, h,
+                                                   h // group, b, n_first, n_tiles, stage, phase, qn)
+                            qn += 1
+                else:
+                    b1, h1, m1, _, _, _, _ = position(q, k, v, out, causal, lse)
+                    n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
+                    if n_tiles1 > 0:
+                        produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m1, h1, h1 // group, b1,
+                                n_first1, n_tiles1, 0, 0, 0)
             return
 
         more_registers()
         c = role - 1
+        row = ROWS * c + 16 * (warp - 4 * role) + g  # this thread's first row in the block
         if PINGPONG and c == CONSUMERS - 1:
             bar_arrive(1, PAIR)  # consumer 0 issues first
-        it = 0
-        qn = 0
         post = exponent(scale_log2, SCALE_FIRST)
-        for tile in range(first, count, step):
-            if PERSISTENT:
+        if PERSISTENT:
+            stage = 0
+            phase = 0
+            qn = 0
+            for tile in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
                 b, h, m0 = tile_of(tile, q, causal)
-            else:
-                b, h, m0, _, _, _, _ = position(q, k, v, out, causal, lse)
-            n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
-            m_c = m0 + ROWS * c
-            consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m_c, m_c + 16 * (warp - 4 * role) + g,
-                    t, n_first, n_tiles, it, qn, key_end, causal, diag_offset, scale_log2, post, out[b, h], lse, b, h,
+                n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
+                stage, phase = consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m0 + ROWS * c,
+                                       m0 + row, t, n_first, n_tiles, stage, phase, qn, key_end, causal, diag_offset,
+                                       scale_log2, post, out[b, h], lse, b, h, seqlen_q, head_dim, write_lse)
+                if n_tiles > 0:
+                    qn += 1
+        else:
+            b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, lse)
+            n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
+            consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m1 + ROWS * c, m1 + row, t, n_first1,
+                    n_tiles1, 0, 0, 0, key_end, causal, diag_offset, scale_log2, post, out_head, lse, b1, h1,
                     seqlen_q, head_dim, write_lse)
-            if n_tiles > 0:
-                it += n_tiles
-                qn += 1
         if PINGPONG and c == 0:
             bar_sync(1, PAIR)  # the last consumer's last arrival: the barriers end as they began
 

@@ -2,10 +2,11 @@
 
 Backends: "wgmma" (Hopper's warpgroup MMAs, sm_90: float16 / bfloat16, padded head dims up to 128, rows that copy
 in aligned 16-byte pieces), "wgmma_ws" (the same, warp-specialised with TMA copies, FlashAttention-3's structure;
-only when asked for while it is being measured; dense batches -- packed sequences take "wgmma"), "mma" (tensor cores on sm_80+: float16 / bfloat16 on m16n8k16 -- any head dim up to
+dense batches -- packed sequences take "wgmma"), "mma" (tensor cores on sm_80+: float16 / bfloat16 on m16n8k16 -- any head dim up to
 256, any strides --, float32 on tf32 m16n8k8 as 3xTF32, or one tf32 term with ``allow_tf32``) and "simt" (CUDA
 cores, float16 / float32, any GPU). ``None`` picks "wgmma" where it applies, else "mma", else "simt"; under the
-simulator float32 takes "simt" (no MMA emulation, much faster there) unless ``allow_tf32`` asks for tf32. Every
+simulator float32 takes "simt" (no MMA emulation, much faster there) unless ``allow_tf32`` asks for tf32; on
+Hopper "wgmma_ws" replaces "wgmma" at the padded head dims of ``WS_DEFAULT_HEAD_DIMS``. Every
 backend takes a sliding window (a compile-time variant of its kernel). docs/benchmarks.md has the measurements
 behind the order.
 """
@@ -38,14 +39,27 @@ FLASH_WGMMA_TUNER = _autotune.Autotuner("flash_wgmma", _flash_wgmma.TUNING_CANDI
 FLASH_WS_TUNER = _autotune.Autotuner("flash_wgmma_ws", _flash_ws.TUNING_CANDIDATES, _flash_ws.DEFAULT_CONFIG, TABLE_DIR)
 TUNERS = (FLASH_MMA_TUNER, FLASH_WGMMA_TUNER, FLASH_WS_TUNER)
 
+#: padded head dims (multiples of 16) at which ``flash_forward``'s default on Hopper is the warp-specialised kernel
+#: instead of "wgmma" -- the one place to change it. H100, 2026-11-26, fp16, B4: at D128 H32 it ran 1.01-1.35x
+#: "wgmma" at 1k-16k keys, causal or not; at D64 H48 0.69-0.97x (scripts/check_ws.py)
+WS_DEFAULT_HEAD_DIMS = frozenset({128})
+
 
 def wgmma_applies(dtype: str, head_dim: int, *arrays) -> bool:
     """The warpgroup kernel takes these inputs on this GPU (under the simulator it runs only when asked for)."""
     return not SIMULATOR and _flash_wgmma.supports(dtype, head_dim, *arrays)
 
 
-def choose_backend(backend, dtype: str, allow_tf32: bool = False, wgmma_ok: bool = False) -> str:
-    """The kernel for ``flash_forward``; ``wgmma_ok``: the warpgroup kernel takes these inputs on this GPU."""
+def ws_applies(dtype: str, head_dim: int, *arrays) -> bool:
+    """The warp-specialised kernel is the default for these inputs on this GPU (``WS_DEFAULT_HEAD_DIMS``; never
+    under the simulator)."""
+    return (not SIMULATOR and _flash_ws.padded_head_dim(head_dim) in WS_DEFAULT_HEAD_DIMS
+            and _flash_ws.supports(dtype, head_dim, *arrays))
+
+
+def choose_backend(backend, dtype: str, allow_tf32: bool = False, wgmma_ok: bool = False, ws_ok: bool = False) -> str:
+    """The kernel for ``flash_forward``; ``wgmma_ok``: the warpgroup kernel takes these inputs on this GPU;
+    ``ws_ok``: the warp-specialised one is the default for them (``ws_applies``)."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
     mma_ok = dtype in _flash_mma.DTYPES + _flash_tf32.DTYPES and runs_here(_flash_mma.MIN_COMPUTE_CAPABILITY)
@@ -63,7 +77,8 @@ def choose_backend(backend, dtype: str, allow_tf32: bool = False, wgmma_ok: bool
         raise ValueError("backend: 'simt' does not take bfloat16; use 'mma' or None")
     if backend is None:
         wants_mma = dtype != "float32" or allow_tf32 or not SIMULATOR
-        backend = "wgmma" if wgmma_ok else "mma" if mma_ok and wants_mma else "simt"
+        backend = ("wgmma_ws" if ws_ok and wgmma_ok else "wgmma" if wgmma_ok
+                   else "mma" if mma_ok and wants_mma else "simt")
     if backend == "simt" and dtype == BFLOAT16:
         raise TypeError("q: bfloat16 needs the tensor-core kernel, which needs a GPU of compute capability >= 8.0")
     return backend
@@ -78,8 +93,10 @@ def check_seqlen_q(seqlen_q: int) -> None:
 
 def backend_for(call, shape, backend, allow_tf32: bool) -> str:
     """The backend that runs this call (``backend`` as the caller passed it; raises where it cannot)."""
-    wgmma_ok = wgmma_applies(call.dtype, shape.head_dim, *(call.inputs[name] for name in "qkv"))
-    return choose_backend(backend, call.dtype, allow_tf32, wgmma_ok)
+    arrays = tuple(call.inputs[name] for name in "qkv")
+    wgmma_ok = wgmma_applies(call.dtype, shape.head_dim, *arrays)
+    ws_ok = backend is None and wgmma_ok and ws_applies(call.dtype, shape.head_dim, *arrays)
+    return choose_backend(backend, call.dtype, allow_tf32, wgmma_ok, ws_ok)
 
 
 def run(call, shape, args: AttentionArgs, backend: str, allow_tf32: bool, lse_placeholder) -> None:

@@ -67,7 +67,11 @@ def test_unsupported_inputs_are_refused():
         numba_attn.flash_forward(np.zeros((4, 16), np.float32), np.zeros((4, 16), np.float32),
                                  np.zeros((4, 16), np.float32), backend="wgmma_ws")
     assert "wgmma_ws" in numba_attn.BACKENDS
-    assert dispatch.choose_backend(None, "float16", wgmma_ok=True) == "wgmma"  # not the default (yet)
+    assert dispatch.choose_backend(None, "float16", wgmma_ok=True) == "wgmma"
+    assert dispatch.choose_backend(None, "float16", wgmma_ok=True, ws_ok=True) == "wgmma_ws"
+    assert dispatch.choose_backend("wgmma", "float16", wgmma_ok=True, ws_ok=True) == "wgmma"
+    assert dispatch.choose_backend(None, "float16", wgmma_ok=False, ws_ok=True) == "mma"
+    assert all(d % 16 == 0 and d <= wgmma_ws.MAX_HEAD_DIM for d in dispatch.WS_DEFAULT_HEAD_DIMS)
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
@@ -207,3 +211,20 @@ def test_cuda_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3
+
+
+@pytest.mark.gpu
+@hopper
+def test_default_dispatch_by_head_dim(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("NUMBA_ATTN_AUTOTUNE", "0")
+    calls = []
+    for module, name in ((wgmma_ws, "wgmma_ws"), (dispatch._flash_wgmma, "wgmma")):
+        real = module.launch
+        monkeypatch.setattr(module, "launch", lambda *a, _real=real, _name=name, **kw: (calls.append(_name),
+                                                                                        _real(*a, **kw))[1])
+    for head_dim in (64, 128, 120):
+        q = torch.randn(1, 2, 300, head_dim, device="cuda", dtype=torch.float16)
+        numba_attn.flash_forward(q, q, q, causal=True)
+        ws = wgmma_ws.padded_head_dim(head_dim) in dispatch.WS_DEFAULT_HEAD_DIMS
+        assert calls[-1] == ("wgmma_ws" if ws else "wgmma"), (head_dim, calls)

@@ -101,12 +101,14 @@ class WsConfig:
 #: budgets FlashAttention-3 gives two consumer warpgroups)
 DEFAULT_CONFIG = WsConfig()
 SIMULATOR_CONFIG = WsConfig(block_n=16, stages=2)
-#: what ``flash_forward``'s autotuner times per key (those that fit: ``fits_registers``, ``shared_bytes``). Deeper
-#: rings for head dim 64, whose tiles compute in less time than a TMA copy takes to land. (Three consumer
-#: warpgroups -- FlashAttention-3's 192 rows at head dim 64 -- spill at 160 registers today: not a candidate.)
+#: what ``flash_forward``'s autotuner times per key (those that fit: ``usable``). Deeper rings for head dim 64, whose
+#: tiles compute in less time than a TMA copy takes to land, and three consumer warpgroups there (192 rows,
+#: FlashAttention-3's shape at head dim 64; with 160 registers each, 96-key tiles: 128-key ones spill)
+_THREE = dict(consumers=3, producer_registers=32, consumer_registers=160)
 TUNING_CANDIDATES = (DEFAULT_CONFIG, WsConfig(block_n=64, stages=3), WsConfig(block_n=128, stages=3),
                      WsConfig(block_n=128, stages=4), WsConfig(block_n=176, stages=2), WsConfig(block_n=176, stages=3),
-                     WsConfig(pingpong=False), WsConfig(persistent=True))
+                     WsConfig(pingpong=False), WsConfig(persistent=True), WsConfig(block_n=96, stages=3, **_THREE),
+                     WsConfig(block_n=96, stages=3, pingpong=False, **_THREE))
 
 
 #: dynamic shared memory a block of sm_90 may use
@@ -120,8 +122,8 @@ def usable(config: WsConfig, head_dim_pad: int) -> bool:
 
 def fits_registers(config: WsConfig, head_dim_pad: int) -> bool:
     """Whether a consumer's live values fit its register budget: S (``block_n / 2`` per thread), P (``block_n /
-    4``), O (``head_dim_pad / 2``) and ~40 for the rest (a rough rule from ptxas: 128-key tiles at head dim 64 spill
-    at 160 registers, 176-key tiles at head dim 128 do not at 240)."""
+    4``), O (``head_dim_pad / 2``) and ~40 for the rest (a rough rule from ptxas: at head dim 64 and 160 registers
+    128-key tiles spill, 96-key tiles do not; 176-key tiles at head dim 128 do not at 240)."""
     return config.block_n // 2 + config.block_n // 4 + head_dim_pad // 2 + 40 <= config.consumer_registers
 
 

@@ -82,7 +82,7 @@ def test_unsupported_inputs_are_refused():
         ("float16", 2, 1, 20, 37, 16, True, TINY),
         # Lq > Lk: rows without keys in consumer 1, a padded head dim, no ping-pong, one stage; persistent: one
         # block walks both heads (the ring's phases and Q's carry over from one head to the next)
-        ("bfloat16", 2, 2, 70, 17, 24, True, wgmma_ws.WsConfig(block_n=16, stages=1, pingpong=False,
+        ("bfloat16", 2, 2, 70, 9, 24, True, wgmma_ws.WsConfig(block_n=16, stages=1, pingpong=False,
                                                                persistent=True)),
         # persistent with ping-pong among three consumers: the turns carry over from one head to the next too
         ("float16", 2, 1, 9, 20, 16, False, wgmma_ws.WsConfig(block_n=16, stages=2, persistent=True, consumers=3,

@@ -99,7 +99,9 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
         out: optional output array of q's shape, dtype and kind (and device), with distinct elements and no
             memory shared with q, k or v.
         backend: ``"wgmma"`` (Hopper's warpgroup MMAs, compute capability 9.0: float16 / bfloat16, headdim up to
-            128 with headdim % 8 == 0, a unit-stride last axis and 16-byte aligned rows), ``"mma"`` (tensor
+            128 with headdim % 8 == 0, a unit-stride last axis and 16-byte aligned rows), ``"wgmma_ws"`` (the same
+            inputs on Hopper's warp-specialised kernel: TMA copies, a producer warp, two consumer warpgroups;
+            chosen only when asked for), ``"mma"`` (tensor
             cores, GPUs of compute capability >= 8.0: float16 / bfloat16 products, any headdim up to 256 and any
             strides; float32 as 3xTF32 -- each operand split into two tf32 parts, three products, float32
             accuracy), ``"simt"`` (CUDA cores: float16 / float32, any GPU) or None: "wgmma" where it applies, else

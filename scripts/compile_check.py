@@ -3,12 +3,15 @@ simulator never meets.
 
     CUDA_HOME=/usr/local/cuda-13.0 NUMBA_ENABLE_CUDASIM=0 python scripts/compile_check.py [FAMILY ...] [--out DIR]
 
-Families: ``backward`` (preprocess, the SIMT dK/dV and dQ kernels, convert) -- each kernel specialisation its
-launch can build, compiled with the argument types its launch passes (4-d arrays of the input dtype, layout "A";
-float32 lse / delta / accumulators). Prints one line per kernel (``OK`` with its instruction count, or ``FAIL`` and
-the error's first lines); exit status 1 if any failed. ``--out`` also writes the PTX. ``backward_variants``: the
-SIMT kernels' specialisations of a sliding window, soft-capping and packed sequences (issue #29; the tensor-core
-ones: ``scripts/check_backward.py --compile-only --variants``).
+Families: ``backward`` (preprocess, the SIMT dK/dV and dQ kernels, convert: each specialisation its launch can
+build, with the argument types it passes -- 4-d arrays of the input dtype, layout "A"; float32 lse / delta /
+accumulators), ``tma`` (the TMA smoke kernel of ``check_tma.py`` and the tensor-map writer) and ``ws`` (the
+warp-specialised Hopper forward, ``forward.wgmma_ws``); ``backward_variants``: the SIMT backward kernels'
+specialisations of a sliding window, soft-capping and packed sequences (the tensor-core ones: ``scripts/
+check_backward.py --compile-only --variants``). Prints one line per kernel (``OK`` with its instruction
+count, or ``FAIL`` and the error's first lines); exit status 1 if any failed. ``--out`` also writes the PTX;
+``--ptxas`` assembles each for sm_90a and adds registers, spills and warnings (C7508: setmaxnreg ignored, C7513:
+wgmma serialised -- both count as failures).
 """
 from __future__ import annotations
 
@@ -18,6 +21,26 @@ import sys
 import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def _ptxas(ptx: str) -> str:
+    """``ptxas -v`` of PTX text for sm_90a: registers, spills and warnings on one line."""
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+
+    ptxas = shutil.which("ptxas") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "ptxas")
+    ptx = re.sub(r"^\.target sm_90$", ".target sm_90a", ptx, flags=re.M)
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "k.ptx"), "w") as f:
+            f.write(ptx)
+        res = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(tmp, "k.ptx"), "-o",
+                              os.path.join(tmp, "k.cubin")], capture_output=True, text=True)
+    if res.returncode:
+        return "ptxas FAILED: " + " ".join(res.stderr.strip().splitlines()[-3:])
+    return " ".join(line.split("info    :")[-1].strip() for line in res.stderr.splitlines()
+                    if "Used" in line or "spill" in line or "warning" in line)
 
 
 def _fake_sm90():
@@ -92,7 +115,36 @@ def backward_variant_cases():
     return cases
 
 
-FAMILIES = {"backward": backward_cases, "backward_variants": backward_variant_cases}
+
+
+def tma_cases():
+    """The TMA smoke kernel of ``scripts/check_tma.py`` (two shapes) and the tensor-map writer."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import check_tma
+
+    from numba_attn.runtime import tensor_map
+
+    cases = []
+    for rows, atoms in ((64, 1), (128, 2)):
+        kernel, _ = check_tma.tile_kernel(rows, atoms, 3)
+        cases.append((f"check_tile_r{rows}_a{atoms}", kernel, kernel.signature.args, (check_tma.THREADS, 1)))
+    writer = tensor_map._map_writer()
+    cases.append(("tensor_map_writer", writer, writer.signature.args, (32, 1)))
+    return cases
+
+
+def ws_cases():
+    """Every specialisation of the warp-specialised Hopper forward (``forward.wgmma_ws``) that ``scripts/forward_ptx.py
+    --kernels wgmma_ws`` builds."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from forward_ptx import _specs
+
+    return [(name, py_func, argtypes, bounds) for name, py_func, argtypes, bounds in _specs("wgmma_ws", None, None,
+                                                                                           False)]
+
+
+FAMILIES = {"backward": backward_cases, "backward_variants": backward_variant_cases, "tma": tma_cases,
+            "ws": ws_cases}
 
 
 def main() -> int:
@@ -100,6 +152,8 @@ def main() -> int:
     parser.add_argument("families", nargs="*", default=["backward"], choices=list(FAMILIES))
     parser.add_argument("--out", default=None)
     parser.add_argument("--first", type=int, default=0, help="only the first N kernels of each family (0: all)")
+    parser.add_argument("--ptxas", action="store_true", help="also assemble each for sm_90a (registers, spills, "
+                        "warnings; a setmaxnreg or wgmma-serialisation warning counts as a failure)")
     args = parser.parse_args()
     import numba_attn  # noqa: F401  (decides simulator or not before numba.cuda is imported)
     from numba_attn.runtime.device import SIMULATOR, cuda
@@ -121,7 +175,11 @@ def main() -> int:
                 print(f"FAIL {family}/{name}: " + " | ".join(line.strip() for line in first[:6]), flush=True)
                 continue
             count = sum(1 for line in ptx.splitlines() if line.strip().endswith(";"))
-            print(f"OK   {family}/{name}: {count} instructions", flush=True)
+            extra = ""
+            if args.ptxas:
+                extra = " | " + _ptxas(ptx)
+                failed += "FAILED" in extra or "C7508" in extra or "C7513" in extra
+            print(f"OK   {family}/{name}: {count} instructions{extra}", flush=True)
             if args.out:
                 os.makedirs(args.out, exist_ok=True)
                 with open(os.path.join(args.out, f"{family}_{name}.ptx"), "w") as handle:

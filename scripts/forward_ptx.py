@@ -4,8 +4,8 @@
         [--window L R] [--softcap C] [--varlen]
     diff -r DIR_BEFORE DIR_AFTER        # two trees' kernels: identical files, identical code
 
-Kernels ``simt``, ``mma`` (float16 / bfloat16 ``mma.sync``), ``tf32`` (float32 3xTF32 and plain tf32) and ``wgmma``
-(Hopper), each at head dims 64 and 128 (and 16 / 256 where the kernel has other tiles there) with its default GPU
+Kernels ``simt``, ``mma`` (float16 / bfloat16 ``mma.sync``), ``tf32`` (float32 3xTF32 and plain tf32), ``wgmma``
+(Hopper) and ``wgmma_ws`` (Hopper, warp-specialised: every tuning candidate, the default in both dtypes), each at head dims 64 and 128 (and 16 / 256 where the kernel has other tiles there) with its default GPU
 tiles, both input dtypes, and the variants that change its code: causal and not for ``simt`` (a compile-time flag
 there), a scale <= 0 for the others. Without options the plain kernels (no window, no soft-capping, dense batches:
 what kernels compiled before these existed); ``--window`` (``none`` for an unbounded side), ``--softcap`` and
@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-KERNELS = ("simt", "mma", "tf32", "wgmma")
+KERNELS = ("simt", "mma", "tf32", "wgmma", "wgmma_ws")
 
 
 def _variant_kwargs(window, softcap, varlen, causal):
@@ -104,6 +104,26 @@ def _specs(kernel, window, softcap, varlen):
                     yield (f"wgmma_d{d}_{'bf16' if bf16 else 'f16'}{'_scalefirst' if scale_first else ''}",
                            wgmma._kernel_source(config, d, bf16, scale_first, **kwargs), signature(wgmma, kwargs),
                            (wgmma.THREADS, config.blocks_per_sm))
+    elif kernel == "wgmma_ws":
+        from numba_attn.forward import wgmma_ws
+
+        kwargs = _variant_kwargs(window, softcap, varlen, False)
+        if kwargs.get("variant") is not None and kwargs["variant"].packed:
+            return  # (dense batches only)
+        for config in wgmma_ws.TUNING_CANDIDATES:
+            tag = (f"c{config.consumers}_n{config.block_n}_s{config.stages}{'' if config.pingpong else '_nopp'}"
+                   f"{'_persistent' if config.persistent else ''}")
+            for d in (64, 128):
+                if not wgmma_ws.usable(config, d):
+                    continue
+                for bf16 in (False, True):
+                    for scale_first in (False, True):
+                        if (scale_first or bf16) and (config != wgmma_ws.DEFAULT_CONFIG or
+                                                      (scale_first and (bf16 or softcap is not None))):
+                            continue
+                        yield (f"wgmma_ws_{tag}_d{d}_{'bf16' if bf16 else 'f16'}{'_scalefirst' if scale_first else ''}",
+                               wgmma_ws._kernel_source(config, d, bf16, scale_first, **kwargs),
+                               wgmma_ws.SIGNATURE.args, (config.threads, 1))
     else:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
 

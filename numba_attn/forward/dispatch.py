@@ -1,10 +1,12 @@
 """Which forward kernel runs a ``flash_forward`` call, with which tile configuration, and its launch.
 
 Backends: "wgmma" (Hopper's warpgroup MMAs, sm_90: float16 / bfloat16, padded head dims up to 128, rows that copy
-in aligned 16-byte pieces), "mma" (tensor cores on sm_80+: float16 / bfloat16 on m16n8k16 -- any head dim up to
+in aligned 16-byte pieces), "wgmma_ws" (the same, warp-specialised with TMA copies, FlashAttention-3's structure;
+dense batches -- packed sequences take "wgmma"), "mma" (tensor cores on sm_80+: float16 / bfloat16 on m16n8k16 -- any head dim up to
 256, any strides --, float32 on tf32 m16n8k8 as 3xTF32, or one tf32 term with ``allow_tf32``) and "simt" (CUDA
 cores, float16 / float32, any GPU). ``None`` picks "wgmma" where it applies, else "mma", else "simt"; under the
-simulator float32 takes "simt" (no MMA emulation, much faster there) unless ``allow_tf32`` asks for tf32. Every
+simulator float32 takes "simt" (no MMA emulation, much faster there) unless ``allow_tf32`` asks for tf32; on
+Hopper "wgmma_ws" replaces "wgmma" at the padded head dims of ``WS_DEFAULT_HEAD_DIMS``. Every
 backend takes a sliding window (a compile-time variant of its kernel). docs/benchmarks.md has the measurements
 behind the order.
 """
@@ -23,8 +25,9 @@ from .common import runs_here
 from . import simt as _flash_simt
 from . import tf32 as _flash_tf32
 from . import wgmma as _flash_wgmma
+from . import wgmma_ws as _flash_ws
 
-BACKENDS = ("simt", "mma", "wgmma")
+BACKENDS = ("simt", "mma", "wgmma", "wgmma_ws")
 
 #: the shipped tables of tuned configurations, one file per GPU family (``sm90.json``; ``scripts/tune_defaults.py``)
 TABLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
@@ -33,7 +36,13 @@ TABLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned")
 FLASH_MMA_TUNER = _autotune.Autotuner("flash_mma", _flash_mma.TUNING_CANDIDATES, _flash_mma.DEFAULT_CONFIG, TABLE_DIR)
 FLASH_WGMMA_TUNER = _autotune.Autotuner("flash_wgmma", _flash_wgmma.TUNING_CANDIDATES, _flash_wgmma.DEFAULT_CONFIG,
                                         TABLE_DIR)
-TUNERS = (FLASH_MMA_TUNER, FLASH_WGMMA_TUNER)
+FLASH_WS_TUNER = _autotune.Autotuner("flash_wgmma_ws", _flash_ws.TUNING_CANDIDATES, _flash_ws.DEFAULT_CONFIG, TABLE_DIR)
+TUNERS = (FLASH_MMA_TUNER, FLASH_WGMMA_TUNER, FLASH_WS_TUNER)
+
+#: padded head dims (multiples of 16) at which ``flash_forward``'s default on Hopper is the warp-specialised kernel
+#: instead of "wgmma" -- the one place to change it. H100, 2026-11-26, fp16, B4: at D128 H32 it ran 1.01-1.35x
+#: "wgmma" at 1k-16k keys, causal or not; at D64 H48 0.69-0.97x (scripts/check_ws.py)
+WS_DEFAULT_HEAD_DIMS = frozenset({128})
 
 
 def wgmma_applies(dtype: str, head_dim: int, *arrays) -> bool:
@@ -41,8 +50,16 @@ def wgmma_applies(dtype: str, head_dim: int, *arrays) -> bool:
     return not SIMULATOR and _flash_wgmma.supports(dtype, head_dim, *arrays)
 
 
-def choose_backend(backend, dtype: str, allow_tf32: bool = False, wgmma_ok: bool = False) -> str:
-    """The kernel for ``flash_forward``; ``wgmma_ok``: the warpgroup kernel takes these inputs on this GPU."""
+def ws_applies(dtype: str, head_dim: int, *arrays) -> bool:
+    """The warp-specialised kernel is the default for these inputs on this GPU (``WS_DEFAULT_HEAD_DIMS``; never
+    under the simulator)."""
+    return (not SIMULATOR and _flash_ws.padded_head_dim(head_dim) in WS_DEFAULT_HEAD_DIMS
+            and _flash_ws.supports(dtype, head_dim, *arrays))
+
+
+def choose_backend(backend, dtype: str, allow_tf32: bool = False, wgmma_ok: bool = False, ws_ok: bool = False) -> str:
+    """The kernel for ``flash_forward``; ``wgmma_ok``: the warpgroup kernel takes these inputs on this GPU;
+    ``ws_ok``: the warp-specialised one is the default for them (``ws_applies``)."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
     mma_ok = dtype in _flash_mma.DTYPES + _flash_tf32.DTYPES and runs_here(_flash_mma.MIN_COMPUTE_CAPABILITY)
@@ -51,15 +68,17 @@ def choose_backend(backend, dtype: str, allow_tf32: bool = False, wgmma_ok: bool
             f"backend: 'mma' needs a GPU of compute capability >= 8.0 "
             f"(got {dtype} on {'the simulator' if SIMULATOR else compute_capability()})"
         )
-    if backend == "wgmma" and dtype not in _flash_wgmma.DTYPES:
-        raise ValueError(f"backend: 'wgmma' takes float16 or bfloat16, got {dtype}")
-    if backend == "wgmma" and not runs_here(_flash_wgmma.MIN_COMPUTE_CAPABILITY):
-        raise ValueError(f"backend: 'wgmma' needs a GPU of compute capability 9.0 (Hopper), got {compute_capability()}")
+    if backend in ("wgmma", "wgmma_ws") and dtype not in _flash_wgmma.DTYPES:
+        raise ValueError(f"backend: {backend!r} takes float16 or bfloat16, got {dtype}")
+    if backend in ("wgmma", "wgmma_ws") and not runs_here(_flash_wgmma.MIN_COMPUTE_CAPABILITY):
+        raise ValueError(f"backend: {backend!r} needs a GPU of compute capability 9.0 (Hopper), got "
+                         f"{compute_capability()}")
     if backend == "simt" and dtype == BFLOAT16:
         raise ValueError("backend: 'simt' does not take bfloat16; use 'mma' or None")
     if backend is None:
         wants_mma = dtype != "float32" or allow_tf32 or not SIMULATOR
-        backend = "wgmma" if wgmma_ok else "mma" if mma_ok and wants_mma else "simt"
+        backend = ("wgmma_ws" if ws_ok and wgmma_ok else "wgmma" if wgmma_ok
+                   else "mma" if mma_ok and wants_mma else "simt")
     if backend == "simt" and dtype == BFLOAT16:
         raise TypeError("q: bfloat16 needs the tensor-core kernel, which needs a GPU of compute capability >= 8.0")
     return backend
@@ -74,8 +93,10 @@ def check_seqlen_q(seqlen_q: int) -> None:
 
 def backend_for(call, shape, backend, allow_tf32: bool) -> str:
     """The backend that runs this call (``backend`` as the caller passed it; raises where it cannot)."""
-    wgmma_ok = wgmma_applies(call.dtype, shape.head_dim, *(call.inputs[name] for name in "qkv"))
-    return choose_backend(backend, call.dtype, allow_tf32, wgmma_ok)
+    arrays = tuple(call.inputs[name] for name in "qkv")
+    wgmma_ok = wgmma_applies(call.dtype, shape.head_dim, *arrays)
+    ws_ok = backend is None and wgmma_ok and ws_applies(call.dtype, shape.head_dim, *arrays)
+    return choose_backend(backend, call.dtype, allow_tf32, wgmma_ok, ws_ok)
 
 
 def run(call, shape, args: AttentionArgs, backend: str, allow_tf32: bool, lse_placeholder) -> None:
@@ -89,6 +110,11 @@ def run(call, shape, args: AttentionArgs, backend: str, allow_tf32: bool, lse_pl
     elif backend == "wgmma":
         config = _tuned_config(FLASH_WGMMA_TUNER, _flash_wgmma.launch, args, call, shape, lse_placeholder)
         _flash_wgmma.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **variant)
+    elif backend == "wgmma_ws":
+        d_pad = _flash_ws.padded_head_dim(shape.head_dim)
+        config = _tuned_config(FLASH_WS_TUNER, _flash_ws.launch, args, call, shape, lse_placeholder,
+                               lambda c: _flash_ws.usable(c, d_pad))
+        _flash_ws.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **variant)
     else:
         _flash_simt.launch(*args.launch_args(), call.stream, **variant)
 
@@ -104,7 +130,7 @@ def tuning_key(dtype: str, head_dim: int, causal: bool, batch: int, heads: int, 
     )
 
 
-def _tuned_config(tuner, launch, args: AttentionArgs, call, shape, lse_placeholder):
+def _tuned_config(tuner, launch, args: AttentionArgs, call, shape, lse_placeholder, usable=None):
     """The tuner's configuration for this call (None under the simulator: the kernel's simulator configuration).
     In tuning mode a key new to the user's choices times every candidate on these inputs with ``launch``, writing
     into a scratch output, unless the call's stream is being captured into a CUDA graph."""
@@ -114,6 +140,8 @@ def _tuned_config(tuner, launch, args: AttentionArgs, call, shape, lse_placehold
                      shape.seqlen_k)
 
     def bench(config):
+        if usable is not None and not usable(config):  # (tiles that do not fit this head dim: never chosen)
+            return float("inf")
         scratch = args.writing(lift(call.scratch(shape.out_shape(), call.dtype), 4), lse_placeholder, False)
         return _autotune.time_on_stream(
             lambda: launch(*scratch.launch_args(), call.stream, config=config, dtype=call.dtype,

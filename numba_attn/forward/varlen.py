@@ -276,6 +276,8 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal:
         k4, v4 = (batched(call.inputs[name], (total_k, kv_heads, head_dim)) for name in "kv")
         chosen = _dispatch.choose_backend(backend, call.dtype, False,
                                           _dispatch.wgmma_applies(call.dtype, head_dim, q4, k4, v4))
+        if chosen == "wgmma_ws":  # (dense batches only: its non-specialised sibling takes packed sequences)
+            chosen = "wgmma"
         result = call.output((total_q, heads, head_dim), out=out)
         lse = call.output((heads, total_q), "float32", name="lse") if return_lse else None
         if total_q > 0 and heads > 0:

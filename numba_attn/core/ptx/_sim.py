@@ -2,7 +2,7 @@
 
 Numba's CUDA simulator runs every thread of a block as a Python thread. A twin that needs its warp's (or
 warpgroup's) operands publishes its own in a slot of the block and meets the others at the block's barrier, so every
-thread of the block must call such twins the same number of times in the same order.
+thread of a group must call such twins the same number of times in the same order.
 """
 from __future__ import annotations
 
@@ -16,19 +16,33 @@ def _sim_warp_gather(value):
 
 def _sim_group_gather(value, size: int):
     """``value`` of every thread of the calling thread's group of ``size`` consecutive threads (a warp, a
-    warpgroup; simulator only; a block-wide barrier inside)."""
+    warpgroup; simulator only; block-wide barriers inside).
+
+    Each thread posts its value with the number of its earlier gathers over groups of this size, then meets the
+    others at the block's barrier until its whole group has posted that call: a member may still be blocked at
+    another barrier (a warp-specialised kernel's threads wait on mbarriers and named barriers by polling the
+    block's barrier, ``tma``), which the simulator does not tell apart."""
     thread = threading.current_thread()
-    slots = thread._manager.__dict__.setdefault("_ptx_exchange", ({}, {}))
-    calls = getattr(thread, "_ptx_calls", 0)
-    thread._ptx_calls = calls + 1
-    # Two slots used alternately: a thread only comes back to a slot after every thread has passed the next
-    # barrier, i.e. after every thread has read it.
+    slots = thread._manager.__dict__.setdefault(f"_ptx_exchange_{size}", ({}, {}))
+    counter = f"_ptx_calls_{size}"
+    calls = getattr(thread, counter, 0)
+    setattr(thread, counter, calls + 1)
+    # Two slots used alternately: a thread only comes back to a slot after every member of its group has posted
+    # the next call, i.e. after each has read this one.
     slot = slots[calls % 2]
     tid = thread.thread_id
-    slot[tid] = value
-    thread.syncthreads()
+    slot[tid] = (calls, value)
     base = tid - tid % size
-    return [slot[base + i] for i in range(size)]
+    for _ in range(_MAX_ROUNDS):
+        thread.syncthreads()
+        posted = [slot.get(base + i) for i in range(size)]
+        if all(entry is not None and entry[0] == calls for entry in posted):
+            return [entry[1] for entry in posted]
+    raise RuntimeError(f"simulator: a group of {size} threads never met (deadlock)")
+
+
+#: block barriers a simulated collective waits for its group before giving up
+_MAX_ROUNDS = 200_000
 
 
 def _sim_lane() -> int:

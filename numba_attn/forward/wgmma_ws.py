@@ -1,0 +1,469 @@
+"""Warp-specialised FlashAttention forward on Hopper (sm_90a), the FlashAttention-3 way: TMA copies through an
+mbarrier ring, a producer warp, two consumer warpgroups that only compute, register budgets moved with
+``setmaxnreg``, and ping-pong between the consumers. float16 / bfloat16.
+
+Same interface and semantics as ``wgmma.launch`` (shapes ``(batch, heads, seqlen, headdim)``, GQA, bottom-right
+causal mask, rows that see no key give 0 and ``lse = -inf``, sliding windows and soft-capping as compile-time
+variants); it takes the inputs the TMA can read (``runtime.tensor_map.tma_layout_ok``) with padded head dims up to
+``MAX_HEAD_DIM``; ``launch`` hands a call to ``wgmma`` where no tensor map can be had (``supports``).
+
+Work split (one thread block = 128 query rows of one (batch, head), 384 threads, one block per SM)
+    Warpgroup 0, the producer, lowers its registers (``setmaxnreg.dec``); one elected thread of its first warp issues
+    every copy: Q once (two 64-row tiles), then K of tile ``j + 1`` and V of tile ``j`` into a ring of ``stages``
+    stages, each stage with a "full" mbarrier (armed with the tile's bytes; the TMA completes them) and an "empty"
+    one (8 arrivals: every consumer warp once it is done with the stage). Its other warps have nothing to do.
+    Warpgroups 1 and 2, the consumers, raise their registers (``setmaxnreg.inc``) and each own 64 query rows (warp
+    ``w`` of the warpgroup rows ``16 w .. 16 w + 15``, the ``wgmma`` fragment layout), through the loop of
+    ``wgmma.py`` per key tile ``j``: ``S_j = Q K_j^T`` (``wgmma`` from shared memory), and behind it ``O += P_(j-1)
+    V_(j-1)`` (P from registers), the online softmax of ``S_j`` (``core.softmax``) while the P V MMAs run, then the
+    rescale of O and P_j rounded to 16 bits. Both walk the same key tiles (those of the block's 128 rows,
+    ``block_info.key_tile_walk``); tiles that cross the diagonal or the end of the keys for a warpgroup's own 64 rows
+    are masked (``mask.tile_is_partial``), fully hidden ones included.
+
+Ping-pong (``pingpong``)
+    The two consumers take turns issuing their MMAs: named barrier ``1 + c`` (256 threads) is where consumer ``c``
+    waits before issuing ``S_j`` and ``P_(j-1) V_(j-1)``, and right after issuing them it arrives on the other's
+    barrier. So one warpgroup's MMAs run while the other does its softmax. Consumer 1 arrives once at the start
+    (consumer 0 goes first) and consumer 0 waits once more at the end, which leaves both barriers as they began.
+
+Shared memory (dynamic; 1024-byte aligned tiles in ``core.warpgroup``'s 128-byte swizzled layout, which the TMA
+writes with ``CU_TENSOR_MAP_SWIZZLE_128B`` -- one 64-column box per atom column; zeros outside the tensor)
+    Q (2 x 64 rows), ``stages`` K tiles, ``stages`` V tiles, then the mbarriers (8 bytes each).
+
+Tensor maps (``runtime.tensor_map``) travel as 64-bit addresses of maps in global memory, one per tensor and box;
+the producer acquires them (``tensormap_acquire``) before its first copy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numba import float32, types, uint16, uint32
+
+from ..core import ptx
+from ..core import warpgroup as wgmma
+from ..core.block_info import QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
+from ..core.epilogue import as_16bit, store_rows
+from ..core.mask import tile_is_partial
+from ..core.ptx import tma
+from ..core.softmax import exponent_scale_for, softmax_start, softmax_update
+from ..core.staging import device_function, kernel_body
+from ..runtime import tensor_map
+from ..runtime.device import SIMULATOR, cuda, kernel_jit, multiprocessor_count
+from ..runtime.launch import launch as device_launch
+from . import common
+from . import wgmma as flash_wgmma
+from .common import PLAIN, Variant
+
+MIN_COMPUTE_CAPABILITY = (9, 0)
+MAX_HEAD_DIM = 128
+ROWS = wgmma.ROWS  # query rows per consumer warpgroup
+WARPGROUP = wgmma.WARPGROUP_THREADS
+DTYPES = ("float16", "bfloat16")
+#: the SM's registers: the budgets of one producer and two consumer warpgroups must fit
+_REGISTERS = 65536
+
+
+@dataclass(frozen=True)
+class WsConfig:
+    """Tuning knobs of the warp-specialised kernel (validated where made)."""
+
+    block_n: int = 128  # keys per K / V tile (multiple of 16, at most 256: one TMA box, one wgmma N)
+    stages: int = 2  # K / V tiles in flight (the ring's depth)
+    pingpong: bool = True  # consumers take turns issuing their MMAs (named barriers)
+    persistent: bool = False  # one block per SM looping over the query blocks (else one block per query block)
+    consumers: int = 2  # consumer warpgroups of 64 query rows each (2 or 3)
+    producer_registers: int = 24  # setmaxnreg.dec of the producer warpgroup
+    consumer_registers: int = 240  # setmaxnreg.inc of the consumer warpgroups
+
+    def __post_init__(self):
+        common.check_fields(self, block_n=(16, 256, 16), stages=(1, 8, 1), producer_registers=(24, 256, 8),
+                            consumer_registers=(24, 256, 8), consumers=(2, 3, 1))
+        for name in ("pingpong", "persistent"):
+            if type(getattr(self, name)) is not bool:
+                raise ValueError(f"WsConfig.{name}: expected a bool, got {getattr(self, name)!r}")
+        used = WARPGROUP * (self.producer_registers + self.consumers * self.consumer_registers)
+        if used > _REGISTERS:
+            raise ValueError(f"WsConfig: producer_registers + {self.consumers} x consumer_registers must fit the SM's "
+                             f"{_REGISTERS} registers over 128 threads each, got {used}")
+
+    @property
+    def block_m(self) -> int:
+        return self.consumers * ROWS
+
+    @property
+    def threads(self) -> int:
+        return (1 + self.consumers) * WARPGROUP
+
+
+#: 128-key tiles in two stages (160 KB of shared memory at head dim 128), ping-pong on, 24 / 240 registers (the
+#: budgets FlashAttention-3 gives two consumer warpgroups)
+DEFAULT_CONFIG = WsConfig()
+SIMULATOR_CONFIG = WsConfig(block_n=16, stages=2)
+#: what ``flash_forward``'s autotuner times per key (those that fit: ``usable``). Deeper rings for head dim 64, whose
+#: tiles compute in less time than a TMA copy takes to land, and three consumer warpgroups there (192 rows,
+#: FlashAttention-3's shape at head dim 64; with 160 registers each, 96-key tiles: 128-key ones spill)
+_THREE = dict(consumers=3, producer_registers=32, consumer_registers=160)
+TUNING_CANDIDATES = (DEFAULT_CONFIG, WsConfig(block_n=64, stages=3), WsConfig(block_n=128, stages=3),
+                     WsConfig(block_n=128, stages=4), WsConfig(block_n=176, stages=2), WsConfig(block_n=176, stages=3),
+                     WsConfig(pingpong=False), WsConfig(persistent=True), WsConfig(block_n=96, stages=3, **_THREE),
+                     WsConfig(block_n=96, stages=3, pingpong=False, **_THREE))
+
+
+#: dynamic shared memory a block of sm_90 may use
+SHARED_LIMIT = 227 * 1024
+
+
+def usable(config: WsConfig, head_dim_pad: int) -> bool:
+    """Whether ``config`` suits a padded head dim: its tiles fit shared memory and its values the registers."""
+    return shared_bytes(config, head_dim_pad) <= SHARED_LIMIT and fits_registers(config, head_dim_pad)
+
+
+def fits_registers(config: WsConfig, head_dim_pad: int) -> bool:
+    """Whether a consumer's live values fit its register budget: S (``block_n / 2`` per thread), P (``block_n /
+    4``), O (``head_dim_pad / 2``) and ~40 for the rest (a rough rule from ptxas: at head dim 64 and 160 registers
+    128-key tiles spill, 96-key tiles do not; 176-key tiles at head dim 128 do not at 240)."""
+    return config.block_n // 2 + config.block_n // 4 + head_dim_pad // 2 + 40 <= config.consumer_registers
+
+
+def default_config() -> WsConfig:
+    return SIMULATOR_CONFIG if SIMULATOR else DEFAULT_CONFIG
+
+
+def padded_head_dim(head_dim: int) -> int:
+    return common.padded_head_dim(head_dim, 16)
+
+
+def _barriers(stages: int) -> int:
+    return 2 + 4 * stages  # Q full, Q empty, then K full, K empty, V full, V empty per stage
+
+
+def shared_bytes(config: WsConfig, head_dim_pad: int) -> int:
+    """Q (128 rows), ``stages`` K and V tiles, the mbarriers, and 1 KB to align the first tile to 1024 bytes."""
+    tiles = 128 * wgmma.atom_columns(head_dim_pad) * (config.block_m + 2 * config.stages * config.block_n)
+    return tiles + 8 * _barriers(config.stages) + 1024
+
+
+def supports(dtype: str, head_dim: int, *arrays) -> bool:
+    """True when this kernel can take the call on this device: float16 / bfloat16, a padded head dim up to
+    ``MAX_HEAD_DIM``, arrays the TMA reads (``tma_layout_ok``), sm_90 (the simulator runs it too). ``launch`` still
+    hands the call to ``wgmma`` where the driver refuses a map or no map slot can be had during a capture."""
+    return (dtype in DTYPES and padded_head_dim(head_dim) <= MAX_HEAD_DIM
+            and common.runs_here(MIN_COMPUTE_CAPABILITY) and all(tensor_map.tma_layout_ok(x) for x in arrays))
+
+
+def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN):
+    """The Python function of one specialisation (not yet jitted)."""
+    if variant.packed:
+        raise ValueError("wgmma_ws: packed sequences are not supported (forward.wgmma takes them)")
+    BLOCK_N = config.block_n
+    STAGES = config.stages
+    PINGPONG = config.pingpong
+    ATOMS = wgmma.atom_columns(d_pad)
+    Q_TILE = ROWS * 64 * ATOMS  # elements of one consumer's Q tile
+    TILE = BLOCK_N * 64 * ATOMS  # elements of a K or V tile
+    CONSUMERS = config.consumers
+    BLOCK_M = config.block_m
+    Q_BYTES = 2 * CONSUMERS * Q_TILE
+    TILE_BYTES = 2 * TILE
+    Q_BOX = 64 * ROWS  # elements of one 64-column box of Q
+    KV_BOX = 64 * BLOCK_N
+    S_BLOCKS = BLOCK_N // 8
+    PV_STEPS = BLOCK_N // 16
+    P_WORDS = 4 * PV_STEPS
+    O_BLOCKS = d_pad // 8
+    QK_STEPS = d_pad // 16
+    SCALE_FIRST = scale_first
+    EMPTY_ARRIVALS = 4 * CONSUMERS  # one per consumer warp
+    PERSISTENT = config.persistent
+    # the mbarriers, 4 elements (8 bytes) each from ``bars``: Q full, Q empty, then per stage of the ring
+    K_FULL, K_EMPTY, V_FULL, V_EMPTY = (4 * (2 + n * STAGES) for n in range(4))
+    PAIR = 2 * WARPGROUP  # threads of a ping-pong barrier: the waiting warpgroup and the one arriving
+    q_times_k = wgmma.wgmma_ss(BLOCK_N, QK_STEPS, bf16, wgmma.k_major(ROWS, QK_STEPS),
+                               wgmma.k_major(BLOCK_N, QK_STEPS), wait=False)
+    p_times_v = wgmma.wgmma_rs(d_pad, PV_STEPS, bf16, wgmma.mn_major(BLOCK_N, PV_STEPS), True, wait=False)
+    wait_s = wgmma.wgmma_wait(BLOCK_N, 0)
+    wait_one = wgmma.wgmma_wait(BLOCK_N, 1)
+    wait_o = wgmma.wgmma_wait(d_pad, 0)
+    shared_address = wgmma.shared_address
+    all_lanes = ptx.all_lanes
+    pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
+    ONE = np.float32(1.0)
+    init, arrive, arrive_tx, wait = tma.mbarrier_init, tma.mbarrier_arrive, tma.mbarrier_arrive_expect_tx, \
+        tma.mbarrier_wait
+    load_box = tma.tma_load_4d
+    acquire = tma.tensormap_acquire
+    elect_one = tma.elect_one
+    bar_sync, bar_arrive = tma.named_barrier_sync, tma.named_barrier_arrive
+    fewer_registers = tma.setmaxnreg_dec(config.producer_registers)
+    more_registers = tma.setmaxnreg_inc(config.consumer_registers)
+    fence_init = tma.fence_mbarrier_init
+    position = block_position_of(QUERY_MAJOR, BLOCK_M)
+    bounds = sequence_bounds_of(False)
+    exponent = exponent_scale_for(variant.softcap)
+    walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)
+    partial = tile_is_partial(BLOCK_N, ROWS, variant.window)
+    start = softmax_start(1, O_BLOCKS)
+    online_softmax = softmax_update(1, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
+                                    window=variant.window, softcap=variant.softcap, precise_tanh=False)
+    finish = store_rows(1, O_BLOCKS, as_16bit(bf16))
+
+    @device_function
+    def advance(stage, phase):
+        """The ring's next slot and its phase bit (one division-free step; the phase flips at each wrap)."""
+        stage += 1
+        if stage == STAGES:
+            return 0, phase ^ 1
+        return stage, phase
+
+    @device_function
+    def load_kv(smem, base, tmap, stage, phase, n0, hk, b, full, empty):
+        """A K or V tile into ring slot ``stage`` (its ``phase``-th use), once the consumers have freed it."""
+        wait(smem, empty + 4 * stage, phase ^ 1)  # (the first round passes at once)
+        arrive_tx(smem, full + 4 * stage, TILE_BYTES)
+        for a in range(ATOMS):
+            load_box(smem, base + stage * TILE + a * KV_BOX, tmap, 64 * a, n0, hk, b, full + 4 * stage)
+
+    @device_function
+    def produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m0, h, hk, b, n_first, n_tiles, stage,
+                phase, qn):
+        """The producer thread, one block of rows: Q (once the consumers are done with the previous block's: its
+        ``qn``-th), K of tile 0, then per tile K of the next and V of this one. Tile 0 goes to ring slot ``stage``
+        (use ``phase``); returns the slot and phase of the next block's tile 0."""
+        wait(smem, bars + 4, (qn & 1) ^ 1)
+        arrive_tx(smem, bars, Q_BYTES)
+        for c in range(CONSUMERS):
+            for a in range(ATOMS):
+                load_box(smem, q_base + c * Q_TILE + a * Q_BOX, q_map, 64 * a, m0 + ROWS * c, h, b, bars)
+        load_kv(smem, k_base, k_map, stage, phase, n_first, hk, b, bars + K_FULL, bars + K_EMPTY)
+        for j in range(n_tiles):
+            v_stage, v_phase = stage, phase  # V of tile j goes where K of tile j went
+            stage, phase = advance(stage, phase)
+            if j + 1 < n_tiles:
+                load_kv(smem, k_base, k_map, stage, phase, n_first + (j + 1) * BLOCK_N, hk, b, bars + K_FULL,
+                        bars + K_EMPTY)
+            load_kv(smem, v_base, v_map, v_stage, v_phase, n_first + j * BLOCK_N, hk, b, bars + V_FULL,
+                    bars + V_EMPTY)
+        return stage, phase
+
+    @device_function
+    def probabilities(s, p):
+        """P rounded to the input dtype as the A operand (``wgmma.probabilities``' layout)."""
+        for kk in range(PV_STEPS):
+            p[4 * kk] = pack(s[0, 2 * kk, 0], s[0, 2 * kk, 1])
+            p[4 * kk + 1] = pack(s[0, 2 * kk, 2], s[0, 2 * kk, 3])
+            p[4 * kk + 2] = pack(s[0, 2 * kk + 1, 0], s[0, 2 * kk + 1, 1])
+            p[4 * kk + 3] = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
+
+    @device_function
+    def consume(smem, q_c, k_base, v_base, bars, c, lane, m_c, row0, t, n_first, n_tiles, stage, phase, qn, key_end,
+                causal, diag_offset, scale_log2, post, out_head, lse, b, h, seqlen_q, head_dim, write_lse):
+        """Consumer ``c``'s 64 rows of one block (``qn``: Q copies before; tile 0 in ring slot ``stage``, use
+        ``phase``); returns the slot and phase of the next block's tile 0."""
+        s = cuda.local.array((1, S_BLOCKS, 4), float32)
+        acc = cuda.local.array((1, O_BLOCKS, 4), float32)
+        p = cuda.local.array(P_WORDS, uint32)
+        alpha = cuda.local.array(2, float32)
+        m_run = cuda.local.array(2, float32)
+        l_run = cuda.local.array(2, float32)
+        start(m_run, l_run, acc)
+        v_stage = stage  # the slot of the V tile the next P V reads
+        v_phase = phase
+        if n_tiles > 0:  # tile 0: S_0, its softmax and P_0
+            wait(smem, bars, qn & 1)
+            wait(smem, bars + K_FULL + 4 * stage, phase)
+            if PINGPONG:
+                bar_sync(1 + c, PAIR)
+            q_times_k(s, smem, q_c, k_base + stage * TILE)
+            if PINGPONG:
+                bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
+            wait_s(s)
+            if lane == 0:
+                arrive(smem, bars + K_EMPTY + 4 * stage)
+            online_softmax(s, alpha, m_run, l_run, partial(n_first, m_c, key_end, causal, diag_offset), n_first,
+                           row0, t, key_end, causal, diag_offset, scale_log2, post)
+            probabilities(s, p)
+            stage, phase = advance(stage, phase)
+        for j in range(1, n_tiles):
+            n0 = n_first + j * BLOCK_N
+            wait(smem, bars + K_FULL + 4 * stage, phase)
+            if PINGPONG:
+                bar_sync(1 + c, PAIR)
+            q_times_k(s, smem, q_c, k_base + stage * TILE)
+            wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
+            p_times_v(acc, p, smem, v_base + v_stage * TILE)
+            if PINGPONG:
+                bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
+            wait_one(s)  # S_j is done; P V may still run
+            if lane == 0:
+                arrive(smem, bars + K_EMPTY + 4 * stage)  # K of tile j is free
+            online_softmax(s, alpha, m_run, l_run, partial(n0, m_c, key_end, causal, diag_offset), n0, row0, t,
+                           key_end, causal, diag_offset, scale_log2, post)
+            wait_o(acc)
+            if lane == 0:
+                arrive(smem, bars + V_EMPTY + 4 * v_stage)  # V of tile j - 1 is free
+            if not all_lanes(alpha[0] == ONE and alpha[1] == ONE):
+                for ob in range(O_BLOCKS):
+                    acc[0, ob, 0] *= alpha[0]
+                    acc[0, ob, 1] *= alpha[0]
+                    acc[0, ob, 2] *= alpha[1]
+                    acc[0, ob, 3] *= alpha[1]
+            probabilities(s, p)
+            v_stage, v_phase = advance(v_stage, v_phase)
+            stage, phase = advance(stage, phase)
+        if n_tiles > 0:
+            wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
+            p_times_v(acc, p, smem, v_base + v_stage * TILE)
+            wait_o(acc)
+            if lane == 0:
+                arrive(smem, bars + V_EMPTY + 4 * v_stage)
+                arrive(smem, bars + 4)  # Q is free (the producer copies the next block's over it)
+        finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post)
+        return stage, phase
+
+    @device_function
+    def tile_of(tile, q, causal):
+        """``(b, h, m0)`` of the persistent loop's ``tile``: heads outer, query blocks inner (so the blocks running
+        at once share a head's K and V in L2), the longest (last) query blocks first under a causal mask."""
+        blocks = (q.shape[2] + BLOCK_M - 1) // BLOCK_M
+        bh = tile // blocks
+        m_block = tile - bh * blocks
+        if causal:
+            m_block = blocks - 1 - m_block
+        return bh // q.shape[1], bh % q.shape[1], m_block * BLOCK_M
+
+    @kernel_body
+    def body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map):
+        tid, warp, lane, g, t = lane_position()
+        seqlen_q, key_start, key_end, diag_offset = bounds(q, k, 0, lse)
+        group = q.shape[1] // k.shape[1]
+        head_dim = q.shape[3]
+        smem = cuda.shared.array(0, uint16)
+        q_base = ((1024 - shared_address(smem) % 1024) % 1024) // 2
+        k_base = q_base + CONSUMERS * Q_TILE
+        v_base = k_base + STAGES * TILE
+        bars = v_base + STAGES * TILE  # Q full, Q empty; K full, K empty, V full, V empty per stage
+        if tid == 0:
+            init(smem, bars, 1)
+            init(smem, bars + 4, EMPTY_ARRIVALS)
+            for stage in range(STAGES):
+                init(smem, bars + K_FULL + 4 * stage, 1)
+                init(smem, bars + K_EMPTY + 4 * stage, EMPTY_ARRIVALS)
+                init(smem, bars + V_FULL + 4 * stage, 1)
+                init(smem, bars + V_EMPTY + 4 * stage, EMPTY_ARRIVALS)
+            fence_init()
+        cuda.syncthreads()  # (the last block-wide barrier: the producer's idle warps leave)
+        # (the block loop of the persistent kernel is its own branch: a one-trip loop around the consumer made
+        # ptxas spill 480 bytes at head dim 128)
+        blocks = q.shape[0] * q.shape[1] * ((seqlen_q + BLOCK_M - 1) // BLOCK_M)
+        role = tid // 128
+        if role == 0:
+            fewer_registers()
+            if warp == 0 and elect_one():
+                acquire(q_map)
+                acquire(k_map)
+                acquire(v_map)
+                if PERSISTENT:
+                    stage = 0
+                    phase = 0
+                    qn = 0
+                    for tile in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
+                        b, h, m0 = tile_of(tile, q, causal)
+                        n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
+                        if n_tiles > 0:
+                            stage, phase = produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m0, h,
+                                                   h // group, b, n_first, n_tiles, stage, phase, qn)
+                            qn += 1
+                else:
+                    b1, h1, m1, _, _, _, _ = position(q, k, v, out, causal, lse)
+                    n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
+                    if n_tiles1 > 0:
+                        produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m1, h1, h1 // group, b1,
+                                n_first1, n_tiles1, 0, 0, 0)
+            return
+
+        more_registers()
+        c = role - 1
+        row = ROWS * c + 16 * (warp - 4 * role) + g  # this thread's first row in the block
+        if PINGPONG and c == CONSUMERS - 1:
+            bar_arrive(1, PAIR)  # consumer 0 issues first
+        post = exponent(scale_log2, SCALE_FIRST)
+        if PERSISTENT:
+            stage = 0
+            phase = 0
+            qn = 0
+            for tile in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
+                b, h, m0 = tile_of(tile, q, causal)
+                n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
+                stage, phase = consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m0 + ROWS * c,
+                                       m0 + row, t, n_first, n_tiles, stage, phase, qn, key_end, causal, diag_offset,
+                                       scale_log2, post, out[b, h], lse, b, h, seqlen_q, head_dim, write_lse)
+                if n_tiles > 0:
+                    qn += 1
+        else:
+            b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, lse)
+            n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
+            consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m1 + ROWS * c, m1 + row, t, n_first1,
+                    n_tiles1, 0, 0, 0, key_end, causal, diag_offset, scale_log2, post, out_head, lse, b1, h1,
+                    seqlen_q, head_dim, write_lse)
+        if PINGPONG and c == 0:
+            bar_sync(1, PAIR)  # the last consumer's last arrival: the barriers end as they began
+
+    def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map):
+        body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map)
+
+    return kernel
+
+
+SIGNATURE = types.void(*common.kernel_signature(uint16).args, types.uint64, types.uint64, types.uint64)
+
+
+@lru_cache(maxsize=None)
+def flash_ws_kernel(config: WsConfig, head_dim_pad: int, bf16: bool, scale_first: bool = False,
+                    variant: Variant = PLAIN):
+    """The compiled kernel of one specialisation, with launch bounds of one 384-thread block per SM (so that ptxas
+    knows the registers at entry and honours ``setmaxnreg``)."""
+    if head_dim_pad % 16 or not 16 <= head_dim_pad <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, {MAX_HEAD_DIM}], got {head_dim_pad}")
+    return kernel_jit((config.threads, 1), SIGNATURE)(_kernel_source(config, head_dim_pad, bf16, scale_first, variant))
+
+
+def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream,
+           config: WsConfig | None = None, dtype: str | None = None, window=None,
+           softcap: float | None = None, schedule=None):
+    """Launch on device views of shape (batch, heads, seqlen, headdim) that ``supports`` accepts (as
+    ``wgmma.launch``; ``schedule`` must be None). Where a tensor map cannot be had now, and for calls without keys,
+    ``wgmma.launch`` runs the call with its default tiles."""
+    config = config or default_config()
+    if schedule is not None:
+        raise ValueError("schedule: the wgmma_ws kernel takes dense batches only (packed sequences: wgmma)")
+    dtype = common.sixteen_bit_dtype(q, dtype)
+    batch, heads, seqlen_q, head_dim = q.shape
+    if batch * heads == 0 or seqlen_q == 0:
+        return
+    q, k, v, out = (common.bits(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out")))
+    if k.shape[2] == 0:  # no key: nothing to copy (and no map of an empty tensor); zeros and -inf
+        flash_wgmma.launch(q, k, v, out, lse, write_lse, sm_scale, causal, stream, dtype=dtype, window=window,
+                           softcap=softcap)
+        return
+    if not supports(dtype, head_dim, q, k, v):
+        raise ValueError("q, k, v: the wgmma_ws kernel needs float16 / bfloat16 arrays the TMA can read (16-byte "
+                         "aligned base, unit-stride last axis, other strides multiples of 16 bytes) and a padded "
+                         f"headdim <= {MAX_HEAD_DIM} on sm_90; got {dtype}, headdim {head_dim}")
+    d_pad = padded_head_dim(head_dim)
+    maps = tuple(tensor_map.tensor_map_address(x, rows, stream) for x, rows in ((q, ROWS), (k, config.block_n),
+                                                                                  (v, config.block_n)))
+    if None in maps:
+        flash_wgmma.launch(q, k, v, out, lse, write_lse, sm_scale, causal, stream, dtype=dtype, window=window,
+                           softcap=softcap)
+        return
+    nbytes = shared_bytes(config, d_pad)
+    common.check_shared_memory(nbytes)
+    scale_log2, scale_first = common.scale_args(sm_scale, softcap)
+    kernel = flash_ws_kernel(config, d_pad, dtype == "bfloat16", scale_first, Variant.of(bool(causal), window, softcap))
+    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m)
+    if config.persistent:  # one block per SM (or per query block, when there are fewer)
+        shape = (min(shape[0] * shape[1] * shape[2], multiprocessor_count()), 1, 1)
+    device_launch(kernel, shape, config.threads, stream, nbytes, q, k, v, out, lse, bool(write_lse), bool(causal),
+                  scale_log2, *(np.uint64(m) for m in maps))

@@ -1,0 +1,230 @@
+"""The warp-specialised Hopper kernel (numba_attn.forward.wgmma_ws) against reference.attention.
+
+* ``gpu`` tests (they skip themselves below sm_90): the real kernel (TMA copies through an mbarrier ring, a producer
+  warp, two consumer warpgroups with ``setmaxnreg``, ping-pong through named barriers) on float16 and bfloat16 over
+  head dims 64 and 128 (and others that pad), causal or not, lengths 1 .. 4096, Lq != Lk both ways, GQA, lse,
+  every tuning candidate, windows and soft-capping, strided views, poisoned outputs; ``flash_forward(backend=
+  "wgmma_ws")``, the tensor-map cache and the fallback to ``wgmma``.
+* Simulator tests: the same kernel code with the Python twins (mbarriers, TMA boxes, named barriers, wgmma), so the
+  pipeline's stages and phases, the ping-pong and the fragment arithmetic run without a GPU (tiny: 384 Python
+  threads per block).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import numba_attn
+from numba_attn.forward import dispatch
+from numba_attn.forward import wgmma_ws
+from numba_attn.runtime import tensor_map
+from numba_attn.runtime.device import SIMULATOR, compute_capability, cuda
+from test_flash_mma import _check
+
+TINY = wgmma_ws.SIMULATOR_CONFIG
+
+hopper = pytest.mark.skipif(SIMULATOR or compute_capability() < wgmma_ws.MIN_COMPUTE_CAPABILITY,
+                            reason="needs a GPU of compute capability 9.0 (wgmma, TMA)")
+
+
+def check(*args, config=None, **kwargs):
+    _check(*args, launch=wgmma_ws.launch, config=config, **kwargs)
+
+
+# -- always --------------------------------------------------------------------------------------------------------
+def test_configs_are_validated_where_made():
+    for bad in (dict(block_n=24), dict(block_n=272), dict(stages=0), dict(pingpong=1), dict(persistent=None),
+                dict(producer_registers=20),
+                dict(consumer_registers=250), dict(producer_registers=56, consumer_registers=240)):
+        with pytest.raises(ValueError, match="WsConfig"):
+            wgmma_ws.WsConfig(**bad)
+    assert wgmma_ws.DEFAULT_CONFIG.block_m == 128 and wgmma_ws.DEFAULT_CONFIG.threads == 384
+
+
+def test_candidates_fit_shared_memory():
+    assert wgmma_ws.usable(wgmma_ws.DEFAULT_CONFIG, 128) and wgmma_ws.SHARED_LIMIT == 227 * 1024
+    for head_dim in range(8, wgmma_ws.MAX_HEAD_DIM + 1, 8):
+        d_pad = wgmma_ws.padded_head_dim(head_dim)
+        fit = [c for c in wgmma_ws.TUNING_CANDIDATES if wgmma_ws.usable(c, d_pad)]
+        assert wgmma_ws.DEFAULT_CONFIG in fit and len(fit) >= 5
+        assert all(wgmma_ws.shared_bytes(c, d_pad) <= wgmma_ws.SHARED_LIMIT for c in fit)
+    assert not wgmma_ws.usable(wgmma_ws.WsConfig(block_n=128, stages=4), 128)  # 289 KB
+    # 128 rows of Q, two stages of 128-key K and V tiles at head dim 128, the barriers, the alignment slack
+    assert wgmma_ws.shared_bytes(wgmma_ws.DEFAULT_CONFIG, 128) == 256 * (128 + 4 * 128) + 8 * 10 + 1024
+
+
+def test_unsupported_inputs_are_refused():
+    stream = 0 if SIMULATOR else cuda.default_stream()
+    q = cuda.to_device(np.zeros((1, 1, 4, 60), np.float16))  # 120-byte rows: the TMA cannot step over them
+    lse = cuda.to_device(np.zeros((1, 1, 4), np.float32))
+    with pytest.raises(ValueError, match="wgmma_ws kernel needs"):
+        wgmma_ws.launch(q, q, q, q, lse, False, 0.1, False, stream)
+    big = cuda.to_device(np.zeros((1, 1, 4, 136), np.float16))
+    assert not wgmma_ws.supports("float16", 136, big)
+    with pytest.raises(ValueError, match="schedule"):
+        wgmma_ws.launch(q, q, q, q, lse, False, 0.1, False, stream, schedule=np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match="backend: 'wgmma_ws' takes float16 or bfloat16"):
+        numba_attn.flash_forward(np.zeros((4, 16), np.float32), np.zeros((4, 16), np.float32),
+                                 np.zeros((4, 16), np.float32), backend="wgmma_ws")
+    assert "wgmma_ws" in numba_attn.BACKENDS
+    assert dispatch.choose_backend(None, "float16", wgmma_ok=True) == "wgmma"
+    assert dispatch.choose_backend(None, "float16", wgmma_ok=True, ws_ok=True) == "wgmma_ws"
+    assert dispatch.choose_backend("wgmma", "float16", wgmma_ok=True, ws_ok=True) == "wgmma"
+    assert dispatch.choose_backend(None, "float16", wgmma_ok=False, ws_ok=True) == "mma"
+    assert all(d % 16 == 0 and d <= wgmma_ws.MAX_HEAD_DIM for d in dispatch.WS_DEFAULT_HEAD_DIMS)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
+@pytest.mark.parametrize(
+    "dtype, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, config",
+    [
+        # GQA, Lq < Lk, tail tiles through both stages of the ring (3 tiles), ping-pong
+        ("float16", 2, 1, 20, 37, 16, True, TINY),
+        # Lq > Lk: rows without keys in consumer 1, a padded head dim, no ping-pong, one stage; persistent: one
+        # block walks both heads (the ring's phases and Q's carry over from one head to the next)
+        ("bfloat16", 2, 2, 70, 9, 24, True, wgmma_ws.WsConfig(block_n=16, stages=1, pingpong=False,
+                                                               persistent=True)),
+        # persistent with ping-pong among three consumers: the turns carry over from one head to the next too
+        ("float16", 2, 1, 9, 20, 16, False, wgmma_ws.WsConfig(block_n=16, stages=2, persistent=True, consumers=3,
+                                                             producer_registers=32, consumer_registers=160)),
+    ],
+)
+def test_simulated_kernel_equals_reference(dtype, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, config,
+                                           monkeypatch):
+    monkeypatch.setattr(wgmma_ws, "multiprocessor_count", lambda: 1)  # (persistent: one block does every head)
+    check(dtype, 1, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, config=config)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
+def test_simulated_no_keys():
+    check("float16", 1, 1, 1, 3, 0, 16, False, config=TINY)
+
+
+# -- GPU -----------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen", [1, 17, 128, 1000, 4096])
+def test_lengths_dtypes_head_dims(dtype, head_dim, causal, seqlen):
+    check(dtype, 1, 2, 2, seqlen, seqlen, head_dim, causal, seed=seqlen + head_dim)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize(
+    "seqlen_q, seqlen_k",
+    [(1, 1000), (63, 65), (65, 63), (1000, 1), (130, 64), (64, 129), (300, 2000), (2000, 300), (70, 0)],
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_unequal_lengths_and_gqa(seqlen_q, seqlen_k, causal):
+    check("float16", 2, 4, 2, seqlen_q, seqlen_k, 64, causal, seed=seqlen_q + seqlen_k)
+    check("bfloat16", 1, 6, 1, seqlen_q, seqlen_k, 128, causal, seed=seqlen_q * 3 + seqlen_k)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("head_dim", [8, 16, 40, 72, 80, 96, 112])
+def test_padded_head_dims(head_dim):
+    check("float16", 1, 2, 1, 300, 300, head_dim, True, seed=head_dim)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("config", wgmma_ws.TUNING_CANDIDATES + (wgmma_ws.WsConfig(block_n=256, stages=2),
+                                                                  wgmma_ws.WsConfig(block_n=64, stages=1),
+                                                                  wgmma_ws.WsConfig(producer_registers=40,
+                                                                                    consumer_registers=232)))
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_tile_configs_many_tiles(config, head_dim):
+    if wgmma_ws.shared_bytes(config, head_dim) > wgmma_ws.SHARED_LIMIT:
+        pytest.skip("tiles do not fit")
+    check("bfloat16", 1, 2, 1, 1100, 3001, head_dim, True, config=config, seed=11)
+    check("float16", 2, 2, 2, 300, 257, head_dim, False, config=config, seed=12)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("sm_scale", [0.0, -0.4, 3.0])
+def test_scales(sm_scale):
+    check("float16", 1, 2, 1, 200, 230, 64, True, sm_scale=sm_scale, seed=7)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("layout", ["blhd", "pad8"])
+def test_strided_views(layout):
+    check("float16", 2, 4, 2, 150, 170, 64, True, layout, seed=3)
+
+
+@pytest.mark.gpu
+@hopper
+def test_window_and_softcap_match_the_wgmma_kernel():
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.randn(2, 4, 700, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+    for options in (dict(window=(100, 0), causal=True), dict(window=(64, 32)), dict(softcap=20.0, causal=True)):
+        ref = numba_attn.flash_forward(q, k, v, backend="wgmma", **options)
+        got = numba_attn.flash_forward(q, k, v, backend="wgmma_ws", **options)
+        assert ((got.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3, options
+
+
+@pytest.mark.gpu
+@hopper
+def test_flash_forward_backend_maps_cache_and_fallback(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("NUMBA_ATTN_AUTOTUNE", "0")
+    q = torch.randn(2, 4, 333, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    ref, ref_lse = numba_attn.flash_forward(q, k, v, causal=True, return_lse=True, backend="wgmma")
+    maps = tensor_map.maps_for()
+    got, lse = numba_attn.flash_forward(q, k, v, causal=True, return_lse=True, backend="wgmma_ws")
+    uploads = maps.uploads
+    again = numba_attn.flash_forward(q, k, v, causal=True, backend="wgmma_ws")
+    assert maps.uploads == uploads  # the same tensors: no new map
+    for x in (got, again):
+        assert ((x.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+    assert torch.allclose(lse, ref_lse, atol=1e-3, rtol=0)
+    # the driver refusing a map: the call still runs, on wgmma
+    monkeypatch.setattr(tensor_map, "encode_tiled", lambda *a: (_ for _ in ()).throw(RuntimeError("no")))
+    q2 = q.clone()
+    out = numba_attn.flash_forward(q2, k, v, causal=True, backend="wgmma_ws")
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@hopper
+def test_cuda_graph_capture():
+    torch = pytest.importorskip("torch")
+    q = torch.randn(1, 4, 500, 128, device="cuda", dtype=torch.float16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    ref = numba_attn.flash_forward(q, k, v, causal=True, backend="wgmma")
+    q2 = q.clone()  # new tensors: their maps are written inside the capture
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        numba_attn.flash_forward(q2, k, v, causal=True, backend="wgmma_ws")  # warm-up: compiles
+        torch.cuda.synchronize()
+        q3 = q.clone()
+        with torch.cuda.graph(graph, stream=stream):
+            out = numba_attn.flash_forward(q3, k, v, causal=True, backend="wgmma_ws")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3
+
+
+@pytest.mark.gpu
+@hopper
+def test_default_dispatch_by_head_dim(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("NUMBA_ATTN_AUTOTUNE", "0")
+    calls = []
+    for module, name in ((wgmma_ws, "wgmma_ws"), (dispatch._flash_wgmma, "wgmma")):
+        real = module.launch
+        monkeypatch.setattr(module, "launch", lambda *a, _real=real, _name=name, **kw: (calls.append(_name),
+                                                                                        _real(*a, **kw))[1])
+    for head_dim in (64, 128, 120):
+        q = torch.randn(1, 2, 300, head_dim, device="cuda", dtype=torch.float16)
+        numba_attn.flash_forward(q, q, q, causal=True)
+        ws = wgmma_ws.padded_head_dim(head_dim) in dispatch.WS_DEFAULT_HEAD_DIMS
+        assert calls[-1] == ("wgmma_ws" if ws else "wgmma"), (head_dim, calls)

@@ -139,7 +139,7 @@ def causal_dot_product_backward(dout, q, k, v, *, initial_state=None, dstate=Non
             arrays[name] = x
     call = prepare(arrays, own_dtype={"initial_state": ("float32",), "dstate": ("float32",)})
     stateful = initial_state is not None or dstate is not None
-    backend = _linear.choose_backend(backend, call.dtype, shape.seqlen, stateful, states_ok=True)
+    backend = _linear.choose_backend(backend, call.dtype, shape.seqlen, stateful, states_ok=True, backward=True)
     with on_device(call.device_id):
         dq = call.output(tuple(q.shape), name="dq")
         dk = call.output(tuple(k.shape), name="dk")
@@ -236,7 +236,7 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, eps=1e-6, allow_tf
     if tuple(dout.shape) != shape.out_shape():
         raise ValueError(f"dout: expected the output's shape {shape.out_shape()}, got {tuple(dout.shape)}")
     call = prepare({"q": q, "k": k, "v": v, "dout": dout})
-    backend = _linear.choose_backend(backend, call.dtype, max(shape.seqlen, shape.seqlen_k), False)
+    backend = _linear.choose_backend(backend, call.dtype, max(shape.seqlen, shape.seqlen_k), False, backward=True)
     with on_device(call.device_id):
         dq = call.output(tuple(q.shape), name="dq")
         dk = call.output(tuple(k.shape), name="dk")

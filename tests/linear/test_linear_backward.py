@@ -119,15 +119,17 @@ def test_chunked_product_backward_of_no_rows():
         np.testing.assert_array_equal(grads[3], arrays[5] if with_dstate else np.zeros((1, 2, 4, 3), np.float32))
 
 
-def test_backward_dispatch_mirrors_the_forward():
-    """backend=None: chunked where the forward takes it (long, bfloat16, states); the recurrent walk takes states
-    too, but no bfloat16."""
+def test_backward_dispatch():
+    """backend=None: chunked from the backward's own thresholds (long, bfloat16, states); the recurrent walk takes
+    states too, but no bfloat16."""
     from numba_attn.linear import dispatch
 
-    threshold = dispatch.CHUNKED_MIN_SEQLEN
-    choose = functools.partial(dispatch.choose_backend, states_ok=True)
-    assert choose(None, "float16", threshold["float16"] - 1, False) == "recurrent"
-    assert choose(None, "float16", threshold["float16"], False) == "chunked"
+    threshold = dispatch.CHUNKED_MIN_SEQLEN_BACKWARD
+    choose = functools.partial(dispatch.choose_backend, states_ok=True, backward=True)
+    for dtype in ("float16", "float32"):
+        assert threshold[dtype] <= dispatch.CHUNKED_MIN_SEQLEN[dtype]
+        assert choose(None, dtype, threshold[dtype] - 1, False) == "recurrent"
+        assert choose(None, dtype, threshold[dtype], False) == "chunked"
     assert choose(None, "float32", 1, True) == "chunked"
     assert choose(None, "bfloat16", 1, False) == "chunked"
     assert choose("recurrent", "float32", 1, True) == "recurrent"  # states on the recurrent walks

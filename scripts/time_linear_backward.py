@@ -10,10 +10,13 @@ interleaved rounds (so that drift of the machine hits them alike); per variant o
 ``call``: median over the rounds of the median time of a call between CUDA events, one synchronise per call (the
 measure of ``check_linear_backward.py`` and issue #28); ``gpu``: the kernels' own time in one call (torch profiler,
 CUPTI sees our kernels) and their span; ``host``: wall time of the call's Python side, the GPU idle before it.
-Variants: ``ours`` (``causal_dot_product_backward`` as dispatched), ``chunked`` / ``recurrent`` (``backend=``, at
+Variants: ``ours`` (``causal_dot_product_backward`` as dispatched, replayed from its plan), ``unplanned`` (every
+call on the checked path: ``runtime.replay.ENABLED = False``), ``chunked`` / ``recurrent`` (``backend=``, at
 N <= 2k: where the dispatch threshold sits), ``tf32`` (float32 with ``allow_tf32``), ``unfused`` (the three walks
-as separate launches, ``chunked_backward.FUSED = False``, when the module has the switch), ``fla`` (fla's
-``chunk_linear_attn(scale=1, normalize=False)`` backward through autograd). ``CHECK`` lines compare the gradients of
+as separate launches, ``chunked_backward.FUSED = False``, when the module has the switch; ``unfused-unplanned``:
+the code before this branch), ``fla`` (fla's
+``chunk_linear_attn(scale=1, normalize=False)`` backward through autograd), ``fp16-data`` (bfloat16 cases: the
+float16 kernels on the same data). ``CHECK`` lines compare the gradients of
 the variants of one precision with ``ours`` (relative norm of the difference). ``--layer``: the kernels of one
 ``linear_attention_backward(causal=True)`` call in order with their times. ``--host-profile``: cProfile of the
 backward's host side (fp16, the first N).
@@ -45,15 +48,18 @@ def _torch_dtype(name):
     return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
 
 
-def _switch(value):
-    """A setter of ``chunked_backward.FUSED`` (None: the module has no such switch)."""
+def _switch(fused, planned: bool = True):
+    """A setter of ``chunked_backward.FUSED`` and of replayed calls (``runtime.replay.ENABLED``); None where the
+    module has no FUSED switch and ``fused`` is False."""
     from numba_attn.linear import chunked_backward
+    from numba_attn.runtime import replay
 
-    if not hasattr(chunked_backward, "FUSED"):
+    if not hasattr(chunked_backward, "FUSED") and not fused:
         return None
 
     def set_it():
-        chunked_backward.FUSED = value
+        chunked_backward.FUSED = fused
+        replay.ENABLED = planned
 
     return set_it
 
@@ -66,14 +72,19 @@ def variants(dtype: str, n: int, q, k, v, g):
     out = {"ours": (_switch(True), lambda: bwd(g, q, k, v))}
     if dtype == "fp32":
         out["tf32"] = (_switch(True), lambda: bwd(g, q, k, v, allow_tf32=True))
+    out["unplanned"] = (_switch(True, False), lambda: bwd(g, q, k, v))  # every call on the checked path
     if _switch(False) is not None:
         out["unfused"] = (_switch(False), lambda: bwd(g, q, k, v))
+        out["unfused-unplanned"] = (_switch(False, False), lambda: bwd(g, q, k, v))
         if dtype == "fp32":
             out["unfused-tf32"] = (_switch(False), lambda: bwd(g, q, k, v, allow_tf32=True))
+    if dtype == "bf16":  # the float16 kernels on the same data, interleaved: does bfloat16 itself cost time?
+        halves = [x.half() for x in (g, q, k, v)]
+        out["fp16-data"] = (_switch(True), lambda: bwd(*halves))
     if n <= 2048:
         out["chunked"] = (_switch(True), lambda: bwd(g, q, k, v, backend="chunked"))
         if dtype != "bf16":
-            out["recurrent"] = (None, lambda: bwd(g, q, k, v, backend="recurrent"))
+            out["recurrent"] = (_switch(True), lambda: bwd(g, q, k, v, backend="recurrent"))
     try:
         import torch
         from bench.peers import fla_linear
@@ -167,7 +178,7 @@ def case(dtype: str, n: int, args) -> None:
         results[name] = [x for x in grads[:3]]
     for name in table:  # against the variant of the same precision
         ref = "tf32" if name.endswith("tf32") else "ours"
-        if name in ("ours", "tf32", "fla"):
+        if name in ("ours", "tf32", "fla", "fp16-data"):
             continue
         say(f"CHECK {dtype} N{n} {name} vs {ref}: " + " ".join(
             f"{x}={_rel(a, r):.1e}" for x, a, r in zip(("dq", "dk", "dv"), results[name], results[ref])))
@@ -186,10 +197,9 @@ def case(dtype: str, n: int, args) -> None:
         span = (kernels[-1][1] + kernels[-1][2] - kernels[0][1]) / 1e3 if kernels else 0.0
         say(f"T {dtype} N{n} {name:13s} call {statistics.median(calls[name]):.3f} ms (min {min(calls[name]):.3f})  "
             f"gpu {gpu:.3f} ms in {len(kernels)} kernels (span {span:.3f})  host {host:.3f} ms")
-        if args.kernels and name in ("ours", "unfused"):
+        if args.kernels and name in ("ours", "unfused"):  # (replayed calls launch what the checked path did)
             say("    " + "; ".join(f"{_short(r[0])} {r[2]:.0f}us" for r in kernels))
-    if _switch(True):
-        _switch(True)()
+    _switch(True)()
 
 
 def layer(n: int, args) -> None:

@@ -10,6 +10,7 @@ from ..runtime.serving import one_call_at_a_time_under_the_simulator as _one_cal
 from ..runtime.serving import served as _served
 from ..runtime.serving import wants_grad as _wants_grad
 from ..runtime.shapes import check_array, linear_shape
+from . import chunked_backward as _chunked_backward
 from . import dispatch as _linear
 from .dispatch import BACKENDS as LINEAR_BACKENDS
 
@@ -122,9 +123,19 @@ def causal_dot_product_backward(dout, q, k, v, *, initial_state=None, dstate=Non
         ``(dq, dk, dv)`` in the inputs' dtype and kind with the shapes of q, k, v, and ``dinitial_state`` (float32,
         the state's shape) as a fourth element when ``initial_state`` is given. States and sums are float32.
 
-    Every call takes the checked path (``runtime.replay`` does not record it). :func:`causal_dot_product` with
-    torch tensors that require grad records it as its backward (``torch_ops``).
+    Torch and CuPy calls are replayed from the plan their first call of a kind recorded (``runtime.replay``), as the
+    forward's are. :func:`causal_dot_product` with torch tensors that require grad records it as its backward
+    (``torch_ops``).
     """
+    arrays = (dout, q, k, v) + tuple(x for x in (initial_state, dstate) if x is not None)
+    # which states were given is part of the key (two arrays of one layout could be either); so is the backward's
+    # FUSED switch, which changes the launches
+    options = (initial_state is not None, dstate is not None, allow_tf32, backend, _chunked_backward.FUSED)
+    return _served("causal_dot_product_backward", arrays, options,
+                   lambda: _causal_dot_product_backward(dout, q, k, v, initial_state, dstate, allow_tf32, backend))
+
+
+def _causal_dot_product_backward(dout, q, k, v, initial_state, dstate, allow_tf32, backend):
     allow_tf32 = check_flag(allow_tf32, "allow_tf32")
     backend = check_backend(backend, LINEAR_BACKENDS)
     shape = linear_shape(q, k, v)
@@ -224,9 +235,15 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, eps=1e-6, allow_tf
         ``(dq, dk, dv)`` in the inputs' dtype and kind with the shapes of q, k, v. A row whose denominator is 0 (no
         keys and ``eps = 0``) passes no gradient back, as in ``reference``.
 
-    Every call takes the checked path; :func:`linear_attention` with torch tensors that require grad records it as
-    its backward (``torch_ops``).
+    Torch and CuPy calls are replayed from the plan their first call of a kind recorded (``runtime.replay``);
+    :func:`linear_attention` with torch tensors that require grad records it as its backward (``torch_ops``).
     """
+    return _served("linear_attention_backward", (dout, q, k, v), (causal, eps, allow_tf32, backend,
+                                                                  _chunked_backward.FUSED),
+                   lambda: _linear_attention_backward(dout, q, k, v, causal, eps, allow_tf32, backend))
+
+
+def _linear_attention_backward(dout, q, k, v, causal, eps, allow_tf32, backend):
     eps = check_eps(eps)
     causal = check_flag(causal, "causal")
     allow_tf32 = check_flag(allow_tf32, "allow_tf32")

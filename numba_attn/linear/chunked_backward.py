@@ -19,13 +19,24 @@ Reversed rows and transposed states are views with a negative row stride or swap
 nothing is copied, and every walk gets the forward's machinery: the segments of the sequence, their ``STATES``
 pass, the register-state kernels for E' <= 128 (f16 / bf16 MMAs, float32 as 3xTF32 or with ``tf32`` one tf32 term)
 and the shared-memory-state kernel otherwise. The reversed walks chunk the sequence from its last row, which changes
-nothing but the rounding. ``dk`` and ``dv`` each recompute the increments ``Q_c^T G_c`` of their own ``R`` (one
-transposed): a fused reverse walk reading ``R`` both ways would save one ``STATES`` pass and one read of q and dout.
+nothing but the rounding.
+
+Where the register-state kernels take all three walks (E = M <= 128, ``FUSED``), they run as one problem each of a
+single pair of launches (``launch.launch_causal_walks``): one ``STATES`` launch for the ``dq`` and ``dv`` walks and
+one walking launch for all three, the ``dk`` walk starting from the ``dv`` walk's increments ``sum q_j g_j^T``
+transposed (its own would be ``sum g_j q_j^T``): two launches instead of six, one ``STATES`` pass fewer, the walks'
+blocks sharing the GPU. Otherwise three separate forwards.
 """
 from __future__ import annotations
 
+import os
+
 from ..runtime.views import reversed_axis, swapped_last_axes
 from . import launch
+
+#: the three walks as problems of one pair of launches where the register kernels take them (False: three forwards,
+#: for comparison); ``NUMBA_ATTN_LINEAR_BWD_FUSED=0`` turns it off
+FUSED = os.environ.get("NUMBA_ATTN_LINEAR_BWD_FUSED", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _transposed(state):
@@ -41,6 +52,14 @@ def launch_causal_backward(dout, q, k, v, dq, dk, dv, stream, *, initial_state=N
     inputs in one tf32 term; ``segments``: sequence blocks per walk, None for the plan's choice."""
     options = {"tf32": tf32, "dtype": dtype, "segments": segments, "scratch": scratch}
     rev = _rows_reversed
+    if FUSED and q.shape[2] > 0:
+        walks = [(dout, v, k, dq, _transposed(initial_state))]  # dq: forward over S
+        if dv is not None:  # dv: reversed over R, writes dS_0; dk: reversed over R^T, from dv's increments
+            walks.append((rev(k), rev(q), rev(dout), rev(dv), dstate))
+        walks.append((rev(v), rev(dout), rev(q), rev(dk), _transposed(dstate)))
+        if launch.launch_causal_walks(walks, stream, final_state=dinitial_state, final_walk=1 if dv is not None else -1,
+                                      borrow=dv is not None, **options):
+            return
     if q.shape[2] > 0:
         launch.launch_causal(dout, v, k, dq, stream, initial_state=_transposed(initial_state), **options)
         launch.launch_causal(rev(v), rev(dout), rev(q), rev(dk), stream, initial_state=_transposed(dstate),

@@ -74,12 +74,17 @@ _F32_4D = types.Array(types.float32, 4, "A")
 _F32_3D = types.Array(types.float32, 3, "A")
 
 
-def signature(data_type):
+def signature(data_type, problems: int = 1):
     """(q, k, v, out of ``data_type``, increments, init, final, has_init, write_final, segment_chunks,
-    state_segments, m_tiles)."""
+    state_segments, m_tiles); for ``problems`` > 1 (``state.problem_kernels``): (q, k, v, out per problem,
+    increments, init per problem, final, has_init per problem, final_problem, segment_chunks, state_segments,
+    m_tiles)."""
     data = types.Array(data_type, 4, "A")
-    return types.void(data, data, data, data, _F32_3D, _F32_4D, _F32_4D, types.boolean, types.boolean, types.int64,
-                      types.int64, types.int64)
+    if problems == 1:
+        return types.void(data, data, data, data, _F32_3D, _F32_4D, _F32_4D, types.boolean, types.boolean,
+                          types.int64, types.int64, types.int64)
+    return types.void(*(data,) * (4 * problems), _F32_3D, *(_F32_4D,) * (problems + 1), *(types.boolean,) * problems,
+                      types.int64, types.int64, types.int64, types.int64)
 
 
 def _launch(kernel, tiles, mode: int, grid, stream, *args):
@@ -106,3 +111,40 @@ def launch_walk(kernel_for, tiles, q, k, v, out, stream, *, initial_state, final
             initial_state if has_init else unused4(increments),
             final_state if final_state is not None else unused4(increments),
             has_init, final_state is not None, p.segment_chunks, max(1, p.segments - 1), p.m_tiles)
+
+
+def launch_walks(kernel_for, tiles, walks, stream, *, final_state, final_walk: int, borrow: bool, segments, config,
+                 scratch):
+    """Several walks of the same tiles and sizes in one STATES and one CAUSAL launch (grid z the walk,
+    ``state.problem_kernels``): ``walks`` a list of ``(q, k, v, out, initial_state or None)``, 2 or 3 of them;
+    ``final_state`` written by walk ``final_walk`` (-1: none); ``borrow``: the last walk starts from the
+    transposed increments of the walk before it (its own E and M swapped: the backward's ``dk`` and ``dv`` walks),
+    so the STATES pass leaves it out. ``kernel_for(mode, problems, borrow)`` is the compiled kernel."""
+    q, _, v, _, _ = walks[0]
+    bh, seqlen, _, _, m = sizes(q, v)
+    problems = len(walks)
+    walk = kernel_for(CAUSAL, problems, borrow)
+    resident = (resident_blocks(walk, 32 * tiles.warps, tiles.shared_bytes(CAUSAL)) if config.wave_plan else None)
+    p = plan_segments(tiles, bh * problems, seqlen, round_up(m, 16), multiprocessor_count(), config, segments,
+                      resident)
+    grid_x = bh * p.m_tiles
+    owners = problems - 1 if borrow else problems  # walks with increments of their own
+    state_segments = max(1, p.segments - 1)
+    if p.segments > 1:
+        increments = scratch_state(scratch, (owners * grid_x * (p.segments - 1), tiles.e_pad, tiles.cols), stream)
+        unused = unused4(increments)
+        operands = [x for w in walks[:owners] for x in w[:4]]
+        if owners == 1:
+            args = (*operands, increments, unused, unused, False, False)
+        else:
+            args = (*operands, increments, *(unused,) * (owners + 1), *(False,) * owners, -1)
+        _launch(kernel_for(STATES, owners, False), tiles, STATES, (grid_x, p.segments - 1, owners), stream, *args,
+                p.segment_chunks, state_segments, p.m_tiles)
+    else:
+        increments = scratch_state(scratch, (1, 1, 1), stream)
+        unused = unused4(increments)
+    inits = [w[4] if w[4] is not None else unused for w in walks]
+    _launch(walk, tiles, CAUSAL, (grid_x, p.segments, problems), stream, *[x for w in walks for x in w[:4]],
+            increments, *inits, final_state if final_state is not None else unused,
+            *[w[4] is not None for w in walks], final_walk if final_state is not None else -1, p.segment_chunks,
+            state_segments, p.m_tiles)

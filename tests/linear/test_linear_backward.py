@@ -19,6 +19,7 @@ import pytest
 import numba_attn
 import reference
 from kernel_checks import TOLERANCE, rel_error, to_host
+from numba_attn.linear import chunked_backward
 from numba_attn.linear import launch as lc
 from numba_attn.linear import layer_backward as lb
 
@@ -94,8 +95,21 @@ def test_chunked_product_backward_on_the_shared_state_kernel_with_strided_views(
     views = [strided(x) for x in arrays]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lc, "launch_causal", functools.partial(lc.launch_causal, kernel="shared"))
+        mp.setattr(chunked_backward, "FUSED", False)
         grads = numba_attn.causal_dot_product_backward(views[0], *views[1:4], initial_state=views[4],
                                                        dstate=views[5], backend="chunked")
+    _check_product(grads, *arrays, TOLERANCE["float16"])
+
+
+def test_fused_walks(poisoned_outputs):
+    """The three walks as problems of one pair of launches (``chunked_backward.FUSED``, the default where E = M),
+    the ``dk`` walk from the ``dv`` walk's transposed increments: two segments, both states, E = 6 padded to 16 and
+    staged element by element. (Several M tiles, where the transposed increments come from several ``dv`` blocks:
+    the float32 GPU tests, 32-column tiles at E = M = 64.)"""
+    arrays = _case(6, (1, 1, 17), 6, 6, "float16", True, True)
+    assert chunked_backward.FUSED
+    grads = numba_attn.causal_dot_product_backward(arrays[0], *arrays[1:4], initial_state=arrays[4],
+                                                   dstate=arrays[5], backend="chunked")
     _check_product(grads, *arrays, TOLERANCE["float16"])
 
 
@@ -294,3 +308,33 @@ def test_gpu_layer_backward(dtype, causal, seqlen_q, seqlen_k):
     errs = [rel_error(g, r) for g, r in zip(grads, refs)]
     torch_errs = _torch_errors(functools.partial(_naive_layer, causal=causal), (q, k, v), dout, refs)
     assert _within(errs, torch_errs, TOLERANCE[dtype]), (errs, torch_errs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_gpu_replayed_backwards_match_the_references(dtype, fused):
+    """Repeated calls are replayed from the first call's plan (``runtime.replay``): new inputs each call, the same
+    gradients as the references; an ``initial_state`` and a ``dstate`` of one layout make plans of their own; the
+    layer's backward too."""
+    torch = pytest.importorskip("torch")
+    from numba_attn.runtime import replay
+
+    replay.clear()
+    used = []
+    original = replay.Plan.run
+    try:
+        replay.Plan.run = lambda self, layouts: used.append(1) or original(self, layouts)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(chunked_backward, "FUSED", fused)
+            for call in range(3):
+                for states in ((True, False), (False, True), (False, False)):
+                    arrays = _case(30 + call, (2, 2, 1500), 64, 64, dtype, *states)
+                    t = [None if x is None else torch.from_numpy(x).cuda() for x in arrays]
+                    grads = numba_attn.causal_dot_product_backward(*t[:4], initial_state=t[4], dstate=t[5])
+                    _check_product(grads, *arrays, TOLERANCE[dtype])
+                t = [torch.from_numpy(x).cuda() for x in _case(40 + call, (1, 2, 700), 64, 64, dtype)[:4]]
+                _check_layer(numba_attn.linear_attention_backward(*t, causal=True), *t, True, 1e-6, TOLERANCE[dtype])
+    finally:
+        replay.Plan.run = original
+    assert len(used) == 2 * 4, f"{len(used)} replayed calls, expected 8 (every call after the first of each kind)"

@@ -271,7 +271,7 @@ def warm_up(dtypes, args) -> None:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    names = ("ours", "tf32", "unfused", "unfused-tf32", "recurrent")
+    names = ("ours", "tf32", "unfused", "unfused-tf32", "recurrent", "fp16-data")
     jobs = [(d, name, args) for d in dtypes for name in names
             if (not name.endswith("tf32") or d == "fp32") and not (name == "recurrent" and d == "bf16")]
     with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1),

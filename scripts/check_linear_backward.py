@@ -63,12 +63,12 @@ def _specs():
     specs = []
     for dtype in ("float16", "bfloat16", "float32"):
         raw = f32 if dtype == "float32" else u16
-        specs.append((f"prepare {dtype}", lb.prepare_kernel(dtype, cfg.threads), (raw, raw, raw, f32, f32, f32, f32),
-                      (cfg.threads,)))
+        specs.append((f"prepare {dtype}", lb.prepare_kernel(dtype, cfg.threads, cfg.row_threads),
+                      (raw, raw, raw, f32, f32, f32, f32), (cfg.threads, lb.ROW_KERNEL_BLOCKS)))
         specs.append((f"rows {dtype}", lb.rows_kernel(dtype, cfg.row_threads, cfg.rows_per_block),
                       (f32, f32, raw, types.float32), (cfg.row_threads * cfg.rows_per_block,)))
-        specs.append((f"finish {dtype}", lb.finish_kernel(dtype, cfg.threads),
-                      (f32, f32, raw, raw, f32, f32, raw, raw, f32, raw), (cfg.threads,)))
+        specs.append((f"finish {dtype}", lb.finish_kernel(dtype, cfg.threads, cfg.row_threads),
+                      (f32, f32, raw, raw, f32, f32, raw, raw, f32, raw), (cfg.threads, lb.ROW_KERNEL_BLOCKS)))
     # the plain non-causal products of the layer's backward (shared-state kernel without feature map / normaliser):
     # E = M = 64 and 256, and the normaliser's four columns
     config = shared_state.GPU_CONFIG

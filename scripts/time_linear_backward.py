@@ -143,6 +143,9 @@ def _kernels(fn):
 
 def _short(name: str) -> str:
     """A readable kernel name: the length-prefixed pieces of Numba's mangled name (``_ZN6cudapy10numba_attn...``)."""
+    if "::" in name:  # demangled by the profiler: numba_attn::linear::state::walk_kernel::_3clocals_3e::kernel[abi..
+        parts = [p for p in name.split("[")[0].split("::") if p not in ("numba_attn", "linear", "_3clocals_3e")]
+        return ".".join(parts)[:70]
     if not name.startswith("_ZN"):
         return name[:70]
     parts, i = [], 3

@@ -206,23 +206,30 @@ def case(dtype: str, n: int, args) -> None:
 
 
 def layer(n: int, args) -> None:
+    """The layer's forward and backward (fp16, causal): call ms; the backward also unfused on the checked path
+    (``unfused-unplanned``), and its kernels in order."""
     import torch
 
     import numba_attn
 
     q, k, v, g = (torch.randn(args.batch, args.heads, n, args.dim, device="cuda", dtype=torch.float16)
                   for _ in range(4))
-    for label, fn in (("forward", lambda: numba_attn.linear_attention(q, k, v, causal=True)),
-                      ("backward", lambda: numba_attn.linear_attention_backward(g, q, k, v, causal=True))):
+    cases = (("forward", _switch(True), lambda: numba_attn.linear_attention(q, k, v, causal=True)),
+             ("backward", _switch(True), lambda: numba_attn.linear_attention_backward(g, q, k, v, causal=True)),
+             ("backward unfused-unplanned", _switch(False, False),
+              lambda: numba_attn.linear_attention_backward(g, q, k, v, causal=True)))
+    for label, setup, fn in cases:
+        if setup:
+            setup()
         for _ in range(3):
             fn()
         ms = statistics.median(_call_ms(fn, args.reps) for _ in range(args.rounds))
         kernels = _kernels(fn)
         say(f"L fp16 N{n} layer {label}: call {ms:.3f} ms, gpu {sum(r[2] for r in kernels) / 1e3:.3f} ms in "
-            f"{len(kernels)} kernels")
+            f"{len(kernels)} kernels, host {_host_ms(fn, args.reps):.3f} ms")
         if label == "backward":
-            for name, _, dur in kernels:
-                say(f"    {dur:8.1f} us  {_short(name)}")
+            say("    " + "; ".join(f"{_short(name)} {dur:.0f}us" for name, _, dur in kernels))
+    _switch(True)()
 
 
 def host_profile(n: int, args) -> None:

@@ -294,7 +294,7 @@ def warm_up(dtypes, args) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seqlens", default="1k,4k,16k")
-    parser.add_argument("--dtypes", default="fp16,bf16,fp32")
+    parser.add_argument("--dtypes", default="fp16,bf16,fp32", help="'none': only --layer / --host-profile")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--dim", type=int, default=64)
@@ -312,10 +312,11 @@ def main() -> int:
         return 1
     t0 = time.time()
     seqlens = [int(x[:-1]) * 1024 if x.endswith("k") else int(x) for x in args.seqlens.split(",")]
-    if not args.no_warm_up:
+    if not args.no_warm_up and args.dtypes != "none":
         warm_up(args.dtypes.split(","), args)
         say(f"INFO warm-up (parallel compiles) took {time.time() - t0:.0f}s")
-    for dtype in args.dtypes.split(","):
+    dtypes = [] if args.dtypes == "none" else args.dtypes.split(",")
+    for dtype in dtypes:
         for n in seqlens:
             case(dtype, n, args)
     if args.layer:

@@ -12,7 +12,8 @@ measure of ``check_linear_backward.py`` and issue #28); ``gpu``: the kernels' ow
 CUPTI sees our kernels) and their span; ``host``: wall time of the call's Python side, the GPU idle before it.
 Variants: ``ours`` (``causal_dot_product_backward`` as dispatched, replayed from its plan), ``unplanned`` (every
 call on the checked path: ``runtime.replay.ENABLED = False``), ``chunked`` / ``recurrent`` (``backend=``, at
-N <= 2k: where the dispatch threshold sits), ``tf32`` (float32 with ``allow_tf32``), ``unfused`` (the three walks
+N <= 2k: where the dispatch threshold sits), ``tf32`` (float32 with ``allow_tf32``), ``split`` (float32 3xTF32: the
+fused STATES launch, then one walking launch per walk, ``chunked_backward.SPLIT_3XTF32``), ``unfused`` (the three walks
 as separate launches, ``chunked_backward.FUSED = False``, when the module has the switch; ``unfused-unplanned``:
 the code before this branch), ``fla`` (fla's
 ``chunk_linear_attn(scale=1, normalize=False)`` backward through autograd), ``fp16-data`` (bfloat16 cases: the
@@ -48,9 +49,9 @@ def _torch_dtype(name):
     return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
 
 
-def _switch(fused, planned: bool = True):
-    """A setter of ``chunked_backward.FUSED`` and of replayed calls (``runtime.replay.ENABLED``); None where the
-    module has no FUSED switch and ``fused`` is False."""
+def _switch(fused, planned: bool = True, split: bool = False):
+    """A setter of ``chunked_backward.FUSED`` / ``SPLIT_3XTF32`` and of replayed calls (``runtime.replay.ENABLED``);
+    None where the module has no FUSED switch and ``fused`` is False."""
     from numba_attn.linear import chunked_backward
     from numba_attn.runtime import replay
 
@@ -59,6 +60,7 @@ def _switch(fused, planned: bool = True):
 
     def set_it():
         chunked_backward.FUSED = fused
+        chunked_backward.SPLIT_3XTF32 = split
         replay.ENABLED = planned
 
     return set_it
@@ -72,6 +74,7 @@ def variants(dtype: str, n: int, q, k, v, g):
     out = {"ours": (_switch(True), lambda: bwd(g, q, k, v))}
     if dtype == "fp32":
         out["tf32"] = (_switch(True), lambda: bwd(g, q, k, v, allow_tf32=True))
+        out["split"] = (_switch(True, split=True), lambda: bwd(g, q, k, v))  # 3xTF32: a walking launch per walk
     out["unplanned"] = (_switch(True, False), lambda: bwd(g, q, k, v))  # every call on the checked path
     if _switch(False) is not None:
         out["unfused"] = (_switch(False), lambda: bwd(g, q, k, v))
@@ -281,9 +284,10 @@ def warm_up(dtypes, args) -> None:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    names = ("ours", "tf32", "unfused", "unfused-tf32", "recurrent", "fp16-data")
+    names = ("ours", "tf32", "split", "unfused", "unfused-tf32", "recurrent", "fp16-data")
     jobs = [(d, name, args) for d in dtypes for name in names
-            if (not name.endswith("tf32") or d == "fp32") and not (name == "recurrent" and d == "bf16")]
+            if (not name.endswith("tf32") or d == "fp32") and not (name == "recurrent" and d == "bf16")
+            and (name != "split" or d == "fp32") and (name != "fp16-data" or d == "bf16")]
     with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1),
                              mp_context=multiprocessing.get_context("spawn")) as pool:
         for line in pool.map(_warm, jobs):

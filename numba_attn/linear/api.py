@@ -128,9 +128,10 @@ def causal_dot_product_backward(dout, q, k, v, *, initial_state=None, dstate=Non
     (``torch_ops``).
     """
     arrays = (dout, q, k, v) + tuple(x for x in (initial_state, dstate) if x is not None)
-    # which states were given is part of the key (two arrays of one layout could be either); so is the backward's
-    # FUSED switch, which changes the launches
-    options = (initial_state is not None, dstate is not None, allow_tf32, backend, _chunked_backward.FUSED)
+    # which states were given is part of the key (two arrays of one layout could be either); so are the backward's
+    # switches, which change the launches
+    options = (initial_state is not None, dstate is not None, allow_tf32, backend, _chunked_backward.FUSED,
+               _chunked_backward.SPLIT_3XTF32)
     return _served("causal_dot_product_backward", arrays, options,
                    lambda: _causal_dot_product_backward(dout, q, k, v, initial_state, dstate, allow_tf32, backend))
 
@@ -239,7 +240,8 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, eps=1e-6, allow_tf
     :func:`linear_attention` with torch tensors that require grad records it as its backward (``torch_ops``).
     """
     return _served("linear_attention_backward", (dout, q, k, v), (causal, eps, allow_tf32, backend,
-                                                                  _chunked_backward.FUSED),
+                                                                  _chunked_backward.FUSED,
+                                                                  _chunked_backward.SPLIT_3XTF32),
                    lambda: _linear_attention_backward(dout, q, k, v, causal, eps, allow_tf32, backend))
 
 

@@ -37,6 +37,9 @@ from . import launch
 #: the three walks as problems of one pair of launches where the register kernels take them (False: three forwards,
 #: for comparison); ``NUMBA_ATTN_LINEAR_BWD_FUSED=0`` turns it off
 FUSED = os.environ.get("NUMBA_ATTN_LINEAR_BWD_FUSED", "1").strip().lower() not in ("0", "false", "no", "off")
+#: float32 in 3xTF32 (FUSED): one walking launch per walk after the shared STATES launch; the three-problem walk of
+#: 3xTF32 spills (120 bytes, 26 local loads / stores per chunk at E = M = 64, sm_90), the single ones do not
+SPLIT_3XTF32 = False
 
 
 def _transposed(state):
@@ -58,7 +61,7 @@ def launch_causal_backward(dout, q, k, v, dq, dk, dv, stream, *, initial_state=N
             walks.append((rev(k), rev(q), rev(dout), rev(dv), dstate))
         walks.append((rev(v), rev(dout), rev(q), rev(dk), _transposed(dstate)))
         if launch.launch_causal_walks(walks, stream, final_state=dinitial_state, final_walk=1 if dv is not None else -1,
-                                      borrow=dv is not None, **options):
+                                      borrow=dv is not None, split_3xtf32=SPLIT_3XTF32, **options):
             return
     if q.shape[2] > 0:
         launch.launch_causal(dout, v, k, dq, stream, initial_state=_transposed(initial_state), **options)

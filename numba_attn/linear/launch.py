@@ -53,11 +53,12 @@ def launch_causal(q, k, v, out, stream, *, initial_state=None, final_state=None,
 
 
 def launch_causal_walks(walks, stream, *, final_state=None, final_walk: int = -1, borrow: bool = False, tf32=False,
-                        dtype=None, segments=None, scratch=None) -> bool:
+                        dtype=None, segments=None, scratch=None, split_3xtf32: bool = False) -> bool:
     """Several plain causal products in one pair of launches on the register-state kernels (``mma.
     launch_causal_walks``), where they apply: every walk ``(q, k, v, out, initial_state or None)`` of the same
     sizes, E <= ``MAX_E``. Returns False (nothing launched) otherwise. ``final_state`` / ``final_walk``, ``borrow``:
-    ``register_launch.launch_walks``; ``tf32``, ``dtype``, ``segments``: as ``launch_causal``."""
+    ``register_launch.launch_walks``; ``tf32``, ``dtype``, ``segments``: as ``launch_causal``; ``split_3xtf32``:
+    float32 in 3xTF32 walks in one launch per walk (``register_launch.launch_walks``'s ``split``)."""
     first = walks[0]
     shape = tuple(first[0].shape) + (first[2].shape[3],)
     if any(tuple(w[0].shape) + (w[2].shape[3],) != shape or tuple(w[1].shape) != tuple(w[0].shape)
@@ -72,7 +73,7 @@ def launch_causal_walks(walks, stream, *, final_state=None, final_walk: int = -1
     state = {"final_state": final_state, "final_walk": final_walk, "borrow": borrow, "segments": segments,
              "scratch": scratch}
     if dtype == FLOAT32:
-        mma_f32.launch_causal_walks(walks, stream, terms=1 if tf32 else 3, **state)
+        mma_f32.launch_causal_walks(walks, stream, terms=1 if tf32 else 3, split=split_3xtf32 and not tf32, **state)
     else:
         mma.launch_causal_walks(walks, stream, dtype=dtype, **state)
     return True

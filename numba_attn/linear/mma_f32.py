@@ -379,13 +379,14 @@ def launch_causal(q, k, v, out, stream, *, terms: int = 3, initial_state=None, f
 
 
 def launch_causal_walks(walks, stream, *, terms: int = 3, final_state=None, final_walk: int = -1, borrow: bool = False,
-                        segments=None, config: ChunkConfig | None = None, scratch=None):
-    """Several causal products of the same sizes in two launches (``register_launch.launch_walks``): ``walks`` a list
-    of ``(q, k, v, out, initial_state or None)`` on float32 views; ``terms`` as ``launch_causal``."""
+                        segments=None, config: ChunkConfig | None = None, scratch=None, split: bool = False):
+    """Several causal products of the same sizes in two launches (``register_launch.launch_walks``, ``split``: one
+    walking launch each): ``walks`` a list of ``(q, k, v, out, initial_state or None)`` on float32 views; ``terms``
+    as ``launch_causal``."""
     config = config or default_config()
     q, _, v, _, _ = walks[0]
     tiles = tiles_for(config, q.shape[3], v.shape[3], terms)
     vector = all(vector_loads_ok(*w[:4]) for w in walks)
     launch_walks(lambda mode, problems, lends: chunk_kernel(tiles, mode, vector, problems, lends), tiles, walks,
                  stream, final_state=final_state, final_walk=final_walk, borrow=borrow, segments=segments,
-                 config=config, scratch=scratch)
+                 config=config, scratch=scratch, split=split)

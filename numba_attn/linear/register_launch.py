@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import types
 
-from ..runtime.device import multiprocessor_count
+from ..runtime.device import DeviceView, multiprocessor_count
 from ..runtime.launch import launch as device_launch
 from ..runtime.launch import resident_blocks
 from ..runtime.views import rows_in_pieces
@@ -114,16 +114,18 @@ def launch_walk(kernel_for, tiles, q, k, v, out, stream, *, initial_state, final
 
 
 def launch_walks(kernel_for, tiles, walks, stream, *, final_state, final_walk: int, borrow: bool, segments, config,
-                 scratch):
+                 scratch, split: bool = False):
     """Several walks of the same tiles and sizes in one STATES and one CAUSAL launch (grid z the walk,
     ``state.problem_kernels``): ``walks`` a list of ``(q, k, v, out, initial_state or None)``, 2 or 3 of them;
     ``final_state`` written by walk ``final_walk`` (-1: none); ``borrow``: the last walk starts from the
     transposed increments of the walk before it (its own E and M swapped: the backward's ``dk`` and ``dv`` walks),
-    so the STATES pass leaves it out. ``kernel_for(mode, problems, borrow)`` is the compiled kernel."""
+    so the STATES pass leaves it out. ``kernel_for(mode, problems, borrow)`` is the compiled kernel. ``split``: the
+    walks as one CAUSAL launch each (single-problem kernels, where picking the problem's arrays costs the walk
+    registers it has not got), after the one STATES launch."""
     q, _, v, _, _ = walks[0]
     bh, seqlen, _, _, m = sizes(q, v)
     problems = len(walks)
-    walk = kernel_for(CAUSAL, problems, borrow)
+    walk = kernel_for(CAUSAL, 1 if split else problems, borrow and not split)
     resident = (resident_blocks(walk, 32 * tiles.warps, tiles.shared_bytes(CAUSAL)) if config.wave_plan else None)
     p = plan_segments(tiles, bh * problems, seqlen, round_up(m, 16), multiprocessor_count(), config, segments,
                       resident)
@@ -143,8 +145,28 @@ def launch_walks(kernel_for, tiles, walks, stream, *, final_state, final_walk: i
     else:
         increments = scratch_state(scratch, (1, 1, 1), stream)
         unused = unused4(increments)
+    if split:
+        for i, (wq, wk, wv, wout, init) in enumerate(walks):
+            lent = borrow and i == problems - 1  # from the increments of the walk before it
+            rows = _rows_from(increments, (i - 1 if lent else i) * grid_x * state_segments, p.segments > 1)
+            _launch(kernel_for(CAUSAL, 1, lent), tiles, CAUSAL, (grid_x, p.segments), stream, wq, wk, wv, wout, rows,
+                    init if init is not None else unused,
+                    final_state if final_state is not None and i == final_walk else unused, init is not None,
+                    final_state is not None and i == final_walk, p.segment_chunks, state_segments, p.m_tiles)
+        return
     inits = [w[4] if w[4] is not None else unused for w in walks]
     _launch(walk, tiles, CAUSAL, (grid_x, p.segments, problems), stream, *[x for w in walks for x in w[:4]],
             increments, *inits, final_state if final_state is not None else unused,
             *[w[4] is not None for w in walks], final_walk if final_state is not None else -1, p.segment_chunks,
             state_segments, p.m_tiles)
+
+
+def _rows_from(increments, start: int, any_rows: bool):
+    """The increments from row ``start`` on (a view: a single-problem walk reads its rows from 0)."""
+    if not any_rows or start == 0:
+        return increments
+    if isinstance(increments, np.ndarray):
+        return increments[start:]
+    view = DeviceView.of(increments)
+    return DeviceView(view.ptr + start * view.strides[0], (view.shape[0] - start,) + tuple(view.shape[1:]),
+                      view.strides, view.dtype, view.owner)

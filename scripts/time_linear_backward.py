@@ -10,12 +10,12 @@ interleaved rounds (so that drift of the machine hits them alike); per variant o
 ``call``: median over the rounds of the median time of a call between CUDA events, one synchronise per call (the
 measure of ``check_linear_backward.py`` and issue #28); ``gpu``: the kernels' own time in one call (torch profiler,
 CUPTI sees our kernels) and their span; ``host``: wall time of the call's Python side, the GPU idle before it.
-Variants: ``ours`` (``causal_dot_product_backward`` as dispatched, replayed from its plan), ``unplanned`` (every
-call on the checked path: ``runtime.replay.ENABLED = False``), ``chunked`` / ``recurrent`` (``backend=``, at
-N <= 2k: where the dispatch threshold sits), ``tf32`` (float32 with ``allow_tf32``), ``split`` (float32 3xTF32: the
-fused STATES launch, then one walking launch per walk, ``chunked_backward.SPLIT_3XTF32``), ``unfused`` (the three walks
-as separate launches, ``chunked_backward.FUSED = False``, when the module has the switch; ``unfused-unplanned``:
-the code before this branch), ``fla`` (fla's
+Variants: ``ours`` (``causal_dot_product_backward`` as dispatched: three separate walks, replayed from its plan),
+``unplanned`` (the same on the checked path every call: ``runtime.replay.ENABLED = False``, the code before this
+branch), ``fused`` (``chunked_backward.FUSED``: the walks as problems of two launches), ``chunked`` / ``recurrent``
+(``backend=``, at N <= 2k: where the dispatch threshold sits), ``tf32`` / ``fused-tf32`` (float32 with
+``allow_tf32``), ``split`` (float32 3xTF32: the fused STATES launch, then one walking launch per walk,
+``chunked_backward.SPLIT_3XTF32``), ``fla`` (fla's
 ``chunk_linear_attn(scale=1, normalize=False)`` backward through autograd), ``fp16-data`` (bfloat16 cases: the
 float16 kernels on the same data). ``CHECK`` lines compare the gradients of
 the variants of one precision with ``ours`` (relative norm of the difference). ``--layer``: the kernels of one
@@ -71,23 +71,20 @@ def variants(dtype: str, n: int, q, k, v, g):
     import numba_attn
 
     bwd = numba_attn.causal_dot_product_backward
-    out = {"ours": (_switch(True), lambda: bwd(g, q, k, v))}
+    out = {"ours": (_switch(False), lambda: bwd(g, q, k, v))}  # the default: separate walks, replayed
+    out["unplanned"] = (_switch(False, False), lambda: bwd(g, q, k, v))  # every call on the checked path
+    out["fused"] = (_switch(True), lambda: bwd(g, q, k, v))
     if dtype == "fp32":
-        out["tf32"] = (_switch(True), lambda: bwd(g, q, k, v, allow_tf32=True))
+        out["tf32"] = (_switch(False), lambda: bwd(g, q, k, v, allow_tf32=True))
+        out["fused-tf32"] = (_switch(True), lambda: bwd(g, q, k, v, allow_tf32=True))
         out["split"] = (_switch(True, split=True), lambda: bwd(g, q, k, v))  # 3xTF32: a walking launch per walk
-    out["unplanned"] = (_switch(True, False), lambda: bwd(g, q, k, v))  # every call on the checked path
-    if _switch(False) is not None:
-        out["unfused"] = (_switch(False), lambda: bwd(g, q, k, v))
-        out["unfused-unplanned"] = (_switch(False, False), lambda: bwd(g, q, k, v))
-        if dtype == "fp32":
-            out["unfused-tf32"] = (_switch(False), lambda: bwd(g, q, k, v, allow_tf32=True))
     if dtype == "bf16":  # the float16 kernels on the same data, interleaved: does bfloat16 itself cost time?
         halves = [x.half() for x in (g, q, k, v)]
-        out["fp16-data"] = (_switch(True), lambda: bwd(*halves))
+        out["fp16-data"] = (_switch(False), lambda: bwd(*halves))
     if n <= 2048:
-        out["chunked"] = (_switch(True), lambda: bwd(g, q, k, v, backend="chunked"))
+        out["chunked"] = (_switch(False), lambda: bwd(g, q, k, v, backend="chunked"))
         if dtype != "bf16":
-            out["recurrent"] = (_switch(True), lambda: bwd(g, q, k, v, backend="recurrent"))
+            out["recurrent"] = (_switch(False), lambda: bwd(g, q, k, v, backend="recurrent"))
     try:
         import torch
         from bench.peers import fla_linear
@@ -205,7 +202,7 @@ def case(dtype: str, n: int, args) -> None:
             f"gpu {gpu:.3f} ms in {len(kernels)} kernels (span {span:.3f})  host {host:.3f} ms")
         if args.kernels and name in ("ours", "unfused"):  # (replayed calls launch what the checked path did)
             say("    " + "; ".join(f"{_short(r[0])} {r[2]:.0f}us" for r in kernels))
-    _switch(True)()
+    _switch(False)()
 
 
 def layer(n: int, args) -> None:
@@ -217,10 +214,10 @@ def layer(n: int, args) -> None:
 
     q, k, v, g = (torch.randn(args.batch, args.heads, n, args.dim, device="cuda", dtype=torch.float16)
                   for _ in range(4))
-    cases = (("forward", _switch(True), lambda: numba_attn.linear_attention(q, k, v, causal=True)),
-             ("backward", _switch(True), lambda: numba_attn.linear_attention_backward(g, q, k, v, causal=True)),
-             ("backward unfused-unplanned", _switch(False, False),
-              lambda: numba_attn.linear_attention_backward(g, q, k, v, causal=True)))
+    backward = lambda: numba_attn.linear_attention_backward(g, q, k, v, causal=True)  # noqa: E731
+    cases = (("forward", _switch(False), lambda: numba_attn.linear_attention(q, k, v, causal=True)),
+             ("backward", _switch(False), backward), ("backward unplanned", _switch(False, False), backward),
+             ("backward fused", _switch(True), backward))
     for label, setup, fn in cases:
         if setup:
             setup()
@@ -232,7 +229,7 @@ def layer(n: int, args) -> None:
             f"{len(kernels)} kernels, host {_host_ms(fn, args.reps):.3f} ms")
         if label == "backward":
             say("    " + "; ".join(f"{_short(name)} {dur:.0f}us" for name, _, dur in kernels))
-    _switch(True)()
+    _switch(False)()
 
 
 def host_profile(n: int, args) -> None:
@@ -284,7 +281,7 @@ def warm_up(dtypes, args) -> None:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    names = ("ours", "tf32", "split", "unfused", "unfused-tf32", "recurrent", "fp16-data")
+    names = ("ours", "tf32", "fused", "fused-tf32", "split", "recurrent", "fp16-data")
     jobs = [(d, name, args) for d in dtypes for name in names
             if (not name.endswith("tf32") or d == "fp32") and not (name == "recurrent" and d == "bf16")
             and (name != "split" or d == "fp32") and (name != "fp16-data" or d == "bf16")]

@@ -103,14 +103,14 @@ def test_chunked_product_backward_on_the_shared_state_kernel_with_strided_views(
 
 @pytest.mark.parametrize("dtype,split", [("float16", False), ("float32", True)])
 def test_fused_walks(dtype, split, poisoned_outputs):
-    """The three walks as problems of one pair of launches (``chunked_backward.FUSED``, the default where E = M),
+    """The three walks as problems of one pair of launches (``chunked_backward.FUSED``, opt-in, where E = M),
     the ``dk`` walk from the ``dv`` walk's transposed increments: two segments, both states, E = 6 padded to 16 and
     staged element by element; ``split``: one walking launch per walk after the shared STATES launch
     (``SPLIT_3XTF32``). (Several M tiles, where the transposed increments come from several ``dv`` blocks: the
     float32 GPU tests, 32-column tiles at E = M = 64.)"""
     arrays = _case(6, (1, 1, 17), 6, 6, dtype, True, True)
-    assert chunked_backward.FUSED
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(chunked_backward, "FUSED", True)
         mp.setattr(chunked_backward, "SPLIT_3XTF32", split)
         grads = numba_attn.causal_dot_product_backward(arrays[0], *arrays[1:4], initial_state=arrays[4],
                                                        dstate=arrays[5], backend="chunked")

@@ -21,7 +21,8 @@ pass, the register-state kernels for E' <= 128 (f16 / bf16 MMAs, float32 as 3xTF
 and the shared-memory-state kernel otherwise. The reversed walks chunk the sequence from its last row, which changes
 nothing but the rounding.
 
-With ``FUSED`` (off by default: slow at 16k rows on an H100, unexplained) and where the register-state kernels
+With ``FUSED`` (off by default: slow at 16k rows on an H100 with a plan of 128 segments, since changed, not
+re-measured) and where the register-state kernels
 take all three walks (E = M <= 128), they run as one problem each of a single pair of launches (``launch.launch_causal_walks``): one ``STATES`` launch for the ``dq`` and ``dv`` walks and
 one walking launch for all three, the ``dk`` walk starting from the ``dv`` walk's increments ``sum q_j g_j^T``
 transposed (its own would be ``sum g_j q_j^T``): two launches instead of six, one ``STATES`` pass fewer, the walks'
@@ -36,7 +37,8 @@ from . import launch
 
 #: the three walks as problems of one pair of launches where the register kernels take them; off by default
 #: (``NUMBA_ATTN_LINEAR_BWD_FUSED=1`` turns it on): on an H100 (B4 H8 E=M=64 bfloat16 and float16) it matched the
-#: three separate forwards at 1k and 4k rows but took 10.5 ms instead of 0.63 at 16k, not yet explained
+#: three separate forwards at 1k and 4k rows but took 10.5 ms instead of 0.63 at 16k, where its plan had 128
+#: segments (``register_launch.FUSED_SEGMENT_COST`` now makes it 8); not re-measured since
 FUSED = os.environ.get("NUMBA_ATTN_LINEAR_BWD_FUSED", "0").strip().lower() in ("1", "true", "yes", "on")
 #: float32 in 3xTF32 (FUSED): one walking launch per walk after the shared STATES launch; the three-problem walk of
 #: 3xTF32 spills (120 bytes, 26 local loads / stores per chunk at E = M = 64, sm_90), the single ones do not

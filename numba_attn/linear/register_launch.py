@@ -11,7 +11,7 @@ The sequence of each (head, M tile) is cut into segments of whole chunks (``chun
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import types
@@ -29,6 +29,11 @@ MAX_E = 128
 SIMULATOR_CONFIG = ChunkConfig(warps=1, block_cols=16, block_cols_wide=16, blocks_per_sm=1, min_segment_chunks=1)
 #: launch bound: blocks per SM (2 x 4 warps: 255 registers, and the shared memory of E = 64 fits twice)
 MIN_BLOCKS = 2
+#: walk steps per segment in the plans of ``launch_walks`` (at least): with three times the groups and no cost per
+#: segment the wave rule chose 128 segments of 2 chunks at 16k rows (B4 H8, 16-bit), whose blocks each summed up to
+#: 127 predecessors' increments: 10.5 ms instead of about 0.6 on an H100. 0.1 (as float32's ``segment_cost``)
+#: gives 8 segments there, as the single walks get
+FUSED_SEGMENT_COST = 0.1
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,8 @@ def launch_walks(kernel_for, tiles, walks, stream, *, final_state, final_walk: i
     q, _, v, _, _ = walks[0]
     bh, seqlen, _, _, m = sizes(q, v)
     problems = len(walks)
+    if config.segment_cost < FUSED_SEGMENT_COST:
+        config = replace(config, segment_cost=FUSED_SEGMENT_COST)
     walk = kernel_for(CAUSAL, 1 if split else problems, borrow and not split)
     resident = (resident_blocks(walk, 32 * tiles.warps, tiles.shared_bytes(CAUSAL)) if config.wave_plan else None)
     p = plan_segments(tiles, bh * problems, seqlen, round_up(m, 16), multiprocessor_count(), config, segments,

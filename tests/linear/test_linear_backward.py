@@ -342,3 +342,15 @@ def test_gpu_replayed_backwards_match_the_references(dtype, fused):
     finally:
         replay.Plan.run = original
     assert len(used) == 2 * 4, f"{len(used)} replayed calls, expected 8 (every call after the first of each kind)"
+
+
+def test_fused_plans_pay_for_segments():
+    """Three walks' groups at 16k rows (B4 H8, 2 blocks on 132 SMs): without a cost per segment the wave rule took
+    128 segments of 2 chunks (each walking block then sums up to 127 increments; 10.5 ms on an H100), with
+    ``FUSED_SEGMENT_COST`` the 8 that a single walk gets."""
+    from numba_attn.linear.chunk_plan import _fewest_steps
+    from numba_attn.linear.register_launch import FUSED_SEGMENT_COST
+
+    assert _fewest_steps(96, 256, 128, 264, 0.35, 0.0) == 128
+    assert _fewest_steps(96, 256, 128, 264, 0.35, FUSED_SEGMENT_COST) == 8
+    assert _fewest_steps(32, 256, 128, 264, 0.35, 0.0) == 8

@@ -4,7 +4,8 @@
     python scripts/check_linear_backward.py            # on a GPU: correctness at real sizes, then timing
 
 --compile-only  no GPU: sm_90 PTX of the kernels the backward adds (the layer's three small kernels, the plain
-                non-causal products, the walks of the normaliser's 4-column operands), then ``ptxas -v``.
+                non-causal products, the walks of the normaliser's 4-column operands, the fused walks of
+                ``chunked_backward.FUSED``), then ``ptxas -v``.
 correctness     ``causal_dot_product_backward`` (chunked: float16, bfloat16, float32 as 3xTF32 and tf32; initial
                 state and dstate) and ``linear_attention_backward`` (causal and not) against float64 references,
                 next to the error of torch autograd through a naive implementation in the same dtype. PASS when ours
@@ -62,12 +63,12 @@ def _specs():
     specs = []
     for dtype in ("float16", "bfloat16", "float32"):
         raw = f32 if dtype == "float32" else u16
-        specs.append((f"prepare {dtype}", lb.prepare_kernel(dtype, cfg.threads), (raw, raw, raw, f32, f32, f32, f32),
-                      (cfg.threads,)))
+        specs.append((f"prepare {dtype}", lb.prepare_kernel(dtype, cfg.threads, cfg.row_threads),
+                      (raw, raw, raw, f32, f32, f32, f32), (cfg.threads, lb.ROW_KERNEL_BLOCKS)))
         specs.append((f"rows {dtype}", lb.rows_kernel(dtype, cfg.row_threads, cfg.rows_per_block),
                       (f32, f32, raw, types.float32), (cfg.row_threads * cfg.rows_per_block,)))
-        specs.append((f"finish {dtype}", lb.finish_kernel(dtype, cfg.threads),
-                      (f32, f32, raw, raw, f32, f32, raw, raw, f32, raw), (cfg.threads,)))
+        specs.append((f"finish {dtype}", lb.finish_kernel(dtype, cfg.threads, cfg.row_threads),
+                      (f32, f32, raw, raw, f32, f32, raw, raw, f32, raw), (cfg.threads, lb.ROW_KERNEL_BLOCKS)))
     # the plain non-causal products of the layer's backward (shared-state kernel without feature map / normaliser):
     # E = M = 64 and 256, and the normaliser's four columns
     config = shared_state.GPU_CONFIG
@@ -86,6 +87,22 @@ def _specs():
                 specs.append((f"mma_f32 E={e} M={m} terms={terms} mode={mode}",
                               mma_f32.kernel_source(tiles, mode, True), mma_f32.SIGNATURE.args,
                               (32 * tiles.warps, tiles.min_blocks)))
+    # the backward's walks as problems of one launch (chunked_backward.FUSED): STATES of two, CAUSAL of three with
+    # the dk walk borrowing the dv walk's increments, CAUSAL of two (no dv: the layer's normaliser), E = M = 64
+    from numba_attn.linear import mma
+    from numba_attn.linear.register_launch import signature
+
+    for problems, borrow, mode in ((2, False, STATES), (3, True, CAUSAL), (2, False, CAUSAL)):
+        for dtype in ("float16", "bfloat16"):
+            tiles = mma.tiles_for(mma.GPU_CONFIG, 64, 64)
+            specs.append((f"mma {dtype} problems={problems} borrow={borrow} mode={mode}",
+                          mma.kernel_source(tiles, mode, dtype == "bfloat16", True, problems, borrow),
+                          signature(types.uint16, problems).args, (32 * tiles.warps, tiles.min_blocks)))
+        for terms in (1, 3):
+            tiles = mma_f32.tiles_for(mma_f32.GPU_CONFIG, 64, 64, terms)
+            specs.append((f"mma_f32 terms={terms} problems={problems} borrow={borrow} mode={mode}",
+                          mma_f32.kernel_source(tiles, mode, True, problems, borrow),
+                          signature(types.float32, problems).args, (32 * tiles.warps, tiles.min_blocks)))
     # the recurrent plain non-causal passes
     for e, m in ((64, 64), (64, 4), (4, 64)):
         for mode in (REDUCE, R_APPLY):

@@ -10,6 +10,7 @@ from ..runtime.serving import one_call_at_a_time_under_the_simulator as _one_cal
 from ..runtime.serving import served as _served
 from ..runtime.serving import wants_grad as _wants_grad
 from ..runtime.shapes import check_array, linear_shape
+from . import chunked_backward as _chunked_backward
 from . import dispatch as _linear
 from .dispatch import BACKENDS as LINEAR_BACKENDS
 
@@ -122,9 +123,20 @@ def causal_dot_product_backward(dout, q, k, v, *, initial_state=None, dstate=Non
         ``(dq, dk, dv)`` in the inputs' dtype and kind with the shapes of q, k, v, and ``dinitial_state`` (float32,
         the state's shape) as a fourth element when ``initial_state`` is given. States and sums are float32.
 
-    Every call takes the checked path (``runtime.replay`` does not record it). :func:`causal_dot_product` with
-    torch tensors that require grad records it as its backward (``torch_ops``).
+    Torch and CuPy calls are replayed from the plan their first call of a kind recorded (``runtime.replay``), as the
+    forward's are. :func:`causal_dot_product` with torch tensors that require grad records it as its backward
+    (``torch_ops``).
     """
+    arrays = (dout, q, k, v) + tuple(x for x in (initial_state, dstate) if x is not None)
+    # which states were given is part of the key (two arrays of one layout could be either); so are the backward's
+    # switches, which change the launches
+    options = (initial_state is not None, dstate is not None, allow_tf32, backend, _chunked_backward.FUSED,
+               _chunked_backward.SPLIT_3XTF32)
+    return _served("causal_dot_product_backward", arrays, options,
+                   lambda: _causal_dot_product_backward(dout, q, k, v, initial_state, dstate, allow_tf32, backend))
+
+
+def _causal_dot_product_backward(dout, q, k, v, initial_state, dstate, allow_tf32, backend):
     allow_tf32 = check_flag(allow_tf32, "allow_tf32")
     backend = check_backend(backend, LINEAR_BACKENDS)
     shape = linear_shape(q, k, v)
@@ -139,7 +151,7 @@ def causal_dot_product_backward(dout, q, k, v, *, initial_state=None, dstate=Non
             arrays[name] = x
     call = prepare(arrays, own_dtype={"initial_state": ("float32",), "dstate": ("float32",)})
     stateful = initial_state is not None or dstate is not None
-    backend = _linear.choose_backend(backend, call.dtype, shape.seqlen, stateful, states_ok=True)
+    backend = _linear.choose_backend(backend, call.dtype, shape.seqlen, stateful, states_ok=True, backward=True)
     with on_device(call.device_id):
         dq = call.output(tuple(q.shape), name="dq")
         dk = call.output(tuple(k.shape), name="dk")
@@ -224,9 +236,16 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, eps=1e-6, allow_tf
         ``(dq, dk, dv)`` in the inputs' dtype and kind with the shapes of q, k, v. A row whose denominator is 0 (no
         keys and ``eps = 0``) passes no gradient back, as in ``reference``.
 
-    Every call takes the checked path; :func:`linear_attention` with torch tensors that require grad records it as
-    its backward (``torch_ops``).
+    Torch and CuPy calls are replayed from the plan their first call of a kind recorded (``runtime.replay``);
+    :func:`linear_attention` with torch tensors that require grad records it as its backward (``torch_ops``).
     """
+    return _served("linear_attention_backward", (dout, q, k, v), (causal, eps, allow_tf32, backend,
+                                                                  _chunked_backward.FUSED,
+                                                                  _chunked_backward.SPLIT_3XTF32),
+                   lambda: _linear_attention_backward(dout, q, k, v, causal, eps, allow_tf32, backend))
+
+
+def _linear_attention_backward(dout, q, k, v, causal, eps, allow_tf32, backend):
     eps = check_eps(eps)
     causal = check_flag(causal, "causal")
     allow_tf32 = check_flag(allow_tf32, "allow_tf32")
@@ -236,7 +255,7 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, eps=1e-6, allow_tf
     if tuple(dout.shape) != shape.out_shape():
         raise ValueError(f"dout: expected the output's shape {shape.out_shape()}, got {tuple(dout.shape)}")
     call = prepare({"q": q, "k": k, "v": v, "dout": dout})
-    backend = _linear.choose_backend(backend, call.dtype, max(shape.seqlen, shape.seqlen_k), False)
+    backend = _linear.choose_backend(backend, call.dtype, max(shape.seqlen, shape.seqlen_k), False, backward=True)
     with on_device(call.device_id):
         dq = call.output(tuple(q.shape), name="dq")
         dk = call.output(tuple(k.shape), name="dk")

@@ -19,13 +19,30 @@ Reversed rows and transposed states are views with a negative row stride or swap
 nothing is copied, and every walk gets the forward's machinery: the segments of the sequence, their ``STATES``
 pass, the register-state kernels for E' <= 128 (f16 / bf16 MMAs, float32 as 3xTF32 or with ``tf32`` one tf32 term)
 and the shared-memory-state kernel otherwise. The reversed walks chunk the sequence from its last row, which changes
-nothing but the rounding. ``dk`` and ``dv`` each recompute the increments ``Q_c^T G_c`` of their own ``R`` (one
-transposed): a fused reverse walk reading ``R`` both ways would save one ``STATES`` pass and one read of q and dout.
+nothing but the rounding.
+
+With ``FUSED`` (off by default: slow at 16k rows on an H100 with a plan of 128 segments, since changed, not
+re-measured) and where the register-state kernels
+take all three walks (E = M <= 128), they run as one problem each of a single pair of launches (``launch.launch_causal_walks``): one ``STATES`` launch for the ``dq`` and ``dv`` walks and
+one walking launch for all three, the ``dk`` walk starting from the ``dv`` walk's increments ``sum q_j g_j^T``
+transposed (its own would be ``sum g_j q_j^T``): two launches instead of six, one ``STATES`` pass fewer, the walks'
+blocks sharing the GPU. Otherwise (the default) three separate forwards.
 """
 from __future__ import annotations
 
+import os
+
 from ..runtime.views import reversed_axis, swapped_last_axes
 from . import launch
+
+#: the three walks as problems of one pair of launches where the register kernels take them; off by default
+#: (``NUMBA_ATTN_LINEAR_BWD_FUSED=1`` turns it on): on an H100 (B4 H8 E=M=64 bfloat16 and float16) it matched the
+#: three separate forwards at 1k and 4k rows but took 10.5 ms instead of 0.63 at 16k, where its plan had 128
+#: segments (``register_launch.FUSED_SEGMENT_COST`` now makes it 8); not re-measured since
+FUSED = os.environ.get("NUMBA_ATTN_LINEAR_BWD_FUSED", "0").strip().lower() in ("1", "true", "yes", "on")
+#: float32 in 3xTF32 (FUSED): one walking launch per walk after the shared STATES launch; the three-problem walk of
+#: 3xTF32 spills (120 bytes, 26 local loads / stores per chunk at E = M = 64, sm_90), the single ones do not
+SPLIT_3XTF32 = False
 
 
 def _transposed(state):
@@ -41,6 +58,14 @@ def launch_causal_backward(dout, q, k, v, dq, dk, dv, stream, *, initial_state=N
     inputs in one tf32 term; ``segments``: sequence blocks per walk, None for the plan's choice."""
     options = {"tf32": tf32, "dtype": dtype, "segments": segments, "scratch": scratch}
     rev = _rows_reversed
+    if FUSED and q.shape[2] > 0:
+        walks = [(dout, v, k, dq, _transposed(initial_state))]  # dq: forward over S
+        if dv is not None:  # dv: reversed over R, writes dS_0; dk: reversed over R^T, from dv's increments
+            walks.append((rev(k), rev(q), rev(dout), rev(dv), dstate))
+        walks.append((rev(v), rev(dout), rev(q), rev(dk), _transposed(dstate)))
+        if launch.launch_causal_walks(walks, stream, final_state=dinitial_state, final_walk=1 if dv is not None else -1,
+                                      borrow=dv is not None, split_3xtf32=SPLIT_3XTF32, **options):
+            return
     if q.shape[2] > 0:
         launch.launch_causal(dout, v, k, dq, stream, initial_state=_transposed(initial_state), **options)
         launch.launch_causal(rev(v), rev(dout), rev(q), rev(dk), stream, initial_state=_transposed(dstate),

@@ -52,6 +52,33 @@ def launch_causal(q, k, v, out, stream, *, initial_state=None, final_state=None,
                                normalise=normalise, eps=eps, config=config, **state)
 
 
+def launch_causal_walks(walks, stream, *, final_state=None, final_walk: int = -1, borrow: bool = False, tf32=False,
+                        dtype=None, segments=None, scratch=None, split_3xtf32: bool = False) -> bool:
+    """Several plain causal products in one pair of launches on the register-state kernels (``mma.
+    launch_causal_walks``), where they apply: every walk ``(q, k, v, out, initial_state or None)`` of the same
+    sizes, E <= ``MAX_E``. Returns False (nothing launched) otherwise. ``final_state`` / ``final_walk``, ``borrow``:
+    ``register_launch.launch_walks``; ``tf32``, ``dtype``, ``segments``: as ``launch_causal``; ``split_3xtf32``:
+    float32 in 3xTF32 walks in one launch per walk (``register_launch.launch_walks``'s ``split``)."""
+    first = walks[0]
+    shape = tuple(first[0].shape) + (first[2].shape[3],)
+    if any(tuple(w[0].shape) + (w[2].shape[3],) != shape or tuple(w[1].shape) != tuple(w[0].shape)
+           or tuple(w[2].shape[:3]) != tuple(w[0].shape[:3]) or tuple(w[3].shape) != tuple(w[2].shape)
+           for w in walks):
+        return False
+    bh, _, _, e, m = sizes(first[0], first[2])
+    if bh == 0 or not mma.supports(e, m):
+        return False
+    dtype = input_kind(first[0], dtype)[1]
+    walks = [tuple(input_kind(x, dtype)[0] for x in w[:4]) + (w[4],) for w in walks]
+    state = {"final_state": final_state, "final_walk": final_walk, "borrow": borrow, "segments": segments,
+             "scratch": scratch}
+    if dtype == FLOAT32:
+        mma_f32.launch_causal_walks(walks, stream, terms=1 if tf32 else 3, split=split_3xtf32 and not tf32, **state)
+    else:
+        mma.launch_causal_walks(walks, stream, dtype=dtype, **state)
+    return True
+
+
 def launch_noncausal(q, k, v, out, eps, stream, *, tf32=False, dtype=None, segments=None,
                      config: ChunkConfig | None = None, scratch=None, layer: bool = True):
     """Non-causal linear attention with ``phi = elu + 1`` and the normaliser (``shared_state.launch_noncausal``;

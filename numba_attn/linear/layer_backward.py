@@ -42,6 +42,9 @@ from . import chunked_backward, launch, recurrent, recurrent_backward
 from .arguments import BFLOAT16, FLOAT32, input_kind, sizes
 from .chunk_plan import cdiv
 
+#: launch bound of ``prepare`` / ``finish`` (blocks of 256 threads per SM: at most 80 registers; left to itself the
+#: compiler took 116-120 and two blocks per SM; with 64, ``finish`` of 16-bit outputs spilled 8 bytes)
+ROW_KERNEL_BLOCKS = 3
 #: columns of the ones block ``U`` and of the normaliser's product (whole 16-byte pieces of float32)
 UNIT_COLS = 4
 
@@ -50,9 +53,9 @@ UNIT_COLS = 4
 class LayerBackwardConfig:
     """Launch shape of the three small kernels."""
 
-    threads: int = 256  # prepare / finish: threads per block (a grid-stride loop over elements)
+    threads: int = 256  # prepare / finish: threads per block (a grid-stride loop over rows)
     blocks_per_sm: int = 8
-    row_threads: int = 32  # rows: threads per row (a power of two <= 32: a warp's shuffles sum their parts)
+    row_threads: int = 32  # threads per row (a power of two <= 32: rows' warp shuffles sum their parts)
     rows_per_block: int = 8
 
     def __post_init__(self):
@@ -61,6 +64,8 @@ class LayerBackwardConfig:
                 raise ValueError(f"LayerBackwardConfig.{name}: expected >= 1, got {getattr(self, name)}")
         if self.row_threads > 32 or self.row_threads & (self.row_threads - 1):
             raise ValueError(f"LayerBackwardConfig.row_threads: expected a power of two <= 32, got {self.row_threads}")
+        if self.threads % self.row_threads:
+            raise ValueError("LayerBackwardConfig: threads must be a multiple of row_threads")
         if self.row_threads * self.rows_per_block % 32 and self.row_threads > 1:
             raise ValueError("LayerBackwardConfig: row_threads * rows_per_block must fill whole warps")
 
@@ -98,46 +103,53 @@ def _element_functions(dtype: str):
 
 
 @device_function
-def _place(idx, shape_heads, rows, cols):
-    """Flat element ``idx`` of a ``(batch, heads, rows, cols)`` array -> (b, h, row, col)."""
-    col = idx % cols
-    r = idx // cols
-    row = r % rows
+def _row(r, shape_heads, rows):
+    """Flat row ``r`` of a ``(batch, heads, rows, ...)`` array -> (b, h, row)."""
     bh = r // rows
-    return bh // shape_heads, bh % shape_heads, row, col
+    return bh // shape_heads, bh % shape_heads, r % rows
 
 
 @lru_cache(maxsize=None)
-def prepare_kernel(dtype: str, threads: int):
-    """``(q, k, v, phi_q, phi_k, vf, ones)``: ``phi(q)``, ``phi(k)``, ``v`` and the rows ``[1, 0, 0, 0]`` in float32,
-    one grid-stride loop over the four outputs' elements."""
+def prepare_kernel(dtype: str, threads: int, lanes: int):
+    """``(q, k, v, phi_q, phi_k, vf, ones)``: ``phi(q)``, ``phi(k)``, ``v`` and the rows ``[1, 0, 0, 0]`` in float32;
+    ``lanes`` threads per row (a grid-stride loop over the rows of q, then those of k and v). A row's position is
+    worked out once: per element, its three integer divisions (64-bit) cost more than the copy."""
     read, _ = _element_functions(dtype)
+    LANES = lanes
+    ROWS = threads // lanes
 
     @device_function
     def phi(x):
         return x + float32(1.0) if x > float32(0.0) else float32(math.exp(x))
 
-    @kernel_jit(launch_bounds=(threads,))
+    @kernel_jit(launch_bounds=(threads, ROW_KERNEL_BLOCKS))
     def kernel(q, k, v, phi_q, phi_k, vf, ones):
+        tid = cuda.threadIdx.x
+        lane = tid % LANES
         heads = q.shape[1]
         e_dim = q.shape[3]
-        n_q = phi_q.size
-        n_qk = n_q + phi_k.size
-        n_qkv = n_qk + vf.size
-        total = n_qkv + ones.size
-        for idx in range(cuda.grid(1), total, cuda.gridsize(1)):
-            if idx < n_q:
-                b, h, row, col = _place(idx, heads, q.shape[2], e_dim)
-                phi_q[b, h, row, col] = phi(read(q[b, h, row, col]))
-            elif idx < n_qk:
-                b, h, row, col = _place(idx - n_q, heads, k.shape[2], e_dim)
-                phi_k[b, h, row, col] = phi(read(k[b, h, row, col]))
-            elif idx < n_qkv:
-                b, h, row, col = _place(idx - n_qk, heads, v.shape[2], v.shape[3])
-                vf[b, h, row, col] = read(v[b, h, row, col])
+        m_dim = v.shape[3]
+        rows_q = q.shape[0] * heads * q.shape[2]
+        total = rows_q + k.shape[0] * heads * k.shape[2]
+        for r in range(cuda.blockIdx.x * ROWS + tid // LANES, total, cuda.gridDim.x * ROWS):
+            if r < rows_q:
+                b, h, i = _row(r, heads, q.shape[2])
+                q_row = q[b, h, i]
+                phi_q_row = phi_q[b, h, i]
+                for c in range(lane, e_dim, LANES):
+                    phi_q_row[c] = phi(read(q_row[c]))
             else:
-                b, h, row, col = _place(idx - n_qkv, heads, v.shape[2], UNIT_COLS)
-                ones[b, h, row, col] = float32(1.0) if col == 0 else float32(0.0)
+                b, h, i = _row(r - rows_q, heads, k.shape[2])
+                k_row = k[b, h, i]
+                phi_k_row = phi_k[b, h, i]
+                for c in range(lane, e_dim, LANES):
+                    phi_k_row[c] = phi(read(k_row[c]))
+                v_row = v[b, h, i]
+                vf_row = vf[b, h, i]
+                for c in range(lane, m_dim, LANES):
+                    vf_row[c] = read(v_row[c])
+                for c in range(lane, UNIT_COLS, LANES):
+                    ones[b, h, i, c] = float32(1.0) if c == 0 else float32(0.0)
 
     return kernel
 
@@ -162,7 +174,7 @@ def rows_kernel(dtype: str, row_threads: int, rows_per_block: int):
         seqlen = num.shape[2]
         m_dim = num.shape[3]
         inside = row < num.shape[0] * heads * seqlen
-        b, h, i, _ = _place(row, heads, seqlen, 1)
+        b, h, i = _row(row, heads, seqlen)
         dot = ZERO
         z = ZERO
         if inside:
@@ -184,40 +196,46 @@ def rows_kernel(dtype: str, row_threads: int, rows_per_block: int):
 
 
 @lru_cache(maxsize=None)
-def finish_kernel(dtype: str, threads: int):
+def finish_kernel(dtype: str, threads: int, lanes: int):
     """``(dphi_q, dphi_q_norm, q, dq, dphi_k, dphi_k_norm, k, dk, dvf, dv)``: ``dq = (dphi_q + dphi_q_norm)
-    phi'(q)``, ``dk`` the same, ``dv = dvf``, in the inputs' dtype."""
+    phi'(q)``, ``dk`` the same, ``dv = dvf``, in the inputs' dtype; ``lanes`` threads per row (as ``prepare``)."""
     read, write = _element_functions(dtype)
+    LANES = lanes
+    ROWS = threads // lanes
 
     @device_function
     def derivative(x):
         return float32(1.0) if x > float32(0.0) else float32(math.exp(x))
 
-    @kernel_jit(launch_bounds=(threads,))
+    @kernel_jit(launch_bounds=(threads, ROW_KERNEL_BLOCKS))
     def kernel(dphi_q, dphi_q_norm, q, dq, dphi_k, dphi_k_norm, k, dk, dvf, dv):
+        tid = cuda.threadIdx.x
+        lane = tid % LANES
         heads = q.shape[1]
         e_dim = q.shape[3]
-        n_q = dq.size
-        n_qk = n_q + dk.size
-        total = n_qk + dv.size
-        for idx in range(cuda.grid(1), total, cuda.gridsize(1)):
-            if idx < n_q:
-                b, h, row, col = _place(idx, heads, q.shape[2], e_dim)
-                value = (dphi_q[b, h, row, col] + dphi_q_norm[b, h, row, col]) * derivative(read(q[b, h, row, col]))
-                dq[b, h, row, col] = write(value)
-            elif idx < n_qk:
-                b, h, row, col = _place(idx - n_q, heads, k.shape[2], e_dim)
-                value = (dphi_k[b, h, row, col] + dphi_k_norm[b, h, row, col]) * derivative(read(k[b, h, row, col]))
-                dk[b, h, row, col] = write(value)
+        m_dim = dv.shape[3]
+        rows_q = q.shape[0] * heads * q.shape[2]
+        total = rows_q + k.shape[0] * heads * k.shape[2]
+        for r in range(cuda.blockIdx.x * ROWS + tid // LANES, total, cuda.gridDim.x * ROWS):
+            if r < rows_q:
+                b, h, i = _row(r, heads, q.shape[2])
+                x_row, grad, grad_norm, out_row = q[b, h, i], dphi_q[b, h, i], dphi_q_norm[b, h, i], dq[b, h, i]
             else:
-                b, h, row, col = _place(idx - n_qk, heads, dv.shape[2], dv.shape[3])
-                dv[b, h, row, col] = write(dvf[b, h, row, col])
+                b, h, i = _row(r - rows_q, heads, k.shape[2])
+                x_row, grad, grad_norm, out_row = k[b, h, i], dphi_k[b, h, i], dphi_k_norm[b, h, i], dk[b, h, i]
+                dvf_row = dvf[b, h, i]
+                dv_row = dv[b, h, i]
+                for c in range(lane, m_dim, LANES):
+                    dv_row[c] = write(dvf_row[c])
+            for c in range(lane, e_dim, LANES):
+                out_row[c] = write((grad[c] + grad_norm[c]) * derivative(read(x_row[c])))
 
     return kernel
 
 
-def _grid(total: int, threads: int, config: LayerBackwardConfig) -> int:
-    return max(1, min(cdiv(total, threads), config.blocks_per_sm * multiprocessor_count()))
+def _grid(rows: int, config: LayerBackwardConfig) -> int:
+    """Blocks of a row kernel (``prepare``, ``finish``: ``threads // row_threads`` rows a block, grid-stride)."""
+    return max(1, min(cdiv(rows, config.threads // config.row_threads), config.blocks_per_sm * multiprocessor_count()))
 
 
 class _Products:
@@ -271,21 +289,19 @@ def launch_linear_attention_backward(dout, q, k, v, dq, dk, dv, stream, *, causa
     ones = scratch((batch, heads, seqlen_k, UNIT_COLS))
     num = scratch((batch, heads, seqlen_q, m))  # n, then dn
     den = scratch((batch, heads, seqlen_q, UNIT_COLS))  # z - eps, then dz
-    threads = config.threads
-    total = phi_q.size + phi_k.size + vf.size + ones.size
-    device_launch(prepare_kernel(dtype, threads), _grid(total, threads, config), threads, stream, 0,
+    threads, lanes = config.threads, config.row_threads
+    rows = bh * (seqlen_q + seqlen_k)
+    device_launch(prepare_kernel(dtype, threads, lanes), _grid(rows, config), threads, stream, 0,
                   q, k, v, phi_q, phi_k, vf, ones)
 
     products = _Products(chunked, causal, tf32 or dtype == BFLOAT16, stream, scratch)
     products.forward(phi_q, phi_k, vf, num)
     products.forward(phi_q, phi_k, ones, den)
-    rows = bh * seqlen_q
-    if rows:
+    if bh * seqlen_q:
         rows_per_block = config.rows_per_block
-        device_launch(rows_kernel(dtype, config.row_threads, rows_per_block), cdiv(rows, rows_per_block),
+        device_launch(rows_kernel(dtype, config.row_threads, rows_per_block), cdiv(bh * seqlen_q, rows_per_block),
                       config.row_threads * rows_per_block, stream, 0, num, den, dout, np.float32(eps))
     products.backward(num, phi_q, phi_k, vf, dphi_q, dphi_k, dvf)
     products.backward(den, phi_q, phi_k, ones, dphi_q_norm, dphi_k_norm, None)
-    total = dq.size + dk.size + dv.size
-    device_launch(finish_kernel(dtype, threads), _grid(total, threads, config), threads, stream, 0,
+    device_launch(finish_kernel(dtype, threads, lanes), _grid(rows, config), threads, stream, 0,
                   dphi_q, dphi_q_norm, q, dq, dphi_k, dphi_k_norm, k, dk, dvf, dv)

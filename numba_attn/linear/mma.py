@@ -41,8 +41,8 @@ from ..core.staging import device_function, tile_loader
 from ..runtime.device import SIMULATOR, kernel_jit
 from .arguments import BFLOAT16
 from .chunk_plan import CAUSAL, ChunkConfig
-from .register_launch import (MIN_BLOCKS, SIMULATOR_CONFIG, RegisterTiles, launch_walk, signature, tile_shape,
-                              vector_loads_ok)
+from .register_launch import (MIN_BLOCKS, SIMULATOR_CONFIG, RegisterTiles, launch_walk, launch_walks, signature,
+                              tile_shape, vector_loads_ok)
 from .register_launch import supports  # noqa: F401  (this kernel's: the plain product, E <= MAX_E)
 from .state import accumulator_fill, future_mask, stage_loader, walk_kernel
 
@@ -84,7 +84,8 @@ class Tiles(RegisterTiles):
         return 4 * (self.records_offset(mode) + records)
 
 
-def kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
+def kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool, problems: int = 1,
+                  borrow: bool = False):
     """The kernel of one specialisation: ``state.walk_kernel`` around this module's chunk arithmetic."""
     NT, C, E_PAD, COLS = 32 * tiles.warps, tiles.chunk, tiles.e_pad, tiles.cols
     ROW_QK, ROW_V, RS = tiles.row_qk, tiles.row_v, tiles.record_stride  # staged row lengths, record stride
@@ -262,17 +263,19 @@ def kernel_source(tiles: Tiles, mode: int, bf16: bool, vector: bool):
     # publish: lanes g, g ^ 1 swap one column, so that each holds E rows (2i, 2i + 1) of one column and writes
     # (hi, hi, lo, lo) in one 16-byte store
     hooks = (lane_offsets, load_chunk, chunk_output, state_increment, publish, store_pair)
-    return walk_kernel(tiles, HAS_Q, tiles.stage(mode), 0, QK_STEPS, hooks)
+    return walk_kernel(tiles, HAS_Q, tiles.stage(mode), 0, QK_STEPS, hooks, problems, borrow)
 
 
 SIGNATURE = signature(types.uint16)
 
 
 @lru_cache(maxsize=None)
-def chunk_kernel(tiles: Tiles, mode: int, bf16: bool, vector: bool):
-    """The compiled kernel of one specialisation (every argument a constant)."""
-    source = kernel_source(tiles, mode, bf16, vector)
-    return kernel_jit(launch_bounds=(32 * tiles.warps, tiles.min_blocks), signature=SIGNATURE)(source)
+def chunk_kernel(tiles: Tiles, mode: int, bf16: bool, vector: bool, problems: int = 1, borrow: bool = False):
+    """The compiled kernel of one specialisation (every argument a constant; ``problems``, ``borrow``:
+    ``state.walk_kernel``)."""
+    source = kernel_source(tiles, mode, bf16, vector, problems, borrow)
+    return kernel_jit(launch_bounds=(32 * tiles.warps, tiles.min_blocks),
+                      signature=signature(types.uint16, problems))(source)
 
 
 def tiles_for(config: ChunkConfig, e: int, m: int) -> Tiles:
@@ -291,3 +294,17 @@ def launch_causal(q, k, v, out, stream, *, dtype: str, initial_state=None, final
     launch_walk(lambda mode: chunk_kernel(tiles, mode, bf16, vector), tiles, q, k, v, out, stream,
                 initial_state=initial_state, final_state=final_state, segments=segments, config=config,
                 scratch=scratch)
+
+
+def launch_causal_walks(walks, stream, *, dtype: str, final_state=None, final_walk: int = -1, borrow: bool = False,
+                        segments=None, config: ChunkConfig | None = None, scratch=None):
+    """Several causal products of the same sizes in two launches (``register_launch.launch_walks``): ``walks`` a list
+    of ``(q, k, v, out, initial_state or None)`` on uint16 bit views of ``dtype`` data."""
+    config = config or default_config()
+    q, _, v, _, _ = walks[0]
+    tiles = tiles_for(config, q.shape[3], v.shape[3])
+    vector = all(vector_loads_ok(*w[:4]) for w in walks)
+    bf16 = dtype == BFLOAT16
+    launch_walks(lambda mode, problems, lends: chunk_kernel(tiles, mode, bf16, vector, problems, lends), tiles, walks,
+                 stream, final_state=final_state, final_walk=final_walk, borrow=borrow, segments=segments,
+                 config=config, scratch=scratch)

@@ -36,8 +36,8 @@ from ..core import ptx
 from ..core.staging import device_function, tile_loader
 from ..runtime.device import SIMULATOR, kernel_jit
 from .chunk_plan import CAUSAL, ChunkConfig
-from .register_launch import (MIN_BLOCKS, SIMULATOR_CONFIG, RegisterTiles, launch_walk, signature, tile_shape,
-                              vector_loads_ok)
+from .register_launch import (MIN_BLOCKS, SIMULATOR_CONFIG, RegisterTiles, launch_walk, launch_walks, signature,
+                              tile_shape, vector_loads_ok)
 from .register_launch import supports  # noqa: F401  (this kernel's: the plain product, E <= MAX_E)
 from .state import accumulator_fill, future_mask, stage_loader, walk_kernel
 
@@ -101,7 +101,8 @@ class Tiles(RegisterTiles):
         return 4 * (self.records_offset(mode) + records)
 
 
-def kernel_source(tiles: Tiles, mode: int, vector: bool):
+def kernel_source(tiles: Tiles, mode: int, vector: bool, problems: int = 1,
+                  borrow: bool = False):
     """The kernel of one specialisation: ``state.walk_kernel`` around this module's chunk arithmetic."""
     NT, C, E_PAD, COLS = 32 * tiles.warps, tiles.chunk, tiles.e_pad, tiles.cols
     ROW_QK, ROW_V, RS = tiles.row_qk, tiles.row_v, tiles.record_stride  # staged row lengths, record stride
@@ -340,7 +341,7 @@ def kernel_source(tiles: Tiles, mode: int, vector: bool):
     # publish: lanes g < 4 and g + 4 swap one column, so that each holds E rows (e, e + 4) of one column (g < 4:
     # column 2t, rows g, g + 4; g >= 4: column 2t + 1, rows g - 4, g)
     hooks = (lane_offsets, load_chunk, chunk_output, state_increment, publish, store_pair)
-    return walk_kernel(tiles, HAS_Q, tiles.stage(), 2, K8_STEPS, hooks)
+    return walk_kernel(tiles, HAS_Q, tiles.stage(), 2, K8_STEPS, hooks, problems, borrow)
 
 
 SIGNATURE = signature(types.float32)
@@ -351,10 +352,12 @@ def default_config() -> ChunkConfig:
 
 
 @lru_cache(maxsize=None)
-def chunk_kernel(tiles: Tiles, mode: int, vector: bool):
-    """The compiled kernel of one specialisation (every argument a constant)."""
-    source = kernel_source(tiles, mode, vector)
-    return kernel_jit(launch_bounds=(32 * tiles.warps, tiles.min_blocks), signature=SIGNATURE)(source)
+def chunk_kernel(tiles: Tiles, mode: int, vector: bool, problems: int = 1, borrow: bool = False):
+    """The compiled kernel of one specialisation (every argument a constant; ``problems``, ``borrow``:
+    ``state.walk_kernel``)."""
+    source = kernel_source(tiles, mode, vector, problems, borrow)
+    return kernel_jit(launch_bounds=(32 * tiles.warps, tiles.min_blocks),
+                      signature=signature(types.float32, problems))(source)
 
 
 def tiles_for(config: ChunkConfig, e: int, m: int, terms: int = 3) -> Tiles:
@@ -373,3 +376,17 @@ def launch_causal(q, k, v, out, stream, *, terms: int = 3, initial_state=None, f
     launch_walk(lambda mode: chunk_kernel(tiles, mode, vector), tiles, q, k, v, out, stream,
                 initial_state=initial_state, final_state=final_state, segments=segments, config=config,
                 scratch=scratch)
+
+
+def launch_causal_walks(walks, stream, *, terms: int = 3, final_state=None, final_walk: int = -1, borrow: bool = False,
+                        segments=None, config: ChunkConfig | None = None, scratch=None, split: bool = False):
+    """Several causal products of the same sizes in two launches (``register_launch.launch_walks``, ``split``: one
+    walking launch each): ``walks`` a list of ``(q, k, v, out, initial_state or None)`` on float32 views; ``terms``
+    as ``launch_causal``."""
+    config = config or default_config()
+    q, _, v, _, _ = walks[0]
+    tiles = tiles_for(config, q.shape[3], v.shape[3], terms)
+    vector = all(vector_loads_ok(*w[:4]) for w in walks)
+    launch_walks(lambda mode, problems, lends: chunk_kernel(tiles, mode, vector, problems, lends), tiles, walks,
+                 stream, final_state=final_state, final_walk=final_walk, borrow=borrow, segments=segments,
+                 config=config, scratch=scratch, split=split)

@@ -14,7 +14,7 @@ import numpy as np
 from numba import float32, uint16, uint32
 
 from ..core import ptx
-from ..core.staging import device_function
+from ..core.staging import device_function, kernel_body
 from ..runtime.device import cuda
 from .block import block_position, head_views, lanes
 
@@ -43,7 +43,7 @@ def stage_loader(load_qk, load_v, commit, k_off: int, v_off: int, has_q: bool):
 
 
 def state_functions(warps: int, e_pad: int, cols: int, chunk: int, has_q: bool):
-    """``(position, start_state, end_state)`` device functions for one specialisation (``has_q``: the CAUSAL walk;
+    """``(position, start_state, borrowed_start, end_state)`` device functions for one specialisation (``has_q``: the CAUSAL walk;
     else the STATES pass)."""
     WARPS = warps
     E_PAD = e_pad
@@ -59,20 +59,22 @@ def state_functions(warps: int, e_pad: int, cols: int, chunk: int, has_q: bool):
     block = block_position(chunk, cols)
 
     @device_function
-    def position(tid, bhm, seg, k, out, segment_chunks, state_segments, m_tiles):
+    def position(tid, bhm, seg, k, out, segment_chunks, state_segments, m_tiles, slot):
         """Thread ``tid`` of block ``(bhm, seg)`` -> (warp, lane, g, t, b, h, col0, row_begin, n_chunks, first_row,
         out_base): its lanes (``block.lanes``), head, first value column, first row, chunks to walk (<= 0: none),
-        first row of increments and the byte offset of its first output column pair in ``out``."""
+        first row of increments (``slot``: the blocks of the problems before this one) and the byte offset of its
+        first output column pair in ``out``."""
         warp, lane, g, t = lanes(tid)
         b, h, col0, row_begin, row_end = block(bhm, seg, k, k.shape[2], segment_chunks, m_tiles)
         out_base = b * out.strides[0] + h * out.strides[1] + (col0 + 2 * t) * out.strides[3]
-        return (warp, lane, g, t, b, h, col0, row_begin, (row_end - row_begin + C - 1) // C, bhm * state_segments,
-                out_base)
+        return (warp, lane, g, t, b, h, col0, row_begin, (row_end - row_begin + C - 1) // C,
+                (slot + bhm) * state_segments, out_base)
 
     @device_function
     def start_state(hm, init, increments, has_init, b, h, e_dim, m_dim, col0, first_row, seg, warp, g, t):
         """The state this block starts from: the initial state plus the increments of the segments before it
-        (STATES: zero, it sums its own segment)."""
+        (STATES: zero, it sums its own segment). ``borrowed_start`` replaces the increments by those of another
+        problem, transposed."""
         for i in range(E_PER_WARP):
             e0 = 16 * (warp + i * WARPS) + g
             for ob in range(O_BLOCKS):
@@ -98,6 +100,30 @@ def state_functions(warps: int, e_pad: int, cols: int, chunk: int, has_q: bool):
                 at += SUM_GROUP * ROW_BYTES
 
     @device_function
+    def borrowed_start(hm, increments, src_first, state_segments, e_dim, m_dim, col0, seg, warp, g, t):
+        """Add to ``hm`` the transposed increments of the segments before this one from another problem of the same
+        tiles whose E and M are this one's M and E (the ``dv`` walk's ``sum q_j g_j^T`` for the ``dk`` walk, whose
+        STATES pass would compute ``sum g_j q_j^T``). Element (e, c) of this block's state is element (c, e) of
+        the source: row ``src_first + (e // COLS) * state_segments + r`` (``src_first``: the source's first row of
+        this head), E row c, column ``e % COLS``."""
+        for first in range(0, seg, SUM_GROUP):
+            for i in range(E_PER_WARP):
+                e_block = 16 * (warp + i * WARPS)
+                if e_block < E_PAD:
+                    for ob in range(O_BLOCKS):
+                        for x in range(4):
+                            e = e_block + g + 8 * (x // 2)
+                            c = col0 + 8 * ob + 2 * t + x % 2
+                            if e < e_dim and c < m_dim:
+                                row = src_first + (e // COLS) * state_segments + first
+                                cell = ((row * E_PAD + c) * COLS + e % COLS) * 4
+                                total = ZERO
+                                for r in range(SUM_GROUP):
+                                    if first + r < seg:
+                                        total += load_at(increments, cell + r * ROW_BYTES)
+                                hm[i, ob, x] += total
+
+    @device_function
     def end_state(hm, increments, final, write_final, last_segment, b, h, e_dim, m_dim, col0, first_row, seg, warp,
                   g, t):
         """The segment's increment (STATES), or the final state (the last CAUSAL segment, if asked for)."""
@@ -114,7 +140,7 @@ def state_functions(warps: int, e_pad: int, cols: int, chunk: int, has_q: bool):
                             elif e < e_dim and col0 + c < m_dim:
                                 final[b, h, e, col0 + c] = hm[i, ob, x]
 
-    return position, start_state, end_state
+    return position, start_state, borrowed_start, end_state
 
 
 def state_publisher(warps: int, e_pad: int, cols: int, side_bit: int, publish):
@@ -208,7 +234,8 @@ def row_writer(blocks: int, store_pair):
     return write_rows
 
 
-def walk_kernel(tiles, has_q: bool, stage: int, side_bit: int, frag_steps: int, hooks):
+def walk_kernel(tiles, has_q: bool, stage: int, side_bit: int, frag_steps: int, hooks, problems: int = 1,
+                borrow: bool = False):
     """The kernel of one register-state specialisation (``has_q``: the CAUSAL walk, else the STATES pass): the walk
     over a segment's chunks that ``mma`` and ``mma_f32`` share, around their own device functions ``hooks =
     (lane_offsets, load_chunk, chunk_output, state_increment, publish, store_pair)``:
@@ -223,8 +250,12 @@ def walk_kernel(tiles, has_q: bool, stage: int, side_bit: int, frag_steps: int, 
     * ``publish`` writes H's records for the next chunk (``state_publisher`` with ``side_bit``).
 
     ``temps = (s, s_small, o, o_small, frag_hi, frag_lo)``: the kernel's scratch fragments (S, O and their small
-    3xTF32 terms; ``frag_steps`` rows of uint32 fragments), allocated here: device functions cannot allocate local
-    arrays under the simulator. Those a kernel does not use cost nothing on a GPU.
+    3xTF32 terms; ``frag_steps`` rows of uint32 fragments). Those a kernel does not use cost nothing on a GPU.
+
+    ``problems`` > 1 (``problem_kernels``): that many walks of the same tiles on their own operands in one launch,
+    grid z the problem, their increments one after the other (``problems * grid x`` blocks' rows). ``borrow``
+    (CAUSAL): the last problem takes the increments of the one before it, transposed (``borrowed_start``), instead
+    of its own, which the STATES pass then leaves out (the backward's ``dk`` walk, from the ``dv`` walk's).
     """
     lane_offsets, load_chunk, chunk_output, state_increment, publish, store_pair = hooks
     WARPS = tiles.warps
@@ -232,6 +263,7 @@ def walk_kernel(tiles, has_q: bool, stage: int, side_bit: int, frag_steps: int, 
     E_PAD = tiles.e_pad
     COLS = tiles.cols
     HAS_Q = has_q
+    BORROW = borrow and has_q
     STAGE = stage
     E_BLOCKS = E_PAD // 16
     E_PER_WARP = -(-E_BLOCKS // WARPS)  # m16 blocks of H a warp owns
@@ -239,15 +271,20 @@ def walk_kernel(tiles, has_q: bool, stage: int, side_bit: int, frag_steps: int, 
     O_BLOCKS = COLS // 8
     FRAG_STEPS = frag_steps
     wait_all = ptx.cp_async_wait_all
-    position, start_state, end_state = state_functions(WARPS, E_PAD, COLS, C, HAS_Q)
+    position, start_state, borrowed_start, end_state = state_functions(WARPS, E_PAD, COLS, C, HAS_Q)
     publish_state = state_publisher(WARPS, E_PAD, COLS, side_bit, publish)
     write_rows = row_writer(O_BLOCKS, store_pair)
 
-    def kernel(q, k, v, out, increments, init, final, has_init, write_final, segment_chunks, state_segments, m_tiles):
+    @kernel_body
+    def walk(q, k, v, out, increments, init, final, has_init, write_final, segment_chunks, state_segments, m_tiles,
+             slot, borrowed, src_slot):
+        """One block's walk. ``slot``: grid-x blocks of the problems before this one (its increments come after
+        theirs); ``borrowed``: start from problem ``src_slot / grid x``'s increments, transposed."""
         tid = cuda.threadIdx.x
+        bhm = cuda.blockIdx.x
         seg = cuda.blockIdx.y
         warp, lane, g, t, b, h, col0, row_begin, n_chunks, first_row, out_base = position(
-            tid, cuda.blockIdx.x, seg, k, out, segment_chunks, state_segments, m_tiles)
+            tid, bhm, seg, k, out, segment_chunks, state_segments, m_tiles, slot)
         e_dim, m_dim, seqlen = k.shape[3], v.shape[3], k.shape[2]
         q_head, k_head, v_head, out_head = head_views(q, k, v, out, b, h)
         smem = cuda.shared.array(0, uint16)  # the stages as 16-bit elements (ldmatrix's view)
@@ -266,7 +303,12 @@ def walk_kernel(tiles, has_q: bool, stage: int, side_bit: int, frag_steps: int, 
             load_chunk(q_head, k_head, v_head, smem, smem32, 0, tid, warp, lane, row_begin, seqlen, e_dim, col0, m_dim,
                        True)
 
-        start_state(hm, init, increments, has_init, b, h, e_dim, m_dim, col0, first_row, seg, warp, g, t)
+        if BORROW and borrowed:
+            start_state(hm, init, increments, has_init, b, h, e_dim, m_dim, col0, first_row, 0, warp, g, t)
+            borrowed_start(hm, increments, (src_slot + bhm - col0 // COLS) * state_segments, state_segments, e_dim,
+                           m_dim, col0, seg, warp, g, t)
+        else:
+            start_state(hm, init, increments, has_init, b, h, e_dim, m_dim, col0, first_row, seg, warp, g, t)
 
         for step in range(-1 if HAS_Q else 0, n_chunks):
             if step >= 0:
@@ -298,4 +340,45 @@ def walk_kernel(tiles, has_q: bool, stage: int, side_bit: int, frag_steps: int, 
         end_state(hm, increments, final, write_final, seg == cuda.gridDim.y - 1, b, h, e_dim, m_dim, col0, first_row,
                   seg, warp, g, t)
 
-    return kernel
+    if problems == 1:
+        def kernel(q, k, v, out, increments, init, final, has_init, write_final, segment_chunks, state_segments,
+                   m_tiles):
+            walk(q, k, v, out, increments, init, final, has_init, write_final, segment_chunks, state_segments, m_tiles,
+                 0, BORROW, 0)
+
+        return kernel
+    return problem_kernels(walk, problems, BORROW)
+
+
+def problem_kernels(walk, problems: int, borrow: bool):
+    """The kernel of ``problems`` (2 or 3) walks in one launch (``walk_kernel``): ``kernel(q0, k0, v0, out0, q1, ...,
+    increments, init0, init1, ..., final, has_init0, has_init1, ..., final_problem, segment_chunks, state_segments,
+    m_tiles)``; block z runs problem z; ``final_problem`` (-1: none) writes ``final``. Each block picks its problem's
+    arrays and runs the one walk."""
+    BORROW = borrow
+    if problems == 2:
+        def kernel2(q0, k0, v0, out0, q1, k1, v1, out1, increments, init0, init1, final, has_init0, has_init1,
+                    final_problem, segment_chunks, state_segments, m_tiles):
+            p = cuda.blockIdx.z
+            q, k, v, out, init, has_init = q0, k0, v0, out0, init0, has_init0
+            if p == 1:
+                q, k, v, out, init, has_init = q1, k1, v1, out1, init1, has_init1
+            walk(q, k, v, out, increments, init, final, has_init, p == final_problem, segment_chunks, state_segments,
+                 m_tiles, p * cuda.gridDim.x, BORROW and p == 1, 0)
+
+        return kernel2
+    if problems != 3:
+        raise ValueError(f"problems: expected 1, 2 or 3, got {problems}")
+
+    def kernel3(q0, k0, v0, out0, q1, k1, v1, out1, q2, k2, v2, out2, increments, init0, init1, init2, final,
+                has_init0, has_init1, has_init2, final_problem, segment_chunks, state_segments, m_tiles):
+        p = cuda.blockIdx.z
+        q, k, v, out, init, has_init = q0, k0, v0, out0, init0, has_init0
+        if p == 1:
+            q, k, v, out, init, has_init = q1, k1, v1, out1, init1, has_init1
+        elif p == 2:
+            q, k, v, out, init, has_init = q2, k2, v2, out2, init2, has_init2
+        walk(q, k, v, out, increments, init, final, has_init, p == final_problem, segment_chunks, state_segments,
+             m_tiles, p * cuda.gridDim.x, BORROW and p == 2, cuda.gridDim.x)
+
+    return kernel3

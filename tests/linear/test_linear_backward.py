@@ -19,6 +19,7 @@ import pytest
 import numba_attn
 import reference
 from kernel_checks import TOLERANCE, rel_error, to_host
+from numba_attn.linear import chunked_backward
 from numba_attn.linear import launch as lc
 from numba_attn.linear import layer_backward as lb
 
@@ -94,9 +95,26 @@ def test_chunked_product_backward_on_the_shared_state_kernel_with_strided_views(
     views = [strided(x) for x in arrays]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lc, "launch_causal", functools.partial(lc.launch_causal, kernel="shared"))
+        mp.setattr(chunked_backward, "FUSED", False)
         grads = numba_attn.causal_dot_product_backward(views[0], *views[1:4], initial_state=views[4],
                                                        dstate=views[5], backend="chunked")
     _check_product(grads, *arrays, TOLERANCE["float16"])
+
+
+@pytest.mark.parametrize("dtype,split", [("float16", False), ("float32", True)])
+def test_fused_walks(dtype, split, poisoned_outputs):
+    """The three walks as problems of one pair of launches (``chunked_backward.FUSED``, opt-in, where E = M),
+    the ``dk`` walk from the ``dv`` walk's transposed increments: two segments, both states, E = 6 padded to 16 and
+    staged element by element; ``split``: one walking launch per walk after the shared STATES launch
+    (``SPLIT_3XTF32``). (Several M tiles, where the transposed increments come from several ``dv`` blocks: the
+    float32 GPU tests, 32-column tiles at E = M = 64.)"""
+    arrays = _case(6, (1, 1, 17), 6, 6, dtype, True, True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(chunked_backward, "FUSED", True)
+        mp.setattr(chunked_backward, "SPLIT_3XTF32", split)
+        grads = numba_attn.causal_dot_product_backward(arrays[0], *arrays[1:4], initial_state=arrays[4],
+                                                       dstate=arrays[5], backend="chunked")
+    _check_product(grads, *arrays, TOLERANCE[dtype])
 
 
 def test_chunked_product_backward_of_bfloat16_tensors():
@@ -119,15 +137,17 @@ def test_chunked_product_backward_of_no_rows():
         np.testing.assert_array_equal(grads[3], arrays[5] if with_dstate else np.zeros((1, 2, 4, 3), np.float32))
 
 
-def test_backward_dispatch_mirrors_the_forward():
-    """backend=None: chunked where the forward takes it (long, bfloat16, states); the recurrent walk takes states
-    too, but no bfloat16."""
+def test_backward_dispatch():
+    """backend=None: chunked from the backward's own thresholds (long, bfloat16, states); the recurrent walk takes
+    states too, but no bfloat16."""
     from numba_attn.linear import dispatch
 
-    threshold = dispatch.CHUNKED_MIN_SEQLEN
-    choose = functools.partial(dispatch.choose_backend, states_ok=True)
-    assert choose(None, "float16", threshold["float16"] - 1, False) == "recurrent"
-    assert choose(None, "float16", threshold["float16"], False) == "chunked"
+    threshold = dispatch.CHUNKED_MIN_SEQLEN_BACKWARD
+    choose = functools.partial(dispatch.choose_backend, states_ok=True, backward=True)
+    for dtype in ("float16", "float32"):
+        assert threshold[dtype] <= dispatch.CHUNKED_MIN_SEQLEN[dtype]
+        assert choose(None, dtype, threshold[dtype] - 1, False) == "recurrent"
+        assert choose(None, dtype, threshold[dtype], False) == "chunked"
     assert choose(None, "float32", 1, True) == "chunked"
     assert choose(None, "bfloat16", 1, False) == "chunked"
     assert choose("recurrent", "float32", 1, True) == "recurrent"  # states on the recurrent walks
@@ -292,3 +312,45 @@ def test_gpu_layer_backward(dtype, causal, seqlen_q, seqlen_k):
     errs = [rel_error(g, r) for g, r in zip(grads, refs)]
     torch_errs = _torch_errors(functools.partial(_naive_layer, causal=causal), (q, k, v), dout, refs)
     assert _within(errs, torch_errs, TOLERANCE[dtype]), (errs, torch_errs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_gpu_replayed_backwards_match_the_references(dtype, fused):
+    """Repeated calls are replayed from the first call's plan (``runtime.replay``): new inputs each call, the same
+    gradients as the references; an ``initial_state`` and a ``dstate`` of one layout make plans of their own; the
+    layer's backward too."""
+    torch = pytest.importorskip("torch")
+    from numba_attn.runtime import replay
+
+    replay.clear()
+    used = []
+    original = replay.Plan.run
+    try:
+        replay.Plan.run = lambda self, layouts: used.append(1) or original(self, layouts)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(chunked_backward, "FUSED", fused)
+            for call in range(3):
+                for states in ((True, False), (False, True), (False, False)):
+                    arrays = _case(30 + call, (2, 2, 1500), 64, 64, dtype, *states)
+                    t = [None if x is None else torch.from_numpy(x).cuda() for x in arrays]
+                    grads = numba_attn.causal_dot_product_backward(*t[:4], initial_state=t[4], dstate=t[5])
+                    _check_product(grads, *arrays, TOLERANCE[dtype])
+                t = [torch.from_numpy(x).cuda() for x in _case(40 + call, (1, 2, 700), 64, 64, dtype)[:4]]
+                _check_layer(numba_attn.linear_attention_backward(*t, causal=True), *t, True, 1e-6, TOLERANCE[dtype])
+    finally:
+        replay.Plan.run = original
+    assert len(used) == 2 * 4, f"{len(used)} replayed calls, expected 8 (every call after the first of each kind)"
+
+
+def test_fused_plans_pay_for_segments():
+    """Three walks' groups at 16k rows (B4 H8, 2 blocks on 132 SMs): without a cost per segment the wave rule took
+    128 segments of 2 chunks (each walking block then sums up to 127 increments; 10.5 ms on an H100), with
+    ``FUSED_SEGMENT_COST`` the 8 that a single walk gets."""
+    from numba_attn.linear.chunk_plan import _fewest_steps
+    from numba_attn.linear.register_launch import FUSED_SEGMENT_COST
+
+    assert _fewest_steps(96, 256, 128, 264, 0.35, 0.0) == 128
+    assert _fewest_steps(96, 256, 128, 264, 0.35, FUSED_SEGMENT_COST) == 8
+    assert _fewest_steps(32, 256, 128, 264, 0.35, 0.0) == 8

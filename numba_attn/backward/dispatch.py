@@ -1,9 +1,11 @@
 """Which backward kernels run a ``flash_backward`` call, and their launches in order.
 
-Backends: "mma" (tensor cores on sm_80+, float16 / bfloat16, ``backward.mma``) and "simt" (CUDA cores, float16 /
-float32, any GPU). ``None`` picks "mma" where it applies, else "simt"; float32 always runs on "simt" (a 3xTF32
-backward is not there), and under the simulator float16 takes "simt" too (much faster there) unless "mma" is asked
-for. bfloat16 needs "mma".
+Backends: "wgmma" (Hopper warpgroup MMAs, sm_90, float16 / bfloat16, head dims up to 128, ``backward.wgmma``), "mma"
+(tensor cores on sm_80+, float16 / bfloat16, ``backward.mma``) and "simt" (CUDA cores, float16 / float32, any GPU).
+``None`` picks "wgmma" where it applies if ``WGMMA_BY_DEFAULT``, else "mma" where it applies, else "simt"; float32
+always runs on "simt" (a 3xTF32 backward is not there), and under the simulator float16 takes "simt" too (much
+faster there) unless a tensor-core backend is asked for. bfloat16 needs "mma" or "wgmma". "wgmma" gives inputs whose
+rows do not copy in aligned 16-byte pieces, and the deterministic ``dq`` (the query-block kernel), to "mma".
 
 A call is three or four launches on the caller's stream: ``preprocess`` (``D = rowsum(dout * out)`` -- for "mma" with
 the lse as ``(lse log2(e), D)`` pairs --, and the float32 ``dq`` accumulator zeroed), the key-block kernel (``dk``,
@@ -21,8 +23,12 @@ from . import convert as _convert
 from . import mma as _mma
 from . import preprocess as _preprocess
 from . import simt as _simt
+from . import wgmma as _wgmma
 
-BACKENDS = ("simt", "mma")
+BACKENDS = ("simt", "mma", "wgmma")
+#: whether ``backend=None`` takes "wgmma" where it applies (sm_90, float16 / bfloat16, head dim <= 128): the one
+#: switch to flip once it is measured faster than "mma" (scripts/check_backward.py)
+WGMMA_BY_DEFAULT = False
 
 
 def choose_backend(backend, dtype: str, head_dim: int) -> str:
@@ -31,6 +37,14 @@ def choose_backend(backend, dtype: str, head_dim: int) -> str:
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
     mma_ok = _mma.supports(dtype, head_dim)
+    if backend == "wgmma":
+        if not _wgmma.supports(dtype, head_dim):
+            where = "the simulator" if SIMULATOR else f"compute capability {compute_capability()}"
+            raise ValueError(f"backend: 'wgmma' takes float16 or bfloat16 with headdim <= {_wgmma.MAX_HEAD_DIM} on "
+                             f"compute capability 9.0; got {dtype}, headdim {head_dim} on {where}")
+        return backend
+    if backend is None and WGMMA_BY_DEFAULT and _wgmma.supports(dtype, head_dim) and not SIMULATOR:
+        return "wgmma"
     if backend == "mma" and not mma_ok:
         if dtype not in _mma.DTYPES:
             raise ValueError(f"backend: 'mma' takes float16 or bfloat16, got {dtype} (float32: backend='simt')")
@@ -50,8 +64,10 @@ def choose_backend(backend, dtype: str, head_dim: int) -> str:
 
 def run(call, args: BackwardArgs, backend: str, deterministic: bool) -> None:
     """Launch ``backend``'s kernels for ``args`` (4-D views; ``dq``, ``dk``, ``dv`` written whole)."""
-    if backend == "mma":
-        _run_mma(call, args, deterministic)
+    if backend == "wgmma" and not _wgmma.supports(call.dtype, args.q.shape[3], args.q, args.k, args.v, args.dout):
+        backend = "mma"  # rows that do not copy in aligned 16-byte pieces: the element-wise loaders of "mma"
+    if backend in ("mma", "wgmma"):
+        _run_mma(call, args, deterministic, backend == "wgmma")
         return
     if backend != "simt":
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -75,18 +91,30 @@ def run(call, args: BackwardArgs, backend: str, deterministic: bool) -> None:
         _convert.launch(dq_acc, args.dq, call.stream)
 
 
-def _run_mma(call, args: BackwardArgs, deterministic: bool) -> None:
+def _run_mma(call, args: BackwardArgs, deterministic: bool, wgmma: bool = False) -> None:
+    """The tensor-core backends: "mma", or with ``wgmma`` the warpgroup key-block kernel (``dq`` by atomics, or
+    "mma"'s query-block kernel when ``deterministic``)."""
     batch, heads, seqlen_q, head_dim = args.q.shape
     config = _mma.default_config(head_dim)
     bf16 = call.dtype == BFLOAT16
-    stats = call.scratch((batch, heads, _mma.stats_rows(seqlen_q, config) // 2, 4), "float32")
+    if wgmma:
+        wg_config = _wgmma.default_config(head_dim)
+        rows = _wgmma.stats_rows(seqlen_q, config.block_m, config.dq_block_m, _wgmma.stats_multiple(wg_config))
+        d_pad = _wgmma.padded_head_dim(head_dim)
+    else:
+        rows = _mma.stats_rows(seqlen_q, config)
+        d_pad = _mma.padded_head_dim(head_dim)
+    stats = call.scratch((batch, heads, rows // 2, 4), "float32")
     dq_acc = None
     if not deterministic:
         # as wide as the padded head dim: whole column pairs for the vector reductions
-        dq_acc = call.scratch((batch, heads, seqlen_q, _mma.padded_head_dim(head_dim)), "float32")
+        dq_acc = call.scratch((batch, heads, seqlen_q, d_pad), "float32")
     if seqlen_q > 0:
         _preprocess.launch(args.out, args.dout, stats, dq_acc, call.stream, bf16=bf16, lse=args.lse)
-    if args.k.shape[2] > 0:
+    if args.k.shape[2] > 0 and wgmma:
+        _wgmma.launch_dkdv(args.q, args.k, args.v, args.dout, stats, dq_acc, args.dk, args.dv, args.sm_scale,
+                           args.causal, call.stream, config=wg_config, dtype=call.dtype)
+    elif args.k.shape[2] > 0:
         _mma.launch_dkdv(args.q, args.k, args.v, args.dout, stats, dq_acc, args.dk, args.dv, args.sm_scale,
                          args.causal, call.stream, config=config, dtype=call.dtype)
     if seqlen_q == 0:

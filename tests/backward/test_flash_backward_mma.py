@@ -59,8 +59,8 @@ def _check(grads, exact, causal, sm_scale, dtype, tolerance=None):
     return refs
 
 
-def _bits_backward(inputs, causal, sm_scale, deterministic, dtype):
-    """``dispatch``'s "mma" path on host arrays (16-bit values or bfloat16 bits) under the simulator, every output
+def _bits_backward(inputs, causal, sm_scale, deterministic, dtype, backend="mma"):
+    """``dispatch``'s ``backend`` path on host arrays (16-bit values or bfloat16 bits) under the simulator, every output
     and scratch array poisoned with NaN (the public API takes bfloat16 only as torch tensors)."""
     dout, q, k, v, out, lse = inputs
     grads = [np.full(x.shape, np.nan, np.float32).astype(q.dtype) if dtype != "bfloat16"
@@ -69,7 +69,7 @@ def _bits_backward(inputs, causal, sm_scale, deterministic, dtype):
                                  scratch=lambda shape, kind="float32": np.full(shape, np.nan, np.float32))
     scale = float(sm_scale if sm_scale is not None else 1.0 / np.sqrt(q.shape[3]))
     args = BackwardArgs(dout, q, k, v, out, lse, *grads, scale, causal)
-    dispatch.run(call, args, "mma", deterministic)
+    dispatch.run(call, args, backend, deterministic)
     return grads
 
 
@@ -160,8 +160,8 @@ def test_backend_choice():
     with pytest.raises(ValueError, match="'simt' does not take bfloat16"):
         dispatch.choose_backend("simt", "bfloat16", 64)
     inputs, _ = _case(4, 1, 1, 4, 5, 8, "float16", False)
-    with pytest.raises(ValueError, match="backend: expected one of simt, mma or None"):
-        numba_attn.flash_backward(*inputs, backend="wgmma")
+    with pytest.raises(ValueError, match="backend: expected one of simt, mma, wgmma or None"):
+        numba_attn.flash_backward(*inputs, backend="tiles")
 
 
 @pytest.mark.parametrize("kwargs,match", [

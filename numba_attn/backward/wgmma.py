@@ -100,7 +100,7 @@ GPU_CANDIDATES = {
     "g2m64s3": WgmmaBackwardConfig(stages=3),  # three stages of Q / dO
     "g2m128": WgmmaBackwardConfig(block_m=128),  # 128-row tiles, each warpgroup one m-block of dQ (head dim 64)
     "g1m64": WgmmaBackwardConfig(warpgroups=1, blocks_per_sm=2),  # 64-key blocks, two per SM
-    "g3m64": WgmmaBackwardConfig(warpgroups=3),  # 192-key blocks: a third fewer dQ reductions
+    "g1m128": WgmmaBackwardConfig(warpgroups=1, block_m=128, blocks_per_sm=2),  # head dim 64: N = 128 for S^T
 }
 #: one warpgroup (64 keys) and 64-row tiles: the smallest the warpgroup MMAs allow
 SIMULATOR_CONFIG = WgmmaBackwardConfig(warpgroups=1)

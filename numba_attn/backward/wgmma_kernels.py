@@ -45,10 +45,14 @@ def dq_split(config, d_pad: int) -> tuple:
     """``(m_blocks per warpgroup, column slices, slice width)`` of a tile's ``dQ = dS K`` (``block_m / 64``
     64-row m-blocks; warpgroups beyond them split the head-dim columns)."""
     m_blocks = config.block_m // KEYS
-    if config.warpgroups >= m_blocks:
-        slices = config.warpgroups // m_blocks
-        return 1, slices, d_pad // slices
-    return m_blocks // config.warpgroups, 1, d_pad
+    if config.warpgroups < m_blocks:
+        return m_blocks // config.warpgroups, 1, d_pad
+    slices = config.warpgroups // m_blocks
+    width = d_pad // slices
+    # a slice is an MMA's N (a multiple of 8) and must not cross a 64-column atom of K (warpgroup docstring)
+    if d_pad % slices or width % 8 or (width % 64 and 64 % width):
+        raise ValueError(f"{config}: {slices} warpgroups cannot split the {d_pad} columns of dQ")
+    return 1, slices, width
 
 
 def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):

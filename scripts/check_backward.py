@@ -133,7 +133,8 @@ def _errors(got, refs):
 def _takes(backend, dtype, head_dim) -> bool:
     from numba_attn.backward import wgmma
 
-    return backend != "wgmma" or wgmma.supports(dtype, head_dim)
+    # (headdim % 8: rows of whole 16-byte pieces; others would run on "mma" under the name "wgmma")
+    return backend != "wgmma" or (wgmma.supports(dtype, head_dim) and head_dim % 8 == 0)
 
 
 def correctness(args, torch, backends) -> tuple:

@@ -52,27 +52,41 @@ def parse_size(text: str) -> int:
 # ---------------------------------------------------------------------------------------------------------------------
 # precompile: fill the on-disk kernel cache from several processes at once
 # ---------------------------------------------------------------------------------------------------------------------
+def _use_config(module, config) -> None:
+    """Make ``config`` ``module``'s default tiles (None: leave them)."""
+    if config is not None:
+        module.default_config = lambda head_dim=128, _c=config: _c
+
+
 def _warm(job) -> str:
-    """One tiny call of each kernel a (backend, dtype, head dim, deterministic) combination launches (and the
+    """One tiny call of each kernel a (backend, dtype, head dim, deterministic, tiles) combination launches (and the
     forward that the timing runs), in a process of its own."""
-    backend, dtype, d, det = job
+    backend, dtype, d, det, config_name = job
     start = time.time()
     try:
         import torch
 
         import numba_attn
+        from numba_attn.backward import mma, wgmma
+
+        module = wgmma if backend == "wgmma" else mma
+        chosen = os.environ.get("CHECK_BACKWARD_WGMMA_DEFAULT")
+        if chosen:  # --wgmma-default, in a spawned worker
+            wgmma.GPU_CONFIG_64 = wgmma.GPU_CONFIG_128 = wgmma.GPU_CANDIDATES[chosen]
+        if config_name:
+            _use_config(module, module.GPU_CANDIDATES[config_name])
 
         tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
         q, k, v, dout = (torch.randn(1, 2, 200, d, device="cuda").to(tdt) for _ in range(4))
         out, lse = numba_attn.flash_forward(q, k, v, causal=True, return_lse=True)
         numba_attn.flash_backward(dout, q, k, v, out, lse, causal=True, deterministic=det, backend=backend)
         torch.cuda.synchronize()
-        return f"{backend} {dtype} d{d} det={int(det)}: {time.time() - start:.0f} s"
+        return f"{backend}:{config_name} {dtype} d{d} det={int(det)}: {time.time() - start:.0f} s"
     except Exception as exc:  # noqa: BLE001
-        return f"{backend} {dtype} d{d} det={int(det)}: {type(exc).__name__}: {str(exc)[:200]}"
+        return f"{backend}:{config_name} {dtype} d{d} det={int(det)}: {type(exc).__name__}: {str(exc)[:200]}"
 
 
-def precompile(args, backends) -> None:
+def precompile(args, backends, columns) -> None:
     import concurrent.futures as futures
     import multiprocessing
 
@@ -82,7 +96,12 @@ def precompile(args, backends) -> None:
             for backend in backends:
                 for det in ((False, True) if not args.skip_correctness else (False,)):
                     if _takes(backend, dtype, d) and (backend, d) != ("mma", 16):
-                        jobs.add((backend, dtype, d, det))
+                        jobs.add((backend, dtype, d, det, ""))
+    for name, backend, _, config in columns:  # the other tiles timed
+        if config is not None:
+            for dtype in args.dtypes:
+                for d in (64, 128):
+                    jobs.add((backend, dtype, d, False, name.split(":", 1)[1]))
     start = time.time()
     with futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_warm, sorted(jobs)))
@@ -262,8 +281,7 @@ def timing(args, torch, columns) -> None:
                     for name, backend, module, config in columns:
                         saved = module.default_config
                         try:
-                            if config is not None:
-                                module.default_config = lambda head_dim=128, _c=config: _c
+                            _use_config(module, config)
                             ms = _median_ms(torch, lambda: numba_attn.flash_backward(
                                 dout, q, k, v, out, lse, causal=causal, backend=backend), args.reps)
                             ours[name] = ms
@@ -305,6 +323,8 @@ def main():
     parser.add_argument("--backends", default="wgmma,mma", help="ours to check and time [wgmma,mma]")
     parser.add_argument("--configs", default="", help="comma-separated names of mma.GPU_CANDIDATES to time too")
     parser.add_argument("--wgmma-configs", default="", help="names of wgmma.GPU_CANDIDATES to time too")
+    parser.add_argument("--wgmma-default", default="", help="a name of wgmma.GPU_CANDIDATES to run as backend "
+                        "'wgmma' itself (correctness included) instead of the default tiles")
     parser.add_argument("--seqlens", default="1k,2k,4k,8k,16k", help="timing sequence lengths [1k,2k,4k,8k,16k]")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--dtypes", default="float16", help="timing dtypes, of float16,bfloat16 [float16]")
@@ -325,6 +345,14 @@ def main():
 
     from numba_attn.backward import mma, wgmma
 
+    if args.wgmma_default:
+        if args.wgmma_default not in wgmma.GPU_CANDIDATES:
+            say(f"ERROR --wgmma-default: unknown {args.wgmma_default}; choose from {', '.join(wgmma.GPU_CANDIDATES)}")
+            return 2
+        chosen = wgmma.GPU_CANDIDATES[args.wgmma_default]
+        wgmma.GPU_CONFIG_64 = wgmma.GPU_CONFIG_128 = chosen  # (default_config reads them; spawned workers too)
+        os.environ["CHECK_BACKWARD_WGMMA_DEFAULT"] = args.wgmma_default
+        say(f"INFO backend wgmma runs {args.wgmma_default}: {chosen}")
     columns = []
     for backend, module, extra in (("wgmma", wgmma, args.wgmma_configs), ("mma", mma, args.configs)):
         if backend not in backends:
@@ -347,7 +375,7 @@ def main():
         return 1
     say(f"INFO device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     if args.jobs > 0:
-        precompile(args, backends)
+        precompile(args, backends, columns)
     failed = 0
     if not args.skip_correctness:
         checked, failed = correctness(args, torch, backends)

@@ -66,10 +66,21 @@ class WgmmaBackwardConfig:
     block_m: int = 64  # query rows per streamed tile (whole 64-row m-blocks of dQ)
     stages: int = 2  # cp.async stages of (Q, dO, stats) tiles
     blocks_per_sm: int = 1  # launch bound: resident blocks per SM ptxas must allow (caps the registers)
+    # one block barrier per tile instead of two: before dQ, it also publishes tile j + 1 (copies two tiles ahead,
+    # so stages >= 3) and frees tile j - 1's stage; dS^T double-buffered (a warpgroup may write tile j + 1's
+    # while another still reads tile j's)
+    one_barrier: bool = False
+    probe: str = ""  # timing only, WRONG dq: "no_red" (dQ MMAs, no reductions), "no_dq" (no dQ at all)
 
     def __post_init__(self):
         common.check_fields(self, warpgroups=(1, 4, 1), block_m=(64, 256, 64), stages=(2, 4, 1),
                             blocks_per_sm=(1, None, 1))
+        if type(self.one_barrier) is not bool:
+            raise ValueError(f"WgmmaBackwardConfig.one_barrier: expected a bool, got {self.one_barrier!r}")
+        if self.one_barrier and self.stages < 3:
+            raise ValueError("WgmmaBackwardConfig: one_barrier needs stages >= 3 (copies two tiles ahead)")
+        if self.probe not in ("", "no_red", "no_dq"):
+            raise ValueError(f"WgmmaBackwardConfig.probe: expected '', 'no_red' or 'no_dq', got {self.probe!r}")
         m_blocks = self.block_m // 64
         if self.warpgroups % m_blocks and m_blocks % self.warpgroups:
             raise ValueError(f"WgmmaBackwardConfig: block_m / 64 ({m_blocks}) and warpgroups ({self.warpgroups}) "
@@ -101,6 +112,11 @@ GPU_CANDIDATES = {
     "g2m128": WgmmaBackwardConfig(block_m=128),  # 128-row tiles, each warpgroup one m-block of dQ (head dim 64)
     "g1m64": WgmmaBackwardConfig(warpgroups=1, blocks_per_sm=2),  # 64-key blocks, two per SM
     "g1m128": WgmmaBackwardConfig(warpgroups=1, block_m=128, blocks_per_sm=2),  # head dim 64: N = 128 for S^T
+    "g2m64b1": WgmmaBackwardConfig(stages=3, one_barrier=True),  # one barrier per tile
+    "g2m128b1": WgmmaBackwardConfig(block_m=128, stages=3, one_barrier=True),  # (head dim 64)
+    # timing probes (wrong dq): what dQ's reductions, and dQ as a whole, cost
+    "probe_nored": WgmmaBackwardConfig(probe="no_red"),
+    "probe_nodq": WgmmaBackwardConfig(probe="no_dq"),
 }
 #: one warpgroup (64 keys) and 64-row tiles: the smallest the warpgroup MMAs allow
 SIMULATOR_CONFIG = WgmmaBackwardConfig(warpgroups=1)

@@ -33,7 +33,8 @@ def layout(config, d_pad: int) -> dict:
     kv = config.block_n * 64 * atoms
     rows = config.block_m * 64 * atoms
     out = {"K": 0, "V": kv, "DS": 2 * kv, "Q_TILE": rows}
-    out["STAGE0"] = out["DS"] + config.block_n * config.block_m
+    out["DS_TILE"] = config.block_n * config.block_m
+    out["STAGE0"] = out["DS"] + (2 if config.one_barrier else 1) * out["DS_TILE"]
     out["STAGE"] = 2 * rows
     out["STATS0"] = out["STAGE0"] + config.stages * out["STAGE"]
     out["STATS_STAGE"] = 4 * config.block_m
@@ -63,8 +64,11 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     BLOCK_N, BLOCK_M, STAGES = config.block_n, config.block_m, config.stages
     THREADS = config.threads
     ATOMIC_DQ = atomic_dq
+    ONE_BARRIER = config.one_barrier
+    DQ_MMA = atomic_dq and config.probe != "no_dq"  # (probes: timing only, wrong dq)
+    DQ_RED = DQ_MMA and config.probe != "no_red"
     at = layout(config, d_pad)
-    K_OFF, V_OFF, DS_OFF, Q_TILE = at["K"], at["V"], at["DS"], at["Q_TILE"]
+    K_OFF, V_OFF, DS_OFF, Q_TILE, DS_TILE = at["K"], at["V"], at["DS"], at["Q_TILE"], at["DS_TILE"]
     STAGE0, STAGE, STATS0, STATS_STAGE = at["STAGE0"], at["STAGE"], at["STATS0"], at["STATS_STAGE"]
     D_STEPS = d_pad // 16  # k-steps of S^T = K Q^T and dP^T = V dO^T
     M_STEPS = BLOCK_M // 16  # k-steps of dV = P^T dO and dK = dS^T Q
@@ -92,7 +96,8 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     fence = wg.fence_proxy_async
     shared_address = wg.shared_address
     commit = ptx.cp_async_commit
-    wait_tile = ptx.cp_async_wait_group(STAGES - 2)
+    wait_tile = ptx.cp_async_wait_group(STAGES - 2)  # the oldest tile in flight has landed
+    wait_next = ptx.cp_async_wait_group(max(STAGES - 3, 0))  # one_barrier: tile j + 1 has landed
     wait_all = ptx.cp_async_wait_all
     store_word = ptx.store1
     load_keys = swizzled_loader(BLOCK_N, d_pad, THREADS)
@@ -114,6 +119,18 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
         load_rows(q[b, h], smem, base, tid, m0, seqlen_q, head_dim)
         load_rows(dout[b, h], smem, base + Q_TILE, tid, m0, seqlen_q, head_dim)
         load_stats(stats[b, h], floats, stats_base // 2, tid, m0 // 2, stats.shape[2], 0, 4)
+
+    @device_function
+    def prefetch(q, dout, stats, smem, floats, base0, b, hk, group, tiles, m_begin, jn, total, tid, seqlen_q,
+                 head_dim):
+        """Start the copies of walk tile ``jn`` (if there is one) into its stage; commit a group either way (an
+        empty group past the walk keeps "group i = tile i" true)."""
+        if jn < total:
+            gn = jn // tiles
+            load_tile(q, dout, stats, smem, floats, base0 + STAGE0 + (jn % STAGES) * STAGE,
+                      base0 + STATS0 + (jn % STAGES) * STATS_STAGE, b, hk * group + gn,
+                      m_begin + (jn - gn * tiles) * BLOCK_M, tid, seqlen_q, head_dim)
+        commit()
 
     @device_function
     def store_ds(smem_words, dw, ds_base, key_row, t):
@@ -175,6 +192,10 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
             commit()
         clear_acc(acc_v)
         clear_acc(acc_k)
+        if ONE_BARRIER and total > 0:
+            wait_tile()  # tile 0 (and K, V)
+            fence()
+            cuda.syncthreads()
 
         for j in range(total):
             gi = j // tiles
@@ -184,17 +205,14 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
             q_at = base0 + STAGE0 + stage * STAGE
             do_at = q_at + Q_TILE
             stats_at = (base0 + STATS0 + stage * STATS_STAGE) // 2 + 4 * t  # float index of column 2t's pair
-            wait_tile()
-            fence()  # the landed copies are read by the tensor cores (async proxy)
-            # tile j has landed for everyone; everyone is done with tile j - 1 (its stage, and dS^T)
-            cuda.syncthreads()
-            if j + STAGES - 1 < total:
-                jn = j + STAGES - 1
-                gn = jn // tiles
-                load_tile(q, dout, stats, smem, floats, base0 + STAGE0 + (jn % STAGES) * STAGE,
-                          base0 + STATS0 + (jn % STAGES) * STATS_STAGE, b, hk * group + gn,
-                          m_begin + (jn - gn * tiles) * BLOCK_M, tid, seqlen_q, head_dim)
-            commit()  # an empty group past the last tile keeps "oldest group = tile j" true
+            ds_j = ds_at + (j % 2) * DS_TILE if ONE_BARRIER else ds_at
+            if not ONE_BARRIER:
+                wait_tile()
+                fence()  # the landed copies are read by the tensor cores (async proxy)
+                # tile j has landed for everyone; everyone is done with tile j - 1 (its stage, and dS^T)
+                cuda.syncthreads()
+                prefetch(q, dout, stats, smem, floats, base0, b, hk, group, tiles, m_begin, j + STAGES - 1,
+                         total, tid, seqlen_q, head_dim)
 
             # ---- S^T = K Q^T and dP^T = V dO^T for the warpgroup's 64 keys; P^T under the dP^T MMAs -------------
             kq(s, smem, k_at, q_at)
@@ -207,23 +225,34 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
             wait_dp(dp)
             grads(s, dp, floats, stats_at)
             pack_a(dp, dw)
-            if ATOMIC_DQ:
-                store_ds(words, dw, ds_at, key_row, t)
+            if DQ_MMA:
+                store_ds(words, dw, ds_j, key_row, t)
+            if ONE_BARRIER:
+                # the block's one barrier per tile: dS^T of every warpgroup is in, tile j + 1 has landed for
+                # everyone, everyone is done with tile j - 1 (whose stage the copies of tile j + STAGES - 1 take)
+                wait_next()
+                fence()
+                cuda.syncthreads()
+                prefetch(q, dout, stats, smem, floats, base0, b, hk, group, tiles, m_begin, j + STAGES - 1,
+                         total, tid, seqlen_q, head_dim)
+            elif DQ_MMA:
                 fence()
                 cuda.syncthreads()  # every warpgroup's dS^T is in
+            if DQ_MMA:
                 # ---- dQ = dS K (dS^T read transposed), this warpgroup's m-blocks and columns; dK += dS^T Q runs
                 # ---- under the reductions of dQ
                 for i in range(MB_PER_WG):
                     mb = mb_first + i
-                    ds_k(acc_q, smem, ds_at + mb * KEYS * BLOCK_N,
+                    ds_k(acc_q, smem, ds_j + mb * KEYS * BLOCK_N,
                          base0 + K_OFF + (c0 // 64) * 64 * BLOCK_N + c0 % 64)
                     if i == 0:
                         pv(acc_k, dw, smem, q_at)
                         wait_dq_first(acc_q)
                     else:
                         wait_dq(acc_q)
-                    add_dq(acc_q, dq_acc[b, h], m0 + KEYS * mb + 16 * warp_in + g, seqlen_q, c0 + 2 * t,
-                           head_dim, sm_scale)  # (headdim is even: the pairs below it are whole)
+                    if DQ_RED:
+                        add_dq(acc_q, dq_acc[b, h], m0 + KEYS * mb + 16 * warp_in + g, seqlen_q, c0 + 2 * t,
+                               head_dim, sm_scale)  # (headdim is even: the pairs below it are whole)
             else:
                 pv(acc_k, dw, smem, q_at)
             wait_dk(acc_k)  # (and dV): the stage of tile j is free once everyone passes the next barrier

@@ -59,7 +59,9 @@ One module per instruction family; every name is re-exported here, so kernels wr
 * ``_asm`` (private): the GPU-or-simulator switch and the shared code-generation helpers; ``_sim`` (private): how the
   simulator twins of warp-collective instructions see the other lanes.
 
-The warpgroup MMAs of Hopper (``wgmma``) live in ``core.warpgroup``.
+The warpgroup MMAs of Hopper (``wgmma``) live in ``core.warpgroup``; its asynchronous machinery (mbarriers, TMA
+copies, named barriers, ``setmaxnreg``, ``elect.sync``) in ``tma``, imported as ``from numba_attn.core.ptx import
+tma`` (not re-exported here).
 
 Under Numba's CUDA simulator (``numba_attn.runtime.device.SIMULATOR``) inline PTX cannot run: the same names are then
 pure-Python twins with the same semantics, defined beside each intrinsic. The warp-collective ones (``mma_*``,

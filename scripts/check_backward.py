@@ -67,9 +67,9 @@ def _warm(job) -> str:
         import torch
 
         import numba_attn
-        from numba_attn.backward import mma, wgmma
+        from numba_attn.backward import mma, wgmma, wgmma_ws
 
-        module = wgmma if backend == "wgmma" else mma
+        module = {"wgmma": wgmma, "wgmma_ws": wgmma_ws}.get(backend, mma)
         chosen = os.environ.get("CHECK_BACKWARD_WGMMA_DEFAULT")
         if chosen:  # --wgmma-default, in a spawned worker
             wgmma.GPU_CONFIG_64 = wgmma.GPU_CONFIG_128 = wgmma.GPU_CANDIDATES[chosen]
@@ -153,7 +153,7 @@ def _takes(backend, dtype, head_dim) -> bool:
     from numba_attn.backward import wgmma
 
     # (headdim % 8: rows of whole 16-byte pieces; others would run on "mma" under the name "wgmma")
-    return backend != "wgmma" or (wgmma.supports(dtype, head_dim) and head_dim % 8 == 0)
+    return backend not in ("wgmma", "wgmma_ws") or (wgmma.supports(dtype, head_dim) and head_dim % 8 == 0)
 
 
 def correctness(args, torch, backends) -> tuple:
@@ -320,9 +320,11 @@ def timing(args, torch, columns) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backends", default="wgmma,mma", help="ours to check and time [wgmma,mma]")
+    parser.add_argument("--backends", default="wgmma_ws,wgmma,mma",
+                        help="ours to check and time [wgmma_ws,wgmma,mma]")
     parser.add_argument("--configs", default="", help="comma-separated names of mma.GPU_CANDIDATES to time too")
     parser.add_argument("--wgmma-configs", default="", help="names of wgmma.GPU_CANDIDATES to time too")
+    parser.add_argument("--ws-configs", default="", help="names of wgmma_ws.GPU_CANDIDATES to time too")
     parser.add_argument("--wgmma-default", default="", help="a name of wgmma.GPU_CANDIDATES to run as backend "
                         "'wgmma' itself (correctness included) instead of the default tiles")
     parser.add_argument("--seqlens", default="1k,2k,4k,8k,16k", help="timing sequence lengths [1k,2k,4k,8k,16k]")
@@ -343,7 +345,7 @@ def main():
     backends = [x.strip() for x in args.backends.split(",") if x.strip()]
     start = time.time()
 
-    from numba_attn.backward import mma, wgmma
+    from numba_attn.backward import mma, wgmma, wgmma_ws
 
     if args.wgmma_default:
         if args.wgmma_default not in wgmma.GPU_CANDIDATES:
@@ -354,7 +356,8 @@ def main():
         os.environ["CHECK_BACKWARD_WGMMA_DEFAULT"] = args.wgmma_default
         say(f"INFO backend wgmma runs {args.wgmma_default}: {chosen}")
     columns = []
-    for backend, module, extra in (("wgmma", wgmma, args.wgmma_configs), ("mma", mma, args.configs)):
+    for backend, module, extra in (("wgmma_ws", wgmma_ws, args.ws_configs), ("wgmma", wgmma, args.wgmma_configs),
+                                   ("mma", mma, args.configs)):
         if backend not in backends:
             continue
         unknown = [n for n in extra.split(",") if n.strip() and n.strip() not in module.GPU_CANDIDATES]

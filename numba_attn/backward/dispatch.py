@@ -24,8 +24,9 @@ from . import mma as _mma
 from . import preprocess as _preprocess
 from . import simt as _simt
 from . import wgmma as _wgmma
+from . import wgmma_ws as _wgmma_ws
 
-BACKENDS = ("simt", "mma", "wgmma")
+BACKENDS = ("simt", "mma", "wgmma", "wgmma_ws")
 #: whether ``backend=None`` takes "wgmma" where it applies (sm_90, float16 / bfloat16, head dim <= 128): the one
 #: switch to flip once it is measured faster than "mma" (scripts/check_backward.py)
 WGMMA_BY_DEFAULT = False
@@ -37,11 +38,11 @@ def choose_backend(backend, dtype: str, head_dim: int) -> str:
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)} or None, got {backend!r}")
     mma_ok = _mma.supports(dtype, head_dim)
-    if backend == "wgmma":
+    if backend in ("wgmma", "wgmma_ws"):
         if not _wgmma.supports(dtype, head_dim):
             where = "the simulator" if SIMULATOR else f"compute capability {compute_capability()}"
-            raise ValueError(f"backend: 'wgmma' takes float16 or bfloat16 with headdim <= {_wgmma.MAX_HEAD_DIM} on "
-                             f"compute capability 9.0; got {dtype}, headdim {head_dim} on {where}")
+            raise ValueError(f"backend: '{backend}' takes float16 or bfloat16 with headdim <= {_wgmma.MAX_HEAD_DIM} "
+                             f"on compute capability 9.0; got {dtype}, headdim {head_dim} on {where}")
         return backend
     if backend is None and WGMMA_BY_DEFAULT and _wgmma.supports(dtype, head_dim) and not SIMULATOR:
         return "wgmma"
@@ -64,10 +65,11 @@ def choose_backend(backend, dtype: str, head_dim: int) -> str:
 
 def run(call, args: BackwardArgs, backend: str, deterministic: bool) -> None:
     """Launch ``backend``'s kernels for ``args`` (4-D views; ``dq``, ``dk``, ``dv`` written whole)."""
-    if backend == "wgmma" and not _wgmma.supports(call.dtype, args.q.shape[3], args.q, args.k, args.v, args.dout):
+    if backend in ("wgmma", "wgmma_ws") and not _wgmma.supports(call.dtype, args.q.shape[3], args.q, args.k, args.v,
+                                                                args.dout):
         backend = "mma"  # rows that do not copy in aligned 16-byte pieces: the element-wise loaders of "mma"
-    if backend in ("mma", "wgmma"):
-        _run_mma(call, args, deterministic, backend == "wgmma")
+    if backend in ("mma", "wgmma", "wgmma_ws"):
+        _run_mma(call, args, deterministic, backend)
         return
     if backend != "simt":
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -91,15 +93,18 @@ def run(call, args: BackwardArgs, backend: str, deterministic: bool) -> None:
         _convert.launch(dq_acc, args.dq, call.stream)
 
 
-def _run_mma(call, args: BackwardArgs, deterministic: bool, wgmma: bool = False) -> None:
-    """The tensor-core backends: "mma", or with ``wgmma`` the warpgroup key-block kernel (``dq`` by atomics, or
-    "mma"'s query-block kernel when ``deterministic``)."""
+def _run_mma(call, args: BackwardArgs, deterministic: bool, backend: str = "mma") -> None:
+    """The tensor-core backends: "mma", or "wgmma" / "wgmma_ws" (the warpgroup key-block kernels; ``dq`` by atomics,
+    or "mma"'s query-block kernel when ``deterministic``)."""
     batch, heads, seqlen_q, head_dim = args.q.shape
     config = _mma.default_config(head_dim)
     bf16 = call.dtype == BFLOAT16
+    wgmma = backend != "mma"
     if wgmma:
         wg_config = _wgmma.default_config(head_dim)
-        rows = _wgmma.stats_rows(seqlen_q, config.block_m, config.dq_block_m, _wgmma.stats_multiple(wg_config))
+        ws_config = _wgmma_ws.default_config(head_dim)
+        rows = _wgmma.stats_rows(seqlen_q, config.block_m, config.dq_block_m, _wgmma.stats_multiple(wg_config),
+                                 ws_config.block_m)
         d_pad = _wgmma.padded_head_dim(head_dim)
     else:
         rows = _mma.stats_rows(seqlen_q, config)
@@ -111,7 +116,10 @@ def _run_mma(call, args: BackwardArgs, deterministic: bool, wgmma: bool = False)
         dq_acc = call.scratch((batch, heads, seqlen_q, d_pad), "float32")
     if seqlen_q > 0:
         _preprocess.launch(args.out, args.dout, stats, dq_acc, call.stream, bf16=bf16, lse=args.lse)
-    if args.k.shape[2] > 0 and wgmma:
+    if args.k.shape[2] > 0 and backend == "wgmma_ws":
+        _wgmma_ws.launch_dkdv(args.q, args.k, args.v, args.dout, stats, dq_acc, args.dk, args.dv, args.sm_scale,
+                              args.causal, call.stream, config=ws_config, dtype=call.dtype)
+    elif args.k.shape[2] > 0 and wgmma:
         _wgmma.launch_dkdv(args.q, args.k, args.v, args.dout, stats, dq_acc, args.dk, args.dv, args.sm_scale,
                            args.causal, call.stream, config=wg_config, dtype=call.dtype)
     elif args.k.shape[2] > 0:

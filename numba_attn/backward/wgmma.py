@@ -72,7 +72,13 @@ class WgmmaBackwardConfig:
     one_barrier: bool = False
     probe: str = ""  # timing only, WRONG dq: "no_red" (dQ MMAs, no reductions), "no_dq" (no dQ at all)
 
+    # dK += dS^T Q reads dS^T from its shared tile (where dQ reads it) instead of registers: 16 fewer live
+    # registers while dQ runs (with atomic dQ only; the deterministic path keeps the registers)
+    dk_smem: bool = False
+
     def __post_init__(self):
+        if type(self.dk_smem) is not bool:
+            raise ValueError(f"WgmmaBackwardConfig.dk_smem: expected a bool, got {self.dk_smem!r}")
         common.check_fields(self, warpgroups=(1, 4, 1), block_m=(64, 256, 64), stages=(2, 4, 1),
                             blocks_per_sm=(1, None, 1))
         if type(self.one_barrier) is not bool:
@@ -113,6 +119,8 @@ GPU_CANDIDATES = {
     "g1m64": WgmmaBackwardConfig(warpgroups=1, blocks_per_sm=2),  # 64-key blocks, two per SM
     "g1m128": WgmmaBackwardConfig(warpgroups=1, block_m=128, blocks_per_sm=2),  # head dim 64: N = 128 for S^T
     "g2m64b1": WgmmaBackwardConfig(stages=3, one_barrier=True),  # one barrier per tile
+    "g2m64k": WgmmaBackwardConfig(dk_smem=True),  # dK's A (dS^T) from shared memory
+    "g2m64b1k": WgmmaBackwardConfig(stages=3, one_barrier=True, dk_smem=True),
     "g2m128b1": WgmmaBackwardConfig(block_m=128, stages=3, one_barrier=True),  # (head dim 64)
     # timing probes (wrong dq): what dQ's reductions, and dQ as a whole, cost
     "probe_nored": WgmmaBackwardConfig(probe="no_red"),

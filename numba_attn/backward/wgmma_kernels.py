@@ -67,6 +67,7 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     ONE_BARRIER = config.one_barrier
     DQ_MMA = atomic_dq and config.probe != "no_dq"  # (probes: timing only, wrong dq)
     DQ_RED = DQ_MMA and config.probe != "no_red"
+    DK_SMEM = DQ_MMA and config.dk_smem
     at = layout(config, d_pad)
     K_OFF, V_OFF, DS_OFF, Q_TILE, DS_TILE = at["K"], at["V"], at["DS"], at["Q_TILE"], at["DS_TILE"]
     STAGE0, STAGE, STATS0, STATS_STAGE = at["STAGE0"], at["STAGE"], at["STATS0"], at["STATS_STAGE"]
@@ -85,6 +86,9 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     kq = wg.wgmma_ss(BLOCK_M, D_STEPS, bf16, wg.k_major(BLOCK_N, D_STEPS), wg.k_major(BLOCK_M, D_STEPS), wait=False)
     rows_b = wg.mn_major(BLOCK_M, M_STEPS)  # dO / Q as B[query][column]
     pv = wg.wgmma_rs(d_pad, M_STEPS, bf16, rows_b, True, wait=False)  # dV += P^T dO, dK += dS^T Q
+    # dK += dS^T Q with dS^T read back from its shared tile (K-major A: keys x queries) instead of registers
+    dk_from_tile = wg.wgmma_ss(d_pad, M_STEPS, bf16, wg.k_major(BLOCK_N, M_STEPS), wg.mn_major(BLOCK_M, M_STEPS),
+                               trans_b=True, wait=False, accumulate=True)
     keys_ab = wg.mn_major(BLOCK_N, KEY_STEPS)  # dS^T as A[key][query], K as B[key][column]
     ds_k = wg.wgmma_ss(DQ_N, KEY_STEPS, bf16, keys_ab, keys_ab, trans_b=True, wait=False, trans_a=True)
     wait_s = wg.wgmma_wait(BLOCK_M, 1)  # S^T done (dP^T may run)
@@ -245,7 +249,10 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                     mb = mb_first + i
                     ds_k(acc_q, smem, ds_j + mb * KEYS * BLOCK_N,
                          base0 + K_OFF + (c0 // 64) * 64 * BLOCK_N + c0 % 64)
-                    if i == 0:
+                    if i == 0 and DK_SMEM:
+                        dk_from_tile(acc_k, smem, ds_j + KEYS * 64 * group_idx, q_at)
+                        wait_dq_first(acc_q)
+                    elif i == 0:
                         pv(acc_k, dw, smem, q_at)
                         wait_dq_first(acc_q)
                     else:

@@ -226,7 +226,8 @@ if not SIMULATOR:
         return [builder.gep(array.data, [_I64(n)]) for n in range(count)]
 
     def _mma_text(n: int, k_steps: int, ab: str, regs: int, a_first: int | None, desc_a: int | None, desc_b: int,
-                  flag: int, offsets_a, offsets_b, trans_b: int, wait: bool, trans_a: int = 0) -> str:
+                  flag: int, offsets_a, offsets_b, trans_b: int, wait: bool, trans_a: int = 0,
+                  accumulate: bool = False) -> str:
         """One asm block: fence, ``k_steps`` MMAs (the first overwrites D when A comes from shared memory, i.e.
         ``a_first`` is None), commit and, with ``wait``, wait. Step ``s`` adds ``offsets[s]`` bytes to the
         descriptors' start."""
@@ -238,7 +239,7 @@ if not SIMULATOR:
             lines.append(f"add.s64 db, ${desc_b}, {offsets_b[s] >> 4};")
             if desc_a is not None:  # A from shared memory: the first step overwrites D
                 lines.append(f"add.s64 da, ${desc_a}, {offsets_a[s] >> 4};")
-                scale = "p_zero" if s == 0 else "p_one"
+                scale = "p_zero" if s == 0 and not accumulate else "p_one"
                 lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {d}, da, db, {scale}, "
                              f"1, 1, {trans_a}, {trans_b};")
             else:
@@ -253,8 +254,9 @@ if not SIMULATOR:
 
     @lru_cache(maxsize=None)
     def wgmma_ss(n: int, k_steps: int, bf16: bool, a_layout, b_layout, trans_b: bool = False, wait: bool = True,
-                 trans_a: bool = False):
-        """Intrinsic ``(acc, smem, a_offset, b_offset)``: ``acc = A B`` for A ``64 x 16 k_steps`` (K-major, or
+                 trans_a: bool = False, accumulate: bool = False):
+        """Intrinsic ``(acc, smem, a_offset, b_offset)``: ``acc = A B`` (``acc += A B`` with ``accumulate``) for A
+        ``64 x 16 k_steps`` (K-major, or
         MN-major -- ``A[k][m]`` with m contiguous, ``imm-trans-a = 1`` -- with ``trans_a``; ``a_layout``) at element
         ``a_offset`` and B ``16 k_steps x n`` (K-major, or MN-major with ``trans_b``; ``b_layout``) at ``b_offset``
         of the 1-D uint16 shared array ``smem``; ``acc`` a float32 local array whose first ``n / 2`` elements (C
@@ -264,9 +266,10 @@ if not SIMULATOR:
         ``wgmma_wait`` before anything reads it (and nothing may write it meanwhile)."""
         _check(n, k_steps, a_layout, b_layout)
         regs = n // 2
-        text = _mma_text(n, k_steps, "bf16" if bf16 else "f16", regs, None, regs, regs + 1, regs + 2,
-                         a_layout[2], b_layout[2], int(trans_b), wait, int(trans_a))
-        constraints = ",".join(["=f"] * regs + ["l", "l", "r", "~{memory}"])
+        ins = regs if accumulate else 0  # the accumulator's old values, tied to the outputs
+        text = _mma_text(n, k_steps, "bf16" if bf16 else "f16", regs, None, regs + ins, regs + ins + 1,
+                         regs + ins + 2, a_layout[2], b_layout[2], int(trans_b), wait, int(trans_a), accumulate)
+        constraints = ",".join(["=f"] * regs + [str(x) for x in range(ins)] + ["l", "l", "r", "~{memory}"])
 
         def typer(typingctx, acc, smem, a_offset, b_offset):
             if not (isinstance(acc, types.Array) and acc.dtype == types.float32 and isinstance(smem, types.Array)
@@ -278,10 +281,13 @@ if not SIMULATOR:
                 acc_ty, smem_ty, a_ty, b_ty = sig.args
                 desc_a = _descriptor(context, builder, smem_ty, args[1], a_ty, args[2], *a_layout[:2])
                 desc_b = _descriptor(context, builder, smem_ty, args[1], b_ty, args[3], *b_layout[:2])
-                asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * regs), [_I64, _I64, _I32]), text,
-                                   constraints, side_effect=True)
-                res = builder.call(asm, [desc_a, desc_b, _I32(0)], attrs=("convergent",))
-                for x, ptr in enumerate(_accumulator_pointers(context, builder, acc_ty, args[0], regs)):
+                ptrs = _accumulator_pointers(context, builder, acc_ty, args[0], regs)
+                old = [builder.load(p) for p in ptrs] if accumulate else []
+                asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * regs),
+                                                   [_F32] * ins + [_I64, _I64, _I32]), text, constraints,
+                                   side_effect=True)
+                res = builder.call(asm, old + [desc_a, desc_b, _I32(0)], attrs=("convergent",))
+                for x, ptr in enumerate(ptrs):
                     builder.store(builder.extract_value(res, x), ptr)
                 return context.get_dummy_value()
 
@@ -379,16 +385,20 @@ else:
 
     @lru_cache(maxsize=None)
     def wgmma_ss(n: int, k_steps: int, bf16: bool, a_layout, b_layout, trans_b: bool = False, wait: bool = True,
-                 trans_a: bool = False):
+                 trans_a: bool = False, accumulate: bool = False):
         """Simulator twin of ``wgmma_ss`` (see the GPU version; it completes at once, waiting or not)."""
         _check(n, k_steps, a_layout, b_layout)
 
         def mma(acc, smem, a_offset, b_offset):
+            everyone = _sim_group_gather(np.array(acc.reshape(-1)[: n // 2], dtype=np.float64),
+                                         WARPGROUP_THREADS) if accumulate else None
+
             def product():
                 a = _sim_operand(smem, a_offset, ROWS, a_layout, k_steps, trans_a, bf16)
                 a = a.T if trans_a else a  # [k][m] -> [m][k]
                 b = _sim_operand(smem, b_offset, n, b_layout, k_steps, trans_b, bf16)
-                return a @ (b if trans_b else b.T)
+                d = a @ (b if trans_b else b.T)
+                return d + _sim_gathered_c(everyone, n) if accumulate else d
 
             _sim_store(acc, _sim_leader_result(product), n)  # the warpgroup moves together, as on the GPU
 

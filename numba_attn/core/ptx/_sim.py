@@ -21,14 +21,18 @@ def _sim_group_gather(value, size: int):
     slots = thread._manager.__dict__.setdefault("_ptx_exchange", ({}, {}))
     calls = getattr(thread, "_ptx_calls", 0)
     thread._ptx_calls = calls + 1
-    # Two slots used alternately: a thread only comes back to a slot after every thread has passed the next
-    # barrier, i.e. after every thread has read it.
+    # Two slots used alternately: a thread only comes back to a slot after every thread of its group has written
+    # the next one, i.e. after every one of them has read this one.
     slot = slots[calls % 2]
     tid = thread.thread_id
-    slot[tid] = value
-    thread.syncthreads()
     base = tid - tid % size
-    return [slot[base + i] for i in range(size)]
+    slot[tid] = (calls, value)
+    # the block's barrier until the whole group has written: threads of the block that poll (a simulated mbarrier
+    # wait) may release a barrier while some of the group have not come to this exchange yet
+    while True:
+        thread.syncthreads()
+        if all(slot.get(base + i, (None,))[0] == calls for i in range(size)):
+            return [slot[base + i][1] for i in range(size)]
 
 
 def _sim_lane() -> int:

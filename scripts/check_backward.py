@@ -92,7 +92,7 @@ def precompile(args, backends, columns) -> None:
 
     jobs = set()
     for dtype in ("float16", "bfloat16") if not args.skip_correctness else args.dtypes:
-        for d in ((64, 128, 32, 96, 16, 256) if not args.skip_correctness else (64, 128)):
+        for d in ((64, 128, 32, 96, 16, 256) if not (args.skip_correctness or args.quick) else (64, 128)):
             for backend in backends:
                 for det in ((False, True) if not args.skip_correctness else (False,)):
                     if _takes(backend, dtype, d) and (backend, d) != ("mma", 16):
@@ -165,6 +165,8 @@ def correctness(args, torch, backends) -> tuple:
     failed = checked = 0
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}
     for dtype, b, h, hk, lq, lk, d, causal, det, layout in CASES:
+        if args.quick and d not in (64, 128):
+            continue
         name = f"{dtype:8s} B{b} H{h}/{hk} Lq{lq} Lk{lk} D{d} causal={int(causal)} det={int(det)} {layout}"
         todo = [x for x in backends if _takes(x, dtype, d)]
         if not todo:
@@ -334,6 +336,7 @@ def main():
     parser.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1),
                         help="processes that precompile the kernels first (0: none)")
     parser.add_argument("--budget", type=float, default=225.0, help="seconds for the whole run [225]")
+    parser.add_argument("--quick", action="store_true", help="correctness: only the cases of head dims 64 / 128")
     parser.add_argument("--skip-correctness", action="store_true")
     parser.add_argument("--skip-timing", action="store_true")
     parser.add_argument("--compile-only", action="store_true",

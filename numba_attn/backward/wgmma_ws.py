@@ -58,6 +58,7 @@ class WsBackwardConfig:
     # P^T and dS^T in one pass after both S^T and dP^T have landed (the forward-style step), instead of P^T under
     # the dP^T MMAs: 32 fewer live registers at the peak
     fused_grads: bool = True
+    dq_parts: int = 1  # each consumer's dQ columns in this many MMAs (fewer live registers; 1 where they don't split)
 
     # dK += dS^T Q reads dS^T from its shared tile (where dQ reads it) instead of registers: 16 fewer live
     # registers while dQ runs (with atomic dQ only; the deterministic path keeps the registers)
@@ -68,7 +69,7 @@ class WsBackwardConfig:
             if type(getattr(self, name)) is not bool:
                 raise ValueError(f"WsBackwardConfig.{name}: expected a bool, got {getattr(self, name)!r}")
         common.check_fields(self, consumers=(1, 3, 1), block_m=(64, 256, 64), stages=(1, 4, 1),
-                            producer_registers=(24, 256, 8), consumer_registers=(24, 256, 8))
+                            producer_registers=(24, 256, 8), consumer_registers=(24, 256, 8), dq_parts=(1, 4, 1))
         m_blocks = self.block_m // 64
         if self.consumers % m_blocks and m_blocks % self.consumers:
             raise ValueError(f"WsBackwardConfig: block_m / 64 ({m_blocks}) and consumers ({self.consumers}) must "
@@ -101,6 +102,8 @@ GPU_CANDIDATES = {
     "ws2red": WsBackwardConfig(dq_writer=False),  # dQ by every consumer thread's red.global.add.v2
     "ws2regs": WsBackwardConfig(dk_smem=False),  # dK's A (dS^T) from registers
     "ws2split": WsBackwardConfig(fused_grads=False),  # P^T under the dP^T MMAs
+    "ws2q2": WsBackwardConfig(dq_parts=2),  # dQ in two MMAs of half the columns each
+    "ws2p40": WsBackwardConfig(producer_registers=40, consumer_registers=232),
     "ws2s3": WsBackwardConfig(stages=3),
     "ws2m128": WsBackwardConfig(block_m=128),  # head dim 64
     "ws3": WsBackwardConfig(consumers=3, producer_registers=32, consumer_registers=160),  # head dim 64

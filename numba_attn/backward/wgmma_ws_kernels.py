@@ -13,7 +13,7 @@ from ..core import ptx
 from ..core import warpgroup as wg
 from ..core.block_info import HEAD_MAJOR, block_position, lane_position, query_tiles_start, sequence_bounds
 from ..core.epilogue import add_fragments, as_16bit, store_fragments
-from ..core.gradients import probabilities_and_grads, probabilities_then_grads
+from ..core.gradients import packed_probabilities_and_grads, probabilities_then_grads
 from ..core.mask import tile_is_partial
 from ..core.ptx import tma
 from ..core.ptx.bulk import bulk_commit, bulk_load_f32, bulk_reduce_add_f32, bulk_wait_all, bulk_wait_read
@@ -74,7 +74,11 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     D_BLOCKS = d_pad // 8
     P_WORDS = 4 * M_STEPS
     MB_PER_WG, SLICES, DQ_N = dq_split(config, d_pad)
-    DQ_BLOCKS = DQ_N // 8
+    # each consumer's dQ slice in DQ_PARTS MMAs of DQ_W columns (one live accumulator of DQ_W / 2 registers)
+    DQ_PARTS = config.dq_parts if DQ_N % (8 * config.dq_parts) == 0 and (
+        (DQ_N // config.dq_parts) % 64 == 0 or 64 % (DQ_N // config.dq_parts) == 0) else 1
+    DQ_W = DQ_N // DQ_PARTS
+    DQ_BLOCKS = DQ_W // 8
     M_BLOCKS = BLOCK_M // KEYS
     COLUMNS_SPLIT = CONSUMERS >= M_BLOCKS
     ROW_BYTES = 128
@@ -84,11 +88,11 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     dk_from_tile = wg.wgmma_ss(d_pad, M_STEPS, bf16, wg.k_major(BLOCK_N, M_STEPS), wg.mn_major(BLOCK_M, M_STEPS),
                                trans_b=True, wait=False, accumulate=True)
     keys_ab = wg.mn_major(BLOCK_N, KEY_STEPS)
-    ds_k = wg.wgmma_ss(DQ_N, KEY_STEPS, bf16, keys_ab, keys_ab, trans_b=True, wait=False, trans_a=True)
+    ds_k = wg.wgmma_ss(DQ_W, KEY_STEPS, bf16, keys_ab, keys_ab, trans_b=True, wait=False, trans_a=True)
     wait_s = wg.wgmma_wait(BLOCK_M, 1)
     wait_dp = wg.wgmma_wait(BLOCK_M, 1)
-    wait_dq_first = wg.wgmma_wait(DQ_N, 1)
-    wait_dq = wg.wgmma_wait(DQ_N, 0)
+    wait_dq_first = wg.wgmma_wait(DQ_W, 1)
+    wait_dq = wg.wgmma_wait(DQ_W, 0)
     wait_dk = wg.wgmma_wait(d_pad, 0)
     wait_dv = wg.wgmma_wait(d_pad, 0)
     fence = wg.fence_proxy_async
@@ -111,7 +115,7 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     partial = tile_is_partial(KEYS)
     clear_acc = fragment_clear(1, D_BLOCKS)
     probs, grads = probabilities_then_grads(1, Q_BLOCKS, keys_on_rows=True)
-    fused = probabilities_and_grads(1, Q_BLOCKS, keys_on_rows=True)
+    fused = packed_probabilities_and_grads(Q_BLOCKS, ptx.pack_bf16x2 if bf16 else ptx.pack_half2)
     FUSED = config.fused_grads
     wait_both = wg.wgmma_wait(BLOCK_M, 0)
     pack_a = wg.a_fragments(M_STEPS, bf16)
@@ -249,11 +253,10 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
             kq(s, smem, k_at, q_at)
             kq(dp, smem, v_at, do_at)
             wait_s(s)
-            if FUSED:  # P^T and dS^T in one pass once both have landed: fewer live registers at once
+            if FUSED:  # P^T and dS^T in one pass once both have landed, packed a k-step at a time
                 wait_both(dp)
-                fused(s, dp, floats, stats_at, partial(n_wg, m0, key_end, causal, diag_offset), n0 + key_row,
-                      m0 + 2 * t, key_end, causal, diag_offset, scale_log2)
-                pack_a(s, pw)
+                fused(s, dp, pw, dw, floats, stats_at, partial(n_wg, m0, key_end, causal, diag_offset),
+                      n0 + key_row, m0 + 2 * t, key_end, causal, diag_offset, scale_log2)
                 pv(acc_v, pw, smem, do_at)
             else:  # P^T while dP^T still runs
                 probs(s, floats, stats_at, partial(n_wg, m0, key_end, causal, diag_offset), n0 + key_row,
@@ -262,16 +265,17 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                 pv(acc_v, pw, smem, do_at)
                 wait_dp(dp)
                 grads(s, dp, floats, stats_at)
-            pack_a(dp, dw)
+                pack_a(dp, dw)
             if ATOMIC_DQ:
                 store_ds(words, dw, ds_j, key_row, t)
                 fence()
                 # every consumer's dS^T is in; both are done with tile j - 1's dQ (dS^T of tile j + 1 goes to the
                 # other buffer, so no second barrier)
                 bar_sync(1, PAIR)
-                for i in range(MB_PER_WG):
-                    mb = mb_first + i
-                    ds_k(acc_q, smem, ds_j + mb * KEYS * BLOCK_N, base0 + K_OFF + (c0 // 64) * 64 * BLOCK_N + c0 % 64)
+                for i in range(MB_PER_WG * DQ_PARTS):  # (m-block, column part) pairs of this consumer's dQ
+                    mb = mb_first + i // DQ_PARTS
+                    cc = c0 + (i % DQ_PARTS) * DQ_W
+                    ds_k(acc_q, smem, ds_j + mb * KEYS * BLOCK_N, base0 + K_OFF + (cc // 64) * 64 * BLOCK_N + cc % 64)
                     if i == 0 and DK_SMEM:
                         dk_from_tile(acc_k, smem, ds_j + KEYS * 64 * c, q_at)
                         wait_dq_first(acc_q)
@@ -283,9 +287,9 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                     if DQ_WRITER:
                         if i == 0:
                             bar_sync(3, WRITER_PAIR)  # the writer has read tile j - 1's dQ
-                        stage_dq(floats, base0, acc_q, KEYS * mb + 16 * warp_in + g, c0 + 2 * t, sm_scale)
+                        stage_dq(floats, base0, acc_q, KEYS * mb + 16 * warp_in + g, cc + 2 * t, sm_scale)
                     else:
-                        add_dq(acc_q, dq_acc[b, h], m0 + KEYS * mb + 16 * warp_in + g, seqlen_q, c0 + 2 * t,
+                        add_dq(acc_q, dq_acc[b, h], m0 + KEYS * mb + 16 * warp_in + g, seqlen_q, cc + 2 * t,
                                head_dim, sm_scale)
                 if DQ_WRITER:
                     fence()  # the staged dQ is read by the bulk copies (async proxy)

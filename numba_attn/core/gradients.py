@@ -130,3 +130,36 @@ def probabilities_then_grads(m_tiles: int, blocks: int, keys_on_rows: bool):
                     dp[mt, nb, e] = s[mt, nb, e] * (dp[mt, nb, e] - (d_a if first else d_b))
 
     return probs, grads
+
+
+def packed_probabilities_and_grads(blocks: int, pack):
+    """``step(s, dp, pw, dw, stats, stats_at, needs_mask, row0, col0, key_end, causal, diag_offset, scale_log2)``:
+    ``probabilities_and_grads`` for one m-tile of keys on rows (the warpgroup backward's ``S^T``, ``dP^T``) whose
+    results go straight into 16-bit A fragments (``core.warpgroup.a_fragments``' word order): ``pw`` gets ``P^T``,
+    ``dw`` gets ``dS^T``, two n8 blocks (one k-step) at a time, so that the float32 values of a k-step die before
+    the next is computed (fewer live registers than the whole tile in float32 at once). ``pack(x0, x1)``: the
+    rounding of a pair to one 32-bit word."""
+    K_STEPS = blocks // 2
+    exp2 = ptx.exp2_approx
+    load_two_pairs = ptx.load_f32x4_1d
+
+    @device_function
+    def step(s, dp, pw, dw, stats, stats_at, needs_mask, row0, col0, key_end, causal, diag_offset, scale_log2):
+        for kk in range(K_STEPS):
+            for half in range(2):
+                nb = 2 * kk + half
+                lse_a, d_a, lse_b, d_b = load_two_pairs(stats, stats_at + 16 * nb)
+                for e in range(4):
+                    first = e % 2 == 0  # the statistics of query column col0 + 8 nb (+ 1)
+                    p = exp2(s[0, nb, e] * scale_log2 - (lse_a if first else lse_b))
+                    if needs_mask:
+                        if hidden(row0 + 8 * (e // 2), col0 + 8 * nb + e % 2, key_end, causal, diag_offset):
+                            p = _ZERO
+                    s[0, nb, e] = p
+                    dp[0, nb, e] = p * (dp[0, nb, e] - (d_a if first else d_b))
+                pw[4 * kk + 2 * half] = pack(s[0, nb, 0], s[0, nb, 1])
+                pw[4 * kk + 2 * half + 1] = pack(s[0, nb, 2], s[0, nb, 3])
+                dw[4 * kk + 2 * half] = pack(dp[0, nb, 0], dp[0, nb, 1])
+                dw[4 * kk + 2 * half + 1] = pack(dp[0, nb, 2], dp[0, nb, 3])
+
+    return step

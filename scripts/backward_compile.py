@@ -83,7 +83,22 @@ def _wgmma_jobs(name, config):
                        cfg.launch_bounds(), "sm_90a", "wgmma.mma_async")
 
 
-def compile_only(mma_configs, wgmma_configs) -> int:
+def _ws_jobs(name, config):
+    from numba_attn.backward import wgmma_ws, wgmma_ws_kernels
+
+    for d_pad in (64, 128):
+        cfg = wgmma_ws.default_config(d_pad) if config is None else config
+        if cfg.shared_bytes(d_pad) > 227 * 1024:
+            say(f"SKIP compile wgmma_ws {name} d{d_pad}: {cfg.shared_bytes(d_pad)} bytes of shared memory")
+            continue
+        for dtype in ("float16", "bfloat16"):
+            for atomic in (True, False):
+                yield (f"wgmma_ws key d{d_pad} {dtype} atomic={int(atomic)}",
+                       wgmma_ws_kernels.key_block_source(cfg, d_pad, dtype == "bfloat16", atomic),
+                       wgmma_ws.KEY_SIGNATURE, (cfg.threads, 1), "sm_90a", "wgmma.mma_async")
+
+
+def compile_only(mma_configs, wgmma_configs, ws_configs=()) -> int:
     """``*_configs``: (name, config or None for the defaults) to compile; returns the exit status."""
     import numba_attn  # noqa: F401  (decides simulator or not before numba.cuda is imported)
     from numba_attn.runtime.device import SIMULATOR, cuda
@@ -100,6 +115,7 @@ def compile_only(mma_configs, wgmma_configs) -> int:
     failed = 0
     jobs = [(name, job) for name, config in mma_configs for job in _mma_jobs(name, config)]
     jobs += [(name, job) for name, config in wgmma_configs for job in _wgmma_jobs(name, config)]
+    jobs += [(name, job) for name, config in ws_configs for job in _ws_jobs(name, config)]
     for name, (label, source, signature, bounds, arch, mma_text) in jobs:
         try:
             ptx_src, _ = cuda.compile_ptx(source, signature.args, cc=(9, 0), launch_bounds=bounds)

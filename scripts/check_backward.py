@@ -372,7 +372,8 @@ def main():
                     for n in extra.split(",") if n.strip()]
     if args.compile_only:
         return compile_only([(n, c) for n, b, m, c in columns if b == "mma"],
-                            [(n, c) for n, b, m, c in columns if b == "wgmma"])
+                            [(n, c) for n, b, m, c in columns if b == "wgmma"],
+                            [(n, c) for n, b, m, c in columns if b == "wgmma_ws"])
 
     import torch
 

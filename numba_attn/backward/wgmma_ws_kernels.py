@@ -126,6 +126,8 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     def produce(smem, base0, stats, q_map, k_map, v_map, do_map, b, hk, group, n0, m_begin, tiles, total):
         """The producer thread: K and V of the block once, then Q, dO and the stats of every walk tile into its
         stage of the ring, once the consumers have freed it."""
+        if total == 0:  # no query row sees these keys: nothing to copy (dK = dV = 0)
+            return
         acquire(q_map)
         acquire(k_map)
         acquire(v_map)

@@ -71,6 +71,9 @@ class WgmmaBackwardConfig:
     # while another still reads tile j's)
     one_barrier: bool = False
     probe: str = ""  # timing only, WRONG dq: "no_red" (dQ MMAs, no reductions), "no_dq" (no dQ at all)
+    # dQ through two shared staging tiles, added to the accumulator by warp 0 with bulk reductions
+    # (cp.reduce.async.bulk, one per row) after the next barrier, instead of every thread's red.global.add
+    dq_bulk: bool = False
 
     # dK += dS^T Q reads dS^T from its shared tile (where dQ reads it) instead of registers: 16 fewer live
     # registers while dQ runs (with atomic dQ only; the deterministic path keeps the registers)
@@ -85,6 +88,10 @@ class WgmmaBackwardConfig:
             raise ValueError(f"WgmmaBackwardConfig.one_barrier: expected a bool, got {self.one_barrier!r}")
         if self.one_barrier and self.stages < 3:
             raise ValueError("WgmmaBackwardConfig: one_barrier needs stages >= 3 (copies two tiles ahead)")
+        if type(self.dq_bulk) is not bool:
+            raise ValueError(f"WgmmaBackwardConfig.dq_bulk: expected a bool, got {self.dq_bulk!r}")
+        if self.dq_bulk and self.one_barrier:
+            raise ValueError("WgmmaBackwardConfig: dq_bulk needs the two-barrier pipeline (one_barrier=False)")
         if self.probe not in ("", "no_red", "no_dq"):
             raise ValueError(f"WgmmaBackwardConfig.probe: expected '', 'no_red' or 'no_dq', got {self.probe!r}")
         m_blocks = self.block_m // 64
@@ -120,6 +127,8 @@ GPU_CANDIDATES = {
     "g1m128": WgmmaBackwardConfig(warpgroups=1, block_m=128, blocks_per_sm=2),  # head dim 64: N = 128 for S^T
     "g2m64b1": WgmmaBackwardConfig(stages=3, one_barrier=True),  # one barrier per tile
     "g2m64k": WgmmaBackwardConfig(dk_smem=True),  # dK's A (dS^T) from shared memory
+    "g2m64bulk": WgmmaBackwardConfig(dq_bulk=True),  # dQ by bulk reductions from shared staging tiles
+    "g2m64bulkk": WgmmaBackwardConfig(dq_bulk=True, dk_smem=True),
     "g2m64b1k": WgmmaBackwardConfig(stages=3, one_barrier=True, dk_smem=True),
     "g2m128b1": WgmmaBackwardConfig(block_m=128, stages=3, one_barrier=True),  # (head dim 64)
     # timing probes (wrong dq): what dQ's reductions, and dQ as a whole, cost

@@ -111,3 +111,10 @@ def bulk_wait_read(typingctx):
 def bulk_wait_all(typingctx):
     """``cp.async.bulk.wait_group 0``: this thread's committed bulk groups are complete."""
     return _void_asm("cp.async.bulk.wait_group 0;")()
+
+
+@simulated_by(_sim_nothing)
+def bulk_wait_read1(typingctx):
+    """``cp.async.bulk.wait_group.read 1``: all but this thread's most recent committed bulk group have read their
+    shared-memory sources."""
+    return _void_asm("cp.async.bulk.wait_group.read 1;")()

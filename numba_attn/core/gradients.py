@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ptx
-from .mask import hidden
+from .mask import first_seeing_row, hidden
 from .staging import device_function
 
 _ZERO = np.float32(0.0)
@@ -145,6 +145,9 @@ def packed_probabilities_and_grads(blocks: int, pack):
 
     @device_function
     def step(s, dp, pw, dw, stats, stats_at, needs_mask, row0, col0, key_end, causal, diag_offset, scale_log2):
+        # the mask as two bounds: query column c sees key row0 (row0 + 8) iff c >= first_a (first_b)
+        first_a = first_seeing_row(row0, key_end, causal, diag_offset)
+        first_b = first_seeing_row(row0 + 8, key_end, causal, diag_offset)
         for kk in range(K_STEPS):
             for half in range(2):
                 nb = 2 * kk + half
@@ -153,7 +156,7 @@ def packed_probabilities_and_grads(blocks: int, pack):
                     first = e % 2 == 0  # the statistics of query column col0 + 8 nb (+ 1)
                     p = exp2(s[0, nb, e] * scale_log2 - (lse_a if first else lse_b))
                     if needs_mask:
-                        if hidden(row0 + 8 * (e // 2), col0 + 8 * nb + e % 2, key_end, causal, diag_offset):
+                        if col0 + 8 * nb + e % 2 < (first_a if e < 2 else first_b):
                             p = _ZERO
                     s[0, nb, e] = p
                     dp[0, nb, e] = p * (dp[0, nb, e] - (d_a if first else d_b))

@@ -209,9 +209,12 @@ def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, dete
             float32, natural log; rows with ``lse = -inf`` (they see no key) contribute nothing.
         deterministic: compute ``dq`` in a second kernel over query blocks instead of adding each key block's part
             with float32 atomics: bitwise the same result on every call, one more pass over K and V.
-        backend: ``"mma"`` (tensor cores, GPUs of compute capability >= 8.0: float16 / bfloat16, headdim up to
-            256, any strides), ``"simt"`` (CUDA cores: float16 / float32, any GPU) or None: "mma" where it applies
-            (under the simulator only for bfloat16), else "simt". float32 always runs on "simt".
+        backend: ``"wgmma"`` (Hopper warpgroup MMAs, sm_90: float16 / bfloat16, headdim up to 128, rows in
+            aligned 16-byte pieces; other inputs and the deterministic ``dq`` run on "mma"), ``"wgmma_ws"`` (its
+            warp-specialised TMA variant, opt-in), ``"mma"`` (tensor cores, GPUs of compute capability >= 8.0:
+            float16 / bfloat16, headdim up to 256, any strides), ``"simt"`` (CUDA cores: float16 / float32, any
+            GPU) or None: "wgmma" where it applies, else "mma" where it applies (under the simulator only for
+            bfloat16), else "simt". float32 always runs on "simt".
 
     Returns:
         ``(dq, dk, dv)`` in the inputs' dtype and kind, the shapes of q, k, v; ``dk`` and ``dv`` summed over each kv

@@ -2,7 +2,7 @@
 
 Backends: "wgmma" (Hopper warpgroup MMAs, sm_90, float16 / bfloat16, head dims up to 128, ``backward.wgmma``), "mma"
 (tensor cores on sm_80+, float16 / bfloat16, ``backward.mma``) and "simt" (CUDA cores, float16 / float32, any GPU).
-``None`` picks "wgmma" where it applies if ``WGMMA_BY_DEFAULT``, else "mma" where it applies, else "simt"; float32
+``None`` picks "wgmma" where it applies (``WGMMA_BY_DEFAULT``, on), else "mma" where it applies, else "simt"; float32
 always runs on "simt" (a 3xTF32 backward is not there), and under the simulator float16 takes "simt" too (much
 faster there) unless a tensor-core backend is asked for. bfloat16 needs "mma" or "wgmma". "wgmma" gives inputs whose
 rows do not copy in aligned 16-byte pieces, and the deterministic ``dq`` (the query-block kernel), to "mma".
@@ -27,9 +27,9 @@ from . import wgmma as _wgmma
 from . import wgmma_ws as _wgmma_ws
 
 BACKENDS = ("simt", "mma", "wgmma", "wgmma_ws")
-#: whether ``backend=None`` takes "wgmma" where it applies (sm_90, float16 / bfloat16, head dim <= 128): the one
-#: switch to flip once it is measured faster than "mma" (scripts/check_backward.py)
-WGMMA_BY_DEFAULT = False
+#: whether ``backend=None`` takes "wgmma" where it applies (sm_90, float16 / bfloat16, head dim <= 128, rows in
+#: aligned 16-byte pieces): measured 1.0-1.2x "mma" on an H100 (docs/design/backward.md), so on
+WGMMA_BY_DEFAULT = True
 
 
 def choose_backend(backend, dtype: str, head_dim: int) -> str:

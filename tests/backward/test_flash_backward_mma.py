@@ -150,10 +150,14 @@ def test_empty_sequences_give_zero_gradients(poisoned_outputs, deterministic):
 
 
 def test_backend_choice():
-    assert dispatch.choose_backend(None, "bfloat16", 64) == "mma"
+    from numba_attn.backward import wgmma
+
+    hopper = not numba_attn.SIMULATOR and dispatch.WGMMA_BY_DEFAULT and wgmma.supports("bfloat16", 64)
+    assert dispatch.choose_backend(None, "bfloat16", 64) == ("wgmma" if hopper else "mma")
     assert dispatch.choose_backend(None, "float32", 64) == "simt"
     # under the simulator float16 stays on the (much faster there) SIMT kernels unless "mma" is asked for
-    assert dispatch.choose_backend(None, "float16", 64) == ("simt" if numba_attn.SIMULATOR else "mma")
+    assert dispatch.choose_backend(None, "float16", 64) == ("simt" if numba_attn.SIMULATOR else
+                                                             "wgmma" if hopper else "mma")
     assert dispatch.choose_backend("mma", "float16", 256) == "mma"
     with pytest.raises(ValueError, match="'mma' takes float16 or bfloat16"):
         dispatch.choose_backend("mma", "float32", 64)

@@ -322,8 +322,8 @@ def timing(args, torch, columns) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backends", default="wgmma_ws,wgmma,mma",
-                        help="ours to check and time [wgmma_ws,wgmma,mma]")
+    parser.add_argument("--backends", default="wgmma,mma",
+                        help="ours to check and time, of wgmma_ws,wgmma,mma [wgmma,mma]")
     parser.add_argument("--configs", default="", help="comma-separated names of mma.GPU_CANDIDATES to time too")
     parser.add_argument("--wgmma-configs", default="", help="names of wgmma.GPU_CANDIDATES to time too")
     parser.add_argument("--ws-configs", default="", help="names of wgmma_ws.GPU_CANDIDATES to time too")

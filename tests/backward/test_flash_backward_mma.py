@@ -164,7 +164,7 @@ def test_backend_choice():
     with pytest.raises(ValueError, match="'simt' does not take bfloat16"):
         dispatch.choose_backend("simt", "bfloat16", 64)
     inputs, _ = _case(4, 1, 1, 4, 5, 8, "float16", False)
-    with pytest.raises(ValueError, match="backend: expected one of simt, mma, wgmma or None"):
+    with pytest.raises(ValueError, match="backend: expected one of simt, mma, wgmma, wgmma_ws or None"):
         numba_attn.flash_backward(*inputs, backend="tiles")
 
 

@@ -4,7 +4,7 @@
   swizzled tiles through the documented descriptor layouts): through ``dispatch`` on host arrays (float16, and
   bfloat16 as bit patterns), outputs and scratch poisoned with NaN; causal with Lq != Lk both ways, GQA, lengths no
   tile divides, a padded head dim, a negative scale, the deterministic ``dq`` of ``backward.mma``, and two
-  warpgroups / 128-row tiles (how the warpgroups share ``dQ``).
+  warpgroups (how the warpgroups share ``dQ``; 128-row tiles were checked by hand only, to keep CI short).
 * The warp-specialised kernel (``backend="wgmma_ws"``, numba_attn/backward/wgmma_ws.py) the same way, its copies by
   the simulated TMA / bulk copies and mbarriers of ``core.ptx.tma`` / ``bulk``.
 * ``gpu`` tests (sm_90 only): realistic sizes, float16 and bfloat16, head dims 64 / 128, each gradient's error
@@ -42,8 +42,6 @@ SIMULATED = [
     # dS^T tile
     ("wgmma", "float16", 1, 1, 30, 100, 16, True, False, None, dict(warpgroups=2, stages=3, one_barrier=True,
                                                                     dk_smem=True)),
-    # 128-row tiles, three stages: one warpgroup computes both 64-row m-blocks of dQ
-    ("wgmma", "float16", 1, 1, 90, 30, 16, False, False, None, dict(block_m=128, stages=3)),
     # warp-specialised: TMA / bulk copies through the mbarrier ring (two stages over three query tiles of two
     # heads), the dQ writer warp's bulk reductions, GQA, causal Lq < Lk
     ("wgmma_ws", "float16", 2, 1, 70, 90, 16, True, False, None, {}),

@@ -223,11 +223,14 @@ def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, dete
             float32, natural log; rows with ``lse = -inf`` (they see no key) contribute nothing.
         deterministic: compute ``dq`` in a second kernel over query blocks instead of adding each key block's part
             with float32 atomics: bitwise the same result on every call, one more pass over K and V.
-        backend: ``"mma"`` (tensor cores, GPUs of compute capability >= 8.0: float16 / bfloat16, headdim up to
-            256, any strides), ``"tf32"`` (tensor cores, compute capability >= 8.0: float32 as 3xTF32, headdim up
-            to 256 where its tiles fit the shared memory), ``"simt"`` (CUDA cores: float16 / float32, any GPU) or
-            None: "mma" for 16-bit and "tf32" for float32 inputs where they apply (under the simulator only for
-            bfloat16, and for float32 with ``allow_tf32``), else "simt".
+        backend: ``"wgmma"`` (Hopper warpgroup MMAs, sm_90: float16 / bfloat16, headdim up to 128, rows in
+            aligned 16-byte pieces; other inputs and the deterministic ``dq`` run on "mma"), ``"wgmma_ws"`` (its
+            warp-specialised TMA variant, opt-in), ``"mma"`` (tensor cores, GPUs of compute capability >= 8.0:
+            float16 / bfloat16, headdim up to 256, any strides), ``"tf32"`` (tensor cores, compute capability >=
+            8.0: float32 as 3xTF32, headdim up to 256 where its tiles fit the shared memory), ``"simt"`` (CUDA
+            cores: float16 / float32, any GPU) or None: "wgmma" where it applies, else "mma" for 16-bit and "tf32"
+            for float32 inputs where they apply (under the simulator only for bfloat16, and for float32 with
+            ``allow_tf32``), else "simt". A window, soft-capping or packed sequences run on "mma" / "simt".
         allow_tf32: float32 inputs only: one plain tf32 product on the tensor cores instead of three (a third of
             the tensor-core work, relative error about 1e-3 instead of 1e-6). Ignored for 16-bit inputs and by
             ``backend="simt"``.

@@ -1,41 +1,43 @@
-"""GPU check of the tensor-core backward (``flash_backward(..., backend="mma")``): correctness, then speed.
+"""GPU check of the tensor-core backwards (``flash_backward(..., backend="wgmma" | "mma")``): correctness, then speed.
 
-    python scripts/check_backward.py                              # PASS/FAIL lines, then the timing table (< 3 min)
-    python scripts/check_backward.py --configs w8m64,w8m128,w4m64 # also time these tiles (mma.GPU_CANDIDATES)
-    python scripts/check_backward.py --skip-correctness --seqlens 2k,4k,8k
+    python scripts/check_backward.py                    # the issue-#28 command: PASS/FAIL lines, then the table
+    python scripts/check_backward.py --dtypes bfloat16 --skip-correctness
+    python scripts/check_backward.py --configs w8m64,w4m64 --wgmma-configs g2m64s3,g2m128 --seqlens 2k,8k
     CUDA_HOME=/usr/local/cuda-13.0 NUMBA_ENABLE_CUDASIM=0 python scripts/check_backward.py --compile-only
 
-correctness  torch CUDA tensors, float16 and bfloat16: gradients against the float64 reference
-             (``reference.attention_backward``) with the bound twice the error of torch's own SDPA backward in the
-             same dtype on the same inputs (fp16 2e-3 / bf16 1e-2 where torch's cannot run); causal or not, GQA,
-             Lq != Lk both ways, lengths 1..2048 that no tile divides, head dims 16..256, strided inputs,
-             deterministic (two calls bitwise equal) or not.
-timing       B=4, (D=64, H=48) and (D=128, H=32), N = --seqlens, causal or not, --dtype: median of --reps calls
-             (CUDA events) of ``flash_backward`` (the dispatch default, then each of --configs) against torch SDPA's
-             flash and cuDNN backends' backward (``torch.autograd.grad`` of one recorded forward); TFLOP/s count
-             2.5 x the forward's 4 B H N^2 D (halved when causal). ``vs flash``: our time / theirs inverted (> 1:
-             faster than FlashAttention-2).
---compile-only  no GPU: every kernel specialisation (float16 / bfloat16, head dims 64 / 128 / 256, atomic dQ or
-             not, vector loads or not, the sm_90 vector reductions or not, the query-block kernel) compiled for sm_90
-             and assembled by ``ptxas -v`` (registers, spills). Causality is a run-time flag (no specialisation).
-             With ``--variants``: instead, the default tiles' specialisations of the issue #29 variants (a sliding
-             window, soft-capping, packed sequences, and all three), vector loads, atomic dQ with the sm_90 vector
-             reductions and the query-block kernel, float16 / bfloat16, head dims 64 / 128 / 256.
+precompile   every kernel the run will use compiled first by --jobs processes at once (tiny calls on the GPU), into
+             the on-disk kernel cache (``runtime.kernel_cache``), so the run itself only loads them.
+correctness  torch CUDA tensors, float16 and bfloat16, each backend of --backends on each case it takes: gradients
+             against the float64 reference (``reference.attention_backward``) with the bound twice the error of
+             torch's own SDPA backward in the same dtype on the same inputs (fp16 2e-3 / bf16 1e-2 where torch's
+             cannot run); causal or not, GQA, Lq != Lk both ways, lengths 1..4096 that no tile divides, head dims
+             16..256, strided inputs, deterministic (two calls bitwise equal) or not.
+timing       B=4, (D=64, H=48) and (D=128, H=32), N = --seqlens, causal or not, each of --dtypes: median of --reps
+             calls (CUDA events) of ``flash_backward`` for each backend of --backends (its default tiles, then each of
+             --configs for "mma" and --wgmma-configs for "wgmma") against torch SDPA's flash, cuDNN and efficient
+             backends' backward (``torch.autograd.grad`` of one recorded forward); TFLOP/s count 2.5 x the
+             forward's 4 B H N^2 D (halved when causal). The last column: the best of ours over torch's flash (> 1:
+             faster than FlashAttention-2) and over "mma".
+--compile-only  no GPU: every kernel specialisation of "mma" (float16 / bfloat16, head dims 64 / 128 / 256, atomic
+             dQ or not, vector loads or not, the sm_90 vector reductions or not, the query-block kernel) compiled for
+             sm_90 and assembled by ``ptxas -v`` (registers, spills), and of "wgmma" (head dims 64 / 128, atomic dQ or
+             not) for sm_90a, with ptxas's warnings (C7513: wgmma serialised). Causality is a run-time flag.
 """
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+if SCRIPTS not in sys.path:
+    sys.path.insert(0, SCRIPTS)
+
+from backward_compile import compile_only  # noqa: E402
 
 
 def say(*args):
@@ -48,95 +50,65 @@ def parse_size(text: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# --compile-only
+# precompile: fill the on-disk kernel cache from several processes at once
 # ---------------------------------------------------------------------------------------------------------------------
-def _variant_jobs(mma, mma_kernels, config, d_pad: int, bf16: bool, dtype: str) -> list:
-    """``--variants``: (label, source, signature, bounds) of the variant specialisations at one head dim and dtype
-    (``config`` None: the tiles the dispatch picks, ``mma.default_config(d_pad, packed)``)."""
-    from numba_attn.forward.common import Variant
-
-    variants = {"window": Variant(window=(256, 0)), "window2": Variant(window=(100, 37)),
-                "softcap": Variant(softcap=30.0), "packed": Variant(packed=True),
-                "all": Variant(window=(256, 0), softcap=30.0, packed=True)}
-    jobs = []
-    for name, variant in variants.items():
-        cfg = config or mma.default_config(d_pad, variant.packed)
-        for want_dv, want_dk in mma.key_block_passes(cfg, d_pad):
-            label = f"key {name} d{d_pad} {dtype} dv={int(want_dv)} dk={int(want_dk)} atomic={int(want_dk)}"
-            jobs.append((label, mma_kernels.key_block_source(cfg, d_pad, bf16, True, want_dv, want_dk, want_dk,
-                                                             want_dk, variant),
-                         mma.signature(mma.KEY_SIGNATURE, variant), cfg.key_launch_bounds()))
-        jobs.append((f"query {name} d{d_pad} {dtype}", mma_kernels.query_block_source(cfg, d_pad, bf16, True, variant),
-                     mma.signature(mma.QUERY_SIGNATURE, variant), cfg.query_launch_bounds()))
-    return jobs
+def _use_config(module, config) -> None:
+    """Make ``config`` ``module``'s default tiles (None: leave them)."""
+    if config is not None:
+        module.default_config = lambda head_dim=128, _c=config: _c
 
 
-def compile_only(configs, variants: bool = False) -> int:
-    import numba_attn  # noqa: F401  (decides simulator or not before numba.cuda is imported)
-    from numba_attn.runtime.device import SIMULATOR, cuda
+def _warm(job) -> str:
+    """One tiny call of each kernel a (backend, dtype, head dim, deterministic, tiles) combination launches (and the
+    forward that the timing runs), in a process of its own."""
+    backend, dtype, d, det, config_name = job
+    start = time.time()
+    try:
+        import torch
 
-    if SIMULATOR:
-        say("ERROR --compile-only needs NUMBA_ENABLE_CUDASIM=0 (Numba's compiler, no GPU needed)")
-        return 1
-    import numba.cuda.dispatcher as dispatcher
+        import numba_attn
+        from numba_attn.backward import mma, wgmma, wgmma_ws
 
-    from numba_attn.backward import mma, mma_kernels
+        module = {"wgmma": wgmma, "wgmma_ws": wgmma_ws}.get(backend, mma)
+        chosen = os.environ.get("CHECK_BACKWARD_WGMMA_DEFAULT")
+        if chosen:  # --wgmma-default, in a spawned worker
+            wgmma.GPU_CONFIG_64 = wgmma.GPU_CONFIG_128 = wgmma.GPU_CANDIDATES[chosen]
+        if config_name:
+            _use_config(module, module.GPU_CANDIDATES[config_name])
 
-    class _Sm90:  # device functions ask the current device for its compute capability; there is none
-        compute_capability = (9, 0)
+        tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+        q, k, v, dout = (torch.randn(1, 2, 200, d, device="cuda").to(tdt) for _ in range(4))
+        out, lse = numba_attn.flash_forward(q, k, v, causal=True, return_lse=True)
+        numba_attn.flash_backward(dout, q, k, v, out, lse, causal=True, deterministic=det, backend=backend)
+        torch.cuda.synchronize()
+        return f"{backend}:{config_name} {dtype} d{d} det={int(det)}: {time.time() - start:.0f} s"
+    except Exception as exc:  # noqa: BLE001
+        return f"{backend}:{config_name} {dtype} d{d} det={int(det)}: {type(exc).__name__}: {str(exc)[:200]}"
 
-    dispatcher.get_current_device = lambda: _Sm90()
-    ptxas = shutil.which("ptxas") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "ptxas")
 
-    def assemble(ptx_src):
-        if not os.path.exists(ptxas):
-            return "ptxas not found"
-        with tempfile.TemporaryDirectory() as tmp:
-            src = os.path.join(tmp, "k.ptx")
-            with open(src, "w") as f:
-                f.write(ptx_src)
-            res = subprocess.run([ptxas, "-arch=sm_90", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
-                                 capture_output=True, text=True)
-            if res.returncode:
-                raise RuntimeError(res.stderr.strip()[:2000])
-            return " | ".join(line.split("info    :")[-1].strip() for line in res.stderr.splitlines()
-                              if "Used" in line or "spill" in line)
+def precompile(args, backends, columns) -> None:
+    import concurrent.futures as futures
+    import multiprocessing
 
-    failed = 0
-    for name, config in configs:
-        for d_pad in (64, 128, 256):
-            cfg = mma.default_config(d_pad) if name == "default" else config
-            if cfg.shared_bytes(d_pad) > 227 * 1024:
-                say(f"SKIP compile {name} d{d_pad}: {cfg.shared_bytes(d_pad)} bytes of shared memory (sm_90: 227 KB)")
-                continue
-            for dtype in ("float16", "bfloat16"):
-                bf16 = dtype == "bfloat16"
-                jobs = _variant_jobs(mma, mma_kernels, config, d_pad, bf16, dtype) if variants else []
-                for want_dv, want_dk in () if variants else mma.key_block_passes(cfg, d_pad):
-                    for atomic in ((True, False) if want_dk else (False,)):
-                        for vred in ((True, False) if atomic else (False,)):
-                            for vector in (True, False):
-                                if not vector and (vred or not atomic):
-                                    continue  # the element loaders: once per dQ mode is enough to type-check
-                                label = (f"key d{d_pad} {dtype} dv={int(want_dv)} dk={int(want_dk)} atomic={int(atomic)}"
-                                         f" v2red={int(vred)} vector={int(vector)}")
-                                jobs.append((label, mma_kernels.key_block_source(
-                                    cfg, d_pad, bf16, vector, want_dv, want_dk, atomic, vred),
-                                    mma.KEY_SIGNATURE, cfg.key_launch_bounds()))
-                for vector in () if variants else (True, False):
-                    jobs.append((f"query d{d_pad} {dtype} vector={int(vector)}",
-                                 mma_kernels.query_block_source(cfg, d_pad, bf16, vector), mma.QUERY_SIGNATURE,
-                                 cfg.query_launch_bounds()))
-                for label, source, signature, bounds in jobs:
-                    try:
-                        ptx_src, _ = cuda.compile_ptx(source, signature.args, cc=(9, 0), launch_bounds=bounds)
-                        info = f"{ptx_src.count('mma.sync')} mma | {assemble(ptx_src)}"
-                        say(f"PASS compile {name} {label}: {info}")
-                    except Exception as exc:  # noqa: BLE001
-                        failed += 1
-                        say(f"ERROR compile {name} {label}: {type(exc).__name__}: {str(exc)[:1500]}")
-    say(f"{'ALL COMPILED' if not failed else f'{failed} FAILED'}")
-    return 1 if failed else 0
+    jobs = set()
+    for dtype in ("float16", "bfloat16") if not args.skip_correctness else args.dtypes:
+        for d in ((64, 128, 32, 96, 16, 256) if not (args.skip_correctness or args.quick) else (64, 128)):
+            for backend in backends:
+                for det in ((False, True) if not args.skip_correctness else (False,)):
+                    if _takes(backend, dtype, d) and (backend, d) != ("mma", 16):
+                        jobs.add((backend, dtype, d, det, ""))
+    for name, backend, _, config in columns:  # the other tiles timed
+        if config is not None:
+            for dtype in args.dtypes:
+                for d in (64, 128):
+                    jobs.add((backend, dtype, d, False, name.split(":", 1)[1]))
+    start = time.time()
+    with futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = list(pool.map(_warm, sorted(jobs)))
+    say(f"INFO precompiled {len(jobs)} combinations in {time.time() - start:.0f} s with {args.jobs} processes")
+    for line in results:
+        if "Error" in line or "Exception" in line:
+            say(f"INFO precompile {line}")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -148,13 +120,17 @@ CASES = [
     ("float16", 2, 4, 2, 1000, 777, 64, True, True, "contig"),
     ("float16", 2, 4, 4, 777, 1000, 128, True, False, "contig"),
     ("float16", 1, 8, 1, 2048, 2048, 128, False, True, "contig"),
+    ("float16", 1, 4, 2, 4096, 4096, 128, True, False, "contig"),
     ("bfloat16", 2, 4, 2, 1000, 777, 128, True, False, "contig"),
     ("bfloat16", 2, 4, 2, 777, 1000, 64, False, True, "contig"),
+    ("bfloat16", 1, 6, 2, 3000, 3000, 64, False, False, "contig"),
     ("float16", 1, 2, 1, 1, 300, 128, False, False, "contig"),
     # (3 keys: with one, the visible rows' dq and dk are exactly 0 and only rounding is left to compare)
     ("float16", 1, 2, 2, 129, 3, 64, True, False, "contig"),
-    ("float16", 1, 4, 2, 333, 555, 36, True, False, "blhd"),  # 72-byte rows: the element-wise loaders
+    ("float16", 1, 4, 2, 333, 555, 36, True, False, "blhd"),  # 72-byte rows: the element-wise loaders ("mma")
+    ("float16", 1, 4, 2, 333, 555, 64, True, False, "blhd"),  # strided heads, aligned rows
     ("bfloat16", 1, 2, 1, 300, 513, 96, True, True, "contig"),
+    ("float16", 1, 2, 1, 300, 513, 32, False, False, "contig"),
     ("float16", 1, 2, 1, 300, 513, 256, True, False, "contig"),
     ("bfloat16", 1, 2, 1, 513, 300, 256, False, True, "blhd"),
     ("float16", 1, 2, 1, 300, 300, 16, True, False, "contig"),
@@ -173,17 +149,28 @@ def _errors(got, refs):
     return out
 
 
-def correctness(args, torch) -> int:
-    import numpy as np
+def _takes(backend, dtype, head_dim) -> bool:
+    from numba_attn.backward import wgmma
+
+    # (headdim % 8: rows of whole 16-byte pieces; others would run on "mma" under the name "wgmma")
+    return backend not in ("wgmma", "wgmma_ws") or (wgmma.supports(dtype, head_dim) and head_dim % 8 == 0)
+
+
+def correctness(args, torch, backends) -> tuple:
     import torch.nn.functional as F
 
     import numba_attn
     import reference
 
-    failed = 0
+    failed = checked = 0
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}
     for dtype, b, h, hk, lq, lk, d, causal, det, layout in CASES:
+        if args.quick and d not in (64, 128):
+            continue
         name = f"{dtype:8s} B{b} H{h}/{hk} Lq{lq} Lk{lk} D{d} causal={int(causal)} det={int(det)} {layout}"
+        todo = [x for x in backends if _takes(x, dtype, d)]
+        if not todo:
+            continue
         try:
             g = torch.Generator(device="cuda").manual_seed(lq * 7 + lk)
             q = torch.randn(b, h, lq, d, device="cuda", generator=g).to(tdt[dtype])
@@ -197,17 +184,7 @@ def correctness(args, torch) -> int:
             ins = [dout, q, k, v, out]
             if layout == "blhd":  # strided: memory (batch, seqlen, heads, headdim)
                 ins = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in ins]
-            first = numba_attn.flash_backward(*ins, lse, causal=causal, deterministic=det, backend="mma")
-            torch.cuda.synchronize()
             refs = reference.attention_backward(*exact, causal=causal)
-            ours = _errors(first, refs)
-            repeat = ""
-            if det:
-                second = numba_attn.flash_backward(*ins, lse, causal=causal, deterministic=True, backend="mma")
-                same = all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(first, second))
-                repeat = " repeat " + ("bitwise equal" if same else "DIFFERS")
-                if not same:
-                    ours = [float("inf")] * 3
             # torch's own backward on the same 16-bit inputs (GQA: K / V repeated, their gradients summed back)
             theirs = None
             try:
@@ -224,27 +201,44 @@ def correctness(args, torch) -> int:
             except Exception:  # noqa: BLE001
                 theirs = None
             bounds = [2 * t for t in theirs] if theirs else [TOLERANCE[dtype]] * 3
-            ok = all(e <= bnd for e, bnd in zip(ours, bounds))
-            detail = "errors dq/dk/dv " + " ".join(f"{e:.1e}" for e in ours) + (
-                "  torch " + " ".join(f"{t:.1e}" for t in theirs) if theirs else f"  bound {TOLERANCE[dtype]:.0e}")
-            say(f"{'PASS' if ok else 'FAIL'} correct {name}: {detail}{repeat}")
-            failed += not ok
-            del q, k, v, dout, out, lse, ins, first
         except Exception as exc:  # noqa: BLE001
             failed += 1
             say(f"ERROR correct {name}: {type(exc).__name__}: {str(exc)[:500]}")
+            continue
+        for backend in todo:
+            checked += 1
+            try:
+                first = numba_attn.flash_backward(*ins, lse, causal=causal, deterministic=det, backend=backend)
+                torch.cuda.synchronize()
+                ours = _errors(first, refs)
+                repeat = ""
+                if det:
+                    second = numba_attn.flash_backward(*ins, lse, causal=causal, deterministic=True, backend=backend)
+                    same = all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(first, second))
+                    repeat = " repeat " + ("bitwise equal" if same else "DIFFERS")
+                    if not same:
+                        ours = [float("inf")] * 3
+                ok = all(e <= bnd for e, bnd in zip(ours, bounds))
+                detail = "errors dq/dk/dv " + " ".join(f"{e:.1e}" for e in ours) + (
+                    "  torch " + " ".join(f"{t:.1e}" for t in theirs) if theirs else f"  bound {TOLERANCE[dtype]:.0e}")
+                say(f"{'PASS' if ok else 'FAIL'} correct {backend:5s} {name}: {detail}{repeat}")
+                failed += not ok
+            except Exception as exc:  # noqa: BLE001
+                failed += 1
+                say(f"ERROR correct {backend:5s} {name}: {type(exc).__name__}: {str(exc)[:500]}")
+        del q, k, v, dout, out, lse, ins
         if time.time() > args.deadline:
             say("SKIP correct: time budget used up")
             break
     torch.cuda.empty_cache()
-    return failed
+    return checked, failed
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # timing
 # ---------------------------------------------------------------------------------------------------------------------
 def _median_ms(torch, fn, reps):
-    for _ in range(3):
+    for _ in range(2):
         fn()
     torch.cuda.synchronize()
     times = []
@@ -259,96 +253,127 @@ def _median_ms(torch, fn, reps):
     return times[len(times) // 2]
 
 
-def timing(args, torch, configs) -> None:
+PEERS = (("flash", "FLASH_ATTENTION"), ("cudnn", "CUDNN_ATTENTION"), ("effic", "EFFICIENT_ATTENTION"))
+
+
+def timing(args, torch, columns) -> None:
+    """``columns``: (name, backend, module, config or None) of ours to time."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import numba_attn
-    from numba_attn.backward import mma
 
-    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
-    names = [name for name, _ in configs]
-    head = f"{'case':34s} " + " ".join(f"{n:>16s}" for n in names) + f" {'sdpa-flash':>16s} {'sdpa-cudnn':>16s}"
-    say(f"INFO timing: TFLOP/s (ms), {args.dtype}, B={args.batch}; ours / flash as x")
-    say(head)
-    default_config = mma.default_config
-    for d, h in ((64, 48), (128, 32)):
-        for causal in (False, True):
-            for n in args.seqlens:
-                if time.time() > args.deadline:
-                    say("SKIP timing: time budget used up")
-                    return
-                b = args.batch
-                flops = 2.5 * 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)
-                g = torch.Generator(device="cuda").manual_seed(n)
-                q, k, v, dout = (torch.randn(b, h, n, d, device="cuda", generator=g).to(tdt) for _ in range(4))
-                out, lse = numba_attn.flash_forward(q, k, v, causal=causal, return_lse=True)
-                cells, ours = [], {}
-                for name, config in configs:
-                    try:
-                        if config is not None:
-                            mma.default_config = lambda head_dim=128, packed=False, _c=config: _c
-                        ms = _median_ms(torch, lambda: numba_attn.flash_backward(
-                            dout, q, k, v, out, lse, causal=causal, backend="mma"), args.reps)
-                        ours[name] = ms
-                        cells.append(f"{flops / ms / 1e9:7.0f} ({ms:6.2f})")
-                    except Exception as exc:  # noqa: BLE001
-                        cells.append(f"{'error':>16s}")
-                        say(f"ERROR timing {name} D{d} N{n}: {type(exc).__name__}: {str(exc)[:300]}")
-                    finally:
-                        mma.default_config = default_config
-                peers = {}
-                for label, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-                    try:
-                        qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
-                        with sdpa_kernel(backend):
-                            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-                            peers[label] = _median_ms(torch, lambda: torch.autograd.grad(
-                                o, (qq, kk, vv), dout, retain_graph=True), args.reps)
-                        cells.append(f"{flops / peers[label] / 1e9:7.0f} ({peers[label]:6.2f})")
-                        del o, qq, kk, vv
-                    except Exception as exc:  # noqa: BLE001
-                        cells.append(f"{'n/a':>16s}")
-                        say(f"INFO timing sdpa-{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-                case = f"D{d} H{h} N{n} {'causal' if causal else 'full'}"
-                ratio = ""
-                if "flash" in peers and ours:
-                    best = min(ours, key=ours.get)
-                    ratio = f"  best {best}: {peers['flash'] / ours[best]:.2f}x flash"
-                say(f"{case:34s} " + " ".join(f"{c:>16s}" for c in cells) + ratio)
-                del q, k, v, dout, out, lse
-                torch.cuda.empty_cache()
+    names = [name for name, *_ in columns] + [f"sdpa-{p}" for p, _ in PEERS]
+    for dtype in args.dtypes:
+        tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+        say(f"INFO timing: TFLOP/s (ms), {dtype}, B={args.batch}; last column: best of ours / sdpa-flash, / mma")
+        say(f"{'case':26s} " + " ".join(f"{n:>15s}" for n in names))
+        for d, h in ((64, 48), (128, 32)):
+            for causal in (False, True):
+                for n in args.seqlens:
+                    if time.time() > args.deadline:
+                        say("SKIP timing: time budget used up")
+                        return
+                    b = args.batch
+                    flops = 2.5 * 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)
+                    g = torch.Generator(device="cuda").manual_seed(n)
+                    q, k, v, dout = (torch.randn(b, h, n, d, device="cuda", generator=g).to(tdt) for _ in range(4))
+                    out, lse = numba_attn.flash_forward(q, k, v, causal=causal, return_lse=True)
+                    cells, ours = [], {}
+                    for name, backend, module, config in columns:
+                        saved = module.default_config
+                        try:
+                            _use_config(module, config)
+                            ms = _median_ms(torch, lambda: numba_attn.flash_backward(
+                                dout, q, k, v, out, lse, causal=causal, backend=backend), args.reps)
+                            ours[name] = ms
+                            cells.append(f"{flops / ms / 1e9:6.0f} ({ms:6.2f})")
+                        except Exception as exc:  # noqa: BLE001
+                            cells.append(f"{'error':>15s}")
+                            say(f"ERROR timing {name} D{d} N{n}: {type(exc).__name__}: {str(exc)[:300]}")
+                        finally:
+                            module.default_config = saved
+                    peers = {}
+                    for label, backend in PEERS:
+                        try:
+                            qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+                            with sdpa_kernel(getattr(SDPBackend, backend)):
+                                o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+                                peers[label] = _median_ms(torch, lambda: torch.autograd.grad(
+                                    o, (qq, kk, vv), dout, retain_graph=True), args.reps)
+                            cells.append(f"{flops / peers[label] / 1e9:6.0f} ({peers[label]:6.2f})")
+                            del o, qq, kk, vv
+                        except Exception as exc:  # noqa: BLE001
+                            cells.append(f"{'n/a':>15s}")
+                            say(f"INFO timing sdpa-{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                    case = f"D{d} H{h} N{n} {'causal' if causal else 'full'}"
+                    ratio = ""
+                    if ours:
+                        best = min(ours, key=ours.get)
+                        ratio = f"  best {best}"
+                        if "flash" in peers:
+                            ratio += f": {peers['flash'] / ours[best]:.2f}x flash"
+                        if "mma" in ours:
+                            ratio += f", {ours['mma'] / ours[best]:.2f}x mma"
+                    say(f"{case:26s} " + " ".join(f"{c:>15s}" for c in cells) + ratio)
+                    del q, k, v, dout, out, lse
+                    torch.cuda.empty_cache()
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backends", default="wgmma,mma",
+                        help="ours to check and time, of wgmma_ws,wgmma,mma [wgmma,mma]")
     parser.add_argument("--configs", default="", help="comma-separated names of mma.GPU_CANDIDATES to time too")
-    parser.add_argument("--seqlens", default="2k,4k", help="timing sequence lengths [2k,4k]")
+    parser.add_argument("--wgmma-configs", default="", help="names of wgmma.GPU_CANDIDATES to time too")
+    parser.add_argument("--ws-configs", default="", help="names of wgmma_ws.GPU_CANDIDATES to time too")
+    parser.add_argument("--wgmma-default", default="", help="a name of wgmma.GPU_CANDIDATES to run as backend "
+                        "'wgmma' itself (correctness included) instead of the default tiles")
+    parser.add_argument("--seqlens", default="1k,2k,4k,8k,16k", help="timing sequence lengths [1k,2k,4k,8k,16k]")
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--budget", type=float, default=170.0, help="seconds for the whole run [170]")
+    parser.add_argument("--dtypes", default="float16", help="timing dtypes, of float16,bfloat16 [float16]")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1),
+                        help="processes that precompile the kernels first (0: none)")
+    parser.add_argument("--budget", type=float, default=225.0, help="seconds for the whole run [225]")
+    parser.add_argument("--quick", action="store_true", help="correctness: only the cases of head dims 64 / 128")
     parser.add_argument("--skip-correctness", action="store_true")
     parser.add_argument("--skip-timing", action="store_true")
     parser.add_argument("--compile-only", action="store_true",
                         help="no GPU: compile every specialisation for sm_90 and run ptxas -v (NUMBA_ENABLE_CUDASIM=0)")
-    parser.add_argument("--variants", action="store_true",
-                        help="--compile-only: the window / softcap / packed specialisations instead")
     args = parser.parse_args()
     args.deadline = time.time() + args.budget
     args.seqlens = [parse_size(s) for s in args.seqlens.split(",") if s.strip()]
+    args.dtypes = [x.strip() for x in args.dtypes.split(",") if x.strip()]
+    backends = [x.strip() for x in args.backends.split(",") if x.strip()]
     start = time.time()
 
-    from numba_attn.backward import mma
+    from numba_attn.backward import mma, wgmma, wgmma_ws
 
-    unknown = [n for n in args.configs.split(",") if n.strip() and n.strip() not in mma.GPU_CANDIDATES]
-    if unknown:
-        say(f"ERROR --configs: unknown {unknown}; choose from {', '.join(mma.GPU_CANDIDATES)}")
-        return 2
-    configs = [("default", None)] + [(n.strip(), mma.GPU_CANDIDATES[n.strip()])
-                                     for n in args.configs.split(",") if n.strip()]
+    if args.wgmma_default:
+        if args.wgmma_default not in wgmma.GPU_CANDIDATES:
+            say(f"ERROR --wgmma-default: unknown {args.wgmma_default}; choose from {', '.join(wgmma.GPU_CANDIDATES)}")
+            return 2
+        chosen = wgmma.GPU_CANDIDATES[args.wgmma_default]
+        wgmma.GPU_CONFIG_64 = wgmma.GPU_CONFIG_128 = chosen  # (default_config reads them; spawned workers too)
+        os.environ["CHECK_BACKWARD_WGMMA_DEFAULT"] = args.wgmma_default
+        say(f"INFO backend wgmma runs {args.wgmma_default}: {chosen}")
+    columns = []
+    for backend, module, extra in (("wgmma_ws", wgmma_ws, args.ws_configs), ("wgmma", wgmma, args.wgmma_configs),
+                                   ("mma", mma, args.configs)):
+        if backend not in backends:
+            continue
+        unknown = [n for n in extra.split(",") if n.strip() and n.strip() not in module.GPU_CANDIDATES]
+        if unknown:
+            say(f"ERROR --configs of {backend}: unknown {unknown}; choose from {', '.join(module.GPU_CANDIDATES)}")
+            return 2
+        columns.append((backend, backend, module, None))
+        columns += [(f"{backend}:{n.strip()}", backend, module, module.GPU_CANDIDATES[n.strip()])
+                    for n in extra.split(",") if n.strip()]
     if args.compile_only:
-        return compile_only(configs, args.variants)
+        return compile_only([(n, c) for n, b, m, c in columns if b == "mma"],
+                            [(n, c) for n, b, m, c in columns if b == "wgmma"],
+                            [(n, c) for n, b, m, c in columns if b == "wgmma_ws"])
 
     import torch
 
@@ -356,12 +381,14 @@ def main():
         say("ERROR needs a CUDA GPU and torch with CUDA")
         return 1
     say(f"INFO device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    if args.jobs > 0:
+        precompile(args, backends, columns)
     failed = 0
     if not args.skip_correctness:
-        failed = correctness(args, torch)
-        say(f"INFO correctness: {len(CASES) - failed} of {len(CASES)} passed ({time.time() - start:.0f} s)")
+        checked, failed = correctness(args, torch, backends)
+        say(f"INFO correctness: {checked - failed} of {checked} passed ({time.time() - start:.0f} s)")
     if not args.skip_timing:
-        timing(args, torch, configs)
+        timing(args, torch, columns)
     say(f"total {time.time() - start:.0f} s; {'ALL PASSED' if not failed else f'{failed} FAILED'}")
     return 1 if failed else 0
 

@@ -7,8 +7,8 @@ Families: ``backward`` (preprocess, the SIMT dK/dV and dQ kernels, convert: each
 build, with the argument types it passes -- 4-d arrays of the input dtype, layout "A"; float32 lse / delta /
 accumulators), ``tma`` (the TMA smoke kernel of ``check_tma.py`` and the tensor-map writer) and ``ws`` (the
 warp-specialised Hopper forward, ``forward.wgmma_ws``); ``backward_variants``: the SIMT backward kernels'
-specialisations of a sliding window, soft-capping and packed sequences (the tensor-core ones: ``scripts/
-check_backward.py --compile-only --variants``). Prints one line per kernel (``OK`` with its instruction
+specialisations of a sliding window, soft-capping and packed sequences (the tensor-core ones compile in the GPU
+tests, ``tests/backward/test_flash_backward_variants.py``). Prints one line per kernel (``OK`` with its instruction
 count, or ``FAIL`` and the error's first lines); exit status 1 if any failed. ``--out`` also writes the PTX;
 ``--ptxas`` assembles each for sm_90a and adds registers, spills and warnings (C7508: setmaxnreg ignored, C7513:
 wgmma serialised -- both count as failures).

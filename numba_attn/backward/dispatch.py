@@ -1,10 +1,13 @@
 """Which backward kernels run a ``flash_backward`` call, and their launches in order.
 
-Backends: "mma" (tensor cores on sm_80+, float16 / bfloat16, ``backward.mma``), "tf32" (tensor cores on sm_80+,
-float32 as 3xTF32, or one tf32 term with ``allow_tf32``, ``backward.tf32``) and "simt" (CUDA cores, float16 /
-float32, any GPU). ``None`` picks "mma" for 16-bit inputs and "tf32" for float32 where they apply, else "simt";
-under the simulator float16 and float32 take "simt" (much faster there) unless a tensor-core backend is asked for
-(float32: or ``allow_tf32``). bfloat16 needs "mma". "simt" ignores ``allow_tf32``.
+Backends: "wgmma" (Hopper warpgroup MMAs, sm_90, float16 / bfloat16, head dims up to 128, ``backward.wgmma``;
+"wgmma_ws" its warp-specialised TMA version, opt-in), "mma" (tensor cores on sm_80+, float16 / bfloat16,
+``backward.mma``), "tf32" (tensor cores on sm_80+, float32 as 3xTF32, or one tf32 term with ``allow_tf32``,
+``backward.tf32``) and "simt" (CUDA cores, float16 / float32, any GPU). ``None`` picks "wgmma" where it applies
+(``WGMMA_BY_DEFAULT``, on), else "mma" for 16-bit inputs and "tf32" for float32 where they apply, else "simt"; under
+the simulator float16 and float32 take "simt" (much faster there) unless a tensor-core backend is asked for
+(float32: or ``allow_tf32``). bfloat16 needs "mma" or "wgmma". "simt" ignores ``allow_tf32``. "wgmma" gives inputs
+whose rows do not copy in aligned 16-byte pieces, and the deterministic ``dq`` (the query-block kernel), to "mma".
 
 A call is three or four launches on the caller's stream: ``preprocess`` (``D = rowsum(dout * out)`` -- for "mma" and
 "tf32" with the lse as ``(lse log2(e), D)`` pairs --, and the float32 ``dq`` accumulator zeroed), the key-block kernel
@@ -14,8 +17,8 @@ of the accumulator into ``dq`` ("simt": only for 16-bit ``dq``, float32 ``dq`` i
 without atomics.
 
 "mma" and "simt" take the forward's compile-time variants: a sliding window, soft-capping and packed sequences
-(``flash_backward_varlen``: ``backward.varlen`` makes the schedules, the key blocks' and the forward's). "tf32" takes
-none of them yet: float32 calls with one run on "simt" (``variant_backend``).
+(``flash_backward_varlen``: ``backward.varlen`` makes the schedules, the key blocks' and the forward's). "tf32" and
+"wgmma" take none of them yet: such calls run on "simt" (float32) or "mma" (``variant_backend``).
 """
 from __future__ import annotations
 
@@ -28,8 +31,13 @@ from . import mma as _mma
 from . import preprocess as _preprocess
 from . import simt as _simt
 from . import tf32 as _tf32
+from . import wgmma as _wgmma
+from . import wgmma_ws as _wgmma_ws
 
-BACKENDS = ("simt", "mma", "tf32")
+BACKENDS = ("simt", "mma", "tf32", "wgmma", "wgmma_ws")
+#: whether ``backend=None`` takes "wgmma" where it applies (sm_90, float16 / bfloat16, head dim <= 128, rows in
+#: aligned 16-byte pieces): measured 1.0-1.2x "mma" on an H100 (docs/design/backward.md), so on
+WGMMA_BY_DEFAULT = True
 
 
 def choose_backend(backend, dtype: str, head_dim: int, allow_tf32: bool = False) -> str:
@@ -40,6 +48,13 @@ def choose_backend(backend, dtype: str, head_dim: int, allow_tf32: bool = False)
     mma_ok = _mma.supports(dtype, head_dim)
     tf32_ok = _tf32.supports(dtype, head_dim)
     where = "the simulator" if SIMULATOR else f"compute capability {compute_capability()}"
+    if backend in ("wgmma", "wgmma_ws"):
+        if not _wgmma.supports(dtype, head_dim):
+            raise ValueError(f"backend: '{backend}' takes float16 or bfloat16 with headdim <= {_wgmma.MAX_HEAD_DIM} "
+                             f"on compute capability 9.0; got {dtype}, headdim {head_dim} on {where}")
+        return backend
+    if backend is None and WGMMA_BY_DEFAULT and _wgmma.supports(dtype, head_dim) and not SIMULATOR:
+        return "wgmma"
     if backend == "mma" and not mma_ok:
         if dtype not in _mma.DTYPES:
             raise ValueError(f"backend: 'mma' takes float16 or bfloat16, got {dtype} (float32: backend='tf32' or "
@@ -67,13 +82,13 @@ def choose_backend(backend, dtype: str, head_dim: int, allow_tf32: bool = False)
 
 def variant_backend(backend: str, asked, has_variant: bool) -> str:
     """``backend`` (chosen for the dtype) for a call with a window, soft-capping or packed sequences
-    (``has_variant``): "tf32" has no such variants yet, so such float32 calls run on "simt"; asking for "tf32"
-    explicitly then is a ValueError."""
-    if backend != "tf32" or not has_variant:
+    (``has_variant``): "tf32" and the warpgroup backends have no such variants yet, so such calls run on "simt"
+    (float32) or "mma"; asking for one of them explicitly then is a ValueError."""
+    if backend not in ("tf32", "wgmma", "wgmma_ws") or not has_variant:
         return backend
-    if asked == "tf32":
-        raise ValueError("backend: 'tf32' takes no window, softcap or packed sequences yet; use 'simt' or None")
-    return "simt"
+    if asked == backend:
+        raise ValueError(f"backend: '{backend}' takes no window, softcap or packed sequences yet; use None")
+    return "simt" if backend == "tf32" else "mma"
 
 
 def _schedule(packed, which: str, block: int) -> dict:
@@ -85,6 +100,12 @@ def run(call, args: BackwardArgs, backend: str, deterministic: bool, allow_tf32:
     """Launch ``backend``'s kernels for ``args`` (4-D views; ``dq``, ``dk``, ``dv`` written whole); ``allow_tf32``:
     "tf32" takes one tf32 product per multiply. ``packed``: None, or the schedules of packed sequences
     (``backward.varlen.Schedules``; the views are then ``(1, heads, total, headdim)``; not with "tf32")."""
+    if backend in ("wgmma", "wgmma_ws") and not _wgmma.supports(call.dtype, args.q.shape[3], args.q, args.k, args.v,
+                                                                args.dout):
+        backend = "mma"  # rows that do not copy in aligned 16-byte pieces: the element-wise loaders of "mma"
+    if backend in ("wgmma", "wgmma_ws"):
+        _run_wgmma(call, args, deterministic, backend)
+        return
     if backend in ("mma", "tf32"):
         _run_mma(call, args, deterministic, packed, backend == "tf32", allow_tf32)
         return
@@ -140,5 +161,37 @@ def _run_mma(call, args: BackwardArgs, deterministic: bool, packed, tf32: bool =
     if deterministic:
         kernels.launch_dq(args.q, args.k, args.v, args.dout, stats, args.dq, args.sm_scale, args.causal,
                           call.stream, config=config, **options, **_schedule(packed, "rows", config.dq_block_m))
+    else:
+        _convert.launch(restride(dq_acc, tuple(args.dq.shape), dq_acc.strides), args.dq, call.stream, bf16=bf16)
+
+
+def _run_wgmma(call, args: BackwardArgs, deterministic: bool, backend: str) -> None:
+    """"wgmma" / "wgmma_ws": the warpgroup key-block kernels (``dq`` by atomics), or "mma"'s query-block kernel for
+    ``dq`` when ``deterministic``."""
+    batch, heads, seqlen_q, head_dim = args.q.shape
+    config = _mma.default_config(head_dim)
+    bf16 = call.dtype == BFLOAT16
+    wg_config = _wgmma.default_config(head_dim)
+    ws_config = _wgmma_ws.default_config(head_dim)
+    rows = _wgmma.stats_rows(seqlen_q, config.block_m, config.dq_block_m, _wgmma.stats_multiple(wg_config),
+                             ws_config.block_m)
+    stats = call.scratch((batch, heads, rows // 2, 4), "float32")
+    dq_acc = None
+    if not deterministic:
+        # as wide as the padded head dim: whole column pairs for the vector reductions
+        dq_acc = call.scratch((batch, heads, seqlen_q, _wgmma.padded_head_dim(head_dim)), "float32")
+    if seqlen_q > 0:
+        _preprocess.launch(args.out, args.dout, stats, dq_acc, call.stream, bf16=bf16, lse=args.lse)
+    if args.k.shape[2] > 0 and backend == "wgmma_ws":
+        _wgmma_ws.launch_dkdv(args.q, args.k, args.v, args.dout, stats, dq_acc, args.dk, args.dv, args.sm_scale,
+                              args.causal, call.stream, config=ws_config, dtype=call.dtype)
+    elif args.k.shape[2] > 0:
+        _wgmma.launch_dkdv(args.q, args.k, args.v, args.dout, stats, dq_acc, args.dk, args.dv, args.sm_scale,
+                           args.causal, call.stream, config=wg_config, dtype=call.dtype)
+    if seqlen_q == 0:
+        return
+    if deterministic:
+        _mma.launch_dq(args.q, args.k, args.v, args.dout, stats, args.dq, args.sm_scale, args.causal, call.stream,
+                       config=config, dtype=call.dtype)
     else:
         _convert.launch(restride(dq_acc, tuple(args.dq.shape), dq_acc.strides), args.dq, call.stream, bf16=bf16)

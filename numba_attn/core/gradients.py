@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from . import ptx
-from .mask import NO_WINDOW, hidden_in
+from .mask import NO_WINDOW, first_seeing_row, hidden, hidden_in
 from .scores import cap_post, score_cap
 from .staging import device_function
 
@@ -108,3 +108,96 @@ def probabilities_and_grads(m_tiles: int, blocks: int, keys_on_rows: bool, windo
                                                           d_a if first else d_b, masked, scale_log2)
 
     return device_function(step)
+
+
+def probabilities_then_grads(m_tiles: int, blocks: int, keys_on_rows: bool):
+    """``(probs, grads)``: ``probabilities_and_grads`` in two halves, for kernels whose ``dP`` lands after ``S``
+    (the warpgroup backward computes ``P`` while the ``dP`` MMAs still run).
+
+    ``probs(s, stats, stats_at, needs_mask, row0, col0, key_end, causal, diag_offset, scale_log2)``: ``s`` becomes
+    ``P`` in place; ``grads(s, dp, stats, stats_at)``: ``dp`` becomes ``dS = P (dP - D)`` (``s`` holding ``P``).
+    Arguments as ``probabilities_and_grads``'s step (``stats_at`` the same index for both)."""
+    M_TILES = m_tiles
+    BLOCKS = blocks
+    KEYS_ON_ROWS = keys_on_rows
+    exp2 = ptx.exp2_approx
+    load_pair = ptx.load_f32x2
+    load_two_pairs = ptx.load_f32x4_1d
+
+    @device_function
+    def is_hidden(row, col, key_end, causal, diag_offset):
+        if KEYS_ON_ROWS:
+            return hidden(row, col, key_end, causal, diag_offset)
+        return hidden(col, row, key_end, causal, diag_offset)
+
+    @device_function
+    def probs(s, stats, stats_at, needs_mask, row0, col0, key_end, causal, diag_offset, scale_log2):
+        lse_a = lse_b = _ZERO
+        for mt in range(M_TILES):
+            if not KEYS_ON_ROWS:
+                lse_a, _ = load_pair(stats, stats_at + 32 * mt)
+                lse_b, _ = load_pair(stats, stats_at + 32 * mt + 16)
+            for nb in range(BLOCKS):
+                if KEYS_ON_ROWS:
+                    lse_a, _, lse_b, _ = load_two_pairs(stats, stats_at + 16 * nb)
+                for e in range(4):
+                    first = (e % 2 == 0) if KEYS_ON_ROWS else (e < 2)
+                    p = exp2(s[mt, nb, e] * scale_log2 - (lse_a if first else lse_b))
+                    if needs_mask:
+                        # (a select: -inf scores would turn into +inf under a negative scale)
+                        if is_hidden(row0 + 16 * mt + 8 * (e // 2), col0 + 8 * nb + e % 2, key_end, causal,
+                                     diag_offset):
+                            p = _ZERO
+                    s[mt, nb, e] = p
+
+    @device_function
+    def grads(s, dp, stats, stats_at):
+        d_a = d_b = _ZERO
+        for mt in range(M_TILES):
+            if not KEYS_ON_ROWS:
+                _, d_a = load_pair(stats, stats_at + 32 * mt)
+                _, d_b = load_pair(stats, stats_at + 32 * mt + 16)
+            for nb in range(BLOCKS):
+                if KEYS_ON_ROWS:
+                    _, d_a, _, d_b = load_two_pairs(stats, stats_at + 16 * nb)
+                for e in range(4):
+                    first = (e % 2 == 0) if KEYS_ON_ROWS else (e < 2)
+                    dp[mt, nb, e] = s[mt, nb, e] * (dp[mt, nb, e] - (d_a if first else d_b))
+
+    return probs, grads
+
+
+def packed_probabilities_and_grads(blocks: int, pack):
+    """``step(s, dp, pw, dw, stats, stats_at, needs_mask, row0, col0, key_end, causal, diag_offset, scale_log2)``:
+    ``probabilities_and_grads`` for one m-tile of keys on rows (the warpgroup backward's ``S^T``, ``dP^T``) whose
+    results go straight into 16-bit A fragments (``core.warpgroup.a_fragments``' word order): ``pw`` gets ``P^T``,
+    ``dw`` gets ``dS^T``, two n8 blocks (one k-step) at a time, so that the float32 values of a k-step die before
+    the next is computed (fewer live registers than the whole tile in float32 at once). ``pack(x0, x1)``: the
+    rounding of a pair to one 32-bit word."""
+    K_STEPS = blocks // 2
+    exp2 = ptx.exp2_approx
+    load_two_pairs = ptx.load_f32x4_1d
+
+    @device_function
+    def step(s, dp, pw, dw, stats, stats_at, needs_mask, row0, col0, key_end, causal, diag_offset, scale_log2):
+        # the mask as two bounds: query column c sees key row0 (row0 + 8) iff c >= first_a (first_b)
+        first_a = first_seeing_row(row0, key_end, causal, diag_offset)
+        first_b = first_seeing_row(row0 + 8, key_end, causal, diag_offset)
+        for kk in range(K_STEPS):
+            for half in range(2):
+                nb = 2 * kk + half
+                lse_a, d_a, lse_b, d_b = load_two_pairs(stats, stats_at + 16 * nb)
+                for e in range(4):
+                    first = e % 2 == 0  # the statistics of query column col0 + 8 nb (+ 1)
+                    p = exp2(s[0, nb, e] * scale_log2 - (lse_a if first else lse_b))
+                    if needs_mask:
+                        if col0 + 8 * nb + e % 2 < (first_a if e < 2 else first_b):
+                            p = _ZERO
+                    s[0, nb, e] = p
+                    dp[0, nb, e] = p * (dp[0, nb, e] - (d_a if first else d_b))
+                pw[4 * kk + 2 * half] = pack(s[0, nb, 0], s[0, nb, 1])
+                pw[4 * kk + 2 * half + 1] = pack(s[0, nb, 2], s[0, nb, 3])
+                dw[4 * kk + 2 * half] = pack(dp[0, nb, 0], dp[0, nb, 1])
+                dw[4 * kk + 2 * half + 1] = pack(dp[0, nb, 2], dp[0, nb, 3])
+
+    return step

@@ -36,6 +36,18 @@ def hidden(key, row, key_end, causal, diag_offset):
 
 
 @device_function
+def first_seeing_row(key, key_end, causal, diag_offset):
+    """The first row that sees ``key`` by the causal mask (``-1`` without it, so every row ``>= 0`` does), or a
+    number past every row when ``key >= key_end``: ``hidden(key, row, ...)`` is ``row < first_seeing_row(key, ...)``
+    -- one compare per element once the key's bound is known (the backward's keys-on-rows fragments)."""
+    if key >= key_end:
+        return 1 << 62
+    if causal:
+        return key - diag_offset
+    return -1
+
+
+@device_function
 def visible_end(row_end, key_start, key_end, causal, diag_offset):
     """One past the last key that any row below ``row_end`` sees (at least ``key_start``)."""
     if causal:

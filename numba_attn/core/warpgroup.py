@@ -29,7 +29,10 @@ different bank groups, for the copies and for the tensor cores alike. The same b
   bytes; the k-slice ``16 kk .. 16 kk + 15`` starts at ``(kk // 4) 128 R + 32 (kk % 4)`` (LBO is unused);
 * as an MN-major B operand (``B[k][n]`` with n contiguous: V for ``O += P V``, k = key, n = head-dim column) with
   ``imm-trans-b = 1``: 8-key groups every ``SBO = 1024`` bytes, the next 64 columns ``LBO = 128 R`` bytes on; the
-  k-slice of keys ``16 kk ..`` starts at ``2048 kk``.
+  k-slice of keys ``16 kk ..`` starts at ``2048 kk``; likewise as an MN-major A operand (``A[k][m]``, m
+  contiguous, ``imm-trans-a = 1``, ``wgmma_ss`` only: the backward's ``dS`` read from its stored transpose). An
+  operand may start inside an atom column (a slice of the columns, 16-byte aligned) as long as it does not cross
+  into the next one: the swizzle is a function of the address bits, so only the start moves.
 
 Shared memory written by ordinary stores or ``cp.async`` must be published to the tensor cores' (async) proxy:
 ``fence_proxy_async`` in every writing thread before the barrier that precedes the MMAs.
@@ -46,9 +49,10 @@ from functools import lru_cache
 import numpy as np
 
 from ..runtime.device import SIMULATOR
+from . import ptx
 from .ptx._asm import _is_int, _pointer1, _shared_address, _void_asm
 from .ptx._sim import _sim_group_gather
-from .ptx.convert import _halves
+from .staging import device_function
 
 #: the warpgroup: 4 warps, 64 accumulator rows
 WARPGROUP_THREADS = 128
@@ -77,8 +81,27 @@ def k_major(rows: int, k_steps: int):
 
 def mn_major(rows: int, k_steps: int):
     """(LBO, SBO, byte offsets of the k-steps) of a swizzled tile of ``rows`` rows (the k dimension) read as an
-    MN-major B operand."""
+    MN-major operand (B with ``trans_b``, A with ``trans_a``)."""
     return 128 * rows, 1024, tuple(2048 * kk for kk in range(k_steps))
+
+
+def a_fragments(k_steps: int, bf16: bool):
+    """``pack(c, words)``: the float32 C fragments ``c[0, nb, e]`` of a ``64 x 16 k_steps`` accumulator rounded to
+    float16 (bfloat16) pairs as the register A operand of a ``wgmma_rs``: the C fragments of n8 blocks ``2 kk`` and
+    ``2 kk + 1`` are the A fragment of k-step ``kk`` (module docstring). Word ``4 (nb // 2) + 2 (nb % 2) + h`` is
+    the pair of block ``nb`` in fragment row ``g + 8 h``."""
+    K_STEPS = k_steps
+    pack2 = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
+
+    @device_function
+    def pack(c, words):
+        for kk in range(K_STEPS):
+            words[4 * kk] = pack2(c[0, 2 * kk, 0], c[0, 2 * kk, 1])
+            words[4 * kk + 1] = pack2(c[0, 2 * kk, 2], c[0, 2 * kk, 3])
+            words[4 * kk + 2] = pack2(c[0, 2 * kk + 1, 0], c[0, 2 * kk + 1, 1])
+            words[4 * kk + 3] = pack2(c[0, 2 * kk + 1, 2], c[0, 2 * kk + 1, 3])
+
+    return pack
 
 
 def _check(n: int, k_steps: int, *layouts):
@@ -125,38 +148,58 @@ def _sim_fragment_rows(tid: int):
     return 16 * warp + g, t
 
 
+@lru_cache(maxsize=None)
+def _sim_c_positions(n: int):
+    """``(rows, cols)``, each ``(128, n / 2)``: where accumulator element ``f`` of warpgroup thread ``tid`` lies."""
+    tid = np.arange(WARPGROUP_THREADS)[:, None]
+    f = np.arange(n // 2)[None, :]
+    row = 16 * (tid // 32) + (tid % 32) // 4 + 8 * ((f % 4) // 2)
+    col = 8 * (f // 4) + 2 * (tid % 4) + f % 2
+    return row, col
+
+
+@lru_cache(maxsize=None)
+def _sim_a_positions(k_steps: int):
+    """``(rows, cols)``, each ``(128, 4 k_steps)``: where the low half of A word ``w`` of thread ``tid`` lies (the
+    high half: the next column)."""
+    tid = np.arange(WARPGROUP_THREADS)[:, None]
+    w = np.arange(4 * k_steps)[None, :]
+    row = 16 * (tid // 32) + (tid % 32) // 4 + 8 * (w % 2)
+    col = 16 * (w // 4) + 2 * (tid % 4) + 8 * ((w % 4) // 2)
+    return row, col
+
+
 def _sim_store(acc, d: np.ndarray, n: int):
-    row, t = _sim_fragment_rows(threading.current_thread().thread_id)
-    flat = acc.reshape(-1)
-    for j in range(n // 8):
-        for e in range(4):
-            flat[4 * j + e] = np.float32(d[row + 8 * (e // 2), 8 * j + 2 * t + e % 2])
+    rows, cols = _sim_c_positions(n)
+    tid = threading.current_thread().thread_id % WARPGROUP_THREADS
+    acc.reshape(-1)[: n // 2] = d[rows[tid], cols[tid]].astype(np.float32)
 
 
-def _sim_load(acc, n: int) -> np.ndarray:
-    """This warpgroup's whole accumulator, gathered from every thread's fragment."""
-    frags = _sim_group_gather(np.array(acc.reshape(-1)[: n // 2], dtype=np.float64), WARPGROUP_THREADS)
+def _sim_gathered_c(frags, n: int) -> np.ndarray:
+    """The warpgroup's ``64 x n`` accumulator from every thread's fragment (``frags``: 128 of them)."""
+    rows, cols = _sim_c_positions(n)
     d = np.zeros((ROWS, n))
-    for tid, frag in enumerate(frags):
-        row, t = _sim_fragment_rows(tid)
-        for j in range(n // 8):
-            for e in range(4):
-                d[row + 8 * (e // 2), 8 * j + 2 * t + e % 2] = frag[4 * j + e]
+    d[rows, cols] = np.asarray(frags, dtype=np.float64)
     return d
 
 
-def _sim_register_a(a_regs, k_steps: int, bf16: bool) -> np.ndarray:
-    words = _sim_group_gather(tuple(int(w) for w in np.asarray(a_regs).reshape(-1)[: 4 * k_steps]),
-                              WARPGROUP_THREADS)
+def _sim_gathered_a(words, k_steps: int, bf16: bool) -> np.ndarray:
+    """The warpgroup's ``64 x 16 k_steps`` register A operand from every thread's words (``words``: 128 rows)."""
+    rows, cols = _sim_a_positions(k_steps)
+    w = np.asarray(words, dtype=np.uint32)
+    halves = [w & 0xFFFF, w >> 16]
     a = np.zeros((ROWS, 16 * k_steps))
-    for tid, regs in enumerate(words):
-        row, t = _sim_fragment_rows(tid)
-        for s in range(k_steps):
-            for i, (dr, dc) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
-                lo, hi = _halves(regs[4 * s + i], bf16)
-                a[row + dr, 16 * s + 2 * t + dc] = lo
-                a[row + dr, 16 * s + 2 * t + dc + 1] = hi
+    for x, half in enumerate(halves):
+        a[rows, cols + x] = _sim_values(half.astype(np.uint16), bf16)
     return a
+
+
+def _sim_leader_result(compute):
+    """``compute()`` run by the first thread of the warpgroup only, its result handed to all 128 (a block barrier
+    inside): the twins decode whole operands once per warpgroup, not once per thread."""
+    tid = threading.current_thread().thread_id
+    result = compute() if tid % WARPGROUP_THREADS == 0 else None
+    return _sim_group_gather(result, WARPGROUP_THREADS)[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -183,7 +226,8 @@ if not SIMULATOR:
         return [builder.gep(array.data, [_I64(n)]) for n in range(count)]
 
     def _mma_text(n: int, k_steps: int, ab: str, regs: int, a_first: int | None, desc_a: int | None, desc_b: int,
-                  flag: int, offsets_a, offsets_b, trans_b: int, wait: bool) -> str:
+                  flag: int, offsets_a, offsets_b, trans_b: int, wait: bool, trans_a: int = 0,
+                  accumulate: bool = False) -> str:
         """One asm block: fence, ``k_steps`` MMAs (the first overwrites D when A comes from shared memory, i.e.
         ``a_first`` is None), commit and, with ``wait``, wait. Step ``s`` adds ``offsets[s]`` bytes to the
         descriptors' start."""
@@ -195,9 +239,9 @@ if not SIMULATOR:
             lines.append(f"add.s64 db, ${desc_b}, {offsets_b[s] >> 4};")
             if desc_a is not None:  # A from shared memory: the first step overwrites D
                 lines.append(f"add.s64 da, ${desc_a}, {offsets_a[s] >> 4};")
-                scale = "p_zero" if s == 0 else "p_one"
+                scale = "p_zero" if s == 0 and not accumulate else "p_one"
                 lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {d}, da, db, {scale}, "
-                             f"1, 1, 0, {trans_b};")
+                             f"1, 1, {trans_a}, {trans_b};")
             else:
                 a = "{" + ", ".join(f"${a_first + 4 * s + x}" for x in range(4)) + "}"
                 lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {d}, {a}, db, p_one, "
@@ -209,19 +253,23 @@ if not SIMULATOR:
         return "\n".join(lines)
 
     @lru_cache(maxsize=None)
-    def wgmma_ss(n: int, k_steps: int, bf16: bool, a_layout, b_layout, trans_b: bool = False, wait: bool = True):
-        """Intrinsic ``(acc, smem, a_offset, b_offset)``: ``acc = A B`` for A ``64 x 16 k_steps`` (K-major,
-        ``a_layout``) at element ``a_offset`` and B ``16 k_steps x n`` (K-major, or MN-major with ``trans_b``;
-        ``b_layout``) at ``b_offset`` of the 1-D uint16 shared array ``smem``; ``acc`` a float32 local array whose
-        first ``n / 2`` elements (C order) are this thread's accumulator fragment.
+    def wgmma_ss(n: int, k_steps: int, bf16: bool, a_layout, b_layout, trans_b: bool = False, wait: bool = True,
+                 trans_a: bool = False, accumulate: bool = False):
+        """Intrinsic ``(acc, smem, a_offset, b_offset)``: ``acc = A B`` (``acc += A B`` with ``accumulate``) for A
+        ``64 x 16 k_steps`` (K-major, or
+        MN-major -- ``A[k][m]`` with m contiguous, ``imm-trans-a = 1`` -- with ``trans_a``; ``a_layout``) at element
+        ``a_offset`` and B ``16 k_steps x n`` (K-major, or MN-major with ``trans_b``; ``b_layout``) at ``b_offset``
+        of the 1-D uint16 shared array ``smem``; ``acc`` a float32 local array whose first ``n / 2`` elements (C
+        order) are this thread's accumulator fragment.
 
         ``wait=False`` returns once the MMAs are issued and committed as one group: ``acc`` must then pass through
         ``wgmma_wait`` before anything reads it (and nothing may write it meanwhile)."""
         _check(n, k_steps, a_layout, b_layout)
         regs = n // 2
-        text = _mma_text(n, k_steps, "bf16" if bf16 else "f16", regs, None, regs, regs + 1, regs + 2,
-                         a_layout[2], b_layout[2], int(trans_b), wait)
-        constraints = ",".join(["=f"] * regs + ["l", "l", "r", "~{memory}"])
+        ins = regs if accumulate else 0  # the accumulator's old values, tied to the outputs
+        text = _mma_text(n, k_steps, "bf16" if bf16 else "f16", regs, None, regs + ins, regs + ins + 1,
+                         regs + ins + 2, a_layout[2], b_layout[2], int(trans_b), wait, int(trans_a), accumulate)
+        constraints = ",".join(["=f"] * regs + [str(x) for x in range(ins)] + ["l", "l", "r", "~{memory}"])
 
         def typer(typingctx, acc, smem, a_offset, b_offset):
             if not (isinstance(acc, types.Array) and acc.dtype == types.float32 and isinstance(smem, types.Array)
@@ -233,10 +281,13 @@ if not SIMULATOR:
                 acc_ty, smem_ty, a_ty, b_ty = sig.args
                 desc_a = _descriptor(context, builder, smem_ty, args[1], a_ty, args[2], *a_layout[:2])
                 desc_b = _descriptor(context, builder, smem_ty, args[1], b_ty, args[3], *b_layout[:2])
-                asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * regs), [_I64, _I64, _I32]), text,
-                                   constraints, side_effect=True)
-                res = builder.call(asm, [desc_a, desc_b, _I32(0)], attrs=("convergent",))
-                for x, ptr in enumerate(_accumulator_pointers(context, builder, acc_ty, args[0], regs)):
+                ptrs = _accumulator_pointers(context, builder, acc_ty, args[0], regs)
+                old = [builder.load(p) for p in ptrs] if accumulate else []
+                asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * regs),
+                                                   [_F32] * ins + [_I64, _I64, _I32]), text, constraints,
+                                   side_effect=True)
+                res = builder.call(asm, old + [desc_a, desc_b, _I32(0)], attrs=("convergent",))
+                for x, ptr in enumerate(ptrs):
                     builder.store(builder.extract_value(res, x), ptr)
                 return context.get_dummy_value()
 
@@ -333,15 +384,23 @@ if not SIMULATOR:
 else:
 
     @lru_cache(maxsize=None)
-    def wgmma_ss(n: int, k_steps: int, bf16: bool, a_layout, b_layout, trans_b: bool = False, wait: bool = True):
+    def wgmma_ss(n: int, k_steps: int, bf16: bool, a_layout, b_layout, trans_b: bool = False, wait: bool = True,
+                 trans_a: bool = False, accumulate: bool = False):
         """Simulator twin of ``wgmma_ss`` (see the GPU version; it completes at once, waiting or not)."""
         _check(n, k_steps, a_layout, b_layout)
 
         def mma(acc, smem, a_offset, b_offset):
-            a = _sim_operand(smem, a_offset, ROWS, a_layout, k_steps, False, bf16)
-            b = _sim_operand(smem, b_offset, n, b_layout, k_steps, trans_b, bf16)
-            _sim_group_gather(None, WARPGROUP_THREADS)  # the warpgroup moves together, as on the GPU
-            _sim_store(acc, a @ (b if trans_b else b.T), n)
+            everyone = _sim_group_gather(np.array(acc.reshape(-1)[: n // 2], dtype=np.float64),
+                                         WARPGROUP_THREADS) if accumulate else None
+
+            def product():
+                a = _sim_operand(smem, a_offset, ROWS, a_layout, k_steps, trans_a, bf16)
+                a = a.T if trans_a else a  # [k][m] -> [m][k]
+                b = _sim_operand(smem, b_offset, n, b_layout, k_steps, trans_b, bf16)
+                d = a @ (b if trans_b else b.T)
+                return d + _sim_gathered_c(everyone, n) if accumulate else d
+
+            _sim_store(acc, _sim_leader_result(product), n)  # the warpgroup moves together, as on the GPU
 
         return mma
 
@@ -351,10 +410,16 @@ else:
         _check(n, k_steps, b_layout)
 
         def mma(acc, a_regs, smem, b_offset):
-            a = _sim_register_a(a_regs, k_steps, bf16)
-            b = _sim_operand(smem, b_offset, n, b_layout, k_steps, trans_b, bf16)
-            d = _sim_load(acc, n) + a @ (b if trans_b else b.T)
-            _sim_store(acc, d, n)
+            mine = (np.array(np.asarray(a_regs).reshape(-1)[: 4 * k_steps], dtype=np.uint32),
+                    np.array(acc.reshape(-1)[: n // 2], dtype=np.float64))
+            everyone = _sim_group_gather(mine, WARPGROUP_THREADS)
+
+            def product():
+                a = _sim_gathered_a([x[0] for x in everyone], k_steps, bf16)
+                b = _sim_operand(smem, b_offset, n, b_layout, k_steps, trans_b, bf16)
+                return _sim_gathered_c([x[1] for x in everyone], n) + a @ (b if trans_b else b.T)
+
+            _sim_store(acc, _sim_leader_result(product), n)
 
         return mma
 

@@ -114,11 +114,13 @@ def supports(dtype: str, head_dim: int, *arrays) -> bool:
             and common.runs_here(MIN_COMPUTE_CAPABILITY) and common.vector_loads_ok(*arrays))
 
 
-def tile_loader(rows: int, d_pad: int):
+def tile_loader(rows: int, d_pad: int, threads: int = THREADS):
     """``load(head, smem, base, tid, n0, seqlen, head_dim)``: start the ``cp.async`` copy of rows ``n0 .. n0 +
     rows`` of ``head`` to the swizzled tile at element ``base`` of ``smem`` (``wgmma`` module docstring; zeros
-    outside the sequence and past headdim). Consecutive threads take consecutive 16-byte pieces of a row: a warp
-    reads whole rows and writes each 128-byte row of the tile once (the swizzle only permutes its pieces)."""
+    outside the sequence and past headdim), by a block of ``threads`` threads (the backward's has several
+    warpgroups). Consecutive threads take consecutive 16-byte pieces of a row: a warp reads whole rows and writes
+    each 128-byte row of the tile once (the swizzle only permutes its pieces)."""
+    THREADS = threads
     CHUNKS = d_pad // 8  # 16-byte pieces per row
     PIECES = rows * CHUNKS
     STEPS = -(-PIECES // THREADS)

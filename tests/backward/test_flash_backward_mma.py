@@ -59,8 +59,8 @@ def _check(grads, exact, causal, sm_scale, dtype, tolerance=None):
     return refs
 
 
-def _bits_backward(inputs, causal, sm_scale, deterministic, dtype):
-    """``dispatch``'s "mma" path on host arrays (16-bit values or bfloat16 bits) under the simulator, every output
+def _bits_backward(inputs, causal, sm_scale, deterministic, dtype, backend="mma"):
+    """``dispatch``'s ``backend`` path on host arrays (16-bit values or bfloat16 bits) under the simulator, every output
     and scratch array poisoned with NaN (the public API takes bfloat16 only as torch tensors)."""
     dout, q, k, v, out, lse = inputs
     grads = [np.full(x.shape, np.nan, np.float32).astype(q.dtype) if dtype != "bfloat16"
@@ -69,7 +69,7 @@ def _bits_backward(inputs, causal, sm_scale, deterministic, dtype):
                                  scratch=lambda shape, kind="float32": np.full(shape, np.nan, np.float32))
     scale = float(sm_scale if sm_scale is not None else 1.0 / np.sqrt(q.shape[3]))
     args = BackwardArgs(dout, q, k, v, out, lse, *grads, scale, causal)
-    dispatch.run(call, args, "mma", deterministic)
+    dispatch.run(call, args, backend, deterministic)
     return grads
 
 
@@ -150,18 +150,22 @@ def test_empty_sequences_give_zero_gradients(poisoned_outputs, deterministic):
 
 
 def test_backend_choice():
-    assert dispatch.choose_backend(None, "bfloat16", 64) == "mma"
+    from numba_attn.backward import wgmma
+
+    hopper = not numba_attn.SIMULATOR and dispatch.WGMMA_BY_DEFAULT and wgmma.supports("bfloat16", 64)
+    assert dispatch.choose_backend(None, "bfloat16", 64) == ("wgmma" if hopper else "mma")
     assert dispatch.choose_backend(None, "float32", 64) == ("simt" if numba_attn.SIMULATOR else "tf32")
     # under the simulator float16 stays on the (much faster there) SIMT kernels unless "mma" is asked for
-    assert dispatch.choose_backend(None, "float16", 64) == ("simt" if numba_attn.SIMULATOR else "mma")
+    assert dispatch.choose_backend(None, "float16", 64) == ("simt" if numba_attn.SIMULATOR else
+                                                             "wgmma" if hopper else "mma")
     assert dispatch.choose_backend("mma", "float16", 256) == "mma"
     with pytest.raises(ValueError, match="'mma' takes float16 or bfloat16"):
         dispatch.choose_backend("mma", "float32", 64)
     with pytest.raises(ValueError, match="'simt' does not take bfloat16"):
         dispatch.choose_backend("simt", "bfloat16", 64)
     inputs, _ = _case(4, 1, 1, 4, 5, 8, "float16", False)
-    with pytest.raises(ValueError, match="backend: expected one of simt, mma, tf32 or None"):
-        numba_attn.flash_backward(*inputs, backend="wgmma")
+    with pytest.raises(ValueError, match="backend: expected one of simt, mma, tf32, wgmma, wgmma_ws or None"):
+        numba_attn.flash_backward(*inputs, backend="tiles")
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -1,0 +1,309 @@
+"""The Python source of the warp-specialised backward's key-block kernel (``backward.wgmma_ws`` has the
+configuration, the launch and, in its docstring, the roles and the pipeline).
+
+Shared memory from a 1024-byte aligned start: K, V (``block_n`` rows), two ``dS^T`` tiles, ``stages`` x (Q, dO)
+(``block_m`` rows), ``stages`` x the stats (``block_m`` float32 pairs), then the mbarriers (8 bytes each). The
+per-tile math is ``wgmma_kernels``' (the same intrinsics and fragment steps), only fed by the producer's copies.
+"""
+from __future__ import annotations
+
+from numba import float32, uint16, uint32
+
+from ..core import ptx
+from ..core import warpgroup as wg
+from ..core.block_info import HEAD_MAJOR, block_position, lane_position, query_tiles_start, sequence_bounds
+from ..core.epilogue import add_fragments, as_16bit, store_fragments
+from ..core.gradients import packed_probabilities_and_grads, probabilities_then_grads
+from ..core.mask import tile_is_partial
+from ..core.ptx import tma
+from ..core.ptx.bulk import bulk_commit, bulk_load_f32, bulk_reduce_add_f32, bulk_wait_all, bulk_wait_read
+from ..core.softmax import fragment_clear
+from ..core.staging import device_function
+from ..runtime.device import SIMULATOR, cuda
+from .wgmma_kernels import KEYS, dq_split
+
+WARPGROUP = wg.WARPGROUP_THREADS
+
+
+def layout(config, d_pad: int) -> dict:
+    """Offsets (16-bit elements from the aligned start) of the shared tiles and the mbarriers."""
+    atoms = wg.atom_columns(d_pad)
+    kv = config.block_n * 64 * atoms
+    rows = config.block_m * 64 * atoms
+    out = {"K": 0, "V": kv, "DS": 2 * kv, "DS_TILE": config.block_n * config.block_m, "Q_TILE": rows}
+    out["STAGE0"] = out["DS"] + 2 * out["DS_TILE"]
+    out["STAGE"] = 2 * rows
+    out["STATS0"] = out["STAGE0"] + config.stages * out["STAGE"]
+    out["STATS_STAGE"] = 4 * config.block_m
+    out["DQS"] = out["STATS0"] + config.stages * out["STATS_STAGE"]  # dQ staging: block_m rows of float32
+    out["DQ_ROW"] = d_pad + 8  # floats per staging row (32 bytes of padding: 2-way bank conflicts at most)
+    staging = 2 * config.block_m * out["DQ_ROW"] if config.dq_writer else 0
+    out["BARS"] = out["DQS"] + staging  # K/V full, then full, empty per stage
+    out["END"] = out["BARS"] + 4 * (1 + 2 * config.stages)
+    return out
+
+
+def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
+    """The Python function of one specialisation (not yet jitted); ``atomic_dq`` as ``wgmma_kernels``."""
+    CONSUMERS = config.consumers
+    BLOCK_N, BLOCK_M, STAGES = config.block_n, config.block_m, config.stages
+    ATOMIC_DQ = atomic_dq
+    DQ_WRITER = atomic_dq and config.dq_writer
+    DK_SMEM = atomic_dq and config.dk_smem
+    at = layout(config, d_pad)
+    K_OFF, V_OFF, DS_OFF, DS_TILE, Q_TILE = at["K"], at["V"], at["DS"], at["DS_TILE"], at["Q_TILE"]
+    STAGE0, STAGE, STATS0, STATS_STAGE, BARS = at["STAGE0"], at["STAGE"], at["STATS0"], at["STATS_STAGE"], at["BARS"]
+    KV_FULL = BARS
+    DQS_F, DQ_ROW = at["DQS"] // 2, at["DQ_ROW"]  # (float index of the staging, from the aligned start)
+    DQ_BYTES = 4 * d_pad
+    WRITER_PAIR = WARPGROUP * config.consumers + 32  # consumers + the writer warp
+    FULL = BARS + 4  # + 4 stage
+    EMPTY = BARS + 4 + 4 * STAGES
+    ATOMS = wg.atom_columns(d_pad)
+    KV_BOX = 64 * BLOCK_N  # elements of one 64-column box of K or V
+    ROW_BOX = 64 * BLOCK_M
+    KV_BYTES = 2 * 2 * BLOCK_N * 64 * ATOMS  # K and V, whole boxes (zero-filled parts count)
+    STATS_BYTES = 8 * BLOCK_M
+    STAGE_BYTES = 2 * 2 * BLOCK_M * 64 * ATOMS + STATS_BYTES
+    EMPTY_ARRIVALS = 4 * CONSUMERS  # one per consumer warp
+    PAIR = WARPGROUP * CONSUMERS  # the consumers' named barrier
+    D_STEPS = d_pad // 16
+    M_STEPS = BLOCK_M // 16
+    KEY_STEPS = BLOCK_N // 16
+    Q_BLOCKS = BLOCK_M // 8
+    D_BLOCKS = d_pad // 8
+    P_WORDS = 4 * M_STEPS
+    MB_PER_WG, SLICES, DQ_N = dq_split(config, d_pad)
+    # each consumer's dQ slice in DQ_PARTS MMAs of DQ_W columns (one live accumulator of DQ_W / 2 registers)
+    DQ_PARTS = config.dq_parts if DQ_N % (8 * config.dq_parts) == 0 and (
+        (DQ_N // config.dq_parts) % 64 == 0 or 64 % (DQ_N // config.dq_parts) == 0) else 1
+    DQ_W = DQ_N // DQ_PARTS
+    DQ_BLOCKS = DQ_W // 8
+    M_BLOCKS = BLOCK_M // KEYS
+    COLUMNS_SPLIT = CONSUMERS >= M_BLOCKS
+    ROW_BYTES = 128
+    kq = wg.wgmma_ss(BLOCK_M, D_STEPS, bf16, wg.k_major(BLOCK_N, D_STEPS), wg.k_major(BLOCK_M, D_STEPS), wait=False)
+    pv = wg.wgmma_rs(d_pad, M_STEPS, bf16, wg.mn_major(BLOCK_M, M_STEPS), True, wait=False)
+    # dK += dS^T Q with dS^T read back from its shared tile (K-major A: keys x queries) instead of registers
+    dk_from_tile = wg.wgmma_ss(d_pad, M_STEPS, bf16, wg.k_major(BLOCK_N, M_STEPS), wg.mn_major(BLOCK_M, M_STEPS),
+                               trans_b=True, wait=False, accumulate=True)
+    keys_ab = wg.mn_major(BLOCK_N, KEY_STEPS)
+    ds_k = wg.wgmma_ss(DQ_W, KEY_STEPS, bf16, keys_ab, keys_ab, trans_b=True, wait=False, trans_a=True)
+    wait_s = wg.wgmma_wait(BLOCK_M, 1)
+    wait_dp = wg.wgmma_wait(BLOCK_M, 1)
+    wait_dq_first = wg.wgmma_wait(DQ_W, 1)
+    wait_dq = wg.wgmma_wait(DQ_W, 0)
+    wait_dk = wg.wgmma_wait(d_pad, 0)
+    wait_dv = wg.wgmma_wait(d_pad, 0)
+    fence = wg.fence_proxy_async
+    shared_address = wg.shared_address
+    init, arrive, arrive_tx, wait = tma.mbarrier_init, tma.mbarrier_arrive, tma.mbarrier_arrive_expect_tx, \
+        tma.mbarrier_wait
+    load_box = tma.tma_load_4d
+    acquire = tma.tensormap_acquire
+    elect_one = tma.elect_one
+    bar_sync = tma.named_barrier_sync
+    bar_arrive = tma.named_barrier_arrive
+    store_pair = ptx.store_f32x2
+    fewer_registers = tma.setmaxnreg_dec(config.producer_registers)
+    more_registers = tma.setmaxnreg_inc(config.consumer_registers)
+    fence_init = tma.fence_mbarrier_init
+    bulk_reduce = bulk_reduce_add_f32
+    store_word = ptx.store1
+    position = block_position(HEAD_MAJOR, BLOCK_N)
+    first_tile = query_tiles_start(BLOCK_M)
+    partial = tile_is_partial(KEYS)
+    clear_acc = fragment_clear(1, D_BLOCKS)
+    probs, grads = probabilities_then_grads(1, Q_BLOCKS, keys_on_rows=True)
+    fused = packed_probabilities_and_grads(Q_BLOCKS, ptx.pack_bf16x2 if bf16 else ptx.pack_half2)
+    FUSED = config.fused_grads
+    wait_both = wg.wgmma_wait(BLOCK_M, 0)
+    pack_a = wg.a_fragments(M_STEPS, bf16)
+    store = store_fragments(1, D_BLOCKS, as_16bit(bf16))
+    add_dq = add_fragments(1, DQ_BLOCKS, not SIMULATOR)
+
+    @device_function
+    def produce(smem, base0, stats, q_map, k_map, v_map, do_map, b, hk, group, n0, m_begin, tiles, total):
+        """The producer thread: K and V of the block once, then Q, dO and the stats of every walk tile into its
+        stage of the ring, once the consumers have freed it."""
+        if total == 0:  # no query row sees these keys: nothing to copy (dK = dV = 0)
+            return
+        acquire(q_map)
+        acquire(k_map)
+        acquire(v_map)
+        acquire(do_map)
+        arrive_tx(smem, base0 + KV_FULL, KV_BYTES)
+        for a in range(ATOMS):
+            load_box(smem, base0 + K_OFF + a * KV_BOX, k_map, 64 * a, n0, hk, b, base0 + KV_FULL)
+            load_box(smem, base0 + V_OFF + a * KV_BOX, v_map, 64 * a, n0, hk, b, base0 + KV_FULL)
+        for j in range(total):
+            gi = j // tiles
+            h = hk * group + gi
+            m0 = m_begin + (j - gi * tiles) * BLOCK_M
+            stage = j % STAGES
+            wait(smem, base0 + EMPTY + 4 * stage, ((j // STAGES) & 1) ^ 1)  # (the first round passes at once)
+            full = base0 + FULL + 4 * stage
+            arrive_tx(smem, full, STAGE_BYTES)
+            q_at = base0 + STAGE0 + stage * STAGE
+            for a in range(ATOMS):
+                load_box(smem, q_at + a * ROW_BOX, q_map, 64 * a, m0, h, b, full)
+                load_box(smem, q_at + Q_TILE + a * ROW_BOX, do_map, 64 * a, m0, h, b, full)
+            bulk_load_f32(smem, base0 + STATS0 + stage * STATS_STAGE, stats[b, h], m0 // 2, STATS_BYTES, full)
+
+    @device_function
+    def write_dq(smem, base0, dq_acc, b, hk, group, m_begin, tiles, total, seqlen_q, lane):
+        """The writer warp: each tile's dQ from the staging tile added to ``dq_acc`` by bulk reductions (a row of
+        ``d_pad`` floats per copy, rows below ``seqlen_q``), the staging handed back once they have read it."""
+        if total > 0:
+            bar_arrive(3, WRITER_PAIR)  # the staging starts empty
+        for j in range(total):
+            gi = j // tiles
+            h = hk * group + gi
+            m0 = m_begin + (j - gi * tiles) * BLOCK_M
+            bar_sync(2, WRITER_PAIR)  # the consumers' dQ of tile j is in
+            rows = min(BLOCK_M, seqlen_q - m0)
+            for r in range(lane, rows, 32):
+                bulk_reduce(dq_acc[b, h], m0 + r, smem, base0 + 2 * (DQS_F + r * DQ_ROW), DQ_BYTES)
+            bulk_commit()
+            bulk_wait_read()
+            if j + 1 < total:
+                bar_arrive(3, WRITER_PAIR)
+        bulk_wait_all()
+
+    @device_function
+    def stage_dq(floats, base0, acc_q, row0, col0, sm_scale):
+        """This consumer thread's dQ fragments (rows ``row0``, ``row0 + 8`` of the tile, columns ``col0 + 8 nb``)
+        times ``sm_scale`` into the staging tile."""
+        for nb in range(DQ_BLOCKS):
+            for half in range(2):
+                at = base0 // 2 + DQS_F + (row0 + 8 * half) * DQ_ROW + col0 + 8 * nb
+                store_pair(floats, at, acc_q[0, nb, 2 * half] * sm_scale, acc_q[0, nb, 2 * half + 1] * sm_scale)
+
+    @device_function
+    def store_ds(smem_words, dw, ds_base, key_row, t):
+        """As ``wgmma_kernels``' ``store_ds``: this thread's ``dS^T`` pairs into the swizzled ``[key][query]`` tile."""
+        for nb in range(Q_BLOCKS):
+            col = 8 * nb + 2 * t
+            for half in range(2):
+                row = key_row + 8 * half
+                byte = ((col // 64) * BLOCK_N + row) * ROW_BYTES + ((2 * (col % 64)) ^ ((row % 8) << 4))
+                store_word(smem_words, (ds_base + byte // 2) // 2, dw[4 * (nb // 2) + 2 * (nb % 2) + half])
+
+    def kernel(q, k, v, dout, stats, dq_acc, dk, dv, causal, scale_log2, sm_scale, q_map, k_map, v_map, do_map):
+        tid, warp, lane, g, t = lane_position()
+        b, hk, n0, _, _, _, _ = position(k, k, v, k, False)
+        seqlen_q, key_start, key_end, diag_offset = sequence_bounds(q, k, b)
+        head_dim = q.shape[3]
+        group = q.shape[1] // k.shape[1]
+        smem = cuda.shared.array(0, uint16)
+        words = cuda.shared.array(0, uint32)
+        floats = cuda.shared.array(0, float32)
+        base0 = ((1024 - shared_address(smem) % 1024) % 1024) // 2
+        m_begin = first_tile(n0, seqlen_q, causal, diag_offset)
+        tiles = (seqlen_q - m_begin + BLOCK_M - 1) // BLOCK_M
+        total = group * tiles
+        if tid == 0:
+            init(smem, base0 + KV_FULL, 1)
+            for stage in range(STAGES):
+                init(smem, base0 + FULL + 4 * stage, 1)
+                init(smem, base0 + EMPTY + 4 * stage, EMPTY_ARRIVALS)
+            fence_init()
+        cuda.syncthreads()  # (the last block-wide barrier: the producer's idle warps leave after it)
+        role = tid // WARPGROUP
+        if role == 0:
+            fewer_registers()
+            if warp == 0 and elect_one():
+                produce(smem, base0, stats, q_map, k_map, v_map, do_map, b, hk, group, n0, m_begin, tiles, total)
+            if DQ_WRITER and warp == 1:
+                write_dq(smem, base0, dq_acc, b, hk, group, m_begin, tiles, total, seqlen_q, lane)
+            return
+
+        more_registers()
+        c = role - 1  # this consumer: keys 64 c .. of the block
+        warp_in = warp % 4
+        key_row = KEYS * c + 16 * warp_in + g
+        n_wg = n0 + KEYS * c
+        s = cuda.local.array((1, Q_BLOCKS, 4), float32)
+        dp = cuda.local.array((1, Q_BLOCKS, 4), float32)
+        pw = cuda.local.array(P_WORDS, uint32)
+        dw = cuda.local.array(P_WORDS, uint32)
+        acc_v = cuda.local.array((1, D_BLOCKS, 4), float32)
+        acc_k = cuda.local.array((1, D_BLOCKS, 4), float32)
+        acc_q = cuda.local.array((1, DQ_BLOCKS, 4), float32)
+        k_at = base0 + K_OFF + KEYS * 64 * c
+        v_at = base0 + V_OFF + KEYS * 64 * c
+        if COLUMNS_SPLIT:
+            mb_first = c % M_BLOCKS
+            c0 = (c // M_BLOCKS) * DQ_N
+        else:
+            mb_first = c * MB_PER_WG
+            c0 = 0
+        clear_acc(acc_v)
+        clear_acc(acc_k)
+        if total > 0:
+            wait(smem, base0 + KV_FULL, 0)
+        for j in range(total):
+            gi = j // tiles
+            h = hk * group + gi
+            m0 = m_begin + (j - gi * tiles) * BLOCK_M
+            stage = j % STAGES
+            q_at = base0 + STAGE0 + stage * STAGE
+            do_at = q_at + Q_TILE
+            stats_at = (base0 + STATS0 + stage * STATS_STAGE) // 2 + 4 * t
+            ds_j = base0 + DS_OFF + (j % 2) * DS_TILE
+            wait(smem, base0 + FULL + 4 * stage, (j // STAGES) & 1)
+            kq(s, smem, k_at, q_at)
+            kq(dp, smem, v_at, do_at)
+            wait_s(s)
+            if FUSED:  # P^T and dS^T in one pass once both have landed, packed a k-step at a time
+                wait_both(dp)
+                fused(s, dp, pw, dw, floats, stats_at, partial(n_wg, m0, key_end, causal, diag_offset),
+                      n0 + key_row, m0 + 2 * t, key_end, causal, diag_offset, scale_log2)
+                pv(acc_v, pw, smem, do_at)
+            else:  # P^T while dP^T still runs
+                probs(s, floats, stats_at, partial(n_wg, m0, key_end, causal, diag_offset), n0 + key_row,
+                      m0 + 2 * t, key_end, causal, diag_offset, scale_log2)
+                pack_a(s, pw)
+                pv(acc_v, pw, smem, do_at)
+                wait_dp(dp)
+                grads(s, dp, floats, stats_at)
+                pack_a(dp, dw)
+            if ATOMIC_DQ:
+                store_ds(words, dw, ds_j, key_row, t)
+                fence()
+                # every consumer's dS^T is in; both are done with tile j - 1's dQ (dS^T of tile j + 1 goes to the
+                # other buffer, so no second barrier)
+                bar_sync(1, PAIR)
+                for i in range(MB_PER_WG * DQ_PARTS):  # (m-block, column part) pairs of this consumer's dQ
+                    mb = mb_first + i // DQ_PARTS
+                    cc = c0 + (i % DQ_PARTS) * DQ_W
+                    ds_k(acc_q, smem, ds_j + mb * KEYS * BLOCK_N, base0 + K_OFF + (cc // 64) * 64 * BLOCK_N + cc % 64)
+                    if i == 0 and DK_SMEM:
+                        dk_from_tile(acc_k, smem, ds_j + KEYS * 64 * c, q_at)
+                        wait_dq_first(acc_q)
+                    elif i == 0:
+                        pv(acc_k, dw, smem, q_at)
+                        wait_dq_first(acc_q)
+                    else:
+                        wait_dq(acc_q)
+                    if DQ_WRITER:
+                        if i == 0:
+                            bar_sync(3, WRITER_PAIR)  # the writer has read tile j - 1's dQ
+                        stage_dq(floats, base0, acc_q, KEYS * mb + 16 * warp_in + g, cc + 2 * t, sm_scale)
+                    else:
+                        add_dq(acc_q, dq_acc[b, h], m0 + KEYS * mb + 16 * warp_in + g, seqlen_q, cc + 2 * t,
+                               head_dim, sm_scale)
+                if DQ_WRITER:
+                    fence()  # the staged dQ is read by the bulk copies (async proxy)
+                    bar_arrive(2, WRITER_PAIR)
+            else:
+                pv(acc_k, dw, smem, q_at)
+            wait_dk(acc_k)
+            if lane == 0:
+                arrive(smem, base0 + EMPTY + 4 * stage)  # this warp is done with the stage
+        wait_dv(acc_v)
+        row0 = n0 + key_row
+        store(acc_v, dv[b, hk], row0, key_end, 2 * t, head_dim, float32(1.0))
+        store(acc_k, dk[b, hk], row0, key_end, 2 * t, head_dim, sm_scale)
+
+    return kernel

@@ -1,0 +1,120 @@
+"""Bulk copies of contiguous bytes from global to shared memory (``cp.async.bulk``, sm_90), completing on an mbarrier
+of ``tma`` -- for small row-major tiles that need no tensor map (the backward's per-row statistics).
+
+``bulk_load_f32(smem, dst, arr, i, nbytes, bar)``: copy ``nbytes`` (a multiple of 16) starting at ``arr[i, 0]`` of
+a 2-D float32 array (rows contiguous with each other over the copied span; 16-byte aligned) to ``smem[dst:]`` (a
+1-D uint16 shared array, 16-byte aligned), and complete ``nbytes`` transaction bytes on the mbarrier at
+``smem[bar]`` (``tma.mbarrier_arrive_expect_tx`` announced them)::
+
+    cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], nbytes, [bar];
+
+The simulator twin copies at once and completes the bytes on the simulated barrier.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+
+from ._asm import (_I32, _i32, _is_1d, _is_2d, _is_int, _pointer, _pointer1, _shared_address, _void_asm,
+                   simulated_by)
+from .tma import _sim_complete_tx
+
+_I64 = ir.IntType(64)
+
+
+def _sim_bulk_load_f32(smem, dst, arr, i, nbytes, bar):
+    n = int(nbytes) // 4
+    src = np.ascontiguousarray(np.asarray(arr)[int(i):]).reshape(-1)[:n].astype(np.float32)
+    words = np.asarray(smem).view(np.uint16)
+    words[int(dst):int(dst) + 2 * n] = src.view(np.uint16)
+    _sim_complete_tx(smem, bar, int(nbytes))
+
+
+@simulated_by(_sim_bulk_load_f32)
+def bulk_load_f32(typingctx, smem, dst, arr, i, nbytes, bar):
+    """(smem, dst, arr, i, nbytes, bar): the module docstring's copy."""
+    if not (_is_1d(smem) and smem.dtype == types.uint16 and _is_2d(arr) and arr.dtype == types.float32
+            and _is_int(dst, i, nbytes, bar)):
+        return None
+    sig = types.void(smem, dst, arr, i, nbytes, bar)
+    text = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];"
+
+    def codegen(context, builder, sig, args):
+        smem_ty, dst_ty, arr_ty, i_ty, n_ty, bar_ty = sig.args
+        dst_addr = _shared_address(builder, _pointer1(context, builder, smem_ty, args[0], dst_ty, args[1]))
+        zero = context.get_constant(types.intp, 0)
+        src = _pointer(context, builder, arr_ty, args[2], i_ty, args[3], types.intp, zero)
+        src = builder.ptrtoint(builder.addrspacecast(src, ir.PointerType(src.type.pointee, 1)), _I64)
+        bar_addr = _shared_address(builder, _pointer1(context, builder, smem_ty, args[0], bar_ty, args[5]))
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I32, _I64, _I32, _I32]), text, "r,l,r,r,~{memory}",
+                           side_effect=True)
+        builder.call(asm, [dst_addr, src, _i32(context, builder, args[4], n_ty), bar_addr])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _sim_bulk_reduce_add_f32(arr, i, smem, src, nbytes):
+    n = int(nbytes) // 4
+    values = np.asarray(smem).view(np.uint16)[int(src):int(src) + 2 * n].copy().view(np.float32)
+    row = np.asarray(arr)[int(i)]  # (a row of the 2-D array: the copied span stays within it)
+    row[:n] = (row[:n].astype(np.float32) + values).astype(np.float32)
+
+
+@simulated_by(_sim_bulk_reduce_add_f32)
+def bulk_reduce_add_f32(typingctx, arr, i, smem, src, nbytes):
+    """(arr, i, smem, src, nbytes): add the ``nbytes / 4`` float32 values at ``smem[src:]`` (a uint16 shared array,
+    16-byte aligned) to ``arr[i, 0:]`` of a 2-D float32 array in global memory, elementwise, by the TMA unit (each
+    element atomically); ``nbytes`` a multiple of 16. The copy joins this thread's current bulk group
+    (``bulk_commit``, ``bulk_wait_read``)::
+
+        cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [dst], [src], nbytes;"""
+    if not (_is_2d(arr) and arr.dtype == types.float32 and _is_1d(smem) and smem.dtype == types.uint16
+            and _is_int(i, src, nbytes)):
+        return None
+    sig = types.void(arr, i, smem, src, nbytes)
+    text = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;"
+
+    def codegen(context, builder, sig, args):
+        arr_ty, i_ty, smem_ty, src_ty, n_ty = sig.args
+        zero = context.get_constant(types.intp, 0)
+        dst = _pointer(context, builder, arr_ty, args[0], i_ty, args[1], types.intp, zero)
+        dst = builder.ptrtoint(builder.addrspacecast(dst, ir.PointerType(dst.type.pointee, 1)), _I64)
+        src = _shared_address(builder, _pointer1(context, builder, smem_ty, args[2], src_ty, args[3]))
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I64, _I32, _I32]), text, "l,r,r,~{memory}",
+                           side_effect=True)
+        builder.call(asm, [dst, src, _i32(context, builder, args[4], n_ty)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _sim_nothing():
+    pass
+
+
+@simulated_by(_sim_nothing)
+def bulk_commit(typingctx):
+    """``cp.async.bulk.commit_group``: this thread's bulk copies issued since the last commit form one group."""
+    return _void_asm("cp.async.bulk.commit_group;")()
+
+
+@simulated_by(_sim_nothing)
+def bulk_wait_read(typingctx):
+    """``cp.async.bulk.wait_group.read 0``: this thread's committed bulk groups have read their shared-memory
+    sources (which may then be written again)."""
+    return _void_asm("cp.async.bulk.wait_group.read 0;")()
+
+
+@simulated_by(_sim_nothing)
+def bulk_wait_all(typingctx):
+    """``cp.async.bulk.wait_group 0``: this thread's committed bulk groups are complete."""
+    return _void_asm("cp.async.bulk.wait_group 0;")()
+
+
+@simulated_by(_sim_nothing)
+def bulk_wait_read1(typingctx):
+    """``cp.async.bulk.wait_group.read 1``: all but this thread's most recent committed bulk group have read their
+    shared-memory sources."""
+    return _void_asm("cp.async.bulk.wait_group.read 1;")()

@@ -113,12 +113,12 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
             ``i' - left <= j <= i' + right``, ``i' = i + seqlen_k - seqlen_q``; each side an int >= 0 or None
             (unbounded); with ``causal`` the right side is ``min(right, 0)``. None (default): no window. Every
             backend takes one (a compile-time variant of its kernel; key tiles wholly outside the window are
-            skipped); not with autograd (``flash_backward`` takes no window yet).
+            skipped); differentiable (``flash_backward`` takes it too).
         softcap: None (default) or 0: no capping; a finite ``c > 0``: the scores become ``c * tanh(sm_scale * q.k /
             c)`` before the mask and the softmax (FlashAttention's soft-capping, as ``reference.attention``'s), and
             ``lse`` is that of the capped scores. A compile-time variant of every kernel (one specialisation per
             value of ``c``); ``tanh.approx`` in the float16 / bfloat16 tensor-core kernels, ``tanh`` in the float32
-            ones; not with autograd (``flash_backward`` takes no softcap yet).
+            ones; differentiable (``flash_backward`` takes it too).
 
     Returns:
         ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key (or whose scores are all -inf) give 0
@@ -134,12 +134,8 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
             q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)):
         from . import torch_ops  # (torch is imported by now: q is a tensor)
 
-        for name, value in (("window", window), ("softcap", softcap)):
-            if value is not None and torch_ops.torch.is_grad_enabled():
-                raise ValueError(f"{name}: flash_backward takes no {name} yet, so such a call cannot be recorded "
-                                 "for autograd; detach the inputs or use torch.no_grad()")
-
-        result = torch_ops.forward_with_grad(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32)
+        result = torch_ops.forward_with_grad(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window,
+                                             softcap)
         if result is not None:
             return result
     return _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window, softcap)
@@ -189,18 +185,20 @@ def flash_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=No
     Returns:
         ``out`` ``(total_q, heads, headdim)``, or ``(out, lse)``. Rows that see no key give 0 and ``lse = -inf``.
 
-    Every call takes the checked path (``runtime.replay`` does not record it), and it is not hooked into autograd
-    (torch tensors that require grad, in grad mode: a ValueError).
+    Every call takes the checked path (``runtime.replay`` does not record it). Torch tensors of which one requires
+    grad, in grad mode, go through the ``numba_attn::flash_forward_varlen`` custom op, whose backward is
+    ``flash_backward_varlen`` (``torch_ops``; ``out=`` is then a ValueError).
     """
     causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
     sm_scale, window, softcap = check_sm_scale(sm_scale), check_window(window), check_softcap(softcap)
     backend = check_backend(backend, BACKENDS)
     if type(q).__module__.startswith("torch") and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
-        import torch
+        from . import torch_ops
 
-        if torch.is_grad_enabled():
-            raise ValueError("q, k, v: flash_forward_varlen is not hooked into autograd (no backward yet); detach "
-                             "the inputs or use torch.no_grad()")
+        result = torch_ops.varlen_with_grad(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                            sm_scale, window, softcap, return_lse, out, backend)
+        if result is not None:
+            return result
     return _varlen.run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale, window,
                        softcap, return_lse, out, backend, _lse_placeholder)
 

@@ -4,9 +4,16 @@
 The ops, registered once, when this module is first imported (on first use):
 
 * ``numba_attn::flash_forward(Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, str? backend,
-  bool allow_tf32) -> (Tensor out, Tensor lse)``
+  bool allow_tf32, int[]? window=None, float? softcap=None) -> (Tensor out, Tensor lse)``
 * ``numba_attn::flash_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal,
-  float? sm_scale, bool deterministic, bool allow_tf32) -> (Tensor dq, Tensor dk, Tensor dv)``
+  float? sm_scale, bool deterministic, bool allow_tf32, int[]? window=None, float? softcap=None) -> (Tensor dq,
+  Tensor dk, Tensor dv)``
+* ``numba_attn::flash_forward_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+  int? max_seqlen_q, int? max_seqlen_k, bool causal, float? sm_scale, int[]? window, float? softcap, str? backend)
+  -> (Tensor out, Tensor lse)`` and ``numba_attn::flash_backward_varlen(Tensor dout, Tensor q, Tensor k, Tensor v,
+  Tensor out, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int? max_seqlen_q, int? max_seqlen_k,
+  bool causal, float? sm_scale, int[]? window, float? softcap, bool deterministic) -> (Tensor dq, Tensor dk,
+  Tensor dv)`` (``cu_seqlens`` as int tensors: CPU ones are host offsets, checked; CUDA int32 ones device offsets)
 * ``numba_attn::causal_dot_product(Tensor q, Tensor k, Tensor v, Tensor? initial_state, bool return_state,
   bool allow_tf32, str? backend) -> (Tensor out, Tensor final_state)`` (``final_state`` empty without
   ``return_state``)
@@ -18,7 +25,7 @@ The ops, registered once, when this module is first imported (on first use):
 * ``numba_attn::linear_attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, bool causal, float eps,
   bool allow_tf32, str? backend) -> (Tensor dq, Tensor dk, Tensor dv)``
 
-each with a fake (meta) implementation, so that ``torch.compile`` traces them without running kernels, and each
+(a ``window`` travels as ``[left, right]`` with -1 for an unbounded side), each with a fake (meta) implementation, so that ``torch.compile`` traces them without running kernels, and each
 backward registered as its forward's autograd formula. The public functions take this path by themselves for torch
 tensors when grad mode is on and one of their tensors requires grad (``api``); a model calling them compiles with
 ``torch.compile(fullgraph=True)`` without a graph break. :func:`flash_attention` is the same as a plain
@@ -34,19 +41,27 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 
 from . import api as _api
 from .forward.dispatch import BACKENDS
 from .linear.dispatch import BACKENDS as LINEAR_BACKENDS
-from .runtime.arguments import check_backend, check_eps, check_flag, check_sm_scale
+from .runtime.arguments import check_backend, check_eps, check_flag, check_sm_scale, check_softcap, check_window
 
 __all__ = ["flash_attention", "ops"]
 
-_FORWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, str? backend, bool allow_tf32) "
-                   "-> (Tensor out, Tensor lse)")
+_FORWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float? sm_scale, str? backend, bool allow_tf32, "
+                   "int[]? window=None, float? softcap=None) -> (Tensor out, Tensor lse)")
 _BACKWARD_SCHEMA = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
-                    "float? sm_scale, bool deterministic, bool allow_tf32) -> (Tensor dq, Tensor dk, Tensor dv)")
+                    "float? sm_scale, bool deterministic, bool allow_tf32, int[]? window=None, float? softcap=None) "
+                    "-> (Tensor dq, Tensor dk, Tensor dv)")
+_VARLEN_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int? max_seqlen_q, "
+                  "int? max_seqlen_k, bool causal, float? sm_scale, int[]? window, float? softcap, str? backend) "
+                  "-> (Tensor out, Tensor lse)")
+_VARLEN_BACKWARD_SCHEMA = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
+                           "Tensor cu_seqlens_k, int? max_seqlen_q, int? max_seqlen_k, bool causal, float? sm_scale, "
+                           "int[]? window, float? softcap, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)")
 _CDP_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? initial_state, bool return_state, bool allow_tf32, "
                "str? backend) -> (Tensor out, Tensor final_state)")
 _CDP_BACKWARD_SCHEMA = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor? initial_state, Tensor? dstate, "
@@ -78,49 +93,107 @@ def _register_once() -> SimpleNamespace:
     return _OPS
 
 
+def window_argument(window):
+    """A checked ``window`` as the ops take it: None, or ``[left, right]`` with -1 for an unbounded side."""
+    return None if window is None else [-1 if side is None else int(side) for side in window]
+
+
+def _window(argument):
+    """The ops' ``window`` back as ``flash_forward`` takes it."""
+    return None if argument is None else tuple(None if side < 0 else int(side) for side in argument)
+
+
 def _register() -> SimpleNamespace:
     @torch.library.custom_op("numba_attn::flash_forward", mutates_args=(), schema=_FORWARD_SCHEMA)
-    def flash_forward(q, k, v, causal, sm_scale, backend, allow_tf32):
+    def flash_forward(q, k, v, causal, sm_scale, backend, allow_tf32, window=None, softcap=None):
         # detached: the call must not come back here through api.flash_forward's autograd check
         return _api.flash_forward(q.detach(), k.detach(), v.detach(), causal=causal, sm_scale=sm_scale,
-                                  return_lse=True, backend=backend, allow_tf32=allow_tf32)
+                                  return_lse=True, backend=backend, allow_tf32=allow_tf32, window=_window(window),
+                                  softcap=softcap)
 
     @flash_forward.register_fake
-    def _(q, k, v, causal, sm_scale, backend, allow_tf32):
+    def _(q, k, v, causal, sm_scale, backend, allow_tf32, window=None, softcap=None):
         _check_ranks(q, k, v)
         return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
     @torch.library.custom_op("numba_attn::flash_backward", mutates_args=(), schema=_BACKWARD_SCHEMA)
-    def flash_backward(dout, q, k, v, out, lse, causal, sm_scale, deterministic, allow_tf32):
+    def flash_backward(dout, q, k, v, out, lse, causal, sm_scale, deterministic, allow_tf32, window=None,
+                       softcap=None):
         return _api.flash_backward(dout.detach(), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
                                    causal=causal, sm_scale=sm_scale, deterministic=deterministic,
-                                   allow_tf32=allow_tf32)
+                                   allow_tf32=allow_tf32, window=_window(window), softcap=softcap)
 
     @flash_backward.register_fake
-    def _(dout, q, k, v, out, lse, causal, sm_scale, deterministic, allow_tf32):
+    def _(dout, q, k, v, out, lse, causal, sm_scale, deterministic, allow_tf32, window=None, softcap=None):
         _check_ranks(q, k, v)
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
     def setup_context(ctx, inputs, output):
-        q, k, v, causal, sm_scale, _backend, allow_tf32 = inputs
+        q, k, v, causal, sm_scale, _backend, allow_tf32 = inputs[:7]
+        window, softcap = (tuple(inputs[7:]) + (None, None))[:2]
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.sm_scale, ctx.allow_tf32 = causal, sm_scale, allow_tf32
+        ctx.window, ctx.softcap = window, softcap
         ctx.mark_non_differentiable(lse)
 
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = torch.ops.numba_attn.flash_backward(dout, q, k, v, out, lse, ctx.causal, ctx.sm_scale,
                                                           torch.are_deterministic_algorithms_enabled(),
-                                                          ctx.allow_tf32)
+                                                          ctx.allow_tf32, ctx.window, ctx.softcap)
         need = ctx.needs_input_grad
-        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None, None, None)
+        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None, None, None,
+                None, None)
 
     flash_forward.register_autograd(backward, setup_context=setup_context)
+    _register_varlen()
     _register_linear()
-    names = ("flash_forward", "flash_backward", "causal_dot_product", "causal_dot_product_backward",
-             "linear_attention", "linear_attention_backward")
+    names = ("flash_forward", "flash_backward", "flash_forward_varlen", "flash_backward_varlen", "causal_dot_product",
+             "causal_dot_product_backward", "linear_attention", "linear_attention_backward")
     return SimpleNamespace(**{name: getattr(torch.ops.numba_attn, name) for name in names})
+
+
+def _register_varlen() -> None:
+    """``flash_forward_varlen`` / ``flash_backward_varlen`` as ops, and the first's autograd formula."""
+
+    @torch.library.custom_op("numba_attn::flash_forward_varlen", mutates_args=(), schema=_VARLEN_SCHEMA)
+    def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, window, softcap, backend):
+        return _api.flash_forward_varlen(q.detach(), k.detach(), v.detach(), cu_q, cu_k, max_seqlen_q=max_q,
+                                         max_seqlen_k=max_k, causal=causal, sm_scale=sm_scale, window=_window(window),
+                                         softcap=softcap, return_lse=True, backend=backend)
+
+    @forward_varlen.register_fake
+    def _(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, window, softcap, backend):
+        return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+    @torch.library.custom_op("numba_attn::flash_backward_varlen", mutates_args=(), schema=_VARLEN_BACKWARD_SCHEMA)
+    def backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, sm_scale, window, softcap,
+                        deterministic):
+        return _api.flash_backward_varlen(dout.detach(), q.detach(), k.detach(), v.detach(), out.detach(),
+                                          lse.detach(), cu_q, cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                                          causal=causal, sm_scale=sm_scale, window=_window(window), softcap=softcap,
+                                          deterministic=deterministic)
+
+    @backward_varlen.register_fake
+    def _(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, sm_scale, window, softcap, deterministic):
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, window, softcap, _backend = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.options = (max_q, max_k, causal, sm_scale, window, softcap)
+        ctx.mark_non_differentiable(lse)
+
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = torch.ops.numba_attn.flash_backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.options,
+                                                                 torch.are_deterministic_algorithms_enabled())
+        need = ctx.needs_input_grad
+        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + (None,) * 9
+
+    forward_varlen.register_autograd(backward, setup_context=setup_context)
 
 
 def _empty_float32(like):
@@ -225,13 +298,30 @@ def _check_ranks(q, k, v) -> None:
                          f"shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
 
 
-def flash_attention(q, k, v, causal=False, sm_scale=None):
-    """``numba_attn.flash_forward(q, k, v, causal=causal, sm_scale=sm_scale)`` for torch tensors, always through the
-    custom op: differentiable in q, k, v (those that require grad), traceable by ``torch.compile``."""
-    return ops().flash_forward(q, k, v, check_flag(causal, "causal"), check_sm_scale(sm_scale), None, False)[0]
+def flash_attention(q, k, v, causal=False, sm_scale=None, window=None, softcap=None):
+    """``numba_attn.flash_forward(q, k, v, causal=causal, sm_scale=sm_scale, window=window, softcap=softcap)`` for
+    torch tensors, always through the custom op: differentiable in q, k, v (those that require grad), traceable by
+    ``torch.compile``."""
+    return ops().flash_forward(q, k, v, check_flag(causal, "causal"), check_sm_scale(sm_scale), None, False,
+                               window_argument(check_window(window)), check_softcap(softcap))[0]
 
 
-def forward_with_grad(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32):
+def varlen_with_grad(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale, window,
+                     softcap, return_lse, out, backend):
+    """``api.flash_forward_varlen`` (arguments checked there) for torch tensors of which one requires grad: through
+    the custom op while grad mode is on; None when it is off (the caller takes the plain path)."""
+    if not torch.is_grad_enabled():
+        return None
+    if out is not None:
+        raise ValueError("out: cannot be used when q, k or v requires grad; drop out=, or detach the inputs")
+    offsets = [x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x)) for x in (cu_seqlens_q,
+                                                                                              cu_seqlens_k)]
+    result, lse = ops().flash_forward_varlen(q, k, v, *offsets, max_seqlen_q, max_seqlen_k, causal, sm_scale,
+                                             window_argument(window), softcap, backend)
+    return (result, lse) if return_lse else result
+
+
+def forward_with_grad(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window=None, softcap=None):
     """``api.flash_forward`` for torch tensors of which one requires grad: through the custom op while grad mode is
     on, so autograd records it; None when grad mode is off (the caller takes the plain path)."""
     if not torch.is_grad_enabled():
@@ -241,7 +331,8 @@ def forward_with_grad(q, k, v, causal, sm_scale, return_lse, out, backend, allow
                          "differentiated); drop out=, or detach the inputs / use torch.no_grad()")
     causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
     sm_scale, backend = check_sm_scale(sm_scale), check_backend(backend, BACKENDS)
-    result, lse = ops().flash_forward(q, k, v, causal, sm_scale, backend, check_flag(allow_tf32, "allow_tf32"))
+    result, lse = ops().flash_forward(q, k, v, causal, sm_scale, backend, check_flag(allow_tf32, "allow_tf32"),
+                                      window_argument(window), softcap)
     return (result, lse) if return_lse else result
 
 

@@ -19,6 +19,10 @@ window   ``flash_forward`` causal on one 64k sequence (H16 D128, fp16 / bf16) wi
          full causal call: TFLOP/s counted on the visible (in-window) pairs against the dense kernel's causal
          TFLOP/s (target >= 0.9x).
 
+``--diagnose`` adds INFO rows: varlen with host offsets (the schedule sorted by work), 16 packed sequences of the mean
+length against the dense batch, and the dense kernels on the packed / paged layouts' memory order ((B, L, H, D):
+each head's rows H * D elements apart), to tell a layout cost from a kernel's.
+
 Each line: ``OK`` (target met), ``MISS`` (not met), ``INFO`` (no target), ``SKIP`` (a peer or case that did not run,
 with the reason), ``ERROR``. Timings: forward calls by CUDA events (median of ``--reps`` after a warm-up call that
 also compiles); decode calls as replays of a CUDA graph of ``--calls`` calls (``decode_kvcache_bench._time``).
@@ -109,7 +113,11 @@ def part_varlen(args) -> None:
                      f"{ours:6.1f} TFLOP/s ({ours_ms:.2f} ms) vs dense B16 L{mean} {dense:6.1f}: {ratio:.2f}x "
                      f"(>= {TARGETS['varlen_vs_dense']})", tflops=ours, ms=ours_ms, dense_tflops=dense, ratio=ratio,
                      dtype=dtype, head_dim=head_dim, heads=heads, lengths=[int(n) for n in lengths])
+                if args.diagnose:
+                    _varlen_diagnostics(args, q, k, v, cu, lengths, heads, head_dim, tdtype, mean, dense, label)
                 for peer, make in (("flex", _flex_call), ("nested-sdpa", _nested_call)):
+                    if peer not in args.peers:
+                        continue
                     try:
                         fn = make(q, k, v, cu, lengths)
                         peer_ms = median_ms(fn, args.reps)
@@ -126,6 +134,37 @@ def part_varlen(args) -> None:
             except Exception as exc:  # noqa: BLE001
                 emit("ERROR", "varlen", label, f"{type(exc).__name__}: {_first_line(exc)}")
                 traceback.print_exc()
+
+
+def _varlen_diagnostics(args, q, k, v, cu, lengths, heads, head_dim, tdtype, mean, dense, label) -> None:
+    """INFO rows that tell where the varlen kernel loses against the dense one: the same lengths with host offsets
+    (the schedule sorted by work), 16 packed sequences of the mean length (the dense batch's work, packed), and the
+    dense kernel on the packed layout's memory ((B, L, H, D): each head's rows H * D elements apart)."""
+    import numpy as np
+    import torch
+
+    import numba_attn
+    from check_variants import median_ms
+
+    longest = int(lengths.max())
+    flops = causal_flops(heads, head_dim, lengths)
+    ms = median_ms(lambda: numba_attn.flash_forward_varlen(q, k, v, cu, cu, causal=True), args.reps)
+    emit("INFO", "varlen", f"{label} host cu_seqlens", f"{flops / ms / 1e9:6.1f} TFLOP/s ({ms:.2f} ms)",
+         tflops=flops / ms / 1e9, ms=ms, longest=longest)
+    uniform_cu = np.arange(17, dtype=np.int32) * mean
+    uq, uk, uv = (torch.randn(16 * mean, heads, head_dim, device="cuda", dtype=tdtype) for _ in range(3))
+    device_cu = torch.from_numpy(uniform_cu).cuda()
+    ms = median_ms(lambda: numba_attn.flash_forward_varlen(uq, uk, uv, device_cu, device_cu, max_seqlen_q=mean,
+                                                           max_seqlen_k=mean, causal=True), args.reps)
+    packed = causal_flops(heads, head_dim, [mean] * 16) / ms / 1e9
+    emit("INFO", "varlen", f"{label} 16 x L{mean} packed", f"{packed:6.1f} TFLOP/s ({ms:.2f} ms), dense "
+         f"{dense:.1f}: {packed / dense:.2f}x", tflops=packed, ms=ms)
+    views = [x.view(16, mean, heads, head_dim).transpose(1, 2) for x in (uq, uk, uv)]  # (B, H, L, D) views
+    ms = median_ms(lambda: numba_attn.flash_forward(*views, causal=True), args.reps)
+    strided = causal_flops(heads, head_dim, [mean] * 16) / ms / 1e9
+    emit("INFO", "varlen", f"{label} dense on (B,L,H,D) memory", f"{strided:6.1f} TFLOP/s ({ms:.2f} ms), "
+         f"contiguous dense {dense:.1f}: {strided / dense:.2f}x", tflops=strided, ms=ms)
+    del uq, uk, uv, views
 
 
 def _first_line(exc) -> str:
@@ -190,6 +229,12 @@ def part_decode(args) -> None:
                 emit("INFO", "decode", f"{label} dense", f"{dense_gbs:6.0f} GB/s ({dense_us:.1f} us), copy "
                      f"{copy_gbs:.0f} GB/s: {dense_gbs / copy_gbs:.0%}", gbs=dense_gbs, us=dense_us,
                      copy_gbs=copy_gbs, kv_heads=kv_heads, capacity=capacity)
+                if args.diagnose:  # the dense cache in the paged pool's order of axes: (B, L, H, D) memory
+                    ks, vs = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (k, v))
+                    us = _time(lambda: numba_attn.flash_decode(q, ks, vs), args.calls, True)
+                    emit("INFO", "decode", f"{label} dense on (B,L,H,D) memory", f"{nbytes / us / 1e3:6.0f} GB/s "
+                         f"({us:.1f} us): {dense_us / us:.2f}x dense", gbs=nbytes / us / 1e3, us=us)
+                    del ks, vs
                 ragged = torch.from_numpy(rng.integers(capacity // 2, capacity + 1, batch).astype(np.int32)).cuda()
                 real_bytes = 2 * int(ragged.sum()) * kv_heads * head_dim * 2
                 paged64 = None
@@ -314,7 +359,11 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=20, help="decode calls per CUDA graph")
     parser.add_argument("--out", help="write every row as JSON to this path")
     parser.add_argument("--dry-run", action="store_true", help="list the cases and exit (no GPU needed)")
+    parser.add_argument("--peers", default="flex,nested-sdpa", help="varlen peers to time [flex,nested-sdpa]")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="also INFO rows that isolate the memory layout and the schedule (varlen, decode)")
     args = parser.parse_args(argv)
+    args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     parts = PARTS if args.part == "all" else (args.part,)
     if args.dry_run:
         dry_run(parts)

@@ -94,6 +94,37 @@ def test_explicit_flash_attention_function():
         assert rel_error(g, ref) < TOLERANCE["float32"]
 
 
+@pytest.mark.parametrize("options", [dict(causal=True, window=(3, None)), dict(window=(2, 1), softcap=2.0)])
+def test_window_and_softcap_are_differentiable(options):
+    (q, k, v), dout = _inputs(8, 2, 1, 11, 9, 8, "float32")
+    out = numba_attn.flash_forward(q, k, v, **options)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    refs = reference.attention_backward(_numpy(dout), _numpy(q), _numpy(k), _numpy(v), **options)
+    for g, ref in zip(grads, refs):
+        assert rel_error(g, ref) < TOLERANCE["float32"]
+    with torch.no_grad():  # and without autograd, the plain path
+        assert rel_error(numba_attn.flash_forward(q, k, v, **options), reference.attention(
+            _numpy(q), _numpy(k), _numpy(v), **options)) < TOLERANCE["float32"]
+
+
+def test_flash_forward_varlen_is_differentiable():
+    g = torch.Generator().manual_seed(9)
+    lengths_q, lengths_k = [3, 0, 9], [5, 4, 6]
+    cu_q, cu_k = (np.r_[0, np.cumsum(lengths)].astype(np.int32) for lengths in (lengths_q, lengths_k))
+    q = torch.randn(12, 2, 8, generator=g).requires_grad_()
+    k, v = (torch.randn(15, 1, 8, generator=g).requires_grad_() for _ in "kv")
+    dout = torch.randn(12, 2, 8, generator=g)
+    options = dict(causal=True, window=(4, None), softcap=3.0)
+    out, lse = numba_attn.flash_forward_varlen(q, k, v, cu_q, torch.from_numpy(cu_k), return_lse=True, **options)
+    assert out.grad_fn is not None and not lse.requires_grad
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    refs = reference.attention_varlen_backward(_numpy(dout), _numpy(q), _numpy(k), _numpy(v), cu_q, cu_k, **options)
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, refs):
+        assert rel_error(got, ref) < TOLERANCE["float32"], name
+    with pytest.raises(ValueError, match="^out"):
+        numba_attn.flash_forward_varlen(q, k, v, cu_q, cu_k, out=torch.empty(12, 2, 8))
+
+
 # -- the custom ops ----------------------------------------------------------------------------------------------------
 def test_opcheck_forward_and_backward():
     from numba_attn.torch_ops import ops
@@ -105,6 +136,7 @@ def test_opcheck_forward_and_backward():
     assert lse.dtype == torch.float32 and lse.shape == (1, 2, 6)
     torch.library.opcheck(ops().flash_backward, (dout, q.detach(), k.detach(), v.detach(), out, lse, True, None,
                                                  False, False))
+    torch.library.opcheck(ops().flash_forward, (q, k, v, True, None, None, False, [2, -1], 3.0))
 
 
 @pytest.mark.parametrize("deterministic", [False, True])

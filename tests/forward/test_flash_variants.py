@@ -98,19 +98,6 @@ def test_bad_softcaps_raise(softcap, error):
         numba_attn.flash_forward(q, k, v, softcap=softcap)
 
 
-def test_window_and_softcap_are_refused_under_autograd():
-    torch = pytest.importorskip("torch")
-    q = torch.zeros((1, 1, 4, 8), requires_grad=True)
-    k, v = torch.zeros((1, 1, 4, 8)), torch.zeros((1, 1, 4, 8))
-    for name, options in (("window", dict(window=(1, 0))), ("softcap", dict(softcap=5.0))):
-        with pytest.raises(ValueError, match=f"^{name}: flash_backward takes no {name} yet"):
-            numba_attn.flash_forward(q, k, v, **options)
-        with torch.no_grad():
-            numba_attn.flash_forward(q, k, v, **options)
-    with pytest.raises(ValueError, match="^q, k, v: flash_forward_varlen is not hooked into autograd"):
-        numba_attn.flash_forward_varlen(q[0, 0, :, None], k[0, 0, :, None], v[0, 0, :, None], [0, 4], [0, 4])
-
-
 # ---- realistic sizes on a GPU -----------------------------------------------------------------------------------------
 GPU_KERNELS = ["simt16", "simt", "mma", "mma_bf16", "tf32", "wgmma", "wgmma_bf16"]
 

@@ -385,7 +385,7 @@ def _run_attention(call, shape, causal, sm_scale, return_lse, out, num_splits, d
     if decode:
         _decode.check_dtype(call.dtype)
     else:
-        backend = _forward.backend_for(call, shape, backend, allow_tf32)
+        backend = _forward.backend_for(call, shape, backend, allow_tf32, causal)
     if shape.seqlen_q > 0 and shape.batch * shape.heads > 0:
         args = AttentionArgs(
             lift(call.inputs["q"], 4), lift(call.inputs["k"], 4), lift(call.inputs["v"], 4), lift(out.view, 4),

@@ -224,7 +224,9 @@ def test_default_dispatch_by_head_dim(monkeypatch):
         monkeypatch.setattr(module, "launch", lambda *a, _real=real, _name=name, **kw: (calls.append(_name),
                                                                                         _real(*a, **kw))[1])
     for head_dim in (64, 128, 120):
-        q = torch.randn(1, 2, 300, head_dim, device="cuda", dtype=torch.float16)
-        numba_attn.flash_forward(q, q, q, causal=True)
-        ws = wgmma_ws.padded_head_dim(head_dim) in dispatch.WS_DEFAULT_HEAD_DIMS
-        assert calls[-1] == ("wgmma_ws" if ws else "wgmma"), (head_dim, calls)
+        for seqlen in (300, 2 * dispatch.WS_MIN_KEYS):  # causal: rows see seqlen / 2 keys on average
+            q = torch.randn(1, 2, seqlen, head_dim, device="cuda", dtype=torch.float16)
+            numba_attn.flash_forward(q, q, q, causal=True)
+            ws = (wgmma_ws.padded_head_dim(head_dim) in dispatch.WS_DEFAULT_HEAD_DIMS
+                  and seqlen // 2 >= dispatch.WS_MIN_KEYS)
+            assert calls[-1] == ("wgmma_ws" if ws else "wgmma"), (head_dim, seqlen, calls)

@@ -59,8 +59,36 @@ MIN_COMPUTE_CAPABILITY = (8, 0)
 VECTOR_RED_CAPABILITY = (9, 0)
 
 
+class KeyQueryTiles:
+    """What the tensor-core backwards' configurations (``MmaBackwardConfig``, ``tf32.Tf32BackwardConfig``) derive
+    alike from their fields ``warps``, ``key_tiles``, ``block_m``, ``dq_row_tiles``, ``min_warps``, ``dq_warps`` and
+    ``dq_m_tiles``: a mixin of those frozen dataclasses."""
+
+    def check_dq_row_tiles(self) -> None:
+        m_tiles = self.block_m // 16
+        if m_tiles % self.dq_row_tiles or self.warps % (m_tiles // self.dq_row_tiles):
+            raise ValueError(f"{type(self).__name__}: dq_row_tiles ({self.dq_row_tiles}) must divide block_m / 16 "
+                             f"({m_tiles}) into groups whose count divides warps ({self.warps})")
+
+    @property
+    def block_n(self) -> int:
+        """Keys per block of the key-block kernel."""
+        return 16 * self.key_tiles * self.warps
+
+    @property
+    def dq_block_m(self) -> int:
+        """Query rows per block of the query-block kernel."""
+        return 16 * self.dq_m_tiles * self.dq_warps
+
+    def key_launch_bounds(self) -> tuple:
+        return 32 * self.warps, max(1, self.min_warps // self.warps)
+
+    def query_launch_bounds(self) -> tuple:
+        return 32 * self.dq_warps, max(1, self.min_warps // self.dq_warps)
+
+
 @dataclass(frozen=True)
-class MmaBackwardConfig:
+class MmaBackwardConfig(KeyQueryTiles):
     """Tiles of both kernels, validated where made (whether they fit a device's shared memory at a head dim is the
     launch's question: ``shared_bytes``, ``common.check_shared_memory``)."""
 
@@ -84,26 +112,7 @@ class MmaBackwardConfig:
                             dq_row_tiles=(1, 16, 1), stages=(2, 4, 1), min_warps=(1, None, 1),
                             max_single_pass_dim=(16, common.MAX_HEAD_DIM, 16), dq_warps=(1, 32, 1),
                             dq_m_tiles=(1, 8, 1), dq_block_n=(16, 256, 16), dq_stages=(2, 4, 1))
-        m_tiles = self.block_m // 16
-        if m_tiles % self.dq_row_tiles or self.warps % (m_tiles // self.dq_row_tiles):
-            raise ValueError(f"MmaBackwardConfig: dq_row_tiles ({self.dq_row_tiles}) must divide block_m / 16 "
-                             f"({m_tiles}) into groups whose count divides warps ({self.warps})")
-
-    @property
-    def block_n(self) -> int:
-        """Keys per block of the key-block kernel."""
-        return 16 * self.key_tiles * self.warps
-
-    @property
-    def dq_block_m(self) -> int:
-        """Query rows per block of the query-block kernel."""
-        return 16 * self.dq_m_tiles * self.dq_warps
-
-    def key_launch_bounds(self) -> tuple:
-        return 32 * self.warps, max(1, self.min_warps // self.warps)
-
-    def query_launch_bounds(self) -> tuple:
-        return 32 * self.dq_warps, max(1, self.min_warps // self.dq_warps)
+        self.check_dq_row_tiles()
 
     def key_shared_bytes(self, d_pad: int, atomic_dq: bool) -> int:
         """K, V; ``stages`` x (Q, dO, stats); ``dS^T`` when ``dQ`` is added by atomics."""

@@ -54,6 +54,7 @@ from ..forward import common
 from ..runtime.device import SIMULATOR, kernel_jit, max_shared_per_block
 from ..runtime.launch import launch as device_launch
 from . import tf32_kernels as _kernels
+from .mma import KeyQueryTiles
 
 DTYPES = ("float32",)
 #: mma.sync.m16n8k8 with tf32 operands and cp.async need sm_80; red.add.v2.f32 needs sm_90
@@ -62,7 +63,7 @@ VECTOR_RED_CAPABILITY = (9, 0)
 
 
 @dataclass(frozen=True)
-class Tf32BackwardConfig:
+class Tf32BackwardConfig(KeyQueryTiles):
     """Tiles of both kernels, validated where made (whether they fit a device's shared memory at a head dim is the
     launch's question: ``shared_bytes``, ``common.check_shared_memory``)."""
 
@@ -84,26 +85,7 @@ class Tf32BackwardConfig:
                             dq_row_tiles=(1, 16, 1), stages=(2, 4, 1), min_warps=(1, None, 1),
                             max_single_pass_dim=(16, common.MAX_HEAD_DIM, 16), dq_warps=(1, 32, 1),
                             dq_m_tiles=(1, 8, 1), dq_block_n=(8, 256, 8), dq_stages=(2, 4, 1))
-        m_tiles = self.block_m // 16
-        if m_tiles % self.dq_row_tiles or self.warps % (m_tiles // self.dq_row_tiles):
-            raise ValueError(f"Tf32BackwardConfig: dq_row_tiles ({self.dq_row_tiles}) must divide block_m / 16 "
-                             f"({m_tiles}) into groups whose count divides warps ({self.warps})")
-
-    @property
-    def block_n(self) -> int:
-        """Keys per block of the key-block kernel."""
-        return 16 * self.key_tiles * self.warps
-
-    @property
-    def dq_block_m(self) -> int:
-        """Query rows per block of the query-block kernel."""
-        return 16 * self.dq_m_tiles * self.dq_warps
-
-    def key_launch_bounds(self) -> tuple:
-        return 32 * self.warps, max(1, self.min_warps // self.warps)
-
-    def query_launch_bounds(self) -> tuple:
-        return 32 * self.dq_warps, max(1, self.min_warps // self.dq_warps)
+        self.check_dq_row_tiles()
 
     def key_shared_bytes(self, d_pad: int, want_dk: bool, atomic_dq: bool) -> int:
         """K (, V); ``stages`` x (Q, dO, stats); ``dS^T`` when ``dQ`` is added by atomics (``tf32_kernels``)."""

@@ -99,16 +99,16 @@ def refuse(reason: str) -> None:
         recorder.refused = reason
 
 
-_fast_layout = None
+_arrays = None
 
 
-def _import_fast_layout():
-    """``arrays.fast_layout``, imported on first use (``arrays`` imports this module)."""
-    global _fast_layout
-    from .arrays import fast_layout
+def _import_arrays():
+    """The ``arrays`` module, imported on first use (it imports this one)."""
+    global _arrays
+    from . import arrays
 
-    _fast_layout = fast_layout
-    return fast_layout
+    _arrays = arrays
+    return arrays
 
 
 # -- keys, recording, plans -------------------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ def find(name: str, arrays: tuple, options: tuple):
     layouts (``arrays.fast_layout``)."""
     if not ENABLED:
         return None, None, None
-    fast_layout = _fast_layout or _import_fast_layout()
+    fast_layout = (_arrays or _import_arrays()).fast_layout
     layouts = []
     key = [name]
     for x in arrays:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -143,8 +144,41 @@ def ws_cases():
                                                                                            False)]
 
 
+def linear_backward_call_cases():
+    """The kernels one ``linear_attention_backward`` call of float16 B4 H8 N4096 E = M = 64 compiles with its defaults
+    (non-causal, chunked, 3xTF32 products): the layer's small kernels and the shared-state passes of every operand
+    shape, with the argument types the launches pass (contiguous scratch and inputs: layout "C")."""
+    from numba import types
+
+    from numba_attn.linear import layer_backward as lb
+    from numba_attn.linear import shared_state
+    from numba_attn.linear.chunk_plan import APPLY, STATES
+
+    f32, u16 = (types.Array(t, 4, "C") for t in (types.float32, types.uint16))
+    cfg = lb.GPU_CONFIG
+    bounds = (cfg.threads, lb.ROW_KERNEL_BLOCKS)
+    cases = [("prepare", lb.prepare_kernel("float16", cfg.threads, cfg.row_threads),
+              (u16, u16, u16, f32, f32, f32, f32), bounds),
+             ("rows", lb.rows_kernel("float16", cfg.row_threads, cfg.rows_per_block),
+              (f32, f32, u16, types.float32), (cfg.row_threads * cfg.rows_per_block,)),
+             ("finish", lb.finish_kernel("float16", cfg.threads, cfg.row_threads),
+              (f32, f32, u16, u16, f32, f32, u16, u16, f32, u16), bounds)]
+    config = shared_state.GPU_CONFIG
+    prefix = shared_state.prefix_kernel(config.prefix_threads)
+    cases.append(("prefix", prefix, (types.Array(types.float32, 3, "C"), types.int64, types.Array(types.float32, 4, "A"),
+                                     types.boolean, types.int64, types.int64, types.boolean, types.boolean),
+                  (config.prefix_threads, 1)))
+    for e, m in getattr(lb, "NONCAUSAL_PRODUCT_SHAPES", ((64, 64), (64, 4), (4, 64))):
+        tiles = shared_state.tiles_for(config, e, m, False, 227 * 1024)
+        for mode, label in ((STATES, "states"), (APPLY, "apply")):
+            kernel = shared_state.chunk_kernel(tiles, mode, "float32", True, False, True)
+            cases.append((f"shared_state_{label}_e{e}_m{m}", kernel, shared_state.signature("float32").args,
+                          (32 * tiles.warps, tiles.min_blocks)))
+    return cases
+
+
 FAMILIES = {"backward": backward_cases, "backward_variants": backward_variant_cases, "tma": tma_cases,
-            "ws": ws_cases}
+            "ws": ws_cases, "linear_backward_call": linear_backward_call_cases}
 
 
 def main() -> int:
@@ -163,10 +197,12 @@ def main() -> int:
         return 1
     _fake_sm90()
     failed = 0
+    started, cpu, compiled = time.perf_counter(), time.process_time(), 0
     for family in args.families:
         cases = FAMILIES[family]()
         for name, kernel, argtypes, bounds in cases[:args.first or None]:
             try:
+                t0 = time.perf_counter()
                 ptx, _ = cuda.compile_ptx(getattr(kernel, "py_func", kernel), argtypes, cc=(9, 0),
                                           launch_bounds=bounds)
             except Exception as error:  # noqa: BLE001 - reported per kernel
@@ -174,17 +210,20 @@ def main() -> int:
                 first = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()
                 print(f"FAIL {family}/{name}: " + " | ".join(line.strip() for line in first[:6]), flush=True)
                 continue
+            seconds = time.perf_counter() - t0
+            compiled += 1
             count = sum(1 for line in ptx.splitlines() if line.strip().endswith(";"))
             extra = ""
             if args.ptxas:
                 extra = " | " + _ptxas(ptx)
                 failed += "FAILED" in extra or "C7508" in extra or "C7513" in extra
-            print(f"OK   {family}/{name}: {count} instructions{extra}", flush=True)
+            print(f"OK   {family}/{name}: {count} instructions, {seconds:.2f} s{extra}", flush=True)
             if args.out:
                 os.makedirs(args.out, exist_ok=True)
                 with open(os.path.join(args.out, f"{family}_{name}.ptx"), "w") as handle:
                     handle.write(ptx)
-    print(f"{failed} failed")
+    print(f"{failed} failed; {compiled} kernels compiled to PTX in {time.perf_counter() - started:.1f} s "
+          f"({time.process_time() - cpu:.1f} s of CPU; compile_ptx only, ptxas excluded)")
     return 1 if failed else 0
 
 

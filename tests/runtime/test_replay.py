@@ -341,3 +341,47 @@ def test_replayed_backward_matches_reference(dtype, causal):
                 assert error < tolerance, (call, error)
     finally:
         replay.Plan.run = original
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_replayed_varlen_calls_follow_device_offsets(dtype):
+    """Packed sequences with device ``cu_seqlens``: the calls after the first replay, each with its own lengths (same
+    total and batch: one key), forward and backward against ``reference``; host offsets take the checked path."""
+    torch = pytest.importorskip("torch")
+    import numba_attn
+    import reference
+
+    replay.clear()
+    rng = np.random.default_rng(5)
+    tolerance = {"float16": 3e-3, "bfloat16": 2e-2}[dtype]
+    tdtype = getattr(torch, dtype)
+    lengths = [[100, 300, 200], [1, 598, 1], [250, 0, 350], [600, 0, 0]]
+    used = []
+    original = replay.Plan.run
+    try:
+        replay.Plan.run = lambda self, layouts: used.append(1) or original(self, layouts)
+        for call, lens in enumerate(lengths):
+            _poison_free_blocks(torch)
+            cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+            t = [torch.tensor(rng.standard_normal((600, 4, 64)).astype(np.float32), device="cuda", dtype=tdtype)
+                 for _ in range(4)]
+            q, k, v, dout = t
+            x = [a.cpu().double().numpy() for a in t]
+            cu_t = torch.tensor(cu, device="cuda")
+            out, lse = numba_attn.flash_forward_varlen(q, k, v, cu_t, cu_t, max_seqlen_q=600, max_seqlen_k=600,
+                                                       causal=True, return_lse=True)
+            grads = numba_attn.flash_backward_varlen(dout, q, k, v, out, lse, cu_t, cu_t, max_seqlen_q=600,
+                                                     max_seqlen_k=600, causal=True)
+            assert len(used) == 2 * call, (call, len(used))  # forward and backward replayed after the first
+            expected = reference.attention_varlen(*x[:3], cu, cu, causal=True)
+            assert _rel(out.float().cpu().numpy(), expected) < tolerance, call
+            expected_grads = reference.attention_varlen_backward(x[3], *x[:3], cu, cu, causal=True)
+            for g, e in zip(grads, expected_grads):
+                assert _rel(g.float().cpu().numpy(), e) < tolerance, call
+        before = len(used)
+        numba_attn.flash_forward_varlen(q, k, v, cu, cu, causal=True)  # host offsets: checked, no plan
+        numba_attn.flash_forward_varlen(q, k, v, cu, cu, causal=True)
+        assert len(used) == before
+    finally:
+        replay.Plan.run = original

@@ -375,9 +375,9 @@ def tensor_maps(q, k, v, config: WsConfig, stream):
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream,
            config: WsConfig | None = None, dtype: str | None = None, window=None,
-           softcap: float | None = None, schedule=None):
+           softcap: float | None = None, schedule=None, heads_inner: bool = False):
     """Launch on device views of shape (batch, heads, seqlen, headdim) that ``supports`` accepts (as
-    ``wgmma.launch``). Dense batches: where a tensor map cannot be had now, and for calls without keys,
+    ``wgmma.launch``, ``heads_inner`` included). Dense batches: where a tensor map cannot be had now, and for calls without keys,
     ``wgmma.launch`` runs the call with its default tiles. ``schedule``: the int32 schedule of packed sequences made
     for ``config.block_m`` (``forward.varlen``, which checks ``tensor_maps`` first: no fallback here, whose blocks
     would not match the schedule's), the ``block_info.PACKED`` grid; not with ``persistent``."""
@@ -412,7 +412,7 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     packed = schedule is not None
     kernel = flash_ws_kernel(config, d_pad, dtype == "bfloat16", scale_first,
                              Variant.of(bool(causal), window, softcap, packed))
-    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m, schedule)
+    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m, schedule, heads_inner)
     if config.persistent:  # one block per SM (or per query block, when there are fewer)
         shape = (min(shape[0] * shape[1] * shape[2], multiprocessor_count()), 1, 1)
     extra = (schedule,) if packed else ()

@@ -57,6 +57,10 @@ PLAN_THREADS = 32 if SIMULATOR else 256
 #: "heads-outer", the ``block_info.PACKED`` grid (the blocks resident at once: many entries of one head, sharing its
 #: K / V), or "heads-inner", flattened (every head of a few entries: the packed rows of all heads side by side)
 ORDERS = ("heads-outer", "heads-inner")
+#: padded head dims at which packed sequences take the warp-specialised kernel by default (rows seeing at least
+#: ``dispatch.WS_MIN_KEYS`` keys on average): dense calls take it at 128 only, but on packed sequences it also beat
+#: ``wgmma`` at 64 (H100, 2026-11-26 03:31, 16 sequences of 512..16k causal, D64 H32: 263 against 208 TFLOP/s)
+WS_HEAD_DIMS = frozenset({64, 128})
 
 
 # -- checks ------------------------------------------------------------------------------------------------------------
@@ -273,10 +277,12 @@ def mean_keys(offsets, total_k: int, batch: int, causal: bool) -> float:
 
 def choose(backend, call, views, head_dim: int, offsets, batch: int, causal: bool) -> str:
     """The kernel of a packed call: ``dispatch.choose_backend`` as for a dense call of as many keys per row on
-    average (``mean_keys``; so ``"wgmma_ws"`` where the dense call takes it), but ``"wgmma"`` in its place when no
-    tensor map can be had now (``wgmma_ws.tensor_maps``: the schedule is made for the kernel that runs)."""
+    average (``mean_keys``), with ``"wgmma_ws"`` at the padded head dims of ``WS_HEAD_DIMS``; ``"wgmma"`` in its
+    place when no tensor map can be had now (``wgmma_ws.tensor_maps``: the schedule is made for the kernel that
+    runs)."""
     wgmma_ok = _dispatch.wgmma_applies(call.dtype, head_dim, *views)
-    ws_ok = (backend is None and wgmma_ok and _dispatch.ws_applies(call.dtype, head_dim, *views)
+    ws_ok = (backend is None and wgmma_ok and _wgmma_ws.padded_head_dim(head_dim) in WS_HEAD_DIMS
+             and _wgmma_ws.supports(call.dtype, head_dim, *views)
              and mean_keys(offsets, int(views[1].shape[2]), batch, causal) >= _dispatch.WS_MIN_KEYS)
     chosen = _dispatch.choose_backend(backend, call.dtype, False, wgmma_ok, ws_ok)
     if chosen == "wgmma_ws" and _wgmma_ws.supports(call.dtype, head_dim, *views) \

@@ -285,8 +285,8 @@ def test_gpu_varlen_warp_specialised(dtype, head_dim, device_offsets, lengths_q,
 
 @pytest.mark.gpu
 def test_gpu_varlen_default_dispatch(monkeypatch):
-    """backend=None takes the warp-specialised kernel where the dense call at as many keys per row would (padded
-    head dim 128, rows seeing >= WS_MIN_KEYS keys on average), else wgmma (at head dim 64 with the launch bounds of
+    """backend=None takes the warp-specialised kernel at the padded head dims of ``varlen.WS_HEAD_DIMS`` for rows
+    seeing >= WS_MIN_KEYS keys on average, else wgmma (at head dim 64 with the launch bounds of
     ``varlen.PACKED_WGMMA_CONFIG``); the results agree with the mma kernel's."""
     torch = pytest.importorskip("torch")
     from numba_attn.forward import dispatch, wgmma, wgmma_ws
@@ -302,7 +302,8 @@ def test_gpu_varlen_default_dispatch(monkeypatch):
     long = [4 * dispatch.WS_MIN_KEYS, 2 * dispatch.WS_MIN_KEYS, 100]
     short = [300, 200, 100]
     for head_dim, lengths, device_offsets, expected in ((128, long, False, "wgmma_ws"), (128, long, True, "wgmma_ws"),
-                                                        (128, short, False, "wgmma"), (64, long, False, "wgmma")):
+                                                        (128, short, False, "wgmma"), (64, long, False, "wgmma_ws"),
+                                                        (64, short, True, "wgmma"), (96, long, False, "wgmma")):
         q, k, v, cu_q, cu_k = _packed(head_dim, lengths, lengths, 4, 2, head_dim, "float32")
         tq, tk, tv = (torch.from_numpy(x).to("cuda", torch.float16) for x in (q, k, v))
         offsets = (torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda()) if device_offsets else (cu_q, cu_k)

@@ -12,7 +12,8 @@ warp-specialised one (``wgmma_ws``, taken where a dense call would take it: ``ch
 the packed arrays, so a block's last tiles run into the next sequence's rows and keys (zeros past the arrays' end):
 the masks hide those keys (probability 0 against finite values of V) and the stores stop at the sequence's end.
 
-The schedule is made where ``cu_seqlens`` are:
+The schedule ends with one more word, the chunk of the flattened grid (``block_chunk``, ``block_info.PACKED``; 0
+for the other grid). It is made where ``cu_seqlens`` are:
 
 * host arrays (NumPy, lists, torch CPU tensors) are checked here (1-d, start at 0, non-decreasing, end at the token
   counts, one length) and the schedule is built with NumPy, its blocks ordered by decreasing work (keys visited), then
@@ -53,10 +54,11 @@ from . import wgmma_ws as _wgmma_ws
 
 #: threads of the planning kernel (a block-wide scan over the sequences, then one entry per thread at a time)
 PLAN_THREADS = 32 if SIMULATOR else 256
-#: the order of a packed launch's blocks on the Hopper kernels (``NUMBA_ATTN_VARLEN_ORDER``, read per call):
-#: "heads-outer", the ``block_info.PACKED`` grid (the blocks resident at once: many entries of one head, sharing its
-#: K / V), or "heads-inner", flattened (every head of a few entries: the packed rows of all heads side by side)
-ORDERS = ("heads-outer", "heads-inner")
+#: the order of a packed launch's blocks on the Hopper kernels (``NUMBA_ATTN_VARLEN_CHUNK``, read per call): 0, the
+#: ``block_info.PACKED`` grid (the blocks resident at once: many entries of one head, sharing its K / V), or a chunk
+#: of ``n >= 1`` entries, the flattened grid (each chunk's blocks head after head: 1 puts every head of an entry side
+#: by side, one sequence's blocks is the dense grid's order)
+DEFAULT_CHUNK = 0
 #: padded head dims at which packed sequences take the warp-specialised kernel by default (rows seeing at least
 #: ``dispatch.WS_MIN_KEYS`` keys on average): dense calls take it at 128 only, but on packed sequences it also beat
 #: ``wgmma`` at 64 (H100, 2026-11-26 03:31, 16 sequences of 512..16k causal, D64 H32: 263 against 208 TFLOP/s)
@@ -113,10 +115,12 @@ def check_max_seqlen(value, name: str):
 
 
 # -- the schedule ------------------------------------------------------------------------------------------------------
-def host_schedule(cu_q: np.ndarray, cu_k: np.ndarray, block_m: int, causal: bool, window) -> np.ndarray:
+def host_schedule(cu_q: np.ndarray, cu_k: np.ndarray, block_m: int, causal: bool, window,
+                  chunk: int = 0) -> np.ndarray:
     """The schedule of checked host offsets: ``SCHEDULE_WORDS`` int32 per query block of every sequence (first row,
     the sequence's end row, first key, end key), the blocks that visit the most keys first (under a causal mask or a
-    window the last blocks of the longest sequences), so that the longest blocks do not start last."""
+    window the last blocks of the longest sequences), so that the longest blocks do not start last; then ``chunk``
+    (``block_info.PACKED``'s flattened grid)."""
     lengths = np.diff(cu_q)
     blocks = -(-lengths // block_m)
     seq = np.repeat(np.arange(lengths.size), blocks)
@@ -132,7 +136,8 @@ def host_schedule(cu_q: np.ndarray, cu_k: np.ndarray, block_m: int, causal: bool
     begin = key_start if left is None else np.clip(m0 + diag - left, key_start, key_end)
     end = key_end if right is None else np.clip(last_row + diag + right, key_start, key_end)
     order = np.argsort(-(end - begin), kind="stable")
-    return np.stack([m0, row_end, key_start, key_end], axis=1)[order].astype(np.int32).reshape(-1)
+    entries = np.stack([m0, row_end, key_start, key_end], axis=1)[order].astype(np.int32).reshape(-1)
+    return np.append(entries, np.int32(chunk))
 
 
 def device_entries(total_q: int, batch: int, block_m: int, max_seqlen_q: int | None) -> int:
@@ -145,11 +150,12 @@ def device_entries(total_q: int, batch: int, block_m: int, max_seqlen_q: int | N
 
 
 def plan_kernel(block_m: int):
-    """``plan(cu_q, cu_k, schedule, batch, entries)``: the schedule of device offsets, in one block of
+    """``plan(cu_q, cu_k, schedule, batch, entries, chunk)``: the schedule of device offsets, in one block of
     ``PLAN_THREADS`` threads: each round scans the block counts of ``PLAN_THREADS`` sequences (Hillis-Steele in
     shared memory) into their first entries, kept past the entries (``schedule[SCHEDULE_WORDS * entries + b]``, b <=
     batch); then each entry finds its sequence by bisection over them, a sequence's blocks in reverse order (its
-    last block first). Entries past the real ones get an empty sequence."""
+    last block first). Entries past the real ones get an empty sequence. Last, ``chunk`` goes to the word after the
+    entries (over the first sequence's first entry, 0, once every thread is done with it)."""
     return _plan_kernel(block_m, PLAN_THREADS)
 
 
@@ -159,7 +165,7 @@ def _plan_kernel(block_m: int, threads: int):
     WORDS = SCHEDULE_WORDS
 
     @kernel_jit()
-    def plan(cu_q, cu_k, schedule, batch, entries):
+    def plan(cu_q, cu_k, schedule, batch, entries, chunk):
         tid = cuda.threadIdx.x
         counts = cuda.shared.array(NT, int32)
         starts = WORDS * entries  # where the first entry of each sequence is kept
@@ -207,6 +213,9 @@ def _plan_kernel(block_m: int, threads: int):
                 schedule[at + 1] = 0
                 schedule[at + 2] = 0
                 schedule[at + 3] = 0
+        cuda.syncthreads()
+        if tid == 0:
+            schedule[starts] = chunk
 
     return plan
 
@@ -214,16 +223,16 @@ def _plan_kernel(block_m: int, threads: int):
 _PLANS: dict = {}
 
 
-def device_schedule(call, cu_q, cu_k, batch: int, entries: int, block_m: int):
-    """The schedule of device offsets, made on the call's stream: ``entries`` entries and the ``batch + 1`` first
-    entries of the sequences after them (scratch of the planning kernel)."""
+def device_schedule(call, cu_q, cu_k, batch: int, entries: int, block_m: int, chunk: int = 0):
+    """The schedule of device offsets, made on the call's stream: ``entries`` entries and ``chunk`` (in a buffer
+    that holds the ``batch + 1`` first entries of the sequences after the entries: the planning kernel's scratch)."""
     buffer = call.scratch((SCHEDULE_WORDS * entries + batch + 1,), "int32")
     plan = _PLANS.get(block_m)
     if plan is None:
         plan = _PLANS[block_m] = plan_kernel(block_m)
     device_launch(plan, (1,), (PLAN_THREADS,), call.stream, 0, cu_q, cu_k, buffer, np.int32(batch),
-                  np.int32(entries))
-    return restride(buffer, (SCHEDULE_WORDS * entries,), tuple(buffer.strides))  # the entries (no copy)
+                  np.int32(entries), np.int32(chunk))
+    return restride(buffer, (SCHEDULE_WORDS * entries + 1,), tuple(buffer.strides))  # the entries, chunk (no copy)
 
 
 # -- one call ----------------------------------------------------------------------------------------------------------
@@ -259,7 +268,8 @@ PACKED_MMA_CONFIG = _mma.MmaConfig(warps=8, m_tiles=1)
 #: the warpgroup kernel's tiles for packed sequences up to padded head dim 64, without a window or a cap: launch
 #: bounds of 4 blocks per SM. The dense kernel there needs 126 registers, so 4 blocks fit an SM; the packed one
 #: (run-time bounds from the schedule) took 144-150 under the default bound of 2, which left room for 3 only; bound
-#: to 128 it spills nothing (ptxas, sm_90a; with a window or a cap it spilled 8-28 bytes: those keep the default)
+#: to 128 ptxas (sm_90a) spills 16 bytes (0 in an earlier build of the same code path; with a window or a cap 8-28
+#: bytes, on the flattened grid 52-60: those keep the default). Not yet timed against the default.
 PACKED_WGMMA_CONFIG = _wgmma.WgmmaConfig(block_n=64, blocks_per_sm=4)
 
 
@@ -334,21 +344,23 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal:
         result = call.output((total_q, heads, head_dim), out=out)
         lse = call.output((heads, total_q), "float32", name="lse") if return_lse else None
         if total_q > 0 and heads > 0:
-            plain = _common.Variant.of(causal, window, softcap) == _common.PLAIN  # (the kernel's window and cap)
+            chunk = block_chunk() if chosen in ("wgmma", "wgmma_ws") else 0
+            # (the bound of PACKED_WGMMA_CONFIG: measured for the kernel without a window, a cap or a flat grid)
+            plain = _common.Variant.of(causal, window, softcap) == _common.PLAIN and not chunk
             config = kernel_config(chosen, call.dtype, head_dim, plain)
             block_m = config.block_m
             if offsets is not None:
-                schedule = call.upload(host_schedule(*offsets, block_m, causal, window))
+                schedule = call.upload(host_schedule(*offsets, block_m, causal, window, chunk))
             else:
                 entries = device_entries(total_q, batch, block_m, max_seqlen_q)
                 schedule = device_schedule(call, call.inputs["cu_seqlens_q"], call.inputs["cu_seqlens_k"], batch,
-                                           entries, block_m) if entries else None
-            if schedule is not None and schedule.shape[0]:
+                                           entries, block_m, chunk) if entries else None
+            if schedule is not None and schedule.shape[0] >= SCHEDULE_WORDS:
                 lse_view = restride(lse.view, (1, heads, total_q), (0,) + tuple(lse.view.strides)) if return_lse \
                     else lse_placeholder(call)
                 args = AttentionArgs(q4, k4, v4, batched(result.view, (total_q, heads, head_dim)), lse_view,
                                      return_lse, sm_scale, causal, window, softcap)
-                _launch(chosen, call, args, config, schedule)
+                _launch(chosen, call, args, config, schedule, chunk > 0)
         if return_lse:
             return call.result(result), call.result(lse)
         return call.result(result)
@@ -378,24 +390,30 @@ def check_offsets(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_se
     return cu_q, cu_k
 
 
-def block_order() -> str:
-    """``NUMBA_ATTN_VARLEN_ORDER`` (default "heads-outer"), one of ``ORDERS``; ValueError naming it otherwise."""
-    order = os.environ.get("NUMBA_ATTN_VARLEN_ORDER", ORDERS[0])
-    if order not in ORDERS:
-        raise ValueError(f"NUMBA_ATTN_VARLEN_ORDER: expected one of {', '.join(ORDERS)}, got {order!r}")
-    return order
+def block_chunk() -> int:
+    """``NUMBA_ATTN_VARLEN_CHUNK`` (default ``DEFAULT_CHUNK``): an integer >= 0; ValueError naming it otherwise."""
+    text = os.environ.get("NUMBA_ATTN_VARLEN_CHUNK")
+    if text is None:
+        return DEFAULT_CHUNK
+    try:
+        chunk = int(text)
+    except ValueError:
+        chunk = -1
+    if not 0 <= chunk < 2 ** 31:
+        raise ValueError(f"NUMBA_ATTN_VARLEN_CHUNK: expected an integer >= 0 (0: heads outer), got {text!r}")
+    return chunk
 
 
-def _launch(backend: str, call, args, config, schedule) -> None:
+def _launch(backend: str, call, args, config, schedule, flattened: bool) -> None:
     """The kernel of ``backend`` with ``config`` (``kernel_config``: the tiles that sized the schedule) over packed
-    views (the Hopper kernels in ``block_order``)."""
+    views (the Hopper kernels on the flattened grid when ``flattened``)."""
     options = dict(args.variant_options(), schedule=schedule)
     if backend == "mma" and call.dtype == "float32":
         _tf32.launch(*args.launch_args(), call.stream, config=config, **options)
     elif backend in ("wgmma", "wgmma_ws"):
         launch = _wgmma.launch if backend == "wgmma" else _wgmma_ws.launch
         launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype,
-               heads_inner=block_order() == "heads-inner", **options)
+               flattened=flattened, **options)
     elif backend == "mma":
         _mma.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **options)
     else:

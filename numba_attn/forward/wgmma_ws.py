@@ -378,9 +378,9 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
            softcap: float | None = None, schedule=None, flattened: bool = False):
     """Launch on device views of shape (batch, heads, seqlen, headdim) that ``supports`` accepts (as
     ``wgmma.launch``, ``flattened`` included). Dense batches: where a tensor map cannot be had now, and for calls
-    without keys, ``wgmma.launch`` runs the call with its default tiles. ``schedule``: the int32 schedule of packed sequences made
-    for ``config.block_m`` (``forward.varlen``, which checks ``tensor_maps`` first: no fallback here, whose blocks
-    would not match the schedule's), the ``block_info.PACKED`` grid; not with ``persistent``."""
+    without keys, ``wgmma.launch`` runs the call with its default tiles. ``schedule``: the int32 schedule of packed
+    sequences made for ``config.block_m`` (``forward.varlen``, which checks ``tensor_maps`` first: no fallback here,
+    whose blocks would not match the schedule's), the ``block_info.PACKED`` grid; not with ``persistent``."""
     config = config or default_config()
     if schedule is not None and config.persistent:
         raise ValueError("config: packed sequences (a schedule) take a non-persistent WsConfig")

@@ -343,7 +343,8 @@ def test_gpu_varlen_default_dispatch(monkeypatch):
         got = numba_attn.flash_forward_varlen(tq, tk, tv, *offsets, causal=True)
         assert calls[-1] == expected, (head_dim, lengths, device_offsets, calls)
         ref = numba_attn.flash_forward_varlen(tq, tk, tv, *offsets, causal=True, backend="mma")
-        assert ((got.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3
+        # (two float16 kernels, each within 2e-3 of float64)
+        assert ((got.float() - ref.float()).norm() / ref.float().norm()).item() < 4e-3
 
 
 @pytest.mark.gpu

@@ -20,9 +20,7 @@ window   ``flash_forward`` causal on one 64k sequence (H16 D128, fp16 / bf16) wi
          TFLOP/s (target >= 0.9x).
 
 ``--diagnose`` adds INFO rows: varlen with host offsets (the schedule sorted by work), then on each Hopper kernel
-(``backend="wgmma"`` / ``"wgmma_ws"``) in several orders of the blocks (``--chunks``, ``NUMBA_ATTN_VARLEN_CHUNK``: 0
-heads outer, the default, n: chunks of n entries with their heads inside), 16 packed sequences of the mean length
-against the dense batch, and the dense kernels on the packed / paged layouts' memory order ((B, L, H, D):
+(``backend="wgmma"`` / ``"wgmma_ws"``), 16 packed sequences of the mean length against the dense batch, and the dense kernels on the packed / paged layouts' memory order ((B, L, H, D):
 each head's rows H * D elements apart), to tell a layout cost from a kernel's.
 
 Each line: ``OK`` (target met), ``MISS`` (not met), ``INFO`` (no target), ``SKIP`` (a peer or case that did not run,
@@ -153,20 +151,11 @@ def _varlen_diagnostics(args, q, k, v, cu, lengths, heads, head_dim, tdtype, mea
     ms = median_ms(lambda: numba_attn.flash_forward_varlen(q, k, v, cu, cu, causal=True), args.reps)
     emit("INFO", "varlen", f"{label} host cu_seqlens", f"{flops / ms / 1e9:6.1f} TFLOP/s ({ms:.2f} ms)",
          tflops=flops / ms / 1e9, ms=ms, longest=longest)
-    device_cu = torch.from_numpy(cu).cuda()
     for backend in ("wgmma", "wgmma_ws"):  # each Hopper kernel on its own (the default takes one of them)
-        # the blocks' order (forward.varlen.block_chunk): 0 = heads outer, n = chunks of n entries, heads inside
-        for chunk in args.chunks:
-            os.environ["NUMBA_ATTN_VARLEN_CHUNK"] = str(chunk)
-            try:
-                ms = median_ms(lambda: numba_attn.flash_forward_varlen(
-                    q, k, v, device_cu, device_cu, max_seqlen_q=longest, max_seqlen_k=longest, causal=True,
-                    backend=backend), args.reps)
-            finally:
-                del os.environ["NUMBA_ATTN_VARLEN_CHUNK"]
-            emit("INFO", "varlen", f"{label} {backend} chunk {chunk}", f"{flops / ms / 1e9:6.1f} TFLOP/s "
-                 f"({ms:.2f} ms), dense {dense:.1f}: {flops / ms / 1e9 / dense:.2f}x", tflops=flops / ms / 1e9,
-                 ms=ms, backend=backend, chunk=chunk)
+        ms = median_ms(lambda: numba_attn.flash_forward_varlen(q, k, v, cu, cu, causal=True, backend=backend),
+                       args.reps)
+        emit("INFO", "varlen", f"{label} backend={backend}", f"{flops / ms / 1e9:6.1f} TFLOP/s ({ms:.2f} ms)",
+             tflops=flops / ms / 1e9, ms=ms, backend=backend)
     uniform_cu = np.arange(17, dtype=np.int32) * mean
     uq, uk, uv = (torch.randn(16 * mean, heads, head_dim, device="cuda", dtype=tdtype) for _ in range(3))
     device_cu = torch.from_numpy(uniform_cu).cuda()
@@ -376,13 +365,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="write every row as JSON to this path")
     parser.add_argument("--dry-run", action="store_true", help="list the cases and exit (no GPU needed)")
     parser.add_argument("--peers", default="flex,nested-sdpa", help="varlen peers to time [flex,nested-sdpa]")
-    parser.add_argument("--chunks", default="0,1,8,32,128",
-                        help="--diagnose: NUMBA_ATTN_VARLEN_CHUNK values to time on each Hopper kernel [0,1,8,32,128]")
     parser.add_argument("--diagnose", action="store_true",
                         help="also INFO rows that isolate the memory layout and the schedule (varlen, decode)")
     args = parser.parse_args(argv)
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    args.chunks = [int(c) for c in args.chunks.split(",") if c.strip()]
     parts = PARTS if args.part == "all" else (args.part,)
     if args.dry_run:
         dry_run(parts)

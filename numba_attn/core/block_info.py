@@ -56,54 +56,16 @@ def grid(layout: str, batch: int, heads: int, seqlen_q: int, block_m: int) -> tu
 #: sequence's last row, and its sequence's first and one-past-last key (rows and keys: positions in the packed arrays)
 SCHEDULE_WORDS = 4
 #: grid ``(schedule entries, heads)`` over packed sequences (``flash_forward_varlen``): block ``x`` works on entry ``x``
-#: of head ``y`` (the blocks resident at once: many entries of one head). Or flattened, ``(entries * heads,)``: the
-#: entries in chunks of ``chunk``, each chunk's blocks head after head (head 0 of its entries, then head 1, ...), so
-#: that the blocks resident at once cover a few heads of a few entries; ``chunk`` is the schedule's last word, after
-#: its entries (``forward.varlen``). ``chunk = 1``: every head of one entry side by side; ``chunk`` = one sequence's
-#: blocks: the dense grid's order (a batch entry's heads one after the other). The kernels tell the two grids apart
-#: at compile time (``packed_block_of``, ``Variant.flattened``).
 PACKED = "schedule entries, heads"
 
 
-def packed_grid(entries: int, heads: int, flattened: bool = False) -> tuple:
-    """The ``PACKED`` launch grid (``flattened``: one axis); ValueError past the device's grid limits."""
+def packed_grid(entries: int, heads: int) -> tuple:
+    """The ``PACKED`` launch grid; ValueError past the device's grid limits."""
     limits = device_properties().max_grid
-    if flattened and heads > 1:
-        if entries * heads > limits[0]:
-            raise ValueError(f"q: query blocks x heads ({entries * heads}) must be at most {limits[0]} for one launch")
-        return entries * heads, 1, 1
     for n, name, limit in zip((entries, heads), ("query blocks", "heads"), limits):
         if n > limit:
             raise ValueError(f"q: {name} ({n}) must be at most {limit} for one launch")
     return entries, heads, 1
-
-
-def packed_block_of(flattened: bool):
-    """``block(heads, schedule) -> (entry, h)`` of this block on a ``PACKED`` grid of ``heads`` heads:
-    ``(blockIdx.x, blockIdx.y)``; ``flattened`` (compile time): from ``blockIdx.x`` and the schedule's ``chunk``
-    (its last word)."""
-    if not flattened:
-        @_reads_thread_position
-        def grid_block(heads, schedule):
-            return cuda.blockIdx.x, cuda.blockIdx.y
-
-        return grid_block
-
-    @_reads_thread_position
-    def flat_block(heads, schedule):
-        n = schedule.shape[0]
-        chunk = max(1, schedule[n - 1])
-        entries = n // SCHEDULE_WORDS
-        x = cuda.blockIdx.x
-        per = chunk * heads  # blocks of one chunk
-        c = x // per
-        first = c * chunk
-        size = min(chunk, entries - first)  # (the last chunk may be short)
-        r = x - c * per
-        h = r // size
-        return first + r - h * size, h
-
-    return flat_block
 
 
 def block_position(layout: str, block_m: int):
@@ -177,14 +139,13 @@ def cache_length(ragged: bool, paged: bool):
     return length
 
 
-def block_position_of(layout: str, block_m: int, packed: bool = False, flattened: bool = False):
+def block_position_of(layout: str, block_m: int, packed: bool = False):
     """``position(q, k, v, out, longest_first, schedule) -> (b, h, m0, q_head, k_head, v_head, out_head)``.
 
     Dense batches: ``block_position(layout, block_m)`` (``schedule`` unused; inlined, so a kernel compiles to what
     calling that did). Packed sequences (``packed``, the ``PACKED`` grid): views ``(1, heads, total, headdim)`` of the
     packed arrays, ``b = 0``, and the first row from this block's entry of the int32 ``schedule`` (``SCHEDULE_WORDS``
-    per entry, written by ``forward.varlen``; an idle entry has an empty sequence; ``flattened``: on the flattened
-    grid, ``packed_block_of``)."""
+    per entry, written by ``forward.varlen``; an idle entry has an empty sequence)."""
     if not packed:
         position = block_position(layout, block_m)
 
@@ -194,20 +155,18 @@ def block_position_of(layout: str, block_m: int, packed: bool = False, flattened
 
         return dense
 
-    packed_block = packed_block_of(flattened)
-
     @_reads_thread_position
     def packed_position(q, k, v, out, longest_first, schedule):
         heads = q.shape[1]
-        entry, h = packed_block(heads, schedule)
+        h = cuda.blockIdx.y
         hk = h // (heads // k.shape[1])
-        m0 = schedule[SCHEDULE_WORDS * entry]
+        m0 = schedule[SCHEDULE_WORDS * cuda.blockIdx.x]
         return 0, h, m0, q[0, h], k[0, hk], v[0, hk], out[0, h]
 
     return packed_position
 
 
-def sequence_bounds_of(packed: bool = False, flattened: bool = False):
+def sequence_bounds_of(packed: bool = False):
     """``bounds(q, k, b, schedule) -> (seqlen_q, key_start, key_end, diag_offset)``: ``sequence_bounds`` for dense
     batches (inlined); for packed sequences from this block's schedule entry, in the packed arrays' positions: the
     rows end at ``seqlen_q`` (the sequence's end, which loads and stores stop at), the keys are ``key_start ..
@@ -219,12 +178,9 @@ def sequence_bounds_of(packed: bool = False, flattened: bool = False):
 
         return dense
 
-    packed_block = packed_block_of(flattened)
-
     @_reads_thread_position
     def packed_bounds(q, k, b, schedule):
-        entry, _ = packed_block(q.shape[1], schedule)
-        at = SCHEDULE_WORDS * entry
+        at = SCHEDULE_WORDS * cuda.blockIdx.x
         row_end = schedule[at + 1]
         key_end = schedule[at + 3]
         return row_end, schedule[at + 2], key_end, key_end - row_end

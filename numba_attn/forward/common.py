@@ -65,14 +65,12 @@ class Variant:
     """The compile-time features of a forward kernel specialisation besides its tiles: ``window``, the sides of a
     sliding window (``mask.window_sides``; ``NO_WINDOW``: none), ``softcap``, the cap ``c`` of the scores
     (``core.scores``; None: none), and ``packed``: packed sequences of different lengths, one more kernel argument
-    (the schedule, ``forward.varlen``) and the ``block_info.PACKED`` grid; ``flattened``: that grid flattened
-    (``block_info.packed_block``; the Hopper kernels only). ``PLAIN``, the default, builds the kernels as they were
-    before these features existed (``scripts/forward_ptx.py`` checks that their PTX is unchanged)."""
+    (the schedule, ``forward.varlen``) and the ``block_info.PACKED`` grid. ``PLAIN``, the default, builds the kernels as they were before these features
+    existed (``scripts/forward_ptx.py`` checks that their PTX is unchanged)."""
 
     window: tuple = NO_WINDOW
     softcap: float | None = None
     packed: bool = False
-    flattened: bool = False
 
     def __post_init__(self):
         window = self.window
@@ -83,17 +81,12 @@ class Variant:
             raise ValueError(f"Variant.softcap: expected None or a finite float > 0, got {self.softcap!r}")
         if type(self.packed) is not bool:
             raise ValueError(f"Variant.packed: expected a bool, got {self.packed!r}")
-        if type(self.flattened) is not bool or (self.flattened and not self.packed):
-            raise ValueError(f"Variant.flattened: expected a bool, True only with packed, got {self.flattened!r}")
 
     @classmethod
-    def of(cls, causal: bool, window=None, softcap: float | None = None, packed: bool = False,
-           flattened: bool = False) -> "Variant":
+    def of(cls, causal: bool, window=None, softcap: float | None = None, packed: bool = False) -> "Variant":
         """The variant of a call: ``window`` checked (``runtime.arguments.check_window``) or None, ``softcap``
-        checked (``runtime.arguments.check_softcap``) or None, ``packed``: packed sequences with a schedule (on the
-        flattened grid with ``flattened``)."""
-        return cls(window_sides(window, causal), None if softcap is None else float(softcap), bool(packed),
-                   bool(packed and flattened))
+        checked (``runtime.arguments.check_softcap``) or None, ``packed``: packed sequences with a schedule."""
+        return cls(window_sides(window, causal), None if softcap is None else float(softcap), bool(packed))
 
 
 PLAIN = Variant()
@@ -196,13 +189,12 @@ def check_shared_memory(nbytes: int) -> None:
                          "device (fewer warps, m-tiles or keys per tile)")
 
 
-def launch_grid(layout: str, batch: int, heads: int, seqlen_q: int, block_m: int, schedule=None,
-                flattened: bool = False) -> tuple:
+def launch_grid(layout: str, batch: int, heads: int, seqlen_q: int, block_m: int, schedule=None) -> tuple:
     """A forward launch's grid: ``layout``'s for a dense batch, ``block_info.PACKED`` over the entries of the
-    ``schedule`` for packed sequences (``forward.varlen``; ``flattened``: in chunks of entries, heads inside)."""
+    ``schedule`` for packed sequences (``forward.varlen``)."""
     if schedule is None:
         return grid(layout, batch, heads, seqlen_q, block_m)
-    return packed_grid(schedule.shape[0] // SCHEDULE_WORDS, heads, flattened)
+    return packed_grid(schedule.shape[0] // SCHEDULE_WORDS, heads)
 
 
 def check_grid(batch: int, heads: int) -> None:

@@ -12,15 +12,13 @@ warp-specialised one (``wgmma_ws``, taken where a dense call would take it: ``ch
 the packed arrays, so a block's last tiles run into the next sequence's rows and keys (zeros past the arrays' end):
 the masks hide those keys (probability 0 against finite values of V) and the stores stop at the sequence's end.
 
-The schedule ends with one more word, the chunk of the flattened grid (``block_chunk``, ``block_info.PACKED``; 0
-for the other grid). It is made where ``cu_seqlens`` are:
+The schedule is made where ``cu_seqlens`` are:
 
 * host arrays (NumPy, lists, torch CPU tensors) are checked here (1-d, start at 0, non-decreasing, end at the token
   counts, one length) and the schedule is built with NumPy, its blocks ordered by decreasing work (keys visited), then
   copied to the device;
 * device arrays (int32, on q's device and library) are not read back (no synchronisation): a one-block kernel
-  (``plan_kernel``) scans their lengths into the schedule on the device (sequences in order, each one's blocks last
-  first: under a causal mask its longest first). Their values are the caller's contract (as
+  (``plan_kernel``) scans their lengths into the schedule on the device. Their values are the caller's contract (as
   in FlashAttention): offsets outside the arrays read and write out of bounds. The grid then has room for the most
   blocks any lengths could need, ``(total_q + batch (block_m - 1)) // block_m`` (at most ``batch`` more than needed;
   fewer with ``max_seqlen_q``), and the blocks past the real ones get an empty sequence: they load nothing and write
@@ -30,7 +28,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 
 import numpy as np
 from numba import int32
@@ -44,7 +41,6 @@ from ..runtime.device import SIMULATOR, cuda, kernel_jit, on_device
 from ..runtime.launch import launch as device_launch
 from ..runtime.shapes import MAX_HEAD_DIM, check_array
 from ..runtime.views import restride
-from . import common as _common
 from . import dispatch as _dispatch
 from . import mma as _mma
 from . import simt as _simt
@@ -54,11 +50,6 @@ from . import wgmma_ws as _wgmma_ws
 
 #: threads of the planning kernel (a block-wide scan over the sequences, then one entry per thread at a time)
 PLAN_THREADS = 32 if SIMULATOR else 256
-#: the order of a packed launch's blocks on the Hopper kernels (``NUMBA_ATTN_VARLEN_CHUNK``, read per call): 0, the
-#: ``block_info.PACKED`` grid (the blocks resident at once: many entries of one head, sharing its K / V), or a chunk
-#: of ``n >= 1`` entries, the flattened grid (each chunk's blocks head after head: 1 puts every head of an entry side
-#: by side, one sequence's blocks is the dense grid's order)
-DEFAULT_CHUNK = 0
 #: padded head dims at which packed sequences take the warp-specialised kernel by default (rows seeing at least
 #: ``dispatch.WS_MIN_KEYS`` keys on average): dense calls take it at 128 only, but on packed sequences it also beat
 #: ``wgmma`` at 64 (H100, 2026-11-26 03:31, 16 sequences of 512..16k causal, D64 H32: 263 against 208 TFLOP/s)
@@ -115,12 +106,10 @@ def check_max_seqlen(value, name: str):
 
 
 # -- the schedule ------------------------------------------------------------------------------------------------------
-def host_schedule(cu_q: np.ndarray, cu_k: np.ndarray, block_m: int, causal: bool, window,
-                  chunk: int = 0) -> np.ndarray:
+def host_schedule(cu_q: np.ndarray, cu_k: np.ndarray, block_m: int, causal: bool, window) -> np.ndarray:
     """The schedule of checked host offsets: ``SCHEDULE_WORDS`` int32 per query block of every sequence (first row,
     the sequence's end row, first key, end key), the blocks that visit the most keys first (under a causal mask or a
-    window the last blocks of the longest sequences), so that the longest blocks do not start last; then ``chunk``
-    (``block_info.PACKED``'s flattened grid)."""
+    window the last blocks of the longest sequences), so that the longest blocks do not start last."""
     lengths = np.diff(cu_q)
     blocks = -(-lengths // block_m)
     seq = np.repeat(np.arange(lengths.size), blocks)
@@ -136,8 +125,7 @@ def host_schedule(cu_q: np.ndarray, cu_k: np.ndarray, block_m: int, causal: bool
     begin = key_start if left is None else np.clip(m0 + diag - left, key_start, key_end)
     end = key_end if right is None else np.clip(last_row + diag + right, key_start, key_end)
     order = np.argsort(-(end - begin), kind="stable")
-    entries = np.stack([m0, row_end, key_start, key_end], axis=1)[order].astype(np.int32).reshape(-1)
-    return np.append(entries, np.int32(chunk))
+    return np.stack([m0, row_end, key_start, key_end], axis=1)[order].astype(np.int32).reshape(-1)
 
 
 def device_entries(total_q: int, batch: int, block_m: int, max_seqlen_q: int | None) -> int:
@@ -150,12 +138,11 @@ def device_entries(total_q: int, batch: int, block_m: int, max_seqlen_q: int | N
 
 
 def plan_kernel(block_m: int):
-    """``plan(cu_q, cu_k, schedule, batch, entries, chunk)``: the schedule of device offsets, in one block of
+    """``plan(cu_q, cu_k, schedule, batch, entries)``: the schedule of device offsets, in one block of
     ``PLAN_THREADS`` threads: each round scans the block counts of ``PLAN_THREADS`` sequences (Hillis-Steele in
     shared memory) into their first entries, kept past the entries (``schedule[SCHEDULE_WORDS * entries + b]``, b <=
     batch); then each entry finds its sequence by bisection over them, a sequence's blocks in reverse order (its
-    last block first). Entries past the real ones get an empty sequence. Last, ``chunk`` goes to the word after the
-    entries (over the first sequence's first entry, 0, once every thread is done with it)."""
+    last block first). Entries past the real ones get an empty sequence."""
     return _plan_kernel(block_m, PLAN_THREADS)
 
 
@@ -165,7 +152,7 @@ def _plan_kernel(block_m: int, threads: int):
     WORDS = SCHEDULE_WORDS
 
     @kernel_jit()
-    def plan(cu_q, cu_k, schedule, batch, entries, chunk):
+    def plan(cu_q, cu_k, schedule, batch, entries):
         tid = cuda.threadIdx.x
         counts = cuda.shared.array(NT, int32)
         starts = WORDS * entries  # where the first entry of each sequence is kept
@@ -213,9 +200,6 @@ def _plan_kernel(block_m: int, threads: int):
                 schedule[at + 1] = 0
                 schedule[at + 2] = 0
                 schedule[at + 3] = 0
-        cuda.syncthreads()
-        if tid == 0:
-            schedule[starts] = chunk
 
     return plan
 
@@ -223,16 +207,16 @@ def _plan_kernel(block_m: int, threads: int):
 _PLANS: dict = {}
 
 
-def device_schedule(call, cu_q, cu_k, batch: int, entries: int, block_m: int, chunk: int = 0):
-    """The schedule of device offsets, made on the call's stream: ``entries`` entries and ``chunk`` (in a buffer
-    that holds the ``batch + 1`` first entries of the sequences after the entries: the planning kernel's scratch)."""
+def device_schedule(call, cu_q, cu_k, batch: int, entries: int, block_m: int):
+    """The schedule of device offsets, made on the call's stream: ``entries`` entries and the ``batch + 1`` first
+    entries of the sequences after them (scratch of the planning kernel)."""
     buffer = call.scratch((SCHEDULE_WORDS * entries + batch + 1,), "int32")
     plan = _PLANS.get(block_m)
     if plan is None:
         plan = _PLANS[block_m] = plan_kernel(block_m)
     device_launch(plan, (1,), (PLAN_THREADS,), call.stream, 0, cu_q, cu_k, buffer, np.int32(batch),
-                  np.int32(entries), np.int32(chunk))
-    return restride(buffer, (SCHEDULE_WORDS * entries + 1,), tuple(buffer.strides))  # the entries, chunk (no copy)
+                  np.int32(entries))
+    return restride(buffer, (SCHEDULE_WORDS * entries,), tuple(buffer.strides))  # the entries (no copy)
 
 
 # -- one call ----------------------------------------------------------------------------------------------------------
@@ -265,12 +249,6 @@ def batched(view, shape: tuple):
 #: sequence's rows and keys start anywhere), and with the default 2 m-tiles per warp ptxas spilled 180-210 bytes at
 #: head dims 128 and 256; 8 warps of 1 m-tile (a tuning candidate, the same 128 rows) spill nothing
 PACKED_MMA_CONFIG = _mma.MmaConfig(warps=8, m_tiles=1)
-#: the warpgroup kernel's tiles for packed sequences up to padded head dim 64, without a window or a cap: launch
-#: bounds of 4 blocks per SM. The dense kernel there needs 126 registers, so 4 blocks fit an SM; the packed one
-#: (run-time bounds from the schedule) took 144-150 under the default bound of 2, which left room for 3 only; bound
-#: to 128 ptxas (sm_90a) spills 16 bytes (0 in an earlier build of the same code path; with a window or a cap 8-28
-#: bytes, on the flattened grid 52-60: those keep the default). Not yet timed against the default.
-PACKED_WGMMA_CONFIG = _wgmma.WgmmaConfig(block_n=64, blocks_per_sm=4)
 
 
 def mean_keys(offsets, total_k: int, batch: int, causal: bool) -> float:
@@ -301,15 +279,12 @@ def choose(backend, call, views, head_dim: int, offsets, batch: int, causal: boo
     return chosen
 
 
-def kernel_config(backend: str, dtype: str, head_dim: int, plain: bool = True):
+def kernel_config(backend: str, dtype: str, head_dim: int):
     """The tiles a packed call runs with (no tuning): the kernel's default, but ``PACKED_MMA_CONFIG`` for the
-    16-bit mma kernel above head dim 64 and ``PACKED_WGMMA_CONFIG`` for the warpgroup kernel up to 64 when ``plain``
-    (no window, no cap), on a GPU. Its ``block_m`` is the schedule's block size."""
+    16-bit mma kernel above head dim 64 on a GPU. Its ``block_m`` is the schedule's block size."""
     if backend == "wgmma_ws":
         return _wgmma_ws.default_config()
     if backend == "wgmma":
-        if not SIMULATOR and plain and _wgmma.padded_head_dim(head_dim) <= 64:
-            return PACKED_WGMMA_CONFIG
         return _wgmma.default_config()
     if backend == "mma" and dtype == "float32":
         return _tf32.default_config(head_dim)
@@ -344,23 +319,20 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal:
         result = call.output((total_q, heads, head_dim), out=out)
         lse = call.output((heads, total_q), "float32", name="lse") if return_lse else None
         if total_q > 0 and heads > 0:
-            chunk = block_chunk() if chosen in ("wgmma", "wgmma_ws") else 0
-            # (the bound of PACKED_WGMMA_CONFIG: measured for the kernel without a window, a cap or a flat grid)
-            plain = _common.Variant.of(causal, window, softcap) == _common.PLAIN and not chunk
-            config = kernel_config(chosen, call.dtype, head_dim, plain)
+            config = kernel_config(chosen, call.dtype, head_dim)
             block_m = config.block_m
             if offsets is not None:
-                schedule = call.upload(host_schedule(*offsets, block_m, causal, window, chunk))
+                schedule = call.upload(host_schedule(*offsets, block_m, causal, window))
             else:
                 entries = device_entries(total_q, batch, block_m, max_seqlen_q)
                 schedule = device_schedule(call, call.inputs["cu_seqlens_q"], call.inputs["cu_seqlens_k"], batch,
-                                           entries, block_m, chunk) if entries else None
-            if schedule is not None and schedule.shape[0] >= SCHEDULE_WORDS:
+                                           entries, block_m) if entries else None
+            if schedule is not None and schedule.shape[0]:
                 lse_view = restride(lse.view, (1, heads, total_q), (0,) + tuple(lse.view.strides)) if return_lse \
                     else lse_placeholder(call)
                 args = AttentionArgs(q4, k4, v4, batched(result.view, (total_q, heads, head_dim)), lse_view,
                                      return_lse, sm_scale, causal, window, softcap)
-                _launch(chosen, call, args, config, schedule, chunk > 0)
+                _launch(chosen, call, args, config, schedule)
         if return_lse:
             return call.result(result), call.result(lse)
         return call.result(result)
@@ -390,31 +362,14 @@ def check_offsets(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_se
     return cu_q, cu_k
 
 
-def block_chunk() -> int:
-    """``NUMBA_ATTN_VARLEN_CHUNK`` (default ``DEFAULT_CHUNK``): an integer >= 0; ValueError naming it otherwise."""
-    text = os.environ.get("NUMBA_ATTN_VARLEN_CHUNK")
-    if text is None:
-        return DEFAULT_CHUNK
-    try:
-        chunk = int(text)
-    except ValueError:
-        chunk = -1
-    if not 0 <= chunk < 2 ** 31:
-        raise ValueError(f"NUMBA_ATTN_VARLEN_CHUNK: expected an integer >= 0 (0: heads outer), got {text!r}")
-    return chunk
-
-
-def _launch(backend: str, call, args, config, schedule, flattened: bool) -> None:
+def _launch(backend: str, call, args, config, schedule) -> None:
     """The kernel of ``backend`` with ``config`` (``kernel_config``: the tiles that sized the schedule) over packed
-    views (the Hopper kernels on the flattened grid when ``flattened``)."""
+    views."""
     options = dict(args.variant_options(), schedule=schedule)
     if backend == "mma" and call.dtype == "float32":
         _tf32.launch(*args.launch_args(), call.stream, config=config, **options)
-    elif backend in ("wgmma", "wgmma_ws"):
-        launch = _wgmma.launch if backend == "wgmma" else _wgmma_ws.launch
-        launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype,
-               flattened=flattened, **options)
-    elif backend == "mma":
-        _mma.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **options)
+    elif backend in ("mma", "wgmma", "wgmma_ws"):
+        launch = {"mma": _mma.launch, "wgmma": _wgmma.launch, "wgmma_ws": _wgmma_ws.launch}[backend]
+        launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **options)
     else:
         _simt.launch(*args.launch_args(), call.stream, config=config, **options)

@@ -190,8 +190,8 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
     wait_all = ptx.cp_async_wait_all
     load_q_tile = tile_loader(BLOCK_M, d_pad)
     load_tile = tile_loader(BLOCK_N, d_pad)
-    position = block_position_of(QUERY_MAJOR, BLOCK_M, variant.packed, variant.flattened)
-    bounds = sequence_bounds_of(variant.packed, variant.flattened)
+    position = block_position_of(QUERY_MAJOR, BLOCK_M, variant.packed)
+    bounds = sequence_bounds_of(variant.packed)
     exponent = exponent_scale_for(variant.softcap)  # the compile-time c log2 e with a cap
     walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)  # tiles wholly outside a window: skipped
     partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
@@ -308,13 +308,12 @@ def flash_wgmma_kernel(config: WgmmaConfig, head_dim_pad: int, bf16: bool, scale
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream,
            config: WgmmaConfig | None = None, dtype: str | None = None, window=None,
-           softcap: float | None = None, schedule=None, flattened: bool = False):
+           softcap: float | None = None, schedule=None):
     """Launch on device views of shape (batch, heads, seqlen, headdim) that ``supports`` accepts; lse is (batch,
     heads, seqlen_q) float32. ``dtype``: ``"float16"`` or ``"bfloat16"`` (None: float16 for float16 arrays,
     bfloat16 for 16-bit bit views). ``window``: None or a checked ``(left, right)`` sliding window; ``softcap``: None
     or a checked cap ``c > 0`` of the scores; ``schedule``: None, or the int32 schedule of packed sequences
-    (``forward.varlen``), with ``flattened`` on the flattened grid (``block_info.PACKED``: the schedule's last word
-    is then its chunk)."""
+    (``forward.varlen``)."""
     config = config or default_config()
     dtype = common.sixteen_bit_dtype(q, dtype)
     batch, heads, seqlen_q, head_dim = q.shape
@@ -330,8 +329,8 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     common.check_shared_memory(nbytes)
     scale_log2, scale_first = common.scale_args(sm_scale, softcap)
     kernel = flash_wgmma_kernel(config, d_pad, dtype == "bfloat16", scale_first,
-                                Variant.of(bool(causal), window, softcap, schedule is not None, flattened))
-    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, BLOCK_M, schedule, flattened)
+                                Variant.of(bool(causal), window, softcap, schedule is not None))
+    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, BLOCK_M, schedule)
     extra = () if schedule is None else (schedule,)
     device_launch(kernel, shape, THREADS, stream, nbytes, q, k, v, out, lse, bool(write_lse), bool(causal),
                   scale_log2, *extra)

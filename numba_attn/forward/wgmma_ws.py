@@ -123,8 +123,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     fewer_registers = tma.setmaxnreg_dec(config.producer_registers)
     more_registers = tma.setmaxnreg_inc(config.consumer_registers)
     fence_init = tma.fence_mbarrier_init
-    position = block_position_of(QUERY_MAJOR, BLOCK_M, variant.packed, variant.flattened)
-    bounds = sequence_bounds_of(variant.packed, variant.flattened)
+    position = block_position_of(QUERY_MAJOR, BLOCK_M, variant.packed)
+    bounds = sequence_bounds_of(variant.packed)
     exponent = exponent_scale_for(variant.softcap)
     walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)
     partial = tile_is_partial(BLOCK_N, ROWS, variant.window)
@@ -375,12 +375,12 @@ def tensor_maps(q, k, v, config: WsConfig, stream):
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream,
            config: WsConfig | None = None, dtype: str | None = None, window=None,
-           softcap: float | None = None, schedule=None, flattened: bool = False):
+           softcap: float | None = None, schedule=None):
     """Launch on device views of shape (batch, heads, seqlen, headdim) that ``supports`` accepts (as
-    ``wgmma.launch``, ``flattened`` included). Dense batches: where a tensor map cannot be had now, and for calls
-    without keys, ``wgmma.launch`` runs the call with its default tiles. ``schedule``: the int32 schedule of packed
-    sequences made for ``config.block_m`` (``forward.varlen``, which checks ``tensor_maps`` first: no fallback here,
-    whose blocks would not match the schedule's), the ``block_info.PACKED`` grid; not with ``persistent``."""
+    ``wgmma.launch``). Dense batches: where a tensor map cannot be had now, and for calls without keys,
+    ``wgmma.launch`` runs the call with its default tiles. ``schedule``: the int32 schedule of packed sequences made
+    for ``config.block_m`` (``forward.varlen``, which checks ``tensor_maps`` first: no fallback here, whose blocks
+    would not match the schedule's), the ``block_info.PACKED`` grid; not with ``persistent``."""
     config = config or default_config()
     if schedule is not None and config.persistent:
         raise ValueError("config: packed sequences (a schedule) take a non-persistent WsConfig")
@@ -411,8 +411,8 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     scale_log2, scale_first = common.scale_args(sm_scale, softcap)
     packed = schedule is not None
     kernel = flash_ws_kernel(config, d_pad, dtype == "bfloat16", scale_first,
-                             Variant.of(bool(causal), window, softcap, packed, flattened))
-    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m, schedule, flattened)
+                             Variant.of(bool(causal), window, softcap, packed))
+    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m, schedule)
     if config.persistent:  # one block per SM (or per query block, when there are fewer)
         shape = (min(shape[0] * shape[1] * shape[2], multiprocessor_count()), 1, 1)
     extra = (schedule,) if packed else ()

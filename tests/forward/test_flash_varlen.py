@@ -81,58 +81,6 @@ def test_warp_specialised_kernel_with_device_offsets(poisoned_outputs):
     assert rel_error(on_host, reference.attention_varlen(q, k, v, cu_q, cu_k, causal=True)) < TOLERANCE["float16"]
 
 
-@pytest.mark.skipif(not numba_attn.SIMULATOR, reason="the gpu tests cover this on a GPU")
-def test_flattened_grid_gives_the_same_bits(poisoned_outputs, monkeypatch):
-    # the flattened grid in chunks of 3 entries (4 entries, the last one idle: a short last chunk): the same blocks,
-    # so the same bits; GQA (2 heads sharing a kv head). The grid code is shared by the Hopper kernels (the
-    # warp-specialised one is checked on the GPU); its arithmetic for other chunks: the test below
-    lengths_q, lengths_k = [17, 0, 19, 5], [7, 3, 11, 2]
-    q, k, v, cu_q, cu_k = (cuda.to_device(x) for x in _packed(12, lengths_q, lengths_k, 2, 1, 16, "float16"))
-    runs = []
-    for chunk in ("0", "3"):
-        monkeypatch.setenv("NUMBA_ATTN_VARLEN_CHUNK", chunk)
-        out, lse = numba_attn.flash_forward_varlen(q, k, v, cu_q, cu_k, causal=True, backend="wgmma",
-                                                   return_lse=True)
-        runs.append((out.copy_to_host(), lse.copy_to_host()))
-    assert not np.isnan(runs[0][0]).any()
-    for out, lse in runs[1:]:
-        np.testing.assert_array_equal(out, runs[0][0])
-        np.testing.assert_array_equal(lse, runs[0][1])
-    monkeypatch.setenv("NUMBA_ATTN_VARLEN_CHUNK", "sideways")
-    with pytest.raises(ValueError, match="^NUMBA_ATTN_VARLEN_CHUNK"):
-        numba_attn.flash_forward_varlen(q, k, v, cu_q, cu_k, backend="wgmma")
-
-
-def test_flattened_grid_visits_every_entry_and_head_once():
-    # block_info.packed_block's arithmetic (the kernels' code, run here as plain Python over every block)
-    from numba_attn.core import block_info
-
-    class Grid:
-        pass
-
-    for entries, heads, chunk in ((5, 3, 2), (7, 4, 1), (6, 2, 6), (3, 5, 100), (1, 8, 3)):
-        schedule = np.r_[np.zeros(4 * entries, np.int32), chunk]
-        seen = []
-        for x in range(entries * heads):
-            fake = Grid()
-            fake.gridDim, fake.blockIdx = Grid(), Grid()
-            fake.gridDim.y, fake.blockIdx.x = 1, x
-            seen.append(_packed_block_with(block_info, fake, heads, schedule))
-        assert sorted(seen) == [(e, h) for e in range(entries) for h in range(heads)], (entries, heads, chunk)
-        # within a chunk, head after head
-        assert seen[:min(chunk, entries)] == [(e, 0) for e in range(min(chunk, entries))]
-
-
-def _packed_block_with(block_info, fake_cuda, heads, schedule):
-    """``block_info.packed_block`` run in Python with a stand-in ``cuda`` (its grid position)."""
-    block = block_info.packed_block_of(True)
-    fn = getattr(block, "py_func", block)
-    globals_ = dict(fn.__globals__, cuda=fake_cuda)
-    import types
-
-    return types.FunctionType(fn.__code__, globals_)(heads, schedule)
-
-
 def test_mean_keys_counts_as_the_dense_dispatch_does():
     cu_q, cu_k = np.array([0, 1000, 1100]), np.array([0, 3000, 3100])
     assert varlen.mean_keys((cu_q, cu_k), 3100, 2, False) == (1000 * 3000 + 100 * 100) / 1100
@@ -161,16 +109,14 @@ def test_planning_kernel_schedules_every_block_once():
     cu_q = np.r_[0, np.cumsum(lengths)]
     cu_k = np.r_[0, np.cumsum(rng.integers(0, 5, 70))]
     block_m = 8
-    host = varlen.host_schedule(cu_q, cu_k, block_m, False, None)[:-1].reshape(-1, 4)
+    host = varlen.host_schedule(cu_q, cu_k, block_m, False, None).reshape(-1, 4)
     entries = varlen.device_entries(int(cu_q[-1]), 70, block_m, None)
     assert entries >= len(host)
     plan = varlen._plan_kernel(block_m, 32)
     schedule = cuda.to_device(np.full(4 * entries + 71, -7, np.int32))
     device_launch(plan, (1,), (32,), 0 if numba_attn.SIMULATOR else cuda.default_stream(), 0,
                   cuda.to_device(cu_q.astype(np.int32)), cuda.to_device(cu_k.astype(np.int32)), schedule,
-                  np.int32(70), np.int32(entries), np.int32(5))
-    assert schedule.copy_to_host()[4 * entries] == 5  # the chunk, after the entries
-    assert varlen.host_schedule(cu_q, cu_k, block_m, False, None, 5)[-1] == 5
+                  np.int32(70), np.int32(entries))
     device = schedule.copy_to_host()[:4 * entries].reshape(-1, 4)
     real = device[device[:, 1] > 0]  # idle entries: an empty sequence
     assert (device[len(host):] == 0).all()
@@ -188,7 +134,7 @@ def test_planning_kernel_schedules_every_block_once():
 
 def test_host_schedule_puts_the_longest_blocks_first():
     cu = np.array([0, 3, 300])
-    schedule = varlen.host_schedule(cu, cu, 64, True, None)[:-1].reshape(-1, 4)
+    schedule = varlen.host_schedule(cu, cu, 64, True, None).reshape(-1, 4)
     assert list(schedule[0]) == [3 + 4 * 64, 300, 3, 300]  # the causal block that sees the most keys
     assert list(schedule[-1][1:]) == [3, 0, 3]  # the 3-row sequence's block: 3 keys
 
@@ -319,8 +265,7 @@ def test_gpu_varlen_warp_specialised(dtype, head_dim, device_offsets, lengths_q,
 @pytest.mark.gpu
 def test_gpu_varlen_default_dispatch(monkeypatch):
     """backend=None takes the warp-specialised kernel at the padded head dims of ``varlen.WS_HEAD_DIMS`` for rows
-    seeing >= WS_MIN_KEYS keys on average, else wgmma (at head dim 64 with the launch bounds of
-    ``varlen.PACKED_WGMMA_CONFIG``); the results agree with the mma kernel's."""
+    seeing >= WS_MIN_KEYS keys on average, else wgmma; the results agree with the mma kernel's."""
     torch = pytest.importorskip("torch")
     from numba_attn.forward import dispatch, wgmma, wgmma_ws
     from numba_attn.runtime.device import compute_capability
@@ -345,28 +290,3 @@ def test_gpu_varlen_default_dispatch(monkeypatch):
         ref = numba_attn.flash_forward_varlen(tq, tk, tv, *offsets, causal=True, backend="mma")
         # (two float16 kernels, each within 2e-3 of float64)
         assert ((got.float() - ref.float()).norm() / ref.float().norm()).item() < 4e-3
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["wgmma", "wgmma_ws"])
-@pytest.mark.parametrize("device_offsets", [False, True])
-@pytest.mark.parametrize("chunk", ["1", "7"])
-def test_gpu_varlen_flattened_grid(monkeypatch, backend, device_offsets, chunk):
-    """``NUMBA_ATTN_VARLEN_CHUNK`` (the flattened grid, chunks of entries with their heads inside) runs the same
-    blocks: the same bits."""
-    torch = pytest.importorskip("torch")
-    from numba_attn.runtime.device import compute_capability
-
-    if compute_capability() < (9, 0):
-        pytest.skip("needs compute capability 9.0")
-    lengths = [4096, 1, 17, 1000, 0, 2500]
-    q, k, v, cu_q, cu_k = _packed(21, lengths, lengths, 8, 2, 128, "float32")
-    tq, tk, tv = (torch.from_numpy(x).to("cuda", torch.bfloat16) for x in (q, k, v))
-    offsets = (torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda()) if device_offsets else (cu_q, cu_k)
-    outer, outer_lse = numba_attn.flash_forward_varlen(tq, tk, tv, *offsets, causal=True, backend=backend,
-                                                       return_lse=True)
-    monkeypatch.setenv("NUMBA_ATTN_VARLEN_CHUNK", chunk)
-    inner, inner_lse = numba_attn.flash_forward_varlen(tq, tk, tv, *offsets, causal=True, backend=backend,
-                                                       return_lse=True)
-    assert torch.equal(inner, outer) and torch.equal(inner_lse, outer_lse)
-    assert not torch.isnan(inner).any()

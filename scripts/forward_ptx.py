@@ -108,9 +108,9 @@ def _specs(kernel, window, softcap, varlen):
         from numba_attn.forward import wgmma_ws
 
         kwargs = _variant_kwargs(window, softcap, varlen, False)
-        if kwargs.get("variant") is not None and kwargs["variant"].packed:
-            return  # (dense batches only)
         for config in wgmma_ws.TUNING_CANDIDATES:
+            if varlen and config.persistent:
+                continue  # (packed sequences: one block per schedule entry)
             tag = (f"c{config.consumers}_n{config.block_n}_s{config.stages}{'' if config.pingpong else '_nopp'}"
                    f"{'_persistent' if config.persistent else ''}")
             for d in (64, 128):
@@ -123,7 +123,8 @@ def _specs(kernel, window, softcap, varlen):
                             continue
                         yield (f"wgmma_ws_{tag}_d{d}_{'bf16' if bf16 else 'f16'}{'_scalefirst' if scale_first else ''}",
                                wgmma_ws._kernel_source(config, d, bf16, scale_first, **kwargs),
-                               wgmma_ws.SIGNATURE.args, (config.threads, 1))
+                               (wgmma_ws.PACKED_SIGNATURE if varlen else wgmma_ws.SIGNATURE).args,
+                               (config.threads, 1))
     else:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
 

@@ -7,7 +7,10 @@ see the packed arrays as views ``(1, heads, total, headdim)`` (no copy) and run 
 one sequence, head): the ``block_info.PACKED`` grid over a *schedule*, an int32 array of ``SCHEDULE_WORDS`` words per
 block -- its first row, its sequence's end row, its sequence's first and end key -- so that no block works on
 padding and a sequence's blocks start on its first row. Its keys, masks and diagonal are the sequence's own
-(``block_info.sequence_bounds_of``); rows and keys of other sequences are never read.
+(``block_info.sequence_bounds_of``). The ``cp.async`` kernels never read rows and keys of other sequences; the
+warp-specialised one (``wgmma_ws``, taken where a dense call would take it: ``choose``) copies whole TMA boxes over
+the packed arrays, so a block's last tiles run into the next sequence's rows and keys (zeros past the arrays' end):
+the masks hide those keys (probability 0 against finite values of V) and the stores stop at the sequence's end.
 
 The schedule is made where ``cu_seqlens`` are:
 
@@ -43,9 +46,14 @@ from . import mma as _mma
 from . import simt as _simt
 from . import tf32 as _tf32
 from . import wgmma as _wgmma
+from . import wgmma_ws as _wgmma_ws
 
 #: threads of the planning kernel (a block-wide scan over the sequences, then one entry per thread at a time)
 PLAN_THREADS = 32 if SIMULATOR else 256
+#: padded head dims at which packed sequences take the warp-specialised kernel by default (rows seeing at least
+#: ``dispatch.WS_MIN_KEYS`` keys on average): dense calls take it at 128 only, but on packed sequences it also beat
+#: ``wgmma`` at 64 (H100, 2026-11-26 03:31, 16 sequences of 512..16k causal, D64 H32: 263 against 208 TFLOP/s)
+WS_HEAD_DIMS = frozenset({64, 128})
 
 
 # -- checks ------------------------------------------------------------------------------------------------------------
@@ -133,8 +141,8 @@ def plan_kernel(block_m: int):
     """``plan(cu_q, cu_k, schedule, batch, entries)``: the schedule of device offsets, in one block of
     ``PLAN_THREADS`` threads: each round scans the block counts of ``PLAN_THREADS`` sequences (Hillis-Steele in
     shared memory) into their first entries, kept past the entries (``schedule[SCHEDULE_WORDS * entries + b]``, b <=
-    batch); then each entry finds its sequence by bisection over them. Entries past the real ones get an empty
-    sequence."""
+    batch); then each entry finds its sequence by bisection over them, a sequence's blocks in reverse order (its
+    last block first). Entries past the real ones get an empty sequence."""
     return _plan_kernel(block_m, PLAN_THREADS)
 
 
@@ -181,7 +189,9 @@ def _plan_kernel(block_m: int, threads: int):
                         lo = mid
                     else:
                         hi = mid
-                schedule[at] = cu_q[lo] + (e - schedule[starts + lo]) * BLOCK_M
+                # a sequence's blocks last first: under a causal mask the ones that visit the most keys start
+                # first, and a grid's last blocks are short ones (as the host schedule's order does it)
+                schedule[at] = cu_q[lo] + (schedule[starts + lo + 1] - 1 - e) * BLOCK_M
                 schedule[at + 1] = cu_q[lo + 1]
                 schedule[at + 2] = cu_k[lo]
                 schedule[at + 3] = cu_k[lo + 1]
@@ -241,9 +251,39 @@ def batched(view, shape: tuple):
 PACKED_MMA_CONFIG = _mma.MmaConfig(warps=8, m_tiles=1)
 
 
+def mean_keys(offsets, total_k: int, batch: int, causal: bool) -> float:
+    """The keys a query row sees on average, as ``dispatch.backend_for`` counts them for a dense call (``seqlen_k``,
+    halved when causal): from host offsets the rows' mean ``sum(Lq Lk) / sum(Lq)``, from device offsets (never read
+    back) the batch's mean key length ``total_k / batch``."""
+    if offsets is None:
+        keys = total_k / max(batch, 1)
+    else:
+        lengths_q, lengths_k = np.diff(offsets[0]), np.diff(offsets[1])
+        keys = float(np.dot(lengths_q, lengths_k)) / max(int(lengths_q.sum()), 1)
+    return keys / 2 if causal else keys
+
+
+def choose(backend, call, views, head_dim: int, offsets, batch: int, causal: bool) -> str:
+    """The kernel of a packed call: ``dispatch.choose_backend`` as for a dense call of as many keys per row on
+    average (``mean_keys``), with ``"wgmma_ws"`` at the padded head dims of ``WS_HEAD_DIMS``; ``"wgmma"`` in its
+    place when no tensor map can be had now (``wgmma_ws.tensor_maps``: the schedule is made for the kernel that
+    runs)."""
+    wgmma_ok = _dispatch.wgmma_applies(call.dtype, head_dim, *views)
+    ws_ok = (backend is None and wgmma_ok and _wgmma_ws.padded_head_dim(head_dim) in WS_HEAD_DIMS
+             and _wgmma_ws.supports(call.dtype, head_dim, *views)
+             and mean_keys(offsets, int(views[1].shape[2]), batch, causal) >= _dispatch.WS_MIN_KEYS)
+    chosen = _dispatch.choose_backend(backend, call.dtype, False, wgmma_ok, ws_ok)
+    if chosen == "wgmma_ws" and _wgmma_ws.supports(call.dtype, head_dim, *views) \
+            and _wgmma_ws.tensor_maps(*views, _wgmma_ws.default_config(), call.stream) is None:
+        chosen = "wgmma"
+    return chosen
+
+
 def kernel_config(backend: str, dtype: str, head_dim: int):
     """The tiles a packed call runs with (no tuning): the kernel's default, but ``PACKED_MMA_CONFIG`` for the
     16-bit mma kernel above head dim 64 on a GPU. Its ``block_m`` is the schedule's block size."""
+    if backend == "wgmma_ws":
+        return _wgmma_ws.default_config()
     if backend == "wgmma":
         return _wgmma.default_config()
     if backend == "mma" and dtype == "float32":
@@ -274,10 +314,8 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal:
     with on_device(call.device_id):
         q4 = batched(call.inputs["q"], (total_q, heads, head_dim))
         k4, v4 = (batched(call.inputs[name], (total_k, kv_heads, head_dim)) for name in "kv")
-        chosen = _dispatch.choose_backend(backend, call.dtype, False,
-                                          _dispatch.wgmma_applies(call.dtype, head_dim, q4, k4, v4))
-        if chosen == "wgmma_ws":  # (dense batches only: its non-specialised sibling takes packed sequences)
-            chosen = "wgmma"
+        batch = (cu_seqlens_q.shape[0] if offsets is None else len(offsets[0])) - 1
+        chosen = choose(backend, call, (q4, k4, v4), head_dim, offsets, batch, causal)
         result = call.output((total_q, heads, head_dim), out=out)
         lse = call.output((heads, total_q), "float32", name="lse") if return_lse else None
         if total_q > 0 and heads > 0:
@@ -286,7 +324,6 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal:
             if offsets is not None:
                 schedule = call.upload(host_schedule(*offsets, block_m, causal, window))
             else:
-                batch = cu_seqlens_q.shape[0] - 1
                 entries = device_entries(total_q, batch, block_m, max_seqlen_q)
                 schedule = device_schedule(call, call.inputs["cu_seqlens_q"], call.inputs["cu_seqlens_k"], batch,
                                            entries, block_m) if entries else None
@@ -331,8 +368,8 @@ def _launch(backend: str, call, args, config, schedule) -> None:
     options = dict(args.variant_options(), schedule=schedule)
     if backend == "mma" and call.dtype == "float32":
         _tf32.launch(*args.launch_args(), call.stream, config=config, **options)
-    elif backend in ("mma", "wgmma"):
-        launch = _mma.launch if backend == "mma" else _wgmma.launch
+    elif backend in ("mma", "wgmma", "wgmma_ws"):
+        launch = {"mma": _mma.launch, "wgmma": _wgmma.launch, "wgmma_ws": _wgmma_ws.launch}[backend]
         launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **options)
     else:
         _simt.launch(*args.launch_args(), call.stream, config=config, **options)

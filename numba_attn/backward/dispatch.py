@@ -22,6 +22,7 @@ without atomics.
 """
 from __future__ import annotations
 
+from ..core import dq_tile
 from ..runtime.arrays import BFLOAT16
 from ..runtime.attention_args import BackwardArgs
 from ..runtime.device import SIMULATOR, compute_capability
@@ -176,10 +177,14 @@ def _run_wgmma(call, args: BackwardArgs, deterministic: bool, backend: str) -> N
     rows = _wgmma.stats_rows(seqlen_q, config.block_m, config.dq_block_m, _wgmma.stats_multiple(wg_config),
                              ws_config.block_m)
     stats = call.scratch((batch, heads, rows // 2, 4), "float32")
+    # whole-tile bulk reductions of dQ (core.dq_tile): rows padded to whole tiles, columns permuted
+    tiled = not deterministic and (ws_config if backend == "wgmma_ws" else wg_config).dq_tiled
+    d_pad = _wgmma.padded_head_dim(head_dim)
     dq_acc = None
     if not deterministic:
         # as wide as the padded head dim: whole column pairs for the vector reductions
-        dq_acc = call.scratch((batch, heads, seqlen_q, _wgmma.padded_head_dim(head_dim)), "float32")
+        acc_rows = dq_tile.padded_rows(seqlen_q, ws_config.block_m if backend == "wgmma_ws" else wg_config.block_m)
+        dq_acc = call.scratch((batch, heads, acc_rows if tiled else seqlen_q, d_pad), "float32")
     if seqlen_q > 0:
         _preprocess.launch(args.out, args.dout, stats, dq_acc, call.stream, bf16=bf16, lse=args.lse)
     if args.k.shape[2] > 0 and backend == "wgmma_ws":
@@ -194,4 +199,6 @@ def _run_wgmma(call, args: BackwardArgs, deterministic: bool, backend: str) -> N
         _mma.launch_dq(args.q, args.k, args.v, args.dout, stats, args.dq, args.sm_scale, args.causal, call.stream,
                        config=config, dtype=call.dtype)
     else:
-        _convert.launch(restride(dq_acc, tuple(args.dq.shape), dq_acc.strides), args.dq, call.stream, bf16=bf16)
+        width = d_pad if tiled else head_dim  # (the tiled layout is read whole-row: its columns are permuted)
+        _convert.launch(restride(dq_acc, (batch, heads, seqlen_q, width), dq_acc.strides), args.dq, call.stream,
+                        bf16=bf16, tiled=tiled)

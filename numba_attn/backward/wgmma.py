@@ -43,6 +43,7 @@ from functools import lru_cache
 import numpy as np
 from numba import types
 
+from ..core import dq_tile
 from ..core.block_info import HEAD_MAJOR, grid
 from ..core.constants import LOG2E
 from ..forward import common
@@ -71,8 +72,9 @@ class WgmmaBackwardConfig:
     # while another still reads tile j's)
     one_barrier: bool = False
     probe: str = ""  # timing only, WRONG dq: "no_red" (dQ MMAs, no reductions), "no_dq" (no dQ at all)
-    # dQ through two shared staging tiles, added to the accumulator by warp 0 with bulk reductions
-    # (cp.reduce.async.bulk, one per row) after the next barrier, instead of every thread's red.global.add
+    # dQ through two shared staging tiles in the tiled layout of core.dq_tile, each added to the accumulator by ONE
+    # bulk reduction (cp.reduce.async.bulk, thread 0, after the next barrier) instead of every thread's
+    # red.global.add; the accumulator then has that layout (``dq_tiled``)
     dq_bulk: bool = False
 
     # dK += dS^T Q reads dS^T from its shared tile (where dQ reads it) instead of registers: 16 fewer live
@@ -104,6 +106,11 @@ class WgmmaBackwardConfig:
         return 64 * self.warpgroups
 
     @property
+    def dq_tiled(self) -> bool:
+        """Whether ``dQ`` goes to the accumulator in whole tiles (``core.dq_tile``'s layout and row padding)."""
+        return self.dq_bulk
+
+    @property
     def threads(self) -> int:
         return 128 * self.warpgroups
 
@@ -127,8 +134,8 @@ GPU_CANDIDATES = {
     "g1m128": WgmmaBackwardConfig(warpgroups=1, block_m=128, blocks_per_sm=2),  # head dim 64: N = 128 for S^T
     "g2m64b1": WgmmaBackwardConfig(stages=3, one_barrier=True),  # one barrier per tile
     "g2m64k": WgmmaBackwardConfig(dk_smem=True),  # dK's A (dS^T) from shared memory
-    "g2m64bulk": WgmmaBackwardConfig(dq_bulk=True),  # dQ by bulk reductions from shared staging tiles
-    "g2m64bulkk": WgmmaBackwardConfig(dq_bulk=True, dk_smem=True),
+    "g2m64tile": WgmmaBackwardConfig(dq_bulk=True),  # dQ by one bulk reduction per tile from shared staging
+    "g2m64tilek": WgmmaBackwardConfig(dq_bulk=True, dk_smem=True),
     "g2m64b1k": WgmmaBackwardConfig(stages=3, one_barrier=True, dk_smem=True),
     "g2m128b1": WgmmaBackwardConfig(block_m=128, stages=3, one_barrier=True),  # (head dim 64)
     # timing probes (wrong dq): what dQ's reductions, and dQ as a whole, cost
@@ -186,7 +193,8 @@ def key_block_kernel(config: WgmmaBackwardConfig, d_pad: int, bf16: bool, atomic
 def launch_dkdv(q, k, v, dout, stats, dq_acc, dk, dv, sm_scale: float, causal: bool, stream,
                 config: WgmmaBackwardConfig | None = None, dtype: str | None = None) -> None:
     """``dk``, ``dv`` (and, unless ``dq_acc`` is None, ``sm_scale dS K`` added to ``dq_acc``: float32 ``(batch,
-    heads, seqlen_q, >= padded head dim)``, zeroed before) from views ``(batch, heads, seqlen, headdim)`` of float16
+    heads, seqlen_q, >= padded head dim)``, zeroed before; with ``config.dq_tiled`` ``core.dq_tile``'s layout,
+    ``check_accumulator``) from views ``(batch, heads, seqlen, headdim)`` of float16
     or bfloat16 (bit views) that ``supports`` accepts; ``stats`` from ``preprocess`` (rows a multiple of
     ``stats_multiple``)."""
     batch, kv_heads, seqlen_k, head_dim = k.shape
@@ -203,6 +211,8 @@ def launch_dkdv(q, k, v, dout, stats, dq_acc, dk, dv, sm_scale: float, causal: b
     atomic = dq_acc is not None
     if atomic and dq_acc.shape[3] < d_pad:
         raise ValueError(f"dq_acc: needs at least {d_pad} columns (the padded head dim), got {dq_acc.shape[3]}")
+    if atomic and config.dq_tiled:
+        dq_tile.check_accumulator(dq_acc, q.shape[2], config.block_m, d_pad)
     if stats.shape[2] * 2 % stats_multiple(config):
         raise ValueError(f"stats: rows must be a multiple of {stats_multiple(config)}, got {stats.shape[2] * 2}")
     nbytes = config.shared_bytes(d_pad)

@@ -120,7 +120,7 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     probs, grads = probabilities_then_grads(1, Q_BLOCKS, keys_on_rows=True)
     pack_a = wg.a_fragments(M_STEPS, bf16)
     store = store_fragments(1, D_BLOCKS, as_16bit(bf16))
-    add_dq = add_fragments(1, DQ_BLOCKS, not SIMULATOR)  # red.add.v2.f32: sm_90, as wgmma itself
+    add_dq = add_fragments(1, DQ_BLOCKS, not SIMULATOR, config.dq_quads)  # red.add.v2 / v4.f32: sm_90, as wgmma
     stage_dq = tile_stager(DQ_BLOCKS, d_pad)
     flush_dq = tile_flusher(BLOCK_M, d_pad)
 

@@ -125,7 +125,7 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     wait_both = wg.wgmma_wait(BLOCK_M, 0)
     pack_a = wg.a_fragments(M_STEPS, bf16)
     store = store_fragments(1, D_BLOCKS, as_16bit(bf16))
-    add_dq = add_fragments(1, DQ_BLOCKS, not SIMULATOR)
+    add_dq = add_fragments(1, DQ_BLOCKS, not SIMULATOR, config.dq_quads)
 
     @device_function
     def produce(smem, base0, stats, q_map, k_map, v_map, do_map, b, hk, group, n0, m_begin, tiles, total):

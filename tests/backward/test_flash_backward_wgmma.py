@@ -34,8 +34,9 @@ hopper = pytest.mark.skipif(SIMULATOR or compute_capability() < backward_wgmma.M
 SIMULATED = [
     # GQA 2:1, Lq < Lk, two query tiles and two key blocks, neither length a multiple of 64
     ("wgmma", "float16", 2, 1, 70, 90, 16, True, False, None, {}),
-    # Lq > Lk: rows that see no key (lse = -inf); bfloat16; head dim 24 padded to 32
-    ("wgmma", "bfloat16", 1, 1, 90, 40, 24, True, False, None, {}),
+    # Lq > Lk: rows that see no key (lse = -inf); bfloat16; head dim 24 padded to 32; dQ by v4 reductions (lane
+    # exchange; the quad of columns 20..23 crosses no row end, 24..27 is left out)
+    ("wgmma", "bfloat16", 1, 1, 90, 40, 24, True, False, None, dict(dq_quads=True)),
     # a negative scale, not causal; the deterministic dq of the query-block kernel
     ("wgmma", "float16", 1, 1, 20, 70, 16, False, True, -0.5, {}),
     # two warpgroups (128-key blocks) sharing each tile's dQ by column halves; one barrier per tile, dK from the
@@ -45,9 +46,9 @@ SIMULATED = [
     # warp-specialised: TMA / bulk copies through the mbarrier ring (two stages over three query tiles of two
     # heads), the dQ writer warp's bulk reductions, GQA, causal Lq < Lk
     ("wgmma_ws", "float16", 2, 1, 70, 90, 16, True, False, None, {}),
-    # bfloat16, Lq > Lk, P^T under dP^T (not fused), dQ by reductions, two consumers
+    # bfloat16, Lq > Lk, P^T under dP^T (not fused), dQ by the consumers' v4 reductions, two consumers
     ("wgmma_ws", "bfloat16", 1, 1, 90, 40, 32, True, False, None, dict(consumers=2, fused_grads=False,
-                                                                       dq_writer=False)),
+                                                                       dq_writer=False, dq_quads=True)),
 ]
 
 

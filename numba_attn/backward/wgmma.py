@@ -26,7 +26,8 @@ Per query tile, per warpgroup (``wgmma_kernels``)
     4. ``dQ_tile = dS K``: ``wgmma_ss`` with ``dS^T`` read as a transposed (MN-major) A operand (``trans-a``) and
        K as MN-major B; the warpgroups split the tile's 64-row m-blocks, then the head-dim columns. ``dK += dS^T Q``
        (``wgmma_rs``) is issued behind it and runs while the finished ``dQ`` slice goes to the float32 accumulator
-       with ``red.global.add.v2.f32``.
+       with ``red.global.add.v2.f32`` (``dq_quads``: ``.v4``; ``dq_bulk``: into a shared staging tile, which thread
+       0 adds after the next barrier by one bulk reduction, ``core.dq_tile``).
     5. wait for everything: the barrier of the next tile then frees this tile's stage and ``dS^T``.
     Finally ``dV`` and ``sm_scale dK`` are rounded and stored. Each group of MMAs is one inline-asm block; the waits
     pass the awaited accumulator through as operands (``warpgroup.wgmma_wait``).

@@ -30,7 +30,8 @@ KEYS = wg.ROWS  # keys per warpgroup: the M of its S^T, dP^T, dV and dK products
 def layout(config, d_pad: int) -> dict:
     """Offsets (16-bit elements from the aligned start) of the shared tiles: K and V (``block_n`` rows), ``dS^T``
     (``block_n`` rows of ``block_m`` query columns), ``stages`` x (Q, dO) (``block_m`` rows), then ``stages`` x
-    the stats (``block_m`` float32 pairs). Every swizzled tile starts on a 1024-byte boundary."""
+    the stats (``block_m`` float32 pairs), then (``dq_bulk``) two float32 ``dQ`` staging tiles (``core.dq_tile``).
+    Every swizzled tile starts on a 1024-byte boundary."""
     atoms = wg.atom_columns(d_pad)
     kv = config.block_n * 64 * atoms
     rows = config.block_m * 64 * atoms

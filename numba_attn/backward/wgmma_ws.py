@@ -15,8 +15,9 @@ per SM)
     Warpgroups 1.., the consumers, raise their registers and each own 64 keys, as the warpgroups of ``wgmma``: per
     tile ``S^T``, ``dP^T`` (ss), ``P^T`` under ``dP^T``, ``dV += P^T dO`` (rs), ``dS^T``, then ``dS^T`` to one of two
     swizzled tiles, a named barrier of the consumers (the only barrier per tile), ``dQ = dS K`` (ss, ``trans-a``)
-    and ``dK += dS^T Q`` (rs) behind it, ``dQ`` reduced into the float32 accumulator, then each warp arrives on the
-    stage's "empty" mbarrier.
+    and ``dK += dS^T Q`` (rs) behind it, ``dQ`` reduced into the float32 accumulator (``dq_writer``: staged for the
+    producer's second warp, whose elected lane adds each tile by one bulk reduction, ``core.dq_tile``), then each
+    warp arrives on the stage's "empty" mbarrier.
 
 Tensor maps (``runtime.tensor_map``): q and dout with ``block_m``-row boxes, k and v with ``block_n``-row boxes,
 passed as 64-bit addresses of maps in global memory.

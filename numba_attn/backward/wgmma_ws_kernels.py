@@ -2,7 +2,8 @@
 configuration, the launch and, in its docstring, the roles and the pipeline).
 
 Shared memory from a 1024-byte aligned start: K, V (``block_n`` rows), two ``dS^T`` tiles, ``stages`` x (Q, dO)
-(``block_m`` rows), ``stages`` x the stats (``block_m`` float32 pairs), then the mbarriers (8 bytes each). The
+(``block_m`` rows), ``stages`` x the stats (``block_m`` float32 pairs), ``dq_buffers`` float32 ``dQ`` staging tiles
+(``dq_writer``, ``core.dq_tile``'s layout), then the mbarriers (8 bytes each). The
 per-tile math is ``wgmma_kernels``' (the same intrinsics and fragment steps), only fed by the producer's copies.
 """
 from __future__ import annotations

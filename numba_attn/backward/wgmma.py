@@ -79,6 +79,7 @@ class WgmmaBackwardConfig:
     dq_bulk: bool = False
     # per-thread dQ reductions as red.global.add.v4.f32 (lanes t, t ^ 1 swap a pair first): half the reductions
     dq_quads: bool = False
+    dq_evict_last: bool = False  # dq_bulk: the bulk reductions with the L2 policy "evict last" (FlashAttention-3's)
 
     # dK += dS^T Q reads dS^T from its shared tile (where dQ reads it) instead of registers: 16 fewer live
     # registers while dQ runs (with atomic dQ only; the deterministic path keeps the registers)
@@ -93,6 +94,8 @@ class WgmmaBackwardConfig:
             raise ValueError(f"WgmmaBackwardConfig.one_barrier: expected a bool, got {self.one_barrier!r}")
         if self.one_barrier and self.stages < 3:
             raise ValueError("WgmmaBackwardConfig: one_barrier needs stages >= 3 (copies two tiles ahead)")
+        if type(self.dq_evict_last) is not bool:
+            raise ValueError(f"WgmmaBackwardConfig.dq_evict_last: expected a bool, got {self.dq_evict_last!r}")
         if type(self.dq_quads) is not bool:
             raise ValueError(f"WgmmaBackwardConfig.dq_quads: expected a bool, got {self.dq_quads!r}")
         if type(self.dq_bulk) is not bool:
@@ -141,6 +144,7 @@ GPU_CANDIDATES = {
     "g2m64k": WgmmaBackwardConfig(dk_smem=True),  # dK's A (dS^T) from shared memory
     "g2m64tile": WgmmaBackwardConfig(dq_bulk=True),  # dQ by one bulk reduction per tile from shared staging
     "g2m64tilek": WgmmaBackwardConfig(dq_bulk=True, dk_smem=True),
+    "g2m64tileL2": WgmmaBackwardConfig(dq_bulk=True, dq_evict_last=True),  # ... with the L2 hint "evict last"
     "g2m64q4": WgmmaBackwardConfig(dq_quads=True),  # per-thread dQ reductions as v4 (a lane exchange first)
     "g2m64b1k": WgmmaBackwardConfig(stages=3, one_barrier=True, dk_smem=True),
     "g2m128b1": WgmmaBackwardConfig(block_m=128, stages=3, one_barrier=True),  # (head dim 64)

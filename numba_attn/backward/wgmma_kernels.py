@@ -123,7 +123,7 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     store = store_fragments(1, D_BLOCKS, as_16bit(bf16))
     add_dq = add_fragments(1, DQ_BLOCKS, not SIMULATOR, config.dq_quads)  # red.add.v2 / v4.f32: sm_90, as wgmma
     stage_dq = tile_stager(DQ_BLOCKS, d_pad)
-    flush_dq = tile_flusher(BLOCK_M, d_pad)
+    flush_dq = tile_flusher(BLOCK_M, d_pad, config.dq_evict_last)
 
     @device_function
     def load_tile(q, dout, stats, smem, floats, base, stats_base, b, h, m0, tid, seqlen_q, head_dim):

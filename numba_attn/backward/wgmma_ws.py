@@ -59,6 +59,7 @@ class WsBackwardConfig:
     # thread's red.global.add; the accumulator then has that layout (``dq_tiled``)
     dq_writer: bool = True
     dq_buffers: int = 2  # staging tiles (2: the consumers write tile j + 1's while the bulk copy reads tile j's)
+    dq_evict_last: bool = False  # dq_writer: the bulk reductions with the L2 policy "evict last" (FA3's)
     dq_quads: bool = False  # without dq_writer: the consumers' reductions as red.global.add.v4.f32 (lane exchange)
     # P^T and dS^T in one pass after both S^T and dP^T have landed (the forward-style step), instead of P^T under
     # the dP^T MMAs: 32 fewer live registers at the peak
@@ -70,7 +71,7 @@ class WsBackwardConfig:
     dk_smem: bool = True
 
     def __post_init__(self):
-        for name in ("dk_smem", "dq_writer", "fused_grads", "dq_quads"):
+        for name in ("dk_smem", "dq_writer", "fused_grads", "dq_quads", "dq_evict_last"):
             if type(getattr(self, name)) is not bool:
                 raise ValueError(f"WsBackwardConfig.{name}: expected a bool, got {getattr(self, name)!r}")
         common.check_fields(self, consumers=(1, 3, 1), block_m=(64, 256, 64), stages=(1, 4, 1),
@@ -112,6 +113,7 @@ GPU_CANDIDATES = {
     "ws2": DEFAULT_CONFIG,
     "tile": DEFAULT_CONFIG,  # (its name in issue #28: dQ by one bulk reduction per tile, two staging tiles)
     "tile1buf": WsBackwardConfig(dq_buffers=1),  # one staging tile, handed back once the bulk copy has read it
+    "tileL2": WsBackwardConfig(dq_evict_last=True),  # the bulk reductions with the L2 hint "evict last"
     "ws2red": WsBackwardConfig(dq_writer=False),  # dQ by every consumer thread's red.global.add.v2
     "ws2red4": WsBackwardConfig(dq_writer=False, dq_quads=True),  # ... .v4 after a lane exchange
     "ws2regs": WsBackwardConfig(dk_smem=False),  # dK's A (dS^T) from registers

@@ -113,7 +113,7 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     more_registers = tma.setmaxnreg_inc(config.consumer_registers)
     fence_init = tma.fence_mbarrier_init
     stage_dq = tile_stager(DQ_BLOCKS, d_pad)
-    flush_dq = tile_flusher(BLOCK_M, d_pad)
+    flush_dq = tile_flusher(BLOCK_M, d_pad, config.dq_evict_last)
     wait_read = bulk_wait_read1 if DQ_BUFS == 2 else bulk_wait_read
     store_word = ptx.store1
     position = block_position(HEAD_MAJOR, BLOCK_N)
@@ -157,6 +157,20 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
             bulk_load_f32(smem, base0 + STATS0 + stage * STATS_STAGE, stats[b, h], m0 // 2, STATS_BYTES, full)
 
     @device_function
+    def on_buffer(first, buf, wait):
+        """``bar.sync`` (``wait``) or ``bar.arrive`` of the writer and the consumers at barrier ``first + buf``, the
+        id a constant in each branch (with an id computed at run time ptxas reserves all 16 barriers)."""
+        if buf == 0:
+            if wait:
+                bar_sync(first, WRITER_PAIR)
+            else:
+                bar_arrive(first, WRITER_PAIR)
+        elif wait:
+            bar_sync(first + 1, WRITER_PAIR)
+        else:
+            bar_arrive(first + 1, WRITER_PAIR)
+
+    @device_function
     def write_dq(smem, base0, dq_acc, b, hk, group, m_begin, tiles, total):
         """The writer warp: each tile's staged dQ added to ``dq_acc`` by ONE bulk reduction of an elected lane, its
         staging tile handed back (for tile j + DQ_BUFS) once the copy has read it -- with two tiles one tile later,
@@ -169,13 +183,13 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
             gi = j // tiles
             h = hk * group + gi
             m0 = m_begin + (j - gi * tiles) * BLOCK_M
-            bar_sync(STAGED + j % DQ_BUFS, WRITER_PAIR)  # the consumers' dQ of tile j is in
+            on_buffer(STAGED, j % DQ_BUFS, True)  # the consumers' dQ of tile j is in
             if leader:
                 flush_dq(smem, base0 + DQS + (j % DQ_BUFS) * DQS_TILE, dq_acc[b, h], m0)
                 wait_read()  # the copy of tile j + 1 - DQ_BUFS has read its staging tile: tile j + 1's
             # (the warp reconverges here, after the leader's wait, before the aligned bar.arrive: as FA3's writer)
             if j + 1 >= DQ_BUFS and j + 1 < total:
-                bar_arrive(FREE + (j + 1) % DQ_BUFS, WRITER_PAIR)
+                on_buffer(FREE, (j + 1) % DQ_BUFS, False)
         if leader:
             bulk_wait_all()
 
@@ -288,7 +302,7 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                         wait_dq(acc_q)
                     if DQ_WRITER:
                         if i == 0:
-                            bar_sync(FREE + j % DQ_BUFS, WRITER_PAIR)  # the copy of tile j - DQ_BUFS has read it
+                            on_buffer(FREE, j % DQ_BUFS, True)  # the copy of tile j - DQ_BUFS has read it
                         stage_dq(floats, (base0 + DQS + (j % DQ_BUFS) * DQS_TILE) // 2, acc_q,
                                  KEYS * mb + 16 * warp_in + g, cc + 2 * t, sm_scale)
                     else:
@@ -296,7 +310,7 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                                head_dim, sm_scale)
                 if DQ_WRITER:
                     fence()  # the staged dQ is read by the bulk copy (async proxy)
-                    bar_arrive(STAGED + j % DQ_BUFS, WRITER_PAIR)
+                    on_buffer(STAGED, j % DQ_BUFS, False)
             else:
                 pv(acc_k, dw, smem, q_at)
             wait_dk(acc_k)

@@ -32,7 +32,7 @@ The ``convert`` kernel reads the accumulator through the same permutation (``til
 from __future__ import annotations
 
 from . import ptx
-from .ptx.bulk import bulk_commit, bulk_reduce_add_f32
+from .ptx import bulk
 from .staging import device_function
 
 
@@ -79,16 +79,19 @@ def tile_stager(blocks: int, d_pad: int):
     return stage
 
 
-def tile_flusher(block_m: int, d_pad: int):
+def tile_flusher(block_m: int, d_pad: int, evict_last: bool = False):
     """``flush(smem, at, dq_head, m0)``: ONE bulk reduction of the staged tile (``block_m * d_pad`` floats from
     16-bit index ``at`` of the uint16 shared ``smem``) onto rows ``m0 ..`` of the 2-D float32 ``dq_head``
-    (``(seqlen_pad, d_pad)`` contiguous), committed as one bulk group of the calling thread (which alone calls it)."""
+    (``(seqlen_pad, d_pad)`` contiguous), committed as one bulk group of the calling thread (which alone calls it);
+    ``evict_last``: with that L2 policy for the accumulator's lines."""
     TILE_BYTES = 4 * block_m * d_pad
+    reduce = bulk.bulk_reduce_add_f32_evict_last if evict_last else bulk.bulk_reduce_add_f32
+    commit = bulk.bulk_commit
 
     @device_function
     def flush(smem, at, dq_head, m0):
-        bulk_reduce_add_f32(dq_head, m0, smem, at, TILE_BYTES)
-        bulk_commit()
+        reduce(dq_head, m0, smem, at, TILE_BYTES)
+        commit()
 
     return flush
 

@@ -87,33 +87,55 @@ def _sim_bulk_reduce_now(arr, i, smem, src, nbytes):
     span[:] = (span.astype(np.float32) + values).astype(np.float32)
 
 
+def _bulk_reduce_typer(text: str):
+    """Typer of ``(arr, i, smem, src, nbytes)`` for a bulk reduction whose PTX is ``text`` ($0 the global address,
+    $1 the shared one, $2 the bytes)."""
+    def typer(typingctx, arr, i, smem, src, nbytes):
+        if not (_is_2d(arr) and arr.dtype == types.float32 and _is_1d(smem) and smem.dtype == types.uint16
+                and _is_int(i, src, nbytes)):
+            return None
+        sig = types.void(arr, i, smem, src, nbytes)
+
+        def codegen(context, builder, sig, args):
+            arr_ty, i_ty, smem_ty, src_ty, n_ty = sig.args
+            zero = context.get_constant(types.intp, 0)
+            dst = _pointer(context, builder, arr_ty, args[0], i_ty, args[1], types.intp, zero)
+            dst = builder.ptrtoint(builder.addrspacecast(dst, ir.PointerType(dst.type.pointee, 1)), _I64)
+            src = _shared_address(builder, _pointer1(context, builder, smem_ty, args[2], src_ty, args[3]))
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I64, _I32, _I32]), text, "l,r,r,~{memory}",
+                               side_effect=True)
+            builder.call(asm, [dst, src, _i32(context, builder, args[4], n_ty)])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return typer
+
+
 @simulated_by(_sim_bulk_reduce_add_f32)
 def bulk_reduce_add_f32(typingctx, arr, i, smem, src, nbytes):
     """(arr, i, smem, src, nbytes): add the ``nbytes / 4`` float32 values at ``smem[src:]`` (a uint16 shared array,
     16-byte aligned) to ``arr[i, 0:]`` of a 2-D float32 array in global memory (onward over the following rows
     where ``nbytes`` exceeds a row: rows contiguous), elementwise, by the TMA unit (each element atomically);
-    ``nbytes`` a multiple of 16. The copy joins this thread's current bulk group
-    (``bulk_commit``, ``bulk_wait_read``)::
+    ``nbytes`` a multiple of 16. The copy joins this thread's current bulk group (``bulk_commit``,
+    ``bulk_wait_read``)::
 
         cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [dst], [src], nbytes;"""
-    if not (_is_2d(arr) and arr.dtype == types.float32 and _is_1d(smem) and smem.dtype == types.uint16
-            and _is_int(i, src, nbytes)):
-        return None
-    sig = types.void(arr, i, smem, src, nbytes)
-    text = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;"
+    return _bulk_reduce_typer("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;")(
+        typingctx, arr, i, smem, src, nbytes)
 
-    def codegen(context, builder, sig, args):
-        arr_ty, i_ty, smem_ty, src_ty, n_ty = sig.args
-        zero = context.get_constant(types.intp, 0)
-        dst = _pointer(context, builder, arr_ty, args[0], i_ty, args[1], types.intp, zero)
-        dst = builder.ptrtoint(builder.addrspacecast(dst, ir.PointerType(dst.type.pointee, 1)), _I64)
-        src = _shared_address(builder, _pointer1(context, builder, smem_ty, args[2], src_ty, args[3]))
-        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I64, _I32, _I32]), text, "l,r,r,~{memory}",
-                           side_effect=True)
-        builder.call(asm, [dst, src, _i32(context, builder, args[4], n_ty)])
-        return context.get_dummy_value()
 
-    return sig, codegen
+@simulated_by(_sim_bulk_reduce_add_f32)
+def bulk_reduce_add_f32_evict_last(typingctx, arr, i, smem, src, nbytes):
+    """``bulk_reduce_add_f32`` with the L2 policy "evict last" for the destination lines (other blocks add to
+    the same tile soon)::
+
+        createpolicy.fractional.L2::evict_last.b64 policy, 1.0;
+        cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [dst], [src], nbytes, policy;"""
+    return _bulk_reduce_typer(
+        "{ .reg .b64 policy; createpolicy.fractional.L2::evict_last.b64 policy, 1.0; "
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [$0], [$1], $2, policy; }")(
+        typingctx, arr, i, smem, src, nbytes)
 
 
 def _sim_commit():

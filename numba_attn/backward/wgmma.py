@@ -130,19 +130,21 @@ class WgmmaBackwardConfig:
         return 2 * _kernels.layout(self, d_pad)["END"] + 1024
 
 
-#: GPU tiles by padded head dim (not yet timed: ``scripts/check_backward.py --wgmma-configs`` compares them). 128 keys
-#: (two warpgroups) per block, 64-row query tiles, as FlashAttention-3 at head dim 128 (146 KB of shared memory)
-GPU_CONFIG_64 = WgmmaBackwardConfig()
-GPU_CONFIG_128 = WgmmaBackwardConfig()
+#: GPU tiles by padded head dim (``scripts/check_backward.py --wgmma-configs`` compares them): 128 keys (two
+#: warpgroups) per block, 64-row query tiles, as FlashAttention-3 at head dim 128, dQ by one bulk reduction per tile
+#: (210 KB of shared memory at 128): 0.99-1.14x the per-thread reductions on an H100 (bf16, 2026-11-26 03:28). Up to
+#: head dim 64 the dispatch takes ``wgmma_ws`` instead (``dispatch.WS_MAX_HEAD_DIM``); this is its fallback there.
+GPU_CONFIG_64 = WgmmaBackwardConfig(dq_bulk=True)
+GPU_CONFIG_128 = GPU_CONFIG_64
 GPU_CANDIDATES = {
-    "g2m64": GPU_CONFIG_128,  # the default
+    "g2m64": WgmmaBackwardConfig(),  # dQ by every thread's red.global.add.v2 (the default until 2026-11-26)
     "g2m64s3": WgmmaBackwardConfig(stages=3),  # three stages of Q / dO
     "g2m128": WgmmaBackwardConfig(block_m=128),  # 128-row tiles, each warpgroup one m-block of dQ (head dim 64)
     "g1m64": WgmmaBackwardConfig(warpgroups=1, blocks_per_sm=2),  # 64-key blocks, two per SM
     "g1m128": WgmmaBackwardConfig(warpgroups=1, block_m=128, blocks_per_sm=2),  # head dim 64: N = 128 for S^T
     "g2m64b1": WgmmaBackwardConfig(stages=3, one_barrier=True),  # one barrier per tile
     "g2m64k": WgmmaBackwardConfig(dk_smem=True),  # dK's A (dS^T) from shared memory
-    "g2m64tile": WgmmaBackwardConfig(dq_bulk=True),  # dQ by one bulk reduction per tile from shared staging
+    "g2m64tile": GPU_CONFIG_128,  # the default: dQ by one bulk reduction per tile from shared staging
     "g2m64tilek": WgmmaBackwardConfig(dq_bulk=True, dk_smem=True),
     "g2m64tileL2": WgmmaBackwardConfig(dq_bulk=True, dq_evict_last=True),  # ... with the L2 hint "evict last"
     "g2m64q4": WgmmaBackwardConfig(dq_quads=True),  # per-thread dQ reductions as v4 (a lane exchange first)
@@ -152,8 +154,8 @@ GPU_CANDIDATES = {
     "probe_nored": WgmmaBackwardConfig(probe="no_red"),
     "probe_nodq": WgmmaBackwardConfig(probe="no_dq"),
 }
-#: one warpgroup (64 keys) and 64-row tiles: the smallest the warpgroup MMAs allow
-SIMULATOR_CONFIG = WgmmaBackwardConfig(warpgroups=1)
+#: one warpgroup (64 keys) and 64-row tiles: the smallest the warpgroup MMAs allow; dQ as on the GPU
+SIMULATOR_CONFIG = WgmmaBackwardConfig(warpgroups=1, dq_bulk=True)
 
 
 def default_config(head_dim: int = 128) -> WgmmaBackwardConfig:

@@ -58,7 +58,9 @@ class WsBackwardConfig:
     # reduction (cp.reduce.async.bulk) of an elected lane of the producer's second warp, instead of every consumer
     # thread's red.global.add; the accumulator then has that layout (``dq_tiled``)
     dq_writer: bool = True
-    dq_buffers: int = 2  # staging tiles (2: the consumers write tile j + 1's while the bulk copy reads tile j's)
+    # staging tiles (2: the consumers write tile j + 1's while the bulk copy reads tile j's; measured slower at head
+    # dim 128 on an H100: 226 KB of shared memory leave little L1 for the consumers' spills)
+    dq_buffers: int = 1
     dq_evict_last: bool = False  # dq_writer: the bulk reductions with the L2 policy "evict last" (FA3's)
     dq_quads: bool = False  # without dq_writer: the consumers' reductions as red.global.add.v4.f32 (lane exchange)
     # P^T and dS^T in one pass after both S^T and dP^T have landed (the forward-style step), instead of P^T under
@@ -107,12 +109,13 @@ class WsBackwardConfig:
 
 
 #: two consumers (128-key blocks), 64-row tiles, two stages, 24 / 240 registers: FlashAttention-3's shape at head
-#: dim 128 (226 KB of shared memory at 128 with the two dQ staging tiles; 194 KB with one)
+#: dim 128; dQ by one bulk reduction per tile from one staging tile (194 KB of shared memory at 128, 114 KB at 64).
+#: The dispatch's default up to head dim 64: 1.08-1.23x ``wgmma`` there on an H100 (bf16, 2026-11-26 03:28)
 DEFAULT_CONFIG = WsBackwardConfig()
 GPU_CANDIDATES = {
     "ws2": DEFAULT_CONFIG,
-    "tile": DEFAULT_CONFIG,  # (its name in issue #28: dQ by one bulk reduction per tile, two staging tiles)
-    "tile1buf": WsBackwardConfig(dq_buffers=1),  # one staging tile, handed back once the bulk copy has read it
+    "tile1buf": DEFAULT_CONFIG,  # (its name in issue #28: one staging tile, handed back once the copy has read it)
+    "tile": WsBackwardConfig(dq_buffers=2),  # two staging tiles (226 KB at head dim 128)
     "tileL2": WsBackwardConfig(dq_evict_last=True),  # the bulk reductions with the L2 hint "evict last"
     "ws2red": WsBackwardConfig(dq_writer=False),  # dQ by every consumer thread's red.global.add.v2
     "ws2red4": WsBackwardConfig(dq_writer=False, dq_quads=True),  # ... .v4 after a lane exchange
@@ -120,8 +123,8 @@ GPU_CANDIDATES = {
     "ws2split": WsBackwardConfig(fused_grads=False),  # P^T under the dP^T MMAs
     "ws2q2": WsBackwardConfig(dq_parts=2),  # dQ in two MMAs of half the columns each
     "ws2p40": WsBackwardConfig(producer_registers=40, consumer_registers=232),
-    "ws2s3": WsBackwardConfig(stages=3, dq_buffers=1),  # (two staging tiles and three stages: 258 KB at 128)
-    "ws2m128": WsBackwardConfig(block_m=128, dq_buffers=1),  # head dim 64
+    "ws2s3": WsBackwardConfig(stages=3),  # (two staging tiles and three stages would be 258 KB at 128)
+    "ws2m128": WsBackwardConfig(block_m=128),  # head dim 64
     "ws3": WsBackwardConfig(consumers=3, producer_registers=32, consumer_registers=160),  # head dim 64
 }
 SIMULATOR_CONFIG = WsBackwardConfig(consumers=1)

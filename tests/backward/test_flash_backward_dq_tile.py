@@ -78,8 +78,7 @@ def test_preprocess_zeroes_the_padded_accumulator():
 
 # (backend, dtype, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, tiles: SIMULATOR_CONFIG changes)
 SIMULATED = [
-    # GQA 2:1, causal Lq < Lk: two tiles per head (rows 70..127 padding), two key blocks; d_pad 16's permutation
-    ("wgmma", "float16", 2, 1, 70, 90, 16, True, dict(dq_bulk=True)),
+    # (GQA, causal Lq < Lk, two tiles per head, d_pad 16, the default dq_bulk: test_flash_backward_wgmma's first case)
     # Lq > Lk, rows that see no key; head dim 24 in 32 columns (logical columns < 24 stored past 24)
     ("wgmma", "bfloat16", 1, 1, 90, 40, 24, True, dict(dq_bulk=True)),
     # two warpgroups staging column halves of one tile, one bulk reduction for both

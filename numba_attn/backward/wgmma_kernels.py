@@ -229,10 +229,8 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                 prefetch(q, dout, stats, smem, floats, base0, b, hk, group, tiles, m_begin, j + STAGES - 1,
                          total, tid, seqlen_q, head_dim)
                 if DQ_BULK and tid == 0 and j > 0:
-                    # tile j - 1's staged dQ (published by the barrier) out by one bulk reduction; tile j - 2's has
-                    # read its staging tile, which tile j writes after its next barrier
+                    # tile j - 1's staged dQ (published by the barrier) out by one bulk reduction
                     flush_dq(smem, base0 + DQS + ((j - 1) % 2) * DQS_TILE, dq_acc[b, h_prev], m_prev)
-                    bulk_wait_read1()
 
             # ---- S^T = K Q^T and dP^T = V dO^T for the warpgroup's 64 keys; P^T under the dP^T MMAs -------------
             kq(s, smem, k_at, q_at)
@@ -257,6 +255,10 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                          total, tid, seqlen_q, head_dim)
             elif DQ_MMA:
                 fence()
+                if DQ_BULK and tid == 0:
+                    # as late as possible: tile j - 2's copy has read the staging tile that tile j writes after this
+                    # barrier (only tile j - 1's may still be reading)
+                    bulk_wait_read1()
                 cuda.syncthreads()  # every warpgroup's dS^T is in
             if DQ_MMA:
                 # ---- dQ = dS K (dS^T read transposed), this warpgroup's m-blocks and columns; dK += dS^T Q runs

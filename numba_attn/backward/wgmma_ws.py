@@ -62,6 +62,7 @@ class WsBackwardConfig:
     # dim 128 on an H100: 226 KB of shared memory leave little L1 for the consumers' spills)
     dq_buffers: int = 1
     dq_evict_last: bool = False  # dq_writer: the bulk reductions with the L2 policy "evict last" (FA3's)
+    probe: str = ""  # timing only, WRONG dq: "no_red" (dQ MMAs, no reductions, no writer)
     dq_quads: bool = False  # without dq_writer: the consumers' reductions as red.global.add.v4.f32 (lane exchange)
     # P^T and dS^T in one pass after both S^T and dP^T have landed (the forward-style step), instead of P^T under
     # the dP^T MMAs: 32 fewer live registers at the peak
@@ -79,6 +80,8 @@ class WsBackwardConfig:
         common.check_fields(self, consumers=(1, 3, 1), block_m=(64, 256, 64), stages=(1, 4, 1),
                             producer_registers=(24, 256, 8), consumer_registers=(24, 256, 8), dq_parts=(1, 4, 1),
                             dq_buffers=(1, 2, 1))
+        if self.probe not in ("", "no_red"):
+            raise ValueError(f"WsBackwardConfig.probe: expected '' or 'no_red', got {self.probe!r}")
         m_blocks = self.block_m // 64
         if self.consumers % m_blocks and m_blocks % self.consumers:
             raise ValueError(f"WsBackwardConfig: block_m / 64 ({m_blocks}) and consumers ({self.consumers}) must "
@@ -94,7 +97,7 @@ class WsBackwardConfig:
     @property
     def dq_tiled(self) -> bool:
         """Whether ``dQ`` goes to the accumulator in whole tiles (``core.dq_tile``'s layout and row padding)."""
-        return self.dq_writer
+        return self.dq_writer and not self.probe
 
     @property
     def warpgroups(self) -> int:  # (dq_split reads it: the warpgroups that share dQ)
@@ -126,6 +129,7 @@ GPU_CANDIDATES = {
     "ws2s3": WsBackwardConfig(stages=3),  # (two staging tiles and three stages would be 258 KB at 128)
     "ws2m128": WsBackwardConfig(block_m=128),  # head dim 64
     "ws3": WsBackwardConfig(consumers=3, producer_registers=32, consumer_registers=160),  # head dim 64
+    "ws_probe_nored": WsBackwardConfig(probe="no_red"),  # timing probe (wrong dq): dQ MMAs, no reductions
 }
 SIMULATOR_CONFIG = WsBackwardConfig(consumers=1)
 

@@ -39,7 +39,7 @@ def layout(config, d_pad: int) -> dict:
     out["STATS_STAGE"] = 4 * config.block_m
     out["DQS"] = out["STATS0"] + config.stages * out["STATS_STAGE"]  # dQ staging tiles (core.dq_tile's layout)
     out["DQS_TILE"] = 2 * config.block_m * d_pad
-    out["BARS"] = out["DQS"] + (config.dq_buffers * out["DQS_TILE"] if config.dq_writer else 0)  # K/V full, then
+    out["BARS"] = out["DQS"] + (config.dq_buffers * out["DQS_TILE"] if config.dq_tiled else 0)  # K/V full, then
     # full, empty per stage
     out["END"] = out["BARS"] + 4 * (1 + 2 * config.stages)
     return out
@@ -50,7 +50,8 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     CONSUMERS = config.consumers
     BLOCK_N, BLOCK_M, STAGES = config.block_n, config.block_m, config.stages
     ATOMIC_DQ = atomic_dq
-    DQ_WRITER = atomic_dq and config.dq_writer
+    DQ_RED = atomic_dq and config.probe != "no_red"  # (the probe: timing only, wrong dq)
+    DQ_WRITER = DQ_RED and config.dq_writer
     DK_SMEM = atomic_dq and config.dk_smem
     at = layout(config, d_pad)
     K_OFF, V_OFF, DS_OFF, DS_TILE, Q_TILE = at["K"], at["V"], at["DS"], at["DS_TILE"], at["Q_TILE"]
@@ -305,7 +306,7 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                             on_buffer(FREE, j % DQ_BUFS, True)  # the copy of tile j - DQ_BUFS has read it
                         stage_dq(floats, (base0 + DQS + (j % DQ_BUFS) * DQS_TILE) // 2, acc_q,
                                  KEYS * mb + 16 * warp_in + g, cc + 2 * t, sm_scale)
-                    else:
+                    elif DQ_RED:
                         add_dq(acc_q, dq_acc[b, h], m0 + KEYS * mb + 16 * warp_in + g, seqlen_q, cc + 2 * t,
                                head_dim, sm_scale)
                 if DQ_WRITER:

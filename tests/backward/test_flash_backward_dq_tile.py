@@ -67,6 +67,23 @@ def test_convert_reads_the_tiled_layout(d_pad, head_dim, bf16):
     np.testing.assert_allclose(got, expect, rtol=1e-2 if bf16 else 1e-3)
 
 
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator twins")
+def test_simulated_bulk_reductions_read_their_source_at_the_wait():
+    from numba_attn.core.ptx import bulk
+
+    smem = np.zeros(32, np.uint16)
+    staged = smem.view(np.float32)
+    dst = np.zeros((4, 4), np.float32)
+    staged[:] = 1.0
+    bulk.bulk_reduce_add_f32(dst, 1, smem, 0, 32)  # 8 floats: rows 1 and 2 (contiguous rows)
+    bulk.bulk_commit()
+    staged[:] = 2.0  # written again before any wait: the copy may read this
+    bulk.bulk_wait_read1()  # the newest group may still be pending
+    assert not dst.any()
+    bulk.bulk_wait_read()
+    np.testing.assert_array_equal(dst, np.repeat([0.0, 2.0, 2.0, 0.0], 4).reshape(4, 4))
+
+
 @pytest.mark.skipif(not SIMULATOR, reason="host arrays: simulator only")
 def test_preprocess_zeroes_the_padded_accumulator():
     out = np.ones((1, 1, 5, 24), np.float16)

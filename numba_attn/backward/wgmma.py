@@ -73,10 +73,14 @@ class WgmmaBackwardConfig:
     # while another still reads tile j's)
     one_barrier: bool = False
     probe: str = ""  # timing only, WRONG dq: "no_red" (dQ MMAs, no reductions), "no_dq" (no dQ at all)
-    # dQ through two shared staging tiles in the tiled layout of core.dq_tile, each added to the accumulator by ONE
+    # dQ through shared staging tiles in the tiled layout of core.dq_tile, each added to the accumulator by ONE
     # bulk reduction (cp.reduce.async.bulk, thread 0, after the next barrier) instead of every thread's
     # red.global.add; the accumulator then has that layout (``dq_tiled``)
     dq_bulk: bool = False
+    dq_buffers: int = 2  # dq_bulk's staging tiles (1: thread 0 waits for the copy's read before the tile's barrier)
+    # dq_bulk with two staging tiles: thread 0 waits for the older copy's read just before the barrier after which
+    # the tile is staged, not right after issuing the newer copy (measured slower at head dim 128, faster at 64)
+    dq_late_wait: bool = False
     # per-thread dQ reductions as red.global.add.v4.f32 (lanes t, t ^ 1 swap a pair first): half the reductions
     dq_quads: bool = False
     dq_evict_last: bool = False  # dq_bulk: the bulk reductions with the L2 policy "evict last" (FlashAttention-3's)
@@ -89,11 +93,13 @@ class WgmmaBackwardConfig:
         if type(self.dk_smem) is not bool:
             raise ValueError(f"WgmmaBackwardConfig.dk_smem: expected a bool, got {self.dk_smem!r}")
         common.check_fields(self, warpgroups=(1, 4, 1), block_m=(64, 256, 64), stages=(2, 4, 1),
-                            blocks_per_sm=(1, None, 1))
+                            blocks_per_sm=(1, None, 1), dq_buffers=(1, 2, 1))
         if type(self.one_barrier) is not bool:
             raise ValueError(f"WgmmaBackwardConfig.one_barrier: expected a bool, got {self.one_barrier!r}")
         if self.one_barrier and self.stages < 3:
             raise ValueError("WgmmaBackwardConfig: one_barrier needs stages >= 3 (copies two tiles ahead)")
+        if type(self.dq_late_wait) is not bool:
+            raise ValueError(f"WgmmaBackwardConfig.dq_late_wait: expected a bool, got {self.dq_late_wait!r}")
         if type(self.dq_evict_last) is not bool:
             raise ValueError(f"WgmmaBackwardConfig.dq_evict_last: expected a bool, got {self.dq_evict_last!r}")
         if type(self.dq_quads) is not bool:
@@ -146,6 +152,8 @@ GPU_CANDIDATES = {
     "g2m64k": WgmmaBackwardConfig(dk_smem=True),  # dK's A (dS^T) from shared memory
     "g2m64tile": GPU_CONFIG_128,  # the default: dQ by one bulk reduction per tile from shared staging
     "g2m64tilek": WgmmaBackwardConfig(dq_bulk=True, dk_smem=True),
+    "g2m64tile1": WgmmaBackwardConfig(dq_bulk=True, dq_buffers=1),  # one staging tile (178 KB at head dim 128)
+    "g2m64tilelate": WgmmaBackwardConfig(dq_bulk=True, dq_late_wait=True),  # the copy's read waited for late
     "g2m64tileL2": WgmmaBackwardConfig(dq_bulk=True, dq_evict_last=True),  # ... with the L2 hint "evict last"
     "g2m64q4": WgmmaBackwardConfig(dq_quads=True),  # per-thread dQ reductions as v4 (a lane exchange first)
     "g2m64b1k": WgmmaBackwardConfig(stages=3, one_barrier=True, dk_smem=True),

@@ -17,7 +17,7 @@ from ..core.epilogue import add_fragments, as_16bit, store_fragments
 from ..core.gradients import probabilities_then_grads
 from ..core.mask import tile_is_partial
 from ..core.dq_tile import tile_flusher, tile_stager
-from ..core.ptx.bulk import bulk_wait_all, bulk_wait_read1
+from ..core.ptx.bulk import bulk_wait_all, bulk_wait_read, bulk_wait_read1
 from ..core.softmax import fragment_clear
 from ..core.staging import device_function
 from ..core.staging import tile_loader as row_loader
@@ -43,7 +43,7 @@ def layout(config, d_pad: int) -> dict:
     out["STATS_STAGE"] = 4 * config.block_m
     out["DQS"] = out["STATS0"] + config.stages * out["STATS_STAGE"]  # dq_bulk: two staging tiles of dQ
     out["DQS_TILE"] = 2 * config.block_m * d_pad  # (16-bit units; core.dq_tile's layout, rows unpadded)
-    out["END"] = out["DQS"] + (2 * out["DQS_TILE"] if config.dq_bulk else 0)
+    out["END"] = out["DQS"] + (config.dq_buffers * out["DQS_TILE"] if config.dq_bulk else 0)
     return out
 
 
@@ -78,6 +78,11 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     K_OFF, V_OFF, DS_OFF, Q_TILE, DS_TILE = at["K"], at["V"], at["DS"], at["Q_TILE"], at["DS_TILE"]
     STAGE0, STAGE, STATS0, STATS_STAGE = at["STAGE0"], at["STAGE"], at["STATS0"], at["STATS_STAGE"]
     DQS, DQS_TILE = at["DQS"], at["DQS_TILE"]
+    DQ_BUFS = config.dq_buffers
+    # thread 0 waits for the read of the copy that used tile j's staging tile right after issuing tile j - 1's copy
+    # (two staging tiles; measured faster at head dim 128), or late, before the barrier after which tile j is staged
+    LATE_WAIT = config.dq_late_wait or DQ_BUFS == 1
+    wait_staging_read = bulk_wait_read1 if DQ_BUFS == 2 else bulk_wait_read
     D_STEPS = d_pad // 16  # k-steps of S^T = K Q^T and dP^T = V dO^T
     M_STEPS = BLOCK_M // 16  # k-steps of dV = P^T dO and dK = dS^T Q
     P_WORDS = 4 * M_STEPS  # P^T / dS^T as A fragments: four 32-bit words per k-step
@@ -230,7 +235,9 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                          total, tid, seqlen_q, head_dim)
                 if DQ_BULK and tid == 0 and j > 0:
                     # tile j - 1's staged dQ (published by the barrier) out by one bulk reduction
-                    flush_dq(smem, base0 + DQS + ((j - 1) % 2) * DQS_TILE, dq_acc[b, h_prev], m_prev)
+                    flush_dq(smem, base0 + DQS + ((j - 1) % DQ_BUFS) * DQS_TILE, dq_acc[b, h_prev], m_prev)
+                    if not LATE_WAIT:
+                        wait_staging_read()  # tile j - 2's copy has read the staging tile that tile j writes
 
             # ---- S^T = K Q^T and dP^T = V dO^T for the warpgroup's 64 keys; P^T under the dP^T MMAs -------------
             kq(s, smem, k_at, q_at)
@@ -255,10 +262,10 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                          total, tid, seqlen_q, head_dim)
             elif DQ_MMA:
                 fence()
-                if DQ_BULK and tid == 0:
-                    # as late as possible: tile j - 2's copy has read the staging tile that tile j writes after this
-                    # barrier (only tile j - 1's may still be reading)
-                    bulk_wait_read1()
+                if DQ_BULK and LATE_WAIT and tid == 0:
+                    # as late as possible: the copy of tile j - DQ_BUFS has read the staging tile that tile j writes
+                    # after this barrier (with two, tile j - 1's may still be reading the other)
+                    wait_staging_read()
                 cuda.syncthreads()  # every warpgroup's dS^T is in
             if DQ_MMA:
                 # ---- dQ = dS K (dS^T read transposed), this warpgroup's m-blocks and columns; dK += dS^T Q runs
@@ -276,7 +283,7 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                     else:
                         wait_dq(acc_q)
                     if DQ_BULK:
-                        stage_dq(floats, (base0 + DQS + (j % 2) * DQS_TILE) // 2, acc_q,
+                        stage_dq(floats, (base0 + DQS + (j % DQ_BUFS) * DQS_TILE) // 2, acc_q,
                                  KEYS * mb + 16 * warp_in + g, c0 + 2 * t, sm_scale)
                     elif DQ_RED:
                         add_dq(acc_q, dq_acc[b, h], m0 + KEYS * mb + 16 * warp_in + g, seqlen_q, c0 + 2 * t,
@@ -291,7 +298,7 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
         if DQ_BULK and total > 0:
             cuda.syncthreads()  # the last tile's staged dQ is in
             if tid == 0:
-                flush_dq(smem, base0 + DQS + ((total - 1) % 2) * DQS_TILE, dq_acc[b, h_prev], m_prev)
+                flush_dq(smem, base0 + DQS + ((total - 1) % DQ_BUFS) * DQS_TILE, dq_acc[b, h_prev], m_prev)
                 bulk_wait_all()
         wait_dv(acc_v)
         wait_all()  # copies past the walk (none when it was empty but K, V): landed before the block ends

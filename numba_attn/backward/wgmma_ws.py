@@ -120,6 +120,10 @@ GPU_CANDIDATES = {
     "tile1buf": DEFAULT_CONFIG,  # (its name in issue #28: one staging tile, handed back once the copy has read it)
     "tile": WsBackwardConfig(dq_buffers=2),  # two staging tiles (226 KB at head dim 128)
     "tileL2": WsBackwardConfig(dq_evict_last=True),  # the bulk reductions with the L2 hint "evict last"
+    # the producer warpgroup (copies, dQ writer) spills at 24 registers: ptxas -v, head dim 64: 88 bytes of spill
+    # stores at 24 / 240, 0 at 40 / 232; 128: 212, 168 at 40 / 232, 152 at 32 / 240 (128 with no dQ at all)
+    "tilep40": WsBackwardConfig(producer_registers=40, consumer_registers=232),
+    "tilep32": WsBackwardConfig(producer_registers=32, consumer_registers=240),
     "ws2red": WsBackwardConfig(dq_writer=False),  # dQ by every consumer thread's red.global.add.v2
     "ws2red4": WsBackwardConfig(dq_writer=False, dq_quads=True),  # ... .v4 after a lane exchange
     "ws2regs": WsBackwardConfig(dk_smem=False),  # dK's A (dS^T) from registers

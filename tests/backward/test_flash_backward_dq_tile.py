@@ -96,8 +96,8 @@ def test_preprocess_zeroes_the_padded_accumulator():
 # (backend, dtype, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, tiles: SIMULATOR_CONFIG changes)
 SIMULATED = [
     # (GQA, causal Lq < Lk, two tiles per head, d_pad 16, the default dq_bulk: test_flash_backward_wgmma's first case)
-    # Lq > Lk, rows that see no key; head dim 24 in 32 columns (logical columns < 24 stored past 24)
-    ("wgmma", "bfloat16", 1, 1, 90, 40, 24, True, dict(dq_bulk=True)),
+    # Lq > Lk, rows that see no key; head dim 24 in 32 columns (logical columns < 24 stored past 24); one staging tile
+    ("wgmma", "bfloat16", 1, 1, 90, 40, 24, True, dict(dq_bulk=True, dq_buffers=1)),
     # two warpgroups staging column halves of one tile, one bulk reduction for both
     ("wgmma", "float16", 1, 1, 30, 100, 16, True, dict(warpgroups=2, dq_bulk=True)),
     # one staging tile, four walk tiles (GQA), not causal, Lq > Lk, d_pad 32
@@ -128,6 +128,8 @@ def test_config_checks():
         backward_wgmma_ws.WsBackwardConfig(dq_buffers=3)
     assert not backward_wgmma.WgmmaBackwardConfig().dq_tiled  # the default keeps the per-thread reductions
     assert backward_wgmma.GPU_CANDIDATES["g2m64tile"].dq_tiled
+    with pytest.raises(ValueError, match="dq_buffers"):
+        backward_wgmma.WgmmaBackwardConfig(dq_buffers=0)
     for name in ("tile", "tile1buf"):
         config = backward_wgmma_ws.GPU_CANDIDATES[name]
         assert config.dq_tiled and config.shared_bytes(128) <= 227 * 1024, name

@@ -73,6 +73,9 @@ def _warm(job) -> str:
         chosen = os.environ.get("CHECK_BACKWARD_WGMMA_DEFAULT")
         if chosen:  # --wgmma-default, in a spawned worker
             wgmma.GPU_CONFIG_64 = wgmma.GPU_CONFIG_128 = wgmma.GPU_CANDIDATES[chosen]
+        chosen = os.environ.get("CHECK_BACKWARD_WS_DEFAULT")
+        if chosen:  # --ws-default
+            wgmma_ws.DEFAULT_CONFIG = wgmma_ws.GPU_CANDIDATES[chosen]
         if config_name:
             _use_config(module, module.GPU_CANDIDATES[config_name])
 
@@ -329,6 +332,8 @@ def main():
     parser.add_argument("--ws-configs", default="", help="names of wgmma_ws.GPU_CANDIDATES to time too")
     parser.add_argument("--wgmma-default", default="", help="a name of wgmma.GPU_CANDIDATES to run as backend "
                         "'wgmma' itself (correctness included) instead of the default tiles")
+    parser.add_argument("--ws-default", default="", help="a name of wgmma_ws.GPU_CANDIDATES to run as backend "
+                        "'wgmma_ws' itself (correctness included) instead of its default tiles")
     parser.add_argument("--seqlens", default="1k,2k,4k,8k,16k", help="timing sequence lengths [1k,2k,4k,8k,16k]")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--dtypes", default="float16", help="timing dtypes, of float16,bfloat16 [float16]")
@@ -358,6 +363,13 @@ def main():
         wgmma.GPU_CONFIG_64 = wgmma.GPU_CONFIG_128 = chosen  # (default_config reads them; spawned workers too)
         os.environ["CHECK_BACKWARD_WGMMA_DEFAULT"] = args.wgmma_default
         say(f"INFO backend wgmma runs {args.wgmma_default}: {chosen}")
+    if args.ws_default:
+        if args.ws_default not in wgmma_ws.GPU_CANDIDATES:
+            say(f"ERROR --ws-default: unknown {args.ws_default}; choose from {', '.join(wgmma_ws.GPU_CANDIDATES)}")
+            return 2
+        wgmma_ws.DEFAULT_CONFIG = wgmma_ws.GPU_CANDIDATES[args.ws_default]  # (default_config reads it)
+        os.environ["CHECK_BACKWARD_WS_DEFAULT"] = args.ws_default
+        say(f"INFO backend wgmma_ws runs {args.ws_default}: {wgmma_ws.DEFAULT_CONFIG}")
     columns = []
     for backend, module, extra in (("wgmma_ws", wgmma_ws, args.ws_configs), ("wgmma", wgmma, args.wgmma_configs),
                                    ("mma", mma, args.configs)):

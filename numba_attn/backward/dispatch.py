@@ -4,7 +4,7 @@ Backends: "wgmma" (Hopper warpgroup MMAs, sm_90, float16 / bfloat16, head dims u
 "wgmma_ws" its warp-specialised TMA version, opt-in), "mma" (tensor cores on sm_80+, float16 / bfloat16,
 ``backward.mma``), "tf32" (tensor cores on sm_80+, float32 as 3xTF32, or one tf32 term with ``allow_tf32``,
 ``backward.tf32``) and "simt" (CUDA cores, float16 / float32, any GPU). ``None`` picks "wgmma" where it applies
-(``WGMMA_BY_DEFAULT``, on), else "mma" for 16-bit inputs and "tf32" for float32 where they apply, else "simt"; under
+(``WGMMA_BY_DEFAULT``, on; "wgmma_ws" up to padded head dim ``WS_MAX_HEAD_DIM``), else "mma" for 16-bit inputs and "tf32" for float32 where they apply, else "simt"; under
 the simulator float16 and float32 take "simt" (much faster there) unless a tensor-core backend is asked for
 (float32: or ``allow_tf32``). bfloat16 needs "mma" or "wgmma". "simt" ignores ``allow_tf32``. "wgmma" gives inputs
 whose rows do not copy in aligned 16-byte pieces, and the deterministic ``dq`` (the query-block kernel), to "mma".
@@ -22,6 +22,7 @@ without atomics.
 """
 from __future__ import annotations
 
+from ..core import dq_tile
 from ..runtime.arrays import BFLOAT16
 from ..runtime.attention_args import BackwardArgs
 from ..runtime.device import SIMULATOR, compute_capability
@@ -38,6 +39,9 @@ BACKENDS = ("simt", "mma", "tf32", "wgmma", "wgmma_ws")
 #: whether ``backend=None`` takes "wgmma" where it applies (sm_90, float16 / bfloat16, head dim <= 128, rows in
 #: aligned 16-byte pieces): measured 1.0-1.2x "mma" on an H100 (docs/design/backward.md), so on
 WGMMA_BY_DEFAULT = True
+#: up to this padded head dim ``backend=None`` takes "wgmma_ws" instead of "wgmma" (its TMA copies and dQ writer warp:
+#: 1.08-1.23x "wgmma" at head dim 64, a tie at 128 on an H100, bf16, 2026-11-26 03:28)
+WS_MAX_HEAD_DIM = 64
 
 
 def choose_backend(backend, dtype: str, head_dim: int, allow_tf32: bool = False) -> str:
@@ -54,7 +58,7 @@ def choose_backend(backend, dtype: str, head_dim: int, allow_tf32: bool = False)
                              f"on compute capability 9.0; got {dtype}, headdim {head_dim} on {where}")
         return backend
     if backend is None and WGMMA_BY_DEFAULT and _wgmma.supports(dtype, head_dim) and not SIMULATOR:
-        return "wgmma"
+        return "wgmma_ws" if _wgmma.padded_head_dim(head_dim) <= WS_MAX_HEAD_DIM else "wgmma"
     if backend == "mma" and not mma_ok:
         if dtype not in _mma.DTYPES:
             raise ValueError(f"backend: 'mma' takes float16 or bfloat16, got {dtype} (float32: backend='tf32' or "
@@ -176,10 +180,14 @@ def _run_wgmma(call, args: BackwardArgs, deterministic: bool, backend: str) -> N
     rows = _wgmma.stats_rows(seqlen_q, config.block_m, config.dq_block_m, _wgmma.stats_multiple(wg_config),
                              ws_config.block_m)
     stats = call.scratch((batch, heads, rows // 2, 4), "float32")
+    # whole-tile bulk reductions of dQ (core.dq_tile): rows padded to whole tiles, columns permuted
+    tiled = not deterministic and (ws_config if backend == "wgmma_ws" else wg_config).dq_tiled
+    d_pad = _wgmma.padded_head_dim(head_dim)
     dq_acc = None
     if not deterministic:
         # as wide as the padded head dim: whole column pairs for the vector reductions
-        dq_acc = call.scratch((batch, heads, seqlen_q, _wgmma.padded_head_dim(head_dim)), "float32")
+        acc_rows = dq_tile.padded_rows(seqlen_q, ws_config.block_m if backend == "wgmma_ws" else wg_config.block_m)
+        dq_acc = call.scratch((batch, heads, acc_rows if tiled else seqlen_q, d_pad), "float32")
     if seqlen_q > 0:
         _preprocess.launch(args.out, args.dout, stats, dq_acc, call.stream, bf16=bf16, lse=args.lse)
     if args.k.shape[2] > 0 and backend == "wgmma_ws":
@@ -194,4 +202,6 @@ def _run_wgmma(call, args: BackwardArgs, deterministic: bool, backend: str) -> N
         _mma.launch_dq(args.q, args.k, args.v, args.dout, stats, args.dq, args.sm_scale, args.causal, call.stream,
                        config=config, dtype=call.dtype)
     else:
-        _convert.launch(restride(dq_acc, tuple(args.dq.shape), dq_acc.strides), args.dq, call.stream, bf16=bf16)
+        width = d_pad if tiled else head_dim  # (the tiled layout is read whole-row: its columns are permuted)
+        _convert.launch(restride(dq_acc, (batch, heads, seqlen_q, width), dq_acc.strides), args.dq, call.stream,
+                        bf16=bf16, tiled=tiled)

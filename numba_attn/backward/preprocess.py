@@ -57,9 +57,10 @@ _LOG2E = np.float32(LOG2E)
 
 @lru_cache(maxsize=None)
 def preprocess_kernel(config: PreprocessConfig, zero_dq: bool, bf16: bool = False, stats: bool = False):
-    """``kernel(out, dout, lse, delta, dq_acc)``; ``zero_dq``: also set ``dq_acc`` (float32, q's shape, or wider) to 0
-    in the columns below headdim; ``bf16``: ``out`` and ``dout`` are bfloat16 bit patterns (uint16); ``stats``:
-    ``delta`` is the ``stats`` array of the module docstring (``lse`` is read only then)."""
+    """``kernel(out, dout, lse, delta, dq_acc)``; ``zero_dq``: also set ``dq_acc`` (float32, q's shape, or wider or
+    longer: padded columns and rows, ``core.dq_tile``) to 0, whole; ``bf16``: ``out`` and ``dout`` are bfloat16 bit
+    patterns (uint16); ``stats``: ``delta`` is the ``stats`` array of the module docstring (``lse`` is read only
+    then)."""
     TX, TY = config.threads_x, config.threads_y
     PARTS = TX * TY  # a shared array's size must be a constant of the closure, not an expression of two
     ZERO_DQ = zero_dq
@@ -87,8 +88,9 @@ def preprocess_kernel(config: PreprocessConfig, zero_dq: bool, bf16: bool = Fals
                     part += bf16_to_float(do_head[row, d]) * bf16_to_float(out_head[row, d])
                 else:
                     part += float32(do_head[row, d]) * float32(out_head[row, d])
-                if ZERO_DQ:
-                    dq_head[row, d] = float32(0.0)
+        if ZERO_DQ and row < dq_acc.shape[2]:
+            for d in range(tx, dq_acc.shape[3], TX):
+                dq_head[row, d] = float32(0.0)
         parts = cuda.shared.array(PARTS, float32)
         parts[index(ty * TX + tx)] = part
         cuda.syncthreads()
@@ -113,15 +115,18 @@ def preprocess_kernel(config: PreprocessConfig, zero_dq: bool, bf16: bool = Fals
 def launch(out, dout, delta, dq_acc, stream, config: PreprocessConfig | None = None, bf16: bool = False,
            lse=None) -> None:
     """``delta[b, h, i] = sum_d dout * out`` (float32 ``(batch, heads, seqlen_q)``); ``dq_acc`` (float32, q's shape
-    or wider along headdim) zeroed unless None. Views of shape ``(batch, heads, seqlen_q, headdim)``, any strides;
-    ``bf16``: they hold bfloat16 bits. With ``lse`` (the forward's, ``(batch, heads, seqlen_q)``) ``delta`` is the
-    ``stats`` array ``(batch, heads, padded_rows / 2, 4)`` of the module docstring instead."""
+    or wider along headdim, or with more rows) zeroed whole unless None. Views of shape ``(batch, heads, seqlen_q,
+    headdim)``, any strides; ``bf16``: they hold bfloat16 bits. With ``lse`` (the forward's, ``(batch, heads,
+    seqlen_q)``) ``delta`` is the ``stats`` array ``(batch, heads, padded_rows / 2, 4)`` of the module docstring
+    instead."""
     batch, heads, seqlen_q, _ = out.shape
     config = config or default_config()
     zero_dq = dq_acc is not None
     stats = lse is not None
     kernel = preprocess_kernel(config, zero_dq, bool(bf16), stats)
     rows = 2 * delta.shape[2] if stats else seqlen_q
+    if zero_dq:
+        rows = max(rows, dq_acc.shape[2])
     shape = grid(HEAD_MAJOR, batch, heads, rows, config.threads_y)
     device_launch(kernel, shape, (config.threads_x, config.threads_y), stream, 0, out, dout,
                   lse if stats else delta, delta, dq_acc if zero_dq else out)

@@ -26,7 +26,8 @@ Per query tile, per warpgroup (``wgmma_kernels``)
     4. ``dQ_tile = dS K``: ``wgmma_ss`` with ``dS^T`` read as a transposed (MN-major) A operand (``trans-a``) and
        K as MN-major B; the warpgroups split the tile's 64-row m-blocks, then the head-dim columns. ``dK += dS^T Q``
        (``wgmma_rs``) is issued behind it and runs while the finished ``dQ`` slice goes to the float32 accumulator
-       with ``red.global.add.v2.f32``.
+       with ``red.global.add.v2.f32`` (``dq_quads``: ``.v4``; ``dq_bulk``: into a shared staging tile, which thread
+       0 adds after the next barrier by one bulk reduction, ``core.dq_tile``).
     5. wait for everything: the barrier of the next tile then frees this tile's stage and ``dS^T``.
     Finally ``dV`` and ``sm_scale dK`` are rounded and stored. Each group of MMAs is one inline-asm block; the waits
     pass the awaited accumulator through as operands (``warpgroup.wgmma_wait``).
@@ -43,6 +44,7 @@ from functools import lru_cache
 import numpy as np
 from numba import types
 
+from ..core import dq_tile
 from ..core.block_info import HEAD_MAJOR, grid
 from ..core.constants import LOG2E
 from ..forward import common
@@ -71,9 +73,17 @@ class WgmmaBackwardConfig:
     # while another still reads tile j's)
     one_barrier: bool = False
     probe: str = ""  # timing only, WRONG dq: "no_red" (dQ MMAs, no reductions), "no_dq" (no dQ at all)
-    # dQ through two shared staging tiles, added to the accumulator by warp 0 with bulk reductions
-    # (cp.reduce.async.bulk, one per row) after the next barrier, instead of every thread's red.global.add
+    # dQ through shared staging tiles in the tiled layout of core.dq_tile, each added to the accumulator by ONE
+    # bulk reduction (cp.reduce.async.bulk, thread 0, after the next barrier) instead of every thread's
+    # red.global.add; the accumulator then has that layout (``dq_tiled``)
     dq_bulk: bool = False
+    dq_buffers: int = 2  # dq_bulk's staging tiles (1: thread 0 waits for the copy's read before the tile's barrier)
+    # dq_bulk with two staging tiles: thread 0 waits for the older copy's read just before the barrier after which
+    # the tile is staged, not right after issuing the newer copy (measured slower at head dim 128, faster at 64)
+    dq_late_wait: bool = False
+    # per-thread dQ reductions as red.global.add.v4.f32 (lanes t, t ^ 1 swap a pair first): half the reductions
+    dq_quads: bool = False
+    dq_evict_last: bool = False  # dq_bulk: the bulk reductions with the L2 policy "evict last" (FlashAttention-3's)
 
     # dK += dS^T Q reads dS^T from its shared tile (where dQ reads it) instead of registers: 16 fewer live
     # registers while dQ runs (with atomic dQ only; the deterministic path keeps the registers)
@@ -83,11 +93,17 @@ class WgmmaBackwardConfig:
         if type(self.dk_smem) is not bool:
             raise ValueError(f"WgmmaBackwardConfig.dk_smem: expected a bool, got {self.dk_smem!r}")
         common.check_fields(self, warpgroups=(1, 4, 1), block_m=(64, 256, 64), stages=(2, 4, 1),
-                            blocks_per_sm=(1, None, 1))
+                            blocks_per_sm=(1, None, 1), dq_buffers=(1, 2, 1))
         if type(self.one_barrier) is not bool:
             raise ValueError(f"WgmmaBackwardConfig.one_barrier: expected a bool, got {self.one_barrier!r}")
         if self.one_barrier and self.stages < 3:
             raise ValueError("WgmmaBackwardConfig: one_barrier needs stages >= 3 (copies two tiles ahead)")
+        if type(self.dq_late_wait) is not bool:
+            raise ValueError(f"WgmmaBackwardConfig.dq_late_wait: expected a bool, got {self.dq_late_wait!r}")
+        if type(self.dq_evict_last) is not bool:
+            raise ValueError(f"WgmmaBackwardConfig.dq_evict_last: expected a bool, got {self.dq_evict_last!r}")
+        if type(self.dq_quads) is not bool:
+            raise ValueError(f"WgmmaBackwardConfig.dq_quads: expected a bool, got {self.dq_quads!r}")
         if type(self.dq_bulk) is not bool:
             raise ValueError(f"WgmmaBackwardConfig.dq_bulk: expected a bool, got {self.dq_bulk!r}")
         if self.dq_bulk and self.one_barrier:
@@ -104,6 +120,11 @@ class WgmmaBackwardConfig:
         return 64 * self.warpgroups
 
     @property
+    def dq_tiled(self) -> bool:
+        """Whether ``dQ`` goes to the accumulator in whole tiles (``core.dq_tile``'s layout and row padding)."""
+        return self.dq_bulk
+
+    @property
     def threads(self) -> int:
         return 128 * self.warpgroups
 
@@ -115,28 +136,34 @@ class WgmmaBackwardConfig:
         return 2 * _kernels.layout(self, d_pad)["END"] + 1024
 
 
-#: GPU tiles by padded head dim (not yet timed: ``scripts/check_backward.py --wgmma-configs`` compares them). 128 keys
-#: (two warpgroups) per block, 64-row query tiles, as FlashAttention-3 at head dim 128 (146 KB of shared memory)
-GPU_CONFIG_64 = WgmmaBackwardConfig()
-GPU_CONFIG_128 = WgmmaBackwardConfig()
+#: GPU tiles by padded head dim (``scripts/check_backward.py --wgmma-configs`` compares them): 128 keys (two
+#: warpgroups) per block, 64-row query tiles, as FlashAttention-3 at head dim 128, dQ by one bulk reduction per tile
+#: (210 KB of shared memory at 128): 0.99-1.14x the per-thread reductions on an H100 (bf16, 2026-11-26 03:28). Up to
+#: head dim 64 the dispatch takes ``wgmma_ws`` instead (``dispatch.WS_MAX_HEAD_DIM``); this is its fallback there.
+GPU_CONFIG_64 = WgmmaBackwardConfig(dq_bulk=True)
+GPU_CONFIG_128 = GPU_CONFIG_64
 GPU_CANDIDATES = {
-    "g2m64": GPU_CONFIG_128,  # the default
+    "g2m64": WgmmaBackwardConfig(),  # dQ by every thread's red.global.add.v2 (the default until 2026-11-26)
     "g2m64s3": WgmmaBackwardConfig(stages=3),  # three stages of Q / dO
     "g2m128": WgmmaBackwardConfig(block_m=128),  # 128-row tiles, each warpgroup one m-block of dQ (head dim 64)
     "g1m64": WgmmaBackwardConfig(warpgroups=1, blocks_per_sm=2),  # 64-key blocks, two per SM
     "g1m128": WgmmaBackwardConfig(warpgroups=1, block_m=128, blocks_per_sm=2),  # head dim 64: N = 128 for S^T
     "g2m64b1": WgmmaBackwardConfig(stages=3, one_barrier=True),  # one barrier per tile
     "g2m64k": WgmmaBackwardConfig(dk_smem=True),  # dK's A (dS^T) from shared memory
-    "g2m64bulk": WgmmaBackwardConfig(dq_bulk=True),  # dQ by bulk reductions from shared staging tiles
-    "g2m64bulkk": WgmmaBackwardConfig(dq_bulk=True, dk_smem=True),
+    "g2m64tile": GPU_CONFIG_128,  # the default: dQ by one bulk reduction per tile from shared staging
+    "g2m64tilek": WgmmaBackwardConfig(dq_bulk=True, dk_smem=True),
+    "g2m64tile1": WgmmaBackwardConfig(dq_bulk=True, dq_buffers=1),  # one staging tile (178 KB at head dim 128)
+    "g2m64tilelate": WgmmaBackwardConfig(dq_bulk=True, dq_late_wait=True),  # the copy's read waited for late
+    "g2m64tileL2": WgmmaBackwardConfig(dq_bulk=True, dq_evict_last=True),  # ... with the L2 hint "evict last"
+    "g2m64q4": WgmmaBackwardConfig(dq_quads=True),  # per-thread dQ reductions as v4 (a lane exchange first)
     "g2m64b1k": WgmmaBackwardConfig(stages=3, one_barrier=True, dk_smem=True),
     "g2m128b1": WgmmaBackwardConfig(block_m=128, stages=3, one_barrier=True),  # (head dim 64)
     # timing probes (wrong dq): what dQ's reductions, and dQ as a whole, cost
     "probe_nored": WgmmaBackwardConfig(probe="no_red"),
     "probe_nodq": WgmmaBackwardConfig(probe="no_dq"),
 }
-#: one warpgroup (64 keys) and 64-row tiles: the smallest the warpgroup MMAs allow
-SIMULATOR_CONFIG = WgmmaBackwardConfig(warpgroups=1)
+#: one warpgroup (64 keys) and 64-row tiles: the smallest the warpgroup MMAs allow; dQ as on the GPU
+SIMULATOR_CONFIG = WgmmaBackwardConfig(warpgroups=1, dq_bulk=True)
 
 
 def default_config(head_dim: int = 128) -> WgmmaBackwardConfig:
@@ -186,7 +213,8 @@ def key_block_kernel(config: WgmmaBackwardConfig, d_pad: int, bf16: bool, atomic
 def launch_dkdv(q, k, v, dout, stats, dq_acc, dk, dv, sm_scale: float, causal: bool, stream,
                 config: WgmmaBackwardConfig | None = None, dtype: str | None = None) -> None:
     """``dk``, ``dv`` (and, unless ``dq_acc`` is None, ``sm_scale dS K`` added to ``dq_acc``: float32 ``(batch,
-    heads, seqlen_q, >= padded head dim)``, zeroed before) from views ``(batch, heads, seqlen, headdim)`` of float16
+    heads, seqlen_q, >= padded head dim)``, zeroed before; with ``config.dq_tiled`` ``core.dq_tile``'s layout,
+    ``check_accumulator``) from views ``(batch, heads, seqlen, headdim)`` of float16
     or bfloat16 (bit views) that ``supports`` accepts; ``stats`` from ``preprocess`` (rows a multiple of
     ``stats_multiple``)."""
     batch, kv_heads, seqlen_k, head_dim = k.shape
@@ -203,6 +231,8 @@ def launch_dkdv(q, k, v, dout, stats, dq_acc, dk, dv, sm_scale: float, causal: b
     atomic = dq_acc is not None
     if atomic and dq_acc.shape[3] < d_pad:
         raise ValueError(f"dq_acc: needs at least {d_pad} columns (the padded head dim), got {dq_acc.shape[3]}")
+    if atomic and config.dq_tiled:
+        dq_tile.check_accumulator(dq_acc, q.shape[2], config.block_m, d_pad)
     if stats.shape[2] * 2 % stats_multiple(config):
         raise ValueError(f"stats: rows must be a multiple of {stats_multiple(config)}, got {stats.shape[2] * 2}")
     nbytes = config.shared_bytes(d_pad)

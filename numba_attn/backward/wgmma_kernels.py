@@ -16,7 +16,8 @@ from ..core.block_info import HEAD_MAJOR, block_position, lane_position, query_t
 from ..core.epilogue import add_fragments, as_16bit, store_fragments
 from ..core.gradients import probabilities_then_grads
 from ..core.mask import tile_is_partial
-from ..core.ptx.bulk import bulk_commit, bulk_reduce_add_f32, bulk_wait_all, bulk_wait_read1
+from ..core.dq_tile import tile_flusher, tile_stager
+from ..core.ptx.bulk import bulk_wait_all, bulk_wait_read, bulk_wait_read1
 from ..core.softmax import fragment_clear
 from ..core.staging import device_function
 from ..core.staging import tile_loader as row_loader
@@ -29,7 +30,8 @@ KEYS = wg.ROWS  # keys per warpgroup: the M of its S^T, dP^T, dV and dK products
 def layout(config, d_pad: int) -> dict:
     """Offsets (16-bit elements from the aligned start) of the shared tiles: K and V (``block_n`` rows), ``dS^T``
     (``block_n`` rows of ``block_m`` query columns), ``stages`` x (Q, dO) (``block_m`` rows), then ``stages`` x
-    the stats (``block_m`` float32 pairs). Every swizzled tile starts on a 1024-byte boundary."""
+    the stats (``block_m`` float32 pairs), then (``dq_bulk``) two float32 ``dQ`` staging tiles (``core.dq_tile``).
+    Every swizzled tile starts on a 1024-byte boundary."""
     atoms = wg.atom_columns(d_pad)
     kv = config.block_n * 64 * atoms
     rows = config.block_m * 64 * atoms
@@ -40,43 +42,9 @@ def layout(config, d_pad: int) -> dict:
     out["STATS0"] = out["STAGE0"] + config.stages * out["STAGE"]
     out["STATS_STAGE"] = 4 * config.block_m
     out["DQS"] = out["STATS0"] + config.stages * out["STATS_STAGE"]  # dq_bulk: two staging tiles of dQ
-    out["DQ_ROW"] = d_pad + 8  # float32 per staging row (32 bytes of padding: 2-way bank conflicts at most)
-    out["DQS_TILE"] = 2 * config.block_m * out["DQ_ROW"]  # (16-bit units)
-    out["END"] = out["DQS"] + (2 * out["DQS_TILE"] if config.dq_bulk else 0)
+    out["DQS_TILE"] = 2 * config.block_m * d_pad  # (16-bit units; core.dq_tile's layout, rows unpadded)
+    out["END"] = out["DQS"] + (config.dq_buffers * out["DQS_TILE"] if config.dq_bulk else 0)
     return out
-
-
-def dq_stager(dq_blocks: int, dq_row: int):
-    """``stage(floats, at, acc_q, row0, col0, sm_scale)``: a thread's dQ C fragments (rows ``row0``, ``row0 + 8`` of
-    the tile, columns ``col0 + 8 nb`` (+1)) times ``sm_scale`` into a float32 staging tile of ``dq_row``-float rows
-    from float index ``at``, one 8-byte store per pair."""
-    DQ_BLOCKS, DQ_ROW = dq_blocks, dq_row
-    store_pair = ptx.store_f32x2
-
-    @device_function
-    def stage(floats, at, acc_q, row0, col0, sm_scale):
-        for nb in range(DQ_BLOCKS):
-            for half in range(2):
-                store_pair(floats, at + (row0 + 8 * half) * DQ_ROW + col0 + 8 * nb,
-                           acc_q[0, nb, 2 * half] * sm_scale, acc_q[0, nb, 2 * half + 1] * sm_scale)
-
-    return stage
-
-
-def dq_flusher(block_m: int, dq_row: int, d_pad: int):
-    """``flush(smem, at, dq_head, m0, seqlen_q, lane)``: one warp adds a staged dQ tile (float32 rows of ``dq_row``
-    from 16-bit index ``at`` of ``smem``) to rows ``m0 ..`` (below ``seqlen_q``) of the float32 ``dq_head`` by bulk
-    reductions, one per row of ``d_pad`` floats, and commits them as one bulk group of each lane."""
-    BLOCK_M, DQ_ROW, ROW_BYTES = block_m, dq_row, 4 * d_pad
-
-    @device_function
-    def flush(smem, at, dq_head, m0, seqlen_q, lane):
-        rows = min(BLOCK_M, seqlen_q - m0)
-        for r in range(lane, rows, 32):
-            bulk_reduce_add_f32(dq_head, m0 + r, smem, at + 2 * r * DQ_ROW, ROW_BYTES)
-        bulk_commit()
-
-    return flush
 
 
 def dq_split(config, d_pad: int) -> tuple:
@@ -109,7 +77,12 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     at = layout(config, d_pad)
     K_OFF, V_OFF, DS_OFF, Q_TILE, DS_TILE = at["K"], at["V"], at["DS"], at["Q_TILE"], at["DS_TILE"]
     STAGE0, STAGE, STATS0, STATS_STAGE = at["STAGE0"], at["STAGE"], at["STATS0"], at["STATS_STAGE"]
-    DQS, DQS_TILE, DQ_ROW = at["DQS"], at["DQS_TILE"], at["DQ_ROW"]
+    DQS, DQS_TILE = at["DQS"], at["DQS_TILE"]
+    DQ_BUFS = config.dq_buffers
+    # thread 0 waits for the read of the copy that used tile j's staging tile right after issuing tile j - 1's copy
+    # (two staging tiles; measured faster at head dim 128), or late, before the barrier after which tile j is staged
+    LATE_WAIT = config.dq_late_wait or DQ_BUFS == 1
+    wait_staging_read = bulk_wait_read1 if DQ_BUFS == 2 else bulk_wait_read
     D_STEPS = d_pad // 16  # k-steps of S^T = K Q^T and dP^T = V dO^T
     M_STEPS = BLOCK_M // 16  # k-steps of dV = P^T dO and dK = dS^T Q
     P_WORDS = 4 * M_STEPS  # P^T / dS^T as A fragments: four 32-bit words per k-step
@@ -153,9 +126,9 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     probs, grads = probabilities_then_grads(1, Q_BLOCKS, keys_on_rows=True)
     pack_a = wg.a_fragments(M_STEPS, bf16)
     store = store_fragments(1, D_BLOCKS, as_16bit(bf16))
-    add_dq = add_fragments(1, DQ_BLOCKS, not SIMULATOR)  # red.add.v2.f32: sm_90, as wgmma itself
-    stage_dq = dq_stager(DQ_BLOCKS, DQ_ROW)
-    flush_dq = dq_flusher(BLOCK_M, DQ_ROW, d_pad)
+    add_dq = add_fragments(1, DQ_BLOCKS, not SIMULATOR, config.dq_quads)  # red.add.v2 / v4.f32: sm_90, as wgmma
+    stage_dq = tile_stager(DQ_BLOCKS, d_pad)
+    flush_dq = tile_flusher(BLOCK_M, d_pad, config.dq_evict_last)
 
     @device_function
     def load_tile(q, dout, stats, smem, floats, base, stats_base, b, h, m0, tid, seqlen_q, head_dim):
@@ -260,12 +233,11 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                 cuda.syncthreads()
                 prefetch(q, dout, stats, smem, floats, base0, b, hk, group, tiles, m_begin, j + STAGES - 1,
                          total, tid, seqlen_q, head_dim)
-                if DQ_BULK and warp == 0 and j > 0:
-                    # tile j - 1's staged dQ (published by the barrier) out by bulk reductions; tile j - 2's have
-                    # read their staging tile, which tile j writes after its next barrier
-                    flush_dq(smem, base0 + DQS + ((j - 1) % 2) * DQS_TILE, dq_acc[b, h_prev], m_prev, seqlen_q,
-                             lane)
-                    bulk_wait_read1()
+                if DQ_BULK and tid == 0 and j > 0:
+                    # tile j - 1's staged dQ (published by the barrier) out by one bulk reduction
+                    flush_dq(smem, base0 + DQS + ((j - 1) % DQ_BUFS) * DQS_TILE, dq_acc[b, h_prev], m_prev)
+                    if not LATE_WAIT:
+                        wait_staging_read()  # tile j - 2's copy has read the staging tile that tile j writes
 
             # ---- S^T = K Q^T and dP^T = V dO^T for the warpgroup's 64 keys; P^T under the dP^T MMAs -------------
             kq(s, smem, k_at, q_at)
@@ -290,6 +262,10 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                          total, tid, seqlen_q, head_dim)
             elif DQ_MMA:
                 fence()
+                if DQ_BULK and LATE_WAIT and tid == 0:
+                    # as late as possible: the copy of tile j - DQ_BUFS has read the staging tile that tile j writes
+                    # after this barrier (with two, tile j - 1's may still be reading the other)
+                    wait_staging_read()
                 cuda.syncthreads()  # every warpgroup's dS^T is in
             if DQ_MMA:
                 # ---- dQ = dS K (dS^T read transposed), this warpgroup's m-blocks and columns; dK += dS^T Q runs
@@ -307,7 +283,7 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                     else:
                         wait_dq(acc_q)
                     if DQ_BULK:
-                        stage_dq(floats, (base0 + DQS + (j % 2) * DQS_TILE) // 2, acc_q,
+                        stage_dq(floats, (base0 + DQS + (j % DQ_BUFS) * DQS_TILE) // 2, acc_q,
                                  KEYS * mb + 16 * warp_in + g, c0 + 2 * t, sm_scale)
                     elif DQ_RED:
                         add_dq(acc_q, dq_acc[b, h], m0 + KEYS * mb + 16 * warp_in + g, seqlen_q, c0 + 2 * t,
@@ -321,8 +297,8 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
             m_prev = m0
         if DQ_BULK and total > 0:
             cuda.syncthreads()  # the last tile's staged dQ is in
-            if warp == 0:
-                flush_dq(smem, base0 + DQS + ((total - 1) % 2) * DQS_TILE, dq_acc[b, h_prev], m_prev, seqlen_q, lane)
+            if tid == 0:
+                flush_dq(smem, base0 + DQS + ((total - 1) % DQ_BUFS) * DQS_TILE, dq_acc[b, h_prev], m_prev)
                 bulk_wait_all()
         wait_dv(acc_v)
         wait_all()  # copies past the walk (none when it was empty but K, V): landed before the block ends

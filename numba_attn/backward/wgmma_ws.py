@@ -15,20 +15,22 @@ per SM)
     Warpgroups 1.., the consumers, raise their registers and each own 64 keys, as the warpgroups of ``wgmma``: per
     tile ``S^T``, ``dP^T`` (ss), ``P^T`` under ``dP^T``, ``dV += P^T dO`` (rs), ``dS^T``, then ``dS^T`` to one of two
     swizzled tiles, a named barrier of the consumers (the only barrier per tile), ``dQ = dS K`` (ss, ``trans-a``)
-    and ``dK += dS^T Q`` (rs) behind it, ``dQ`` reduced into the float32 accumulator, then each warp arrives on the
-    stage's "empty" mbarrier.
+    and ``dK += dS^T Q`` (rs) behind it, ``dQ`` reduced into the float32 accumulator (``dq_writer``: staged for the
+    producer's second warp, whose elected lane adds each tile by one bulk reduction, ``core.dq_tile``), then each
+    warp arrives on the stage's "empty" mbarrier.
 
 Tensor maps (``runtime.tensor_map``): q and dout with ``block_m``-row boxes, k and v with ``block_n``-row boxes,
 passed as 64-bit addresses of maps in global memory.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
 from numba import types
 
+from ..core import dq_tile
 from ..core.block_info import HEAD_MAJOR, grid
 from ..core.constants import LOG2E
 from ..forward import common
@@ -52,9 +54,16 @@ class WsBackwardConfig:
     stages: int = 2  # (Q, dO, stats) tiles in flight
     producer_registers: int = 24
     consumer_registers: int = 240
-    # dQ through a shared staging tile, added to the accumulator by the producer's second warp with bulk
-    # reductions (cp.reduce.async.bulk) instead of every consumer thread's red.global.add
+    # dQ through shared staging tiles in the tiled layout of core.dq_tile, each added to the accumulator by ONE bulk
+    # reduction (cp.reduce.async.bulk) of an elected lane of the producer's second warp, instead of every consumer
+    # thread's red.global.add; the accumulator then has that layout (``dq_tiled``)
     dq_writer: bool = True
+    # staging tiles (2: the consumers write tile j + 1's while the bulk copy reads tile j's; measured slower at head
+    # dim 128 on an H100: 226 KB of shared memory leave little L1 for the consumers' spills)
+    dq_buffers: int = 1
+    dq_evict_last: bool = False  # dq_writer: the bulk reductions with the L2 policy "evict last" (FA3's)
+    probe: str = ""  # timing only, WRONG dq: "no_red" (dQ MMAs, no reductions, no writer)
+    dq_quads: bool = False  # without dq_writer: the consumers' reductions as red.global.add.v4.f32 (lane exchange)
     # P^T and dS^T in one pass after both S^T and dP^T have landed (the forward-style step), instead of P^T under
     # the dP^T MMAs: 32 fewer live registers at the peak
     fused_grads: bool = True
@@ -65,11 +74,14 @@ class WsBackwardConfig:
     dk_smem: bool = True
 
     def __post_init__(self):
-        for name in ("dk_smem", "dq_writer", "fused_grads"):
+        for name in ("dk_smem", "dq_writer", "fused_grads", "dq_quads", "dq_evict_last"):
             if type(getattr(self, name)) is not bool:
                 raise ValueError(f"WsBackwardConfig.{name}: expected a bool, got {getattr(self, name)!r}")
         common.check_fields(self, consumers=(1, 3, 1), block_m=(64, 256, 64), stages=(1, 4, 1),
-                            producer_registers=(24, 256, 8), consumer_registers=(24, 256, 8), dq_parts=(1, 4, 1))
+                            producer_registers=(24, 256, 8), consumer_registers=(24, 256, 8), dq_parts=(1, 4, 1),
+                            dq_buffers=(1, 2, 1))
+        if self.probe not in ("", "no_red"):
+            raise ValueError(f"WsBackwardConfig.probe: expected '' or 'no_red', got {self.probe!r}")
         m_blocks = self.block_m // 64
         if self.consumers % m_blocks and m_blocks % self.consumers:
             raise ValueError(f"WsBackwardConfig: block_m / 64 ({m_blocks}) and consumers ({self.consumers}) must "
@@ -81,6 +93,11 @@ class WsBackwardConfig:
     @property
     def block_n(self) -> int:
         return 64 * self.consumers
+
+    @property
+    def dq_tiled(self) -> bool:
+        """Whether ``dQ`` goes to the accumulator in whole tiles (``core.dq_tile``'s layout and row padding)."""
+        return self.dq_writer and not self.probe
 
     @property
     def warpgroups(self) -> int:  # (dq_split reads it: the warpgroups that share dQ)
@@ -95,18 +112,28 @@ class WsBackwardConfig:
 
 
 #: two consumers (128-key blocks), 64-row tiles, two stages, 24 / 240 registers: FlashAttention-3's shape at head
-#: dim 128 (162 KB of shared memory at 128)
+#: dim 128; dQ by one bulk reduction per tile from one staging tile (194 KB of shared memory at 128, 114 KB at 64).
+#: The dispatch's default up to head dim 64: 1.08-1.23x ``wgmma`` there on an H100 (bf16, 2026-11-26 03:28)
 DEFAULT_CONFIG = WsBackwardConfig()
 GPU_CANDIDATES = {
     "ws2": DEFAULT_CONFIG,
+    "tile1buf": DEFAULT_CONFIG,  # (its name in issue #28: one staging tile, handed back once the copy has read it)
+    "tile": WsBackwardConfig(dq_buffers=2),  # two staging tiles (226 KB at head dim 128)
+    "tileL2": WsBackwardConfig(dq_evict_last=True),  # the bulk reductions with the L2 hint "evict last"
+    # the producer warpgroup (copies, dQ writer) spills at 24 registers: ptxas -v, head dim 64: 88 bytes of spill
+    # stores at 24 / 240, 0 at 40 / 232; 128: 212, 168 at 40 / 232, 152 at 32 / 240 (128 with no dQ at all)
+    "tilep40": WsBackwardConfig(producer_registers=40, consumer_registers=232),
+    "tilep32": WsBackwardConfig(producer_registers=32, consumer_registers=240),
     "ws2red": WsBackwardConfig(dq_writer=False),  # dQ by every consumer thread's red.global.add.v2
+    "ws2red4": WsBackwardConfig(dq_writer=False, dq_quads=True),  # ... .v4 after a lane exchange
     "ws2regs": WsBackwardConfig(dk_smem=False),  # dK's A (dS^T) from registers
     "ws2split": WsBackwardConfig(fused_grads=False),  # P^T under the dP^T MMAs
     "ws2q2": WsBackwardConfig(dq_parts=2),  # dQ in two MMAs of half the columns each
     "ws2p40": WsBackwardConfig(producer_registers=40, consumer_registers=232),
-    "ws2s3": WsBackwardConfig(stages=3),
+    "ws2s3": WsBackwardConfig(stages=3),  # (two staging tiles and three stages would be 258 KB at 128)
     "ws2m128": WsBackwardConfig(block_m=128),  # head dim 64
     "ws3": WsBackwardConfig(consumers=3, producer_registers=32, consumer_registers=160),  # head dim 64
+    "ws_probe_nored": WsBackwardConfig(probe="no_red"),  # timing probe (wrong dq): dQ MMAs, no reductions
 }
 SIMULATOR_CONFIG = WsBackwardConfig(consumers=1)
 
@@ -151,7 +178,12 @@ def launch_dkdv(q, k, v, dout, stats, dq_acc, dk, dv, sm_scale: float, causal: b
         maps = tuple(tensor_map.tensor_map_address(x, rows, stream) for x, rows in
                      ((q, config.block_m), (k, config.block_n), (v, config.block_n), (dout, config.block_m)))
     if maps is None or None in maps:
-        _wgmma.launch_dkdv(q, k, v, dout, stats, dq_acc, dk, dv, sm_scale, causal, stream, dtype=dtype)
+        # (the same dQ layout as this config's: the tiled one by the plain kernel's bulk reductions)
+        fallback = _wgmma.default_config(head_dim)
+        if config.dq_tiled != fallback.dq_tiled:
+            fallback = replace(fallback, dq_bulk=config.dq_tiled, one_barrier=False, stages=2)
+        _wgmma.launch_dkdv(q, k, v, dout, stats, dq_acc, dk, dv, sm_scale, causal, stream, config=fallback,
+                           dtype=dtype)
         return
     d_pad = _wgmma.padded_head_dim(head_dim)
     if stats.shape[2] * 2 % config.block_m:
@@ -159,6 +191,8 @@ def launch_dkdv(q, k, v, dout, stats, dq_acc, dk, dv, sm_scale: float, causal: b
     nbytes = config.shared_bytes(d_pad)
     common.check_shared_memory(nbytes)
     atomic = dq_acc is not None
+    if atomic and config.dq_tiled:
+        dq_tile.check_accumulator(dq_acc, q.shape[2], config.block_m, d_pad)
     kernel = key_block_kernel(config, d_pad, dtype == "bfloat16", atomic)
     shape = grid(HEAD_MAJOR, batch, kv_heads, seqlen_k, config.block_n)
     device_launch(kernel, shape, config.threads, stream, nbytes, q, k, v, dout, stats, dq_acc if atomic else stats,

@@ -2,7 +2,8 @@
 configuration, the launch and, in its docstring, the roles and the pipeline).
 
 Shared memory from a 1024-byte aligned start: K, V (``block_n`` rows), two ``dS^T`` tiles, ``stages`` x (Q, dO)
-(``block_m`` rows), ``stages`` x the stats (``block_m`` float32 pairs), then the mbarriers (8 bytes each). The
+(``block_m`` rows), ``stages`` x the stats (``block_m`` float32 pairs), ``dq_buffers`` float32 ``dQ`` staging tiles
+(``dq_writer``, ``core.dq_tile``'s layout), then the mbarriers (8 bytes each). The
 per-tile math is ``wgmma_kernels``' (the same intrinsics and fragment steps), only fed by the producer's copies.
 """
 from __future__ import annotations
@@ -16,7 +17,8 @@ from ..core.epilogue import add_fragments, as_16bit, store_fragments
 from ..core.gradients import packed_probabilities_and_grads, probabilities_then_grads
 from ..core.mask import tile_is_partial
 from ..core.ptx import tma
-from ..core.ptx.bulk import bulk_commit, bulk_load_f32, bulk_reduce_add_f32, bulk_wait_all, bulk_wait_read
+from ..core.dq_tile import tile_flusher, tile_stager
+from ..core.ptx.bulk import bulk_load_f32, bulk_wait_all, bulk_wait_read, bulk_wait_read1
 from ..core.softmax import fragment_clear
 from ..core.staging import device_function
 from ..runtime.device import SIMULATOR, cuda
@@ -35,10 +37,10 @@ def layout(config, d_pad: int) -> dict:
     out["STAGE"] = 2 * rows
     out["STATS0"] = out["STAGE0"] + config.stages * out["STAGE"]
     out["STATS_STAGE"] = 4 * config.block_m
-    out["DQS"] = out["STATS0"] + config.stages * out["STATS_STAGE"]  # dQ staging: block_m rows of float32
-    out["DQ_ROW"] = d_pad + 8  # floats per staging row (32 bytes of padding: 2-way bank conflicts at most)
-    staging = 2 * config.block_m * out["DQ_ROW"] if config.dq_writer else 0
-    out["BARS"] = out["DQS"] + staging  # K/V full, then full, empty per stage
+    out["DQS"] = out["STATS0"] + config.stages * out["STATS_STAGE"]  # dQ staging tiles (core.dq_tile's layout)
+    out["DQS_TILE"] = 2 * config.block_m * d_pad
+    out["BARS"] = out["DQS"] + (config.dq_buffers * out["DQS_TILE"] if config.dq_tiled else 0)  # K/V full, then
+    # full, empty per stage
     out["END"] = out["BARS"] + 4 * (1 + 2 * config.stages)
     return out
 
@@ -48,15 +50,19 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     CONSUMERS = config.consumers
     BLOCK_N, BLOCK_M, STAGES = config.block_n, config.block_m, config.stages
     ATOMIC_DQ = atomic_dq
-    DQ_WRITER = atomic_dq and config.dq_writer
+    DQ_RED = atomic_dq and config.probe != "no_red"  # (the probe: timing only, wrong dq)
+    DQ_WRITER = DQ_RED and config.dq_writer
     DK_SMEM = atomic_dq and config.dk_smem
     at = layout(config, d_pad)
     K_OFF, V_OFF, DS_OFF, DS_TILE, Q_TILE = at["K"], at["V"], at["DS"], at["DS_TILE"], at["Q_TILE"]
     STAGE0, STAGE, STATS0, STATS_STAGE, BARS = at["STAGE0"], at["STAGE"], at["STATS0"], at["STATS_STAGE"], at["BARS"]
     KV_FULL = BARS
-    DQS_F, DQ_ROW = at["DQS"] // 2, at["DQ_ROW"]  # (float index of the staging, from the aligned start)
-    DQ_BYTES = 4 * d_pad
+    DQS, DQS_TILE = at["DQS"], at["DQS_TILE"]
+    DQ_BUFS = config.dq_buffers
     WRITER_PAIR = WARPGROUP * config.consumers + 32  # consumers + the writer warp
+    # named barriers of the staging tile of tile j: "staged" (consumers arrive, the writer waits), "free" (the writer
+    # arrives once the bulk copy has read it, the consumers wait before writing it)
+    STAGED, FREE = 2, 2 + DQ_BUFS
     FULL = BARS + 4  # + 4 stage
     EMPTY = BARS + 4 + 4 * STAGES
     ATOMS = wg.atom_columns(d_pad)
@@ -104,11 +110,12 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     elect_one = tma.elect_one
     bar_sync = tma.named_barrier_sync
     bar_arrive = tma.named_barrier_arrive
-    store_pair = ptx.store_f32x2
     fewer_registers = tma.setmaxnreg_dec(config.producer_registers)
     more_registers = tma.setmaxnreg_inc(config.consumer_registers)
     fence_init = tma.fence_mbarrier_init
-    bulk_reduce = bulk_reduce_add_f32
+    stage_dq = tile_stager(DQ_BLOCKS, d_pad)
+    flush_dq = tile_flusher(BLOCK_M, d_pad, config.dq_evict_last)
+    wait_read = bulk_wait_read1 if DQ_BUFS == 2 else bulk_wait_read
     store_word = ptx.store1
     position = block_position(HEAD_MAJOR, BLOCK_N)
     first_tile = query_tiles_start(BLOCK_M)
@@ -120,7 +127,7 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     wait_both = wg.wgmma_wait(BLOCK_M, 0)
     pack_a = wg.a_fragments(M_STEPS, bf16)
     store = store_fragments(1, D_BLOCKS, as_16bit(bf16))
-    add_dq = add_fragments(1, DQ_BLOCKS, not SIMULATOR)
+    add_dq = add_fragments(1, DQ_BLOCKS, not SIMULATOR, config.dq_quads)
 
     @device_function
     def produce(smem, base0, stats, q_map, k_map, v_map, do_map, b, hk, group, n0, m_begin, tiles, total):
@@ -151,33 +158,41 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
             bulk_load_f32(smem, base0 + STATS0 + stage * STATS_STAGE, stats[b, h], m0 // 2, STATS_BYTES, full)
 
     @device_function
-    def write_dq(smem, base0, dq_acc, b, hk, group, m_begin, tiles, total, seqlen_q, lane):
-        """The writer warp: each tile's dQ from the staging tile added to ``dq_acc`` by bulk reductions (a row of
-        ``d_pad`` floats per copy, rows below ``seqlen_q``), the staging handed back once they have read it."""
-        if total > 0:
-            bar_arrive(3, WRITER_PAIR)  # the staging starts empty
+    def on_buffer(first, buf, wait):
+        """``bar.sync`` (``wait``) or ``bar.arrive`` of the writer and the consumers at barrier ``first + buf``, the
+        id a constant in each branch (with an id computed at run time ptxas reserves all 16 barriers)."""
+        if buf == 0:
+            if wait:
+                bar_sync(first, WRITER_PAIR)
+            else:
+                bar_arrive(first, WRITER_PAIR)
+        elif wait:
+            bar_sync(first + 1, WRITER_PAIR)
+        else:
+            bar_arrive(first + 1, WRITER_PAIR)
+
+    @device_function
+    def write_dq(smem, base0, dq_acc, b, hk, group, m_begin, tiles, total):
+        """The writer warp: each tile's staged dQ added to ``dq_acc`` by ONE bulk reduction of an elected lane, its
+        staging tile handed back (for tile j + DQ_BUFS) once the copy has read it -- with two tiles one tile later,
+        so that the consumers never wait for a copy in flight."""
+        for buf in range(DQ_BUFS):
+            if buf < total:
+                bar_arrive(FREE + buf, WRITER_PAIR)  # the staging tiles start free
+        leader = elect_one()
         for j in range(total):
             gi = j // tiles
             h = hk * group + gi
             m0 = m_begin + (j - gi * tiles) * BLOCK_M
-            bar_sync(2, WRITER_PAIR)  # the consumers' dQ of tile j is in
-            rows = min(BLOCK_M, seqlen_q - m0)
-            for r in range(lane, rows, 32):
-                bulk_reduce(dq_acc[b, h], m0 + r, smem, base0 + 2 * (DQS_F + r * DQ_ROW), DQ_BYTES)
-            bulk_commit()
-            bulk_wait_read()
-            if j + 1 < total:
-                bar_arrive(3, WRITER_PAIR)
-        bulk_wait_all()
-
-    @device_function
-    def stage_dq(floats, base0, acc_q, row0, col0, sm_scale):
-        """This consumer thread's dQ fragments (rows ``row0``, ``row0 + 8`` of the tile, columns ``col0 + 8 nb``)
-        times ``sm_scale`` into the staging tile."""
-        for nb in range(DQ_BLOCKS):
-            for half in range(2):
-                at = base0 // 2 + DQS_F + (row0 + 8 * half) * DQ_ROW + col0 + 8 * nb
-                store_pair(floats, at, acc_q[0, nb, 2 * half] * sm_scale, acc_q[0, nb, 2 * half + 1] * sm_scale)
+            on_buffer(STAGED, j % DQ_BUFS, True)  # the consumers' dQ of tile j is in
+            if leader:
+                flush_dq(smem, base0 + DQS + (j % DQ_BUFS) * DQS_TILE, dq_acc[b, h], m0)
+                wait_read()  # the copy of tile j + 1 - DQ_BUFS has read its staging tile: tile j + 1's
+            # (the warp reconverges here, after the leader's wait, before the aligned bar.arrive: as FA3's writer)
+            if j + 1 >= DQ_BUFS and j + 1 < total:
+                on_buffer(FREE, (j + 1) % DQ_BUFS, False)
+        if leader:
+            bulk_wait_all()
 
     @device_function
     def store_ds(smem_words, dw, ds_base, key_row, t):
@@ -215,7 +230,7 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
             if warp == 0 and elect_one():
                 produce(smem, base0, stats, q_map, k_map, v_map, do_map, b, hk, group, n0, m_begin, tiles, total)
             if DQ_WRITER and warp == 1:
-                write_dq(smem, base0, dq_acc, b, hk, group, m_begin, tiles, total, seqlen_q, lane)
+                write_dq(smem, base0, dq_acc, b, hk, group, m_begin, tiles, total)
             return
 
         more_registers()
@@ -288,14 +303,15 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                         wait_dq(acc_q)
                     if DQ_WRITER:
                         if i == 0:
-                            bar_sync(3, WRITER_PAIR)  # the writer has read tile j - 1's dQ
-                        stage_dq(floats, base0, acc_q, KEYS * mb + 16 * warp_in + g, cc + 2 * t, sm_scale)
-                    else:
+                            on_buffer(FREE, j % DQ_BUFS, True)  # the copy of tile j - DQ_BUFS has read it
+                        stage_dq(floats, (base0 + DQS + (j % DQ_BUFS) * DQS_TILE) // 2, acc_q,
+                                 KEYS * mb + 16 * warp_in + g, cc + 2 * t, sm_scale)
+                    elif DQ_RED:
                         add_dq(acc_q, dq_acc[b, h], m0 + KEYS * mb + 16 * warp_in + g, seqlen_q, cc + 2 * t,
                                head_dim, sm_scale)
                 if DQ_WRITER:
-                    fence()  # the staged dQ is read by the bulk copies (async proxy)
-                    bar_arrive(2, WRITER_PAIR)
+                    fence()  # the staged dQ is read by the bulk copy (async proxy)
+                    on_buffer(STAGED, j % DQ_BUFS, False)
             else:
                 pv(acc_k, dw, smem, q_at)
             wait_dk(acc_k)

@@ -92,19 +92,45 @@ def store_fragments(m_tiles: int, blocks: int, convert):
     return store
 
 
-def add_fragments(m_tiles: int, blocks: int, vector: bool):
+def add_fragments(m_tiles: int, blocks: int, vector: bool, quads: bool = False):
     """``add(acc, dst_head, row0, row_end, col0, col_end, scale)``: ``acc * scale`` (C fragments, as
     ``store_fragments``) added to the float32 ``dst_head[row, col]`` by atomic reductions, for rows below ``row_end``
     and column pairs below ``col_end`` (even: the destination is as wide as the padded head dim, so a pair is whole).
-    ``vector``: one ``red.add.v2.f32`` per column pair (sm_90; the rows 8-byte aligned), else two scalar ones."""
+    ``vector``: one ``red.add.v2.f32`` per column pair (sm_90; the rows 8-byte aligned), else two scalar ones.
+    ``quads`` (sm_90; rows 16-byte aligned, ``col0 - 2t`` a multiple of 8): lanes ``t``, ``t ^ 1`` swap a pair per
+    n8 block (two shuffles) so that the even lane holds 4 columns of row ``g``, the odd one 4 of row ``g + 8``: one
+    ``red.add.v4.f32`` per n8 block instead of two ``.v2`` (quads up to the padded head dim: past ``col_end`` by
+    one pair at most). Every lane must call it (the shuffles)."""
     M_TILES = m_tiles
     BLOCKS = blocks
     VECTOR = vector
+    QUADS = quads
     red = ptx.red_add_f32
     red2 = ptx.red_add_f32x2
+    red4 = ptx.red_add_f32x4
+    swap = ptx.shfl_xor_f32
 
     @device_function
     def add(acc, dst_head, row0, row_end, col0, col_end, scale):
+        if QUADS:
+            odd = (col0 >> 1) & 1  # t % 2
+            for mt in range(M_TILES):
+                row = row0 + 16 * mt + 8 * odd
+                for nb in range(BLOCKS):
+                    x0 = acc[mt, nb, 0] * scale
+                    x1 = acc[mt, nb, 1] * scale
+                    x2 = acc[mt, nb, 2] * scale
+                    x3 = acc[mt, nb, 3] * scale
+                    # the even lane gives its row-(g + 8) pair, the odd one its row-g pair
+                    y0 = swap(x0 if odd else x2, 1)
+                    y1 = swap(x1 if odd else x3, 1)
+                    col = col0 + 8 * nb - 2 * odd
+                    if row < row_end and col < col_end:
+                        if odd:
+                            red4(dst_head, row, col, y0, y1, x2, x3)
+                        else:
+                            red4(dst_head, row, col, x0, x1, y0, y1)
+            return
         for mt in range(M_TILES):
             for half in range(2):
                 row = row0 + 16 * mt + 8 * half

@@ -184,7 +184,7 @@ def test_float64_is_refused():
 def test_bfloat16_takes_the_tensor_core_backward():
     from numba_attn.backward import dispatch
 
-    assert dispatch.choose_backend(None, "bfloat16", 64) in ("mma", "wgmma")  # (wgmma: sm_90)
+    assert dispatch.choose_backend(None, "bfloat16", 64) in ("mma", "wgmma_ws")  # (wgmma_ws: sm_90)
     with pytest.raises(ValueError, match="'simt' does not take bfloat16"):
         dispatch.choose_backend("simt", "bfloat16", 64)
     torch = pytest.importorskip("torch")

@@ -4,7 +4,9 @@
   swizzled tiles through the documented descriptor layouts): through ``dispatch`` on host arrays (float16, and
   bfloat16 as bit patterns), outputs and scratch poisoned with NaN; causal with Lq != Lk both ways, GQA, lengths no
   tile divides, a padded head dim, a negative scale, the deterministic ``dq`` of ``backward.mma``, and two
-  warpgroups (how the warpgroups share ``dQ``; 128-row tiles were checked by hand only, to keep CI short).
+  warpgroups (how the warpgroups share ``dQ``; 128-row tiles were checked by hand only, to keep CI short); ``dQ`` by
+  whole-tile bulk reductions (the default, ``core.dq_tile``; more in test_flash_backward_dq_tile.py) or per-thread
+  reductions (scalar, or v4 after a lane exchange).
 * The warp-specialised kernel (``backend="wgmma_ws"``, numba_attn/backward/wgmma_ws.py) the same way, its copies by
   the simulated TMA / bulk copies and mbarriers of ``core.ptx.tma`` / ``bulk``.
 * ``gpu`` tests (sm_90 only): realistic sizes, float16 and bfloat16, head dims 64 / 128, each gradient's error
@@ -32,22 +34,24 @@ hopper = pytest.mark.skipif(SIMULATOR or compute_capability() < backward_wgmma.M
 
 # (backend, dtype, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, deterministic, sm_scale, tiles)
 SIMULATED = [
-    # GQA 2:1, Lq < Lk, two query tiles and two key blocks, neither length a multiple of 64
+    # GQA 2:1, Lq < Lk, two query tiles and two key blocks, neither length a multiple of 64 (dQ tiles: rows 70..127
+    # padding, d_pad 16's permutation)
     ("wgmma", "float16", 2, 1, 70, 90, 16, True, False, None, {}),
-    # Lq > Lk: rows that see no key (lse = -inf); bfloat16; head dim 24 padded to 32
-    ("wgmma", "bfloat16", 1, 1, 90, 40, 24, True, False, None, {}),
+    # Lq > Lk: rows that see no key (lse = -inf); bfloat16; head dim 24 padded to 32; dQ by v4 reductions (lane
+    # exchange; the quad of columns 20..23 crosses no row end, 24..27 is left out)
+    ("wgmma", "bfloat16", 1, 1, 90, 40, 24, True, False, None, dict(dq_quads=True, dq_bulk=False)),
     # a negative scale, not causal; the deterministic dq of the query-block kernel
     ("wgmma", "float16", 1, 1, 20, 70, 16, False, True, -0.5, {}),
     # two warpgroups (128-key blocks) sharing each tile's dQ by column halves; one barrier per tile, dK from the
     # dS^T tile
     ("wgmma", "float16", 1, 1, 30, 100, 16, True, False, None, dict(warpgroups=2, stages=3, one_barrier=True,
-                                                                    dk_smem=True)),
+                                                                    dk_smem=True, dq_bulk=False)),
     # warp-specialised: TMA / bulk copies through the mbarrier ring (two stages over three query tiles of two
     # heads), the dQ writer warp's bulk reductions, GQA, causal Lq < Lk
     ("wgmma_ws", "float16", 2, 1, 70, 90, 16, True, False, None, {}),
-    # bfloat16, Lq > Lk, P^T under dP^T (not fused), dQ by reductions, two consumers
+    # bfloat16, Lq > Lk, P^T under dP^T (not fused), dQ by the consumers' v4 reductions, two consumers
     ("wgmma_ws", "bfloat16", 1, 1, 90, 40, 32, True, False, None, dict(consumers=2, fused_grads=False,
-                                                                       dq_writer=False)),
+                                                                       dq_writer=False, dq_quads=True)),
 ]
 
 
@@ -72,6 +76,12 @@ def test_backend_choice_and_config():
     if SIMULATOR:
         assert dispatch.choose_backend("wgmma", "float16", 128) == "wgmma"
         assert dispatch.choose_backend(None, "bfloat16", 64) == "mma"  # the default stays "mma" there
+    elif compute_capability() >= backward_wgmma.MIN_COMPUTE_CAPABILITY:  # the measured defaults on sm_90
+        assert dispatch.choose_backend(None, "bfloat16", 64) == "wgmma_ws"
+        assert dispatch.choose_backend(None, "float16", 32) == "wgmma_ws"
+        assert dispatch.choose_backend(None, "bfloat16", 128) == "wgmma"
+        assert dispatch.choose_backend(None, "float16", 96) == "wgmma"
+        assert backward_wgmma.default_config(128).dq_tiled and backward_wgmma_ws.default_config(64).dq_tiled
     with pytest.raises(ValueError, match="'wgmma' takes float16 or bfloat16 with headdim <= 128"):
         dispatch.choose_backend("wgmma", "float16", 160)
     with pytest.raises(ValueError, match="'wgmma' takes float16 or bfloat16"):

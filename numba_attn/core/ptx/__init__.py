@@ -51,7 +51,7 @@ One module per instruction family; every name is re-exported here, so kernels wr
   address in 32-bit arithmetic).
 * ``cp_async``: ``cp.async`` copies from global to shared memory, commit groups and their waits.
 * ``memory``: loads and stores without negative-index wraparound, vector widths and byte offsets (plain LLVM).
-* ``atomics``: ``atom.acq_rel.gpu.inc``, ``red.global.add.f32`` (scalar and, sm_90, ``.v2``).
+* ``atomics``: ``atom.acq_rel.gpu.inc``, ``red.global.add.f32`` (scalar and, sm_90, ``.v2``, ``.v4``).
 * ``convert``: ``cvt`` packs of float32 pairs to float16 / bfloat16, 16-bit floats to float32, raw bit moves, and the
   host (NumPy) bfloat16 helpers.
 * ``warp``: ``shfl.sync.bfly``, ``vote.sync.all``, ``bar.warp.sync``.
@@ -72,7 +72,7 @@ tested without a GPU.
 """
 from __future__ import annotations
 
-from .atomics import atomic_inc_acq_rel, red_add_f32, red_add_f32x2
+from .atomics import atomic_inc_acq_rel, red_add_f32, red_add_f32x2, red_add_f32x4
 from .convert import (bf16_bits_to_float32, bf16_to_float, bits_float, float32_to_bf16_bits, float_bits, half_to_float,
                       high_u16, interleave_high, interleave_low, low_u16, pack_bf16x2, pack_half2, pack_u16x2)
 from .cp_async import cp_async_16, cp_async_16_prefetch, cp_async_commit, cp_async_wait_all, cp_async_wait_group
@@ -128,6 +128,7 @@ __all__ = [
     "atomic_inc_acq_rel",
     "red_add_f32",
     "red_add_f32x2",
+    "red_add_f32x4",
     # convert
     "float32_to_bf16_bits",
     "bf16_bits_to_float32",

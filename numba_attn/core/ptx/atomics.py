@@ -101,3 +101,30 @@ def red_add_f32x2(typingctx, arr, i, j, a, b):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _sim_red_add_f32x4(arr, i, j, a, b, c, d):
+    with _sim_atomics:
+        for k, x in enumerate((a, b, c, d)):
+            arr[i, j + k] = np.float32(arr[i, j + k]) + np.float32(x)
+
+
+@simulated_by(_sim_red_add_f32x4)
+def red_add_f32x4(typingctx, arr, i, j, a, b, c, d):
+    """(arr, i, j, a, b, c, d): ``arr[i, j + k] += (a, b, c, d)[k]`` in ONE vector reduction (each element
+    atomically, as ``red_add_f32``): compute capability 9.0 or newer only; ``arr[i, j]`` 16-byte aligned::
+
+        red.relaxed.gpu.global.add.v4.f32 [address], {a, b, c, d};"""
+    if not (_is_2d(arr) and arr.dtype == types.float32 and _is_int(i, j) and _is_number(a, b, c, d)):
+        return None
+    sig = types.void(arr, i, j, a, b, c, d)
+
+    def codegen(context, builder, sig, args):
+        ptr = _red_pointer(context, builder, sig, args)
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ptr.type] + [_F32] * 4),
+                           "red.relaxed.gpu.global.add.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f",
+                           side_effect=True)
+        builder.call(asm, [ptr] + [_f32(context, builder, v, ty) for v, ty in zip(args[3:], sig.args[3:])])
+        return context.get_dummy_value()
+
+    return sig, codegen

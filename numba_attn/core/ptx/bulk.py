@@ -1,5 +1,6 @@
 """Bulk copies of contiguous bytes from global to shared memory (``cp.async.bulk``, sm_90), completing on an mbarrier
-of ``tma`` -- for small row-major tiles that need no tensor map (the backward's per-row statistics).
+of ``tma`` -- for small row-major tiles that need no tensor map (the backward's per-row statistics) -- and bulk
+reductions back (``bulk_reduce_add_f32``: the backward's float32 ``dQ`` tiles, ``core.dq_tile``).
 
 ``bulk_load_f32(smem, dst, arr, i, nbytes, bar)``: copy ``nbytes`` (a multiple of 16) starting at ``arr[i, 0]`` of
 a 2-D float32 array (rows contiguous with each other over the copied span; 16-byte aligned) to ``smem[dst:]`` (a
@@ -8,9 +9,13 @@ a 2-D float32 array (rows contiguous with each other over the copied span; 16-by
 
     cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], nbytes, [bar];
 
-The simulator twin copies at once and completes the bytes on the simulated barrier.
+The simulator twin copies at once and completes the bytes on the simulated barrier. The twins of the bulk
+reductions keep each thread's groups and carry a group out only at the wait that covers it (the latest moment the
+hardware may read its source), so a source written again too early, or a group never waited for, shows.
 """
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 from llvmlite import ir
@@ -55,65 +60,125 @@ def bulk_load_f32(typingctx, smem, dst, arr, i, nbytes, bar):
     return sig, codegen
 
 
+def _sim_bulk_group():
+    """The calling thread's bulk reductions issued since its last commit, and its committed groups (oldest first)."""
+    thread = threading.current_thread()
+    if not hasattr(thread, "_ptx_bulk_groups"):
+        thread._ptx_bulk_groups = ([], [])
+    return thread._ptx_bulk_groups
+
+
 def _sim_bulk_reduce_add_f32(arr, i, smem, src, nbytes):
+    # deferred to the latest moment the hardware may read the source (the wait that covers its group): a staging
+    # tile written again too early, or a group never waited for, shows in the result
+    _sim_bulk_group()[0].append((arr, i, smem, src, nbytes))
+
+
+def _sim_bulk_reduce_now(arr, i, smem, src, nbytes):
     n = int(nbytes) // 4
     values = np.asarray(smem).view(np.uint16)[int(src):int(src) + 2 * n].copy().view(np.float32)
-    row = np.asarray(arr)[int(i)]  # (a row of the 2-D array: the copied span stays within it)
-    row[:n] = (row[:n].astype(np.float32) + values).astype(np.float32)
+    rows = np.asarray(arr)[int(i):]
+    if n > rows.shape[1]:  # a span over several rows: they must follow one another in memory
+        if not rows.flags.c_contiguous or rows.size < n:
+            raise ValueError("bulk_reduce_add_f32: a span over several rows needs contiguous rows inside the array")
+        span = rows.reshape(-1)[:n]
+    else:
+        span = rows[0, :n]
+    span[:] = (span.astype(np.float32) + values).astype(np.float32)
+
+
+def _bulk_reduce_typer(text: str):
+    """Typer of ``(arr, i, smem, src, nbytes)`` for a bulk reduction whose PTX is ``text`` ($0 the global address,
+    $1 the shared one, $2 the bytes)."""
+    def typer(typingctx, arr, i, smem, src, nbytes):
+        if not (_is_2d(arr) and arr.dtype == types.float32 and _is_1d(smem) and smem.dtype == types.uint16
+                and _is_int(i, src, nbytes)):
+            return None
+        sig = types.void(arr, i, smem, src, nbytes)
+
+        def codegen(context, builder, sig, args):
+            arr_ty, i_ty, smem_ty, src_ty, n_ty = sig.args
+            zero = context.get_constant(types.intp, 0)
+            dst = _pointer(context, builder, arr_ty, args[0], i_ty, args[1], types.intp, zero)
+            dst = builder.ptrtoint(builder.addrspacecast(dst, ir.PointerType(dst.type.pointee, 1)), _I64)
+            src = _shared_address(builder, _pointer1(context, builder, smem_ty, args[2], src_ty, args[3]))
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I64, _I32, _I32]), text, "l,r,r,~{memory}",
+                               side_effect=True)
+            builder.call(asm, [dst, src, _i32(context, builder, args[4], n_ty)])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return typer
 
 
 @simulated_by(_sim_bulk_reduce_add_f32)
 def bulk_reduce_add_f32(typingctx, arr, i, smem, src, nbytes):
     """(arr, i, smem, src, nbytes): add the ``nbytes / 4`` float32 values at ``smem[src:]`` (a uint16 shared array,
-    16-byte aligned) to ``arr[i, 0:]`` of a 2-D float32 array in global memory, elementwise, by the TMA unit (each
-    element atomically); ``nbytes`` a multiple of 16. The copy joins this thread's current bulk group
-    (``bulk_commit``, ``bulk_wait_read``)::
+    16-byte aligned) to ``arr[i, 0:]`` of a 2-D float32 array in global memory (onward over the following rows
+    where ``nbytes`` exceeds a row: rows contiguous), elementwise, by the TMA unit (each element atomically);
+    ``nbytes`` a multiple of 16. The copy joins this thread's current bulk group (``bulk_commit``,
+    ``bulk_wait_read``)::
 
         cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [dst], [src], nbytes;"""
-    if not (_is_2d(arr) and arr.dtype == types.float32 and _is_1d(smem) and smem.dtype == types.uint16
-            and _is_int(i, src, nbytes)):
-        return None
-    sig = types.void(arr, i, smem, src, nbytes)
-    text = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;"
-
-    def codegen(context, builder, sig, args):
-        arr_ty, i_ty, smem_ty, src_ty, n_ty = sig.args
-        zero = context.get_constant(types.intp, 0)
-        dst = _pointer(context, builder, arr_ty, args[0], i_ty, args[1], types.intp, zero)
-        dst = builder.ptrtoint(builder.addrspacecast(dst, ir.PointerType(dst.type.pointee, 1)), _I64)
-        src = _shared_address(builder, _pointer1(context, builder, smem_ty, args[2], src_ty, args[3]))
-        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I64, _I32, _I32]), text, "l,r,r,~{memory}",
-                           side_effect=True)
-        builder.call(asm, [dst, src, _i32(context, builder, args[4], n_ty)])
-        return context.get_dummy_value()
-
-    return sig, codegen
+    return _bulk_reduce_typer("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;")(
+        typingctx, arr, i, smem, src, nbytes)
 
 
-def _sim_nothing():
-    pass
+@simulated_by(_sim_bulk_reduce_add_f32)
+def bulk_reduce_add_f32_evict_last(typingctx, arr, i, smem, src, nbytes):
+    """``bulk_reduce_add_f32`` with the L2 policy "evict last" for the destination lines (other blocks add to
+    the same tile soon)::
+
+        createpolicy.fractional.L2::evict_last.b64 policy, 1.0;
+        cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [dst], [src], nbytes, policy;"""
+    return _bulk_reduce_typer(
+        "{ .reg .b64 policy; createpolicy.fractional.L2::evict_last.b64 policy, 1.0; "
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [$0], [$1], $2, policy; }")(
+        typingctx, arr, i, smem, src, nbytes)
 
 
-@simulated_by(_sim_nothing)
+def _sim_commit():
+    issued, groups = _sim_bulk_group()
+    groups.append(list(issued))
+    issued.clear()
+
+
+def _sim_wait_read(pending: int):
+    groups = _sim_bulk_group()[1]
+    while len(groups) > pending:
+        for op in groups.pop(0):
+            _sim_bulk_reduce_now(*op)
+
+
+def _sim_wait_read0():
+    _sim_wait_read(0)
+
+
+def _sim_wait_read1():
+    _sim_wait_read(1)
+
+
+@simulated_by(_sim_commit)
 def bulk_commit(typingctx):
     """``cp.async.bulk.commit_group``: this thread's bulk copies issued since the last commit form one group."""
     return _void_asm("cp.async.bulk.commit_group;")()
 
 
-@simulated_by(_sim_nothing)
+@simulated_by(_sim_wait_read0)
 def bulk_wait_read(typingctx):
     """``cp.async.bulk.wait_group.read 0``: this thread's committed bulk groups have read their shared-memory
     sources (which may then be written again)."""
     return _void_asm("cp.async.bulk.wait_group.read 0;")()
 
 
-@simulated_by(_sim_nothing)
+@simulated_by(_sim_wait_read0)
 def bulk_wait_all(typingctx):
     """``cp.async.bulk.wait_group 0``: this thread's committed bulk groups are complete."""
     return _void_asm("cp.async.bulk.wait_group 0;")()
 
 
-@simulated_by(_sim_nothing)
+@simulated_by(_sim_wait_read1)
 def bulk_wait_read1(typingctx):
     """``cp.async.bulk.wait_group.read 1``: all but this thread's most recent committed bulk group have read their
     shared-memory sources."""

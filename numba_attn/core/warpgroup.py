@@ -31,6 +31,14 @@ different bank groups, for the copies and for the tensor cores alike. The same b
   ``imm-trans-b = 1``: 8-key groups every ``SBO = 1024`` bytes, the next 64 columns ``LBO = 128 R`` bytes on; the
   k-slice of keys ``16 kk ..`` starts at ``2048 kk``.
 
+float8 e4m3 (``wgmma_ss_e4m3`` / ``wgmma_rs_e4m3``): ``m64nNk32.f32.e4m3.e4m3``, k = 32 per MMA. Both operands must
+be K-major in shared memory (no ``imm-trans`` for 8-bit types). A 128-byte atom row then holds 128 elements, and a
+k-step is again 32 bytes: ``k_major`` gives the byte offsets unchanged (a tile of ``R`` rows of ``D`` bytes is ``D /
+128`` atom columns). A in registers (CUTLASS's ``ALayout_64x32``): four 32-bit words per k-step, four elements each
+(element ``k`` in byte ``k % 4``): ``a0 = A[g][4t .. 4t + 3]``, ``a1 = A[g + 8][4t ..]``, ``a2 = A[g][16 + 4t ..]``,
+``a3 = A[g + 8][16 + 4t ..]`` -- not the C layout's ``(2t, 2t + 1)`` pairs, so a P tile's C fragments are not its A
+fragments as they are: ``core.fp8`` permutes the keys instead.
+
 Shared memory written by ordinary stores or ``cp.async`` must be published to the tensor cores' (async) proxy:
 ``fence_proxy_async`` in every writing thread before the barrier that precedes the MMAs.
 
@@ -48,7 +56,7 @@ import numpy as np
 from ..runtime.device import SIMULATOR
 from .ptx._asm import _is_int, _pointer1, _shared_address, _void_asm
 from .ptx._sim import _sim_group_gather
-from .ptx.convert import _halves
+from .ptx.convert import _halves, e4m3_bits_to_float32
 
 #: the warpgroup: 4 warps, 64 accumulator rows
 WARPGROUP_THREADS = 128
@@ -100,6 +108,35 @@ def _sim_values(words: np.ndarray, bf16: bool) -> np.ndarray:
     if bf16:
         return (words.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     return words.view(np.float16).astype(np.float64)
+
+
+def _sim_operand_e4m3(smem, offset: int, rows: int, layout, k_steps: int) -> np.ndarray:
+    """The ``rows x 32 k_steps`` K-major float8 e4m3 operand ([row][k]) a descriptor at element ``offset`` of the
+    uint16 ``smem`` describes (as ``_sim_operand``: 128-byte swizzle, element 0 aligned)."""
+    lbo, sbo, offsets = layout
+    r = np.arange(rows)[:, None]
+    k = np.arange(32)[None, :]
+    within = (r // 8) * sbo + (r % 8) * 128 + k
+    raw = np.asarray(smem).view(np.uint8)
+    slices = [_sim_e4m3(raw[swizzle(2 * int(offset) + offsets[s] + within)]) for s in range(k_steps)]
+    return np.concatenate(slices, axis=1)
+
+
+def _sim_e4m3(codes) -> np.ndarray:
+    return e4m3_bits_to_float32(codes).astype(np.float64)
+
+
+def _sim_register_a_e4m3(a_regs, k_steps: int) -> np.ndarray:
+    words = _sim_group_gather(tuple(int(w) for w in np.asarray(a_regs).reshape(-1)[: 4 * k_steps]),
+                              WARPGROUP_THREADS)
+    a = np.zeros((ROWS, 32 * k_steps))
+    for tid, regs in enumerate(words):
+        row, t = _sim_fragment_rows(tid)
+        for s in range(k_steps):
+            for i, (dr, dc) in enumerate(((0, 0), (8, 0), (0, 16), (8, 16))):
+                codes = [(regs[4 * s + i] >> (8 * v)) & 0xFF for v in range(4)]
+                a[row + dr, 32 * s + 4 * t + dc: 32 * s + 4 * t + dc + 4] = _sim_e4m3(np.array(codes))
+    return a
 
 
 def _sim_operand(smem, offset: int, rows: int, layout, k_steps: int, trans: bool, bf16: bool) -> np.ndarray:
@@ -183,10 +220,13 @@ if not SIMULATOR:
         return [builder.gep(array.data, [_I64(n)]) for n in range(count)]
 
     def _mma_text(n: int, k_steps: int, ab: str, regs: int, a_first: int | None, desc_a: int | None, desc_b: int,
-                  flag: int, offsets_a, offsets_b, trans_b: int, wait: bool) -> str:
+                  flag: int, offsets_a, offsets_b, trans_b: int | None, wait: bool) -> str:
         """One asm block: fence, ``k_steps`` MMAs (the first overwrites D when A comes from shared memory, i.e.
         ``a_first`` is None), commit and, with ``wait``, wait. Step ``s`` adds ``offsets[s]`` bytes to the
-        descriptors' start."""
+        descriptors' start. ``trans_b`` None: an 8-bit type (k = 32, no transpose operands)."""
+        k = 32 if trans_b is None else 16
+        trans_ss = "" if trans_b is None else f", 0, {trans_b}"
+        trans_rs = "" if trans_b is None else f", {trans_b}"
         d = "{" + ", ".join(f"${x}" for x in range(regs)) + "}"
         lines = ["{", ".reg .pred p_zero, p_one;", ".reg .b64 da, db;",
                  f"setp.ne.b32 p_zero, ${flag}, ${flag};", f"setp.eq.b32 p_one, ${flag}, ${flag};",
@@ -196,31 +236,23 @@ if not SIMULATOR:
             if desc_a is not None:  # A from shared memory: the first step overwrites D
                 lines.append(f"add.s64 da, ${desc_a}, {offsets_a[s] >> 4};")
                 scale = "p_zero" if s == 0 else "p_one"
-                lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {d}, da, db, {scale}, "
-                             f"1, 1, 0, {trans_b};")
+                lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ab}.{ab} {d}, da, db, {scale}, "
+                             f"1, 1{trans_ss};")
             else:
                 a = "{" + ", ".join(f"${a_first + 4 * s + x}" for x in range(4)) + "}"
-                lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {d}, {a}, db, p_one, "
-                             f"1, 1, {trans_b};")
+                lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ab}.{ab} {d}, {a}, db, p_one, "
+                             f"1, 1{trans_rs};")
         lines.append("wgmma.commit_group.sync.aligned;")
         if wait:
             lines.append("wgmma.wait_group.sync.aligned 0;")
         lines.append("}")
         return "\n".join(lines)
 
-    @lru_cache(maxsize=None)
-    def wgmma_ss(n: int, k_steps: int, bf16: bool, a_layout, b_layout, trans_b: bool = False, wait: bool = True):
-        """Intrinsic ``(acc, smem, a_offset, b_offset)``: ``acc = A B`` for A ``64 x 16 k_steps`` (K-major,
-        ``a_layout``) at element ``a_offset`` and B ``16 k_steps x n`` (K-major, or MN-major with ``trans_b``;
-        ``b_layout``) at ``b_offset`` of the 1-D uint16 shared array ``smem``; ``acc`` a float32 local array whose
-        first ``n / 2`` elements (C order) are this thread's accumulator fragment.
-
-        ``wait=False`` returns once the MMAs are issued and committed as one group: ``acc`` must then pass through
-        ``wgmma_wait`` before anything reads it (and nothing may write it meanwhile)."""
+    def _ss_intrinsic(n: int, k_steps: int, ab: str, a_layout, b_layout, trans_b: int | None, wait: bool):
         _check(n, k_steps, a_layout, b_layout)
         regs = n // 2
-        text = _mma_text(n, k_steps, "bf16" if bf16 else "f16", regs, None, regs, regs + 1, regs + 2,
-                         a_layout[2], b_layout[2], int(trans_b), wait)
+        text = _mma_text(n, k_steps, ab, regs, None, regs, regs + 1, regs + 2, a_layout[2], b_layout[2], trans_b,
+                         wait)
         constraints = ",".join(["=f"] * regs + ["l", "l", "r", "~{memory}"])
 
         def typer(typingctx, acc, smem, a_offset, b_offset):
@@ -244,18 +276,12 @@ if not SIMULATOR:
 
         return intrinsic(typer)
 
-    @lru_cache(maxsize=None)
-    def wgmma_rs(n: int, k_steps: int, bf16: bool, b_layout, trans_b: bool = True, wait: bool = True):
-        """Intrinsic ``(acc, a_regs, smem, b_offset)``: ``acc += A B`` with A ``64 x 16 k_steps`` in registers
-        (``a_regs``: a uint32 local array, four words per k-step in the fragment order of the module docstring)
-        and B ``16 k_steps x n`` in shared memory (MN-major with ``trans_b``, else K-major; ``b_layout``).
-        ``wait=False``: as for ``wgmma_ss``; ``a_regs`` too must keep its values until the wait."""
+    def _rs_intrinsic(n: int, k_steps: int, ab: str, b_layout, trans_b: int | None, wait: bool):
         _check(n, k_steps, b_layout)
         regs = n // 2
         a_first = 2 * regs
         desc = a_first + 4 * k_steps
-        text = _mma_text(n, k_steps, "bf16" if bf16 else "f16", regs, a_first, None, desc, desc + 1, None,
-                         b_layout[2], int(trans_b), wait)
+        text = _mma_text(n, k_steps, ab, regs, a_first, None, desc, desc + 1, None, b_layout[2], trans_b, wait)
         constraints = ",".join(["=f"] * regs + [str(x) for x in range(regs)] + ["r"] * (4 * k_steps)
                                + ["l", "r", "~{memory}"])
 
@@ -283,6 +309,39 @@ if not SIMULATOR:
             return sig, codegen
 
         return intrinsic(typer)
+
+    @lru_cache(maxsize=None)
+    def wgmma_ss(n: int, k_steps: int, bf16: bool, a_layout, b_layout, trans_b: bool = False, wait: bool = True):
+        """Intrinsic ``(acc, smem, a_offset, b_offset)``: ``acc = A B`` for A ``64 x 16 k_steps`` (K-major,
+        ``a_layout``) at element ``a_offset`` and B ``16 k_steps x n`` (K-major, or MN-major with ``trans_b``;
+        ``b_layout``) at ``b_offset`` of the 1-D uint16 shared array ``smem``; ``acc`` a float32 local array whose
+        first ``n / 2`` elements (C order) are this thread's accumulator fragment.
+
+        ``wait=False`` returns once the MMAs are issued and committed as one group: ``acc`` must then pass through
+        ``wgmma_wait`` before anything reads it (and nothing may write it meanwhile)."""
+        return _ss_intrinsic(n, k_steps, "bf16" if bf16 else "f16", a_layout, b_layout, int(trans_b), wait)
+
+    @lru_cache(maxsize=None)
+    def wgmma_rs(n: int, k_steps: int, bf16: bool, b_layout, trans_b: bool = True, wait: bool = True):
+        """Intrinsic ``(acc, a_regs, smem, b_offset)``: ``acc += A B`` with A ``64 x 16 k_steps`` in registers
+        (``a_regs``: a uint32 local array, four words per k-step in the fragment order of the module docstring)
+        and B ``16 k_steps x n`` in shared memory (MN-major with ``trans_b``, else K-major; ``b_layout``).
+        ``wait=False``: as for ``wgmma_ss``; ``a_regs`` too must keep its values until the wait."""
+        return _rs_intrinsic(n, k_steps, "bf16" if bf16 else "f16", b_layout, int(trans_b), wait)
+
+    @lru_cache(maxsize=None)
+    def wgmma_ss_e4m3(n: int, k_steps: int, a_layout, b_layout, wait: bool = True):
+        """Intrinsic ``(acc, smem, a_offset, b_offset)``: ``acc = A B`` for float8 e4m3 A ``64 x 32 k_steps`` and B
+        ``32 k_steps x n``, both K-major (``a_layout``, ``b_layout``: byte offsets, ``k_major``) in the uint16
+        shared array ``smem`` (offsets in its elements); otherwise as ``wgmma_ss``."""
+        return _ss_intrinsic(n, k_steps, "e4m3", a_layout, b_layout, None, wait)
+
+    @lru_cache(maxsize=None)
+    def wgmma_rs_e4m3(n: int, k_steps: int, b_layout, wait: bool = True):
+        """Intrinsic ``(acc, a_regs, smem, b_offset)``: ``acc += A B`` with float8 e4m3 A ``64 x 32 k_steps`` in
+        registers (four words of four elements per k-step, the 8-bit fragment order of the module docstring) and
+        B ``32 k_steps x n`` K-major in shared memory (``b_layout``); otherwise as ``wgmma_rs``."""
+        return _rs_intrinsic(n, k_steps, "e4m3", b_layout, None, wait)
 
     @lru_cache(maxsize=None)
     def wgmma_wait(n: int, pending: int):
@@ -355,6 +414,31 @@ else:
             b = _sim_operand(smem, b_offset, n, b_layout, k_steps, trans_b, bf16)
             d = _sim_load(acc, n) + a @ (b if trans_b else b.T)
             _sim_store(acc, d, n)
+
+        return mma
+
+    @lru_cache(maxsize=None)
+    def wgmma_ss_e4m3(n: int, k_steps: int, a_layout, b_layout, wait: bool = True):
+        """Simulator twin of ``wgmma_ss_e4m3`` (see the GPU version; it completes at once)."""
+        _check(n, k_steps, a_layout, b_layout)
+
+        def mma(acc, smem, a_offset, b_offset):
+            a = _sim_operand_e4m3(smem, a_offset, ROWS, a_layout, k_steps)
+            b = _sim_operand_e4m3(smem, b_offset, n, b_layout, k_steps)
+            _sim_group_gather(None, WARPGROUP_THREADS)
+            _sim_store(acc, a @ b.T, n)
+
+        return mma
+
+    @lru_cache(maxsize=None)
+    def wgmma_rs_e4m3(n: int, k_steps: int, b_layout, wait: bool = True):
+        """Simulator twin of ``wgmma_rs_e4m3`` (see the GPU version; it completes at once)."""
+        _check(n, k_steps, b_layout)
+
+        def mma(acc, a_regs, smem, b_offset):
+            a = _sim_register_a_e4m3(a_regs, k_steps)
+            b = _sim_operand_e4m3(smem, b_offset, n, b_layout, k_steps)
+            _sim_store(acc, _sim_load(acc, n) + a @ b.T, n)
 
         return mma
 

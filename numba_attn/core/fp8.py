@@ -1,0 +1,117 @@
+"""float8 e4m3 building blocks of the warpgroup kernels: P as an 8-bit A operand, V transposed into a K-major B.
+
+``wgmma`` on 8-bit types takes both shared-memory operands K-major (``core.warpgroup``). For ``O += P V`` the k
+dimension is the keys, so B must be ``V^T``: head-dim rows, keys contiguous. V arrives ``[key][d]``; the kernel
+copies each V tile to a *staging* tile (``staging_loader``) and ``v_transposer`` turns it into a ``V^T`` tile in
+the 128-byte swizzled K-major layout, through registers and byte permutes (``prmt``), while the tensor cores run.
+
+The key order inside each 16-key group. The 8-bit A fragment of a k-step holds, in lane ``(g, t)``, k-columns ``4t ..
+4t + 3`` and ``16 + 4t .. 16 + 4t + 3``; the float32 C fragments of S hold keys ``2t, 2t + 1`` of each n8 block. The
+sum over keys does not care about their order, so column ``c = 4t + i`` of each 16-column group of the MMA's k
+dimension stands for key ``KEY_OF_COLUMN[c] = 2t + i % 2 + 8 (i // 2)`` of the matching 16-key group: then the four
+scores a lane owns for keys ``2t, 2t + 1, 8 + 2t, 9 + 2t`` of a group are exactly the four bytes it must supply for
+columns ``4t .. 4t + 3``. P packs in registers (``probabilities``, no shuffles, no byte permutes), and the
+transposer writes ``V^T`` with its keys in the same order. ``KEY_OF_COLUMN`` lets tests check both sides.
+
+Staging tile: ``block_n`` rows (keys) of 128 bytes (``d_pad <= 128`` bytes used), the 16-byte piece ``p`` of key
+``n`` at piece ``p ^ phase``, ``phase = (n // 16) * (128 // block_n) % 8``: the transposer's 32-bit loads (a warp
+reads one 4-byte column of 16-key groups side by side) and its 16-byte stores (8 lanes write one ``V^T`` row's
+pieces) then meet no bank conflict.
+"""
+from __future__ import annotations
+
+from numba import uint32
+
+from ..runtime.device import SIMULATOR, cuda
+from . import ptx
+from .staging import device_function
+from .swizzled_tiles import swizzled_tile_loader
+
+#: key (within its 16-key group) that column ``c`` (within its 16-column group) of the P V MMA's k dimension holds
+KEY_OF_COLUMN = tuple(2 * (c // 4) + c % 2 + 8 * (c % 4 // 2) for c in range(16))
+
+
+def staging_phase(block_n: int) -> tuple:
+    """``(phase_rows, phase_step)`` of the staging tile of ``block_n`` keys (``swizzled_tile_loader``'s arguments)."""
+    if block_n % 16 or not 16 <= block_n <= 128:
+        raise ValueError(f"block_n must be a multiple of 16 in [16, 128], got {block_n}")
+    return 16, 128 // block_n
+
+
+def staging_loader(block_n: int, d_pad: int, threads: int):
+    """``load(head, smem, base, tid, n0, seqlen, head_dim)``: the ``cp.async`` copy of V rows ``n0 .. n0 + block_n``
+    (float8: 1-byte elements) into the staging tile at element ``base`` of the uint16 ``smem``."""
+    return swizzled_tile_loader(block_n, d_pad, threads, 1, *staging_phase(block_n))
+
+
+def probabilities(pv_steps: int):
+    """``pack(s, p)``: the probabilities ``s[0, nb, e]`` (float32 C fragments of one m-tile, ``4 pv_steps`` n8
+    blocks) rounded to e4m3 into ``p``, the A registers of ``pv_steps`` k-steps of 32 keys: k-step ``kk``'s words
+    are (row ``g``: blocks ``4kk``, ``4kk + 1``), (row ``g + 8``: the same), (row ``g``: blocks ``4kk + 2``, ``4kk +
+    3``), (row ``g + 8``: the same), each block's two keys low to high (the module docstring's key order)."""
+    PV_STEPS = pv_steps
+    pack4 = ptx.pack_e4m3x4
+
+    @device_function
+    def pack(s, p):
+        for kk in range(PV_STEPS):
+            for half in range(2):  # keys 0..15 and 16..31 of the k-step
+                nb = 4 * kk + 2 * half
+                p[4 * kk + 2 * half] = pack4(s[0, nb, 0], s[0, nb, 1], s[0, nb + 1, 0], s[0, nb + 1, 1])
+                p[4 * kk + 2 * half + 1] = pack4(s[0, nb, 2], s[0, nb, 3], s[0, nb + 1, 2], s[0, nb + 1, 3])
+
+    return pack
+
+
+def v_transposer(block_n: int, d_pad: int, threads: int):
+    """``transpose(smem, src, dst, tid)``: the staging tile of ``block_n`` keys at element ``src`` of the uint16
+    ``smem`` to the ``V^T`` tile at ``dst``: ``d_pad`` rows (head-dim columns) of 128 bytes (one atom column of
+    keys, the 128-byte swizzle), keys in the module docstring's order; the block's ``threads`` threads take part.
+
+    A unit of work is 16 keys (group ``q``) x 4 head-dim columns (``4b .. 4b + 3``): 16 loads of 32 bits, four 4 x 4
+    byte transposes (8 ``prmt`` each) of keys ``(2t, 2t + 1, 8 + 2t, 9 + 2t)``, whose byte columns are word ``t``
+    of the ``V^T`` pieces, and 4 stores of 16 bytes (one piece of each of the 4 rows). Consecutive threads take
+    consecutive ``q`` first. Ordinary stores: the writers must ``fence_proxy_async`` before the barrier that precedes
+    the MMAs reading the tile."""
+    staging_phase(block_n)
+    if d_pad % 16 or not 16 <= d_pad <= 128:
+        raise ValueError(f"d_pad must be a multiple of 16 in [16, 128], got {d_pad}")
+    GROUPS = block_n // 16
+    UNITS = GROUPS * (d_pad // 4)
+    STEPS = -(-UNITS // threads)
+    GUARD = UNITS % threads != 0
+    THREADS = threads
+    PHASE_STEP = 128 // block_n
+    load_word = ptx.load_u16x2
+    store_piece = ptx.store_u32x4_1d
+    perm = ptx.byte_perm
+
+    # (under the simulator a simulated device function: only those see the running thread's ``cuda.local``)
+    @(cuda.jit(device=True) if SIMULATOR else device_function)
+    def transpose(smem, src, dst, tid):
+        w = cuda.local.array(16, uint32)
+        o = cuda.local.array(16, uint32)
+        for step in range(STEPS):
+            u = tid + THREADS * step
+            if not GUARD or u < UNITS:
+                q = u % GROUPS
+                b = u // GROUPS
+                # key 16 q + r of the staging tile: its 32-bit word b sits in piece (b // 4) ^ phase
+                at = src + 1024 * q + 8 * ((b // 4) ^ (q * PHASE_STEP % 8)) + 2 * (b % 4)
+                for r in range(16):
+                    w[r] = load_word(smem, at + 64 * r)
+                for t in range(4):  # keys 2t, 2t + 1, 8 + 2t, 9 + 2t -> byte columns 0..3 = words t of rows 4b + i
+                    x = perm(w[2 * t], w[2 * t + 1], 0x5140)  # bytes 0 and 1 of both, interleaved
+                    y = perm(w[2 * t], w[2 * t + 1], 0x7362)  # bytes 2 and 3
+                    z = perm(w[2 * t + 8], w[2 * t + 9], 0x5140)
+                    v = perm(w[2 * t + 8], w[2 * t + 9], 0x7362)
+                    o[t] = perm(x, z, 0x5410)
+                    o[4 + t] = perm(x, z, 0x7632)
+                    o[8 + t] = perm(y, v, 0x5410)
+                    o[12 + t] = perm(y, v, 0x7632)
+                for i in range(4):  # V^T row d = 4 b + i: piece q of its 128-byte row, swizzled
+                    d = 4 * b + i
+                    store_piece(smem, dst + 64 * d + 8 * (q ^ (d % 8)), o[4 * i], o[4 * i + 1], o[4 * i + 2],
+                                o[4 * i + 3])
+
+    return transpose

@@ -38,6 +38,7 @@ from .decode import cached as _decode_plan
 from .decode import dispatch as _decode
 from .decode import simt as _decode_simt
 from .forward import dispatch as _forward
+from .forward import fp8_call as _fp8
 from .forward import varlen as _varlen
 from .forward.dispatch import BACKENDS
 from .linear.dispatch import BACKENDS as LINEAR_BACKENDS
@@ -75,7 +76,8 @@ def _lse_placeholder(call):
 
 
 def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out=None, backend=None,
-                  allow_tf32=False, window=None, softcap=None):
+                  allow_tf32=False, window=None, softcap=None, descale_q=None, descale_k=None, descale_v=None,
+                  out_dtype=None, dtype=None):
     """Exact attention ``softmax(sm_scale * q k^T) v`` without materialising the scores.
 
     Args:
@@ -109,6 +111,12 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
             ``lse`` is that of the capped scores. A compile-time variant of every kernel (one specialisation per
             value of ``c``); ``tanh.approx`` in the float16 / bfloat16 tensor-core kernels, ``tanh`` in the float32
             ones; not with autograd (``flash_backward`` takes no softcap yet).
+        descale_q, descale_k, descale_v, out_dtype, dtype: float8 e4m3 inputs (Hopper, ``wgmma``): q, k, v as torch
+            ``float8_e4m3fn`` tensors, or uint8 arrays of e4m3 bit patterns with ``dtype="float8_e4m3fn"``; the
+            descale factors take them back to the tensors they quantise (None: 1; a number or size-1 array per
+            tensor; a float32 ``(batch, kv_heads)`` array as FlashAttention-3's, or ``(batch, heads)``, per head;
+            finite and > 0); the output is ``out_dtype`` "bfloat16" (default) or "float16". headdim % 16 == 0 up
+            to 128; window and softcap as above; not with autograd (``forward.fp8_call``).
 
     Returns:
         ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key (or whose scores are all -inf) give 0
@@ -120,6 +128,11 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
     """
     # (checked here, not in ``checked``: a list is no replay plan's key, and 50 and 50.0 are one cap)
     window, softcap = check_window(window), check_softcap(softcap)
+    fp8_options = {"descale_q": descale_q, "descale_k": descale_k, "descale_v": descale_v, "out_dtype": out_dtype}
+    if _fp8.wanted(q, k, v, dtype, fp8_options):
+        return _flash_forward_fp8(q, k, v, causal=causal, sm_scale=check_sm_scale(sm_scale), return_lse=return_lse,
+                                  out=out, backend=check_backend(backend, BACKENDS), allow_tf32=allow_tf32,
+                                  window=window, softcap=softcap, lse_placeholder=_lse_placeholder, **fp8_options)
     if type(q).__module__.startswith("torch") and (
             q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)):
         from . import torch_ops  # (torch is imported by now: q is a tensor)
@@ -133,6 +146,9 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
         if result is not None:
             return result
     return _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window, softcap)
+
+
+_flash_forward_fp8 = _one_call_at_a_time_under_the_simulator(_fp8.run)
 
 
 @_one_call_at_a_time_under_the_simulator

@@ -129,13 +129,15 @@ def _sim_e4m3(codes) -> np.ndarray:
 def _sim_register_a_e4m3(a_regs, k_steps: int) -> np.ndarray:
     words = _sim_group_gather(tuple(int(w) for w in np.asarray(a_regs).reshape(-1)[: 4 * k_steps]),
                               WARPGROUP_THREADS)
+    # [thread, k-step, register, byte] -> A[16 warp + g + 8 (reg % 2)][32 s + 4 t + 16 (reg // 2) + byte]
+    values = _sim_e4m3(np.array(words, dtype=np.uint32).view(np.uint8)).reshape(WARPGROUP_THREADS, k_steps, 2, 2, 4)
+    tid = np.arange(WARPGROUP_THREADS)
+    row, t = 16 * (tid // 32) + tid % 32 // 4, tid % 4
     a = np.zeros((ROWS, 32 * k_steps))
-    for tid, regs in enumerate(words):
-        row, t = _sim_fragment_rows(tid)
-        for s in range(k_steps):
-            for i, (dr, dc) in enumerate(((0, 0), (8, 0), (0, 16), (8, 16))):
-                codes = [(regs[4 * s + i] >> (8 * v)) & 0xFF for v in range(4)]
-                a[row + dr, 32 * s + 4 * t + dc: 32 * s + 4 * t + dc + 4] = _sim_e4m3(np.array(codes))
+    for half in range(2):  # register 2 half + dr
+        for dr in range(2):
+            cols = 32 * np.arange(k_steps)[None, :, None] + 4 * t[:, None, None] + 16 * half + np.arange(4)
+            a[(row + 8 * dr)[:, None, None], cols] = values[:, :, half, dr]
     return a
 
 

@@ -83,11 +83,16 @@ class Fp8Config:
 
 DEFAULT_CONFIG = Fp8Config()
 SIMULATOR_CONFIG = Fp8Config(block_n=32, blocks_per_sm=1)
+#: a sliding window and soft-capping together: with 128-key tiles NVVM keeps the 64 scores of a lane in local memory
+#: (a 256-byte stack frame, ptxas -v); 64-key tiles stay in registers
+WINDOW_SOFTCAP_CONFIG = Fp8Config(block_n=64, blocks_per_sm=2)
 TUNING_CANDIDATES = (DEFAULT_CONFIG, Fp8Config(block_n=64, blocks_per_sm=2))
 
 
-def default_config() -> Fp8Config:
-    return SIMULATOR_CONFIG if SIMULATOR else DEFAULT_CONFIG
+def default_config(window=None, softcap=None) -> Fp8Config:
+    if SIMULATOR:
+        return SIMULATOR_CONFIG
+    return WINDOW_SOFTCAP_CONFIG if window is not None and softcap is not None else DEFAULT_CONFIG
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -275,7 +280,7 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     ``(batch, heads)`` / ``(batch, kv_heads)`` (per head; any strides, zero strides broadcast one value), the
     factors that take the e4m3 values back to the quantised tensors'. ``window``, ``softcap``: as
     ``wgmma.launch``."""
-    config = config or default_config()
+    config = config or default_config(window, softcap)
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype!r}")
     batch, heads, seqlen_q, head_dim = q.shape

@@ -48,7 +48,7 @@ def check(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, *, desca
     q = reference.encode_e4m3(rng.standard_normal((batch, heads, seqlen_q, head_dim)) * scale)
     k = reference.encode_e4m3(rng.standard_normal((batch, kv_heads, seqlen_k, head_dim)) * scale)
     v = reference.encode_e4m3(rng.standard_normal((batch, kv_heads, seqlen_k, head_dim)))
-    config = config or wgmma_fp8.default_config()
+    config = config or wgmma_fp8.default_config(window, softcap)
     out_mem = cuda.to_device(np.full((batch, heads, seqlen_q, head_dim + 8), POISON, np.uint16))
     out = out_mem[:, :, :, :head_dim]
     lse = cuda.to_device(np.full((batch, heads, seqlen_q), np.nan, np.float32))

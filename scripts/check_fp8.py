@@ -8,12 +8,16 @@ correctness  ``flash_forward`` on torch float8_e4m3fn tensors (per-tensor and pe
              float16 output, causal or not, GQA, Lq != Lk, a tail) against ``reference.attention_fp8`` (float64 of
              the dequantised inputs) on every row, and against ``reference.flash_fp8_model``
              (the same with P rounded to e4m3 as the kernel does): PASS when the error is below the model's plus
-             8e-3 (the 16-bit output's rounding), the lse within 1e-4.
+             8e-3 (the 16-bit output's rounding), the lse within 1e-4 + 2^-11 sm_scale max_j sum_d |q_id k_jd|
+             per row (the e4m3 MMAs accumulate with about 14 bits: a score's error follows its terms' size).
 timing       median of --reps runs (CUDA events, after warm-up) at B = 4, (D = 128, H = 32) and (D = 64, H = 48),
              N = --lengths, causal or not: our fp8 kernel (default tiles and each --config), our bfloat16 kernel
              (backend="wgmma"), torch SDPA bfloat16 with the FlashAttention-2 and the cuDNN backends. TFLOP/s count
              4 B H N^2 D, halved when causal; "fp8/bf16" is our fp8 over our bf16 time ratio inverted (the issue's
              target: >= 1.4 at N >= 4k, D = 128).
+share        (only when asked) per shape: flash_forward's event time, the kernel's (launched directly), the
+             kernel's without its in-kernel V transpose (a timing probe with wrong results), our bf16 kernel's; and
+             the host time of one call (tiny problem, no synchronisation) of the fp8 and the bf16 paths.
 
 Every case prints one line starting with PASS, FAIL, ERROR, SKIP or INFO; exit status 0 when nothing failed.
 """
@@ -31,7 +35,10 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 MODEL_SLACK = 8e-3
-LSE_TOL = 1e-4
+#: the lse bound per row: 1e-4 + LSE_ACCUMULATION * sm_scale * max_j sum_d |q_id k_jd| -- the e4m3 tensor cores add
+#: their products with about 14 bits kept (measured 2^-13-ish here; DeepSeek-V3 reports ~14 bits on the H800), so a
+#: score's error follows the size of its terms, not of the score
+LSE_ACCUMULATION = 2.0 ** -11
 
 
 def say(*args):
@@ -83,12 +90,19 @@ def correctness(args, torch, numba_attn, reference, np) -> int:
             model_err = np.linalg.norm(model - ref) / norm
             vs_model = np.linalg.norm(got - model) / norm
             finite = np.isfinite(ref_lse)
-            lse_err = float(np.max(np.abs(lse.cpu().numpy()[finite] - ref_lse[finite]))) if finite.any() else 0.0
+            group = heads // kv_heads
+            terms = np.stack([(np.abs(qf[b, h]) @ np.abs(kf[b, h // group]).T).max(axis=1)
+                              for b in range(batch) for h in range(heads)]).reshape(ref_lse.shape)
+            lse_tol = 1e-4 + LSE_ACCUMULATION * terms / math.sqrt(d)
+            lse_dev = np.abs(lse.cpu().numpy() - ref_lse)
+            lse_err = float(np.max(lse_dev[finite])) if finite.any() else 0.0
+            lse_ok = bool(np.all(lse_dev[finite] <= lse_tol[finite]))
             empty_ok = bool(np.all(got[~finite] == 0) and np.all(np.isneginf(lse.cpu().numpy()[~finite])))
-            ok = err < model_err + MODEL_SLACK and lse_err < LSE_TOL and empty_ok and np.isfinite(got).all()
+            ok = err < model_err + MODEL_SLACK and lse_ok and empty_ok and np.isfinite(got).all()
             failures += not ok
             say(f"{'PASS' if ok else 'FAIL'} correctness {name}: err {err:.2e} (model {model_err:.2e}, kernel vs "
-                f"model {vs_model:.2e}), lse {lse_err:.1e}{'' if empty_ok else ', EMPTY ROWS WRONG'}")
+                f"model {vs_model:.2e}), lse {lse_err:.1e} (bound {float(np.min(lse_tol)):.1e}.."
+                f"{float(np.max(lse_tol)):.1e}){'' if empty_ok else ', EMPTY ROWS WRONG'}")
         except Exception:
             failures += 1
             say(f"ERROR correctness {name}:\n{traceback.format_exc()}")
@@ -155,7 +169,65 @@ def timing(args, torch, numba_attn, np) -> int:
     return failures
 
 
-def _direct_launch(torch, numba_attn, wgmma_fp8, config, q8, k8, v8, dq, dk, dv, causal):
+def share(args, torch, numba_attn, np) -> int:
+    """Where the time of a call goes: event time of flash_forward, of the kernel launched directly, of the kernel
+    without its V transpose (a timing probe, wrong results), and the host time of a call (tiny problem, no sync)."""
+    from numba_attn.forward import wgmma_fp8
+
+    def event_ms(fn, reps):
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return float(np.median(times))
+
+    def host_us(fn, reps=200):
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        elapsed = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        return 1e6 * elapsed / reps
+
+    tiny = [torch.randn(1, 1, 64, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    (t_q, t_dq), (t_k, t_dk), (t_v, t_dv) = (quantize(torch, x, False, 1) for x in tiny)
+
+    def fp8_tiny():
+        numba_attn.flash_forward(t_q, t_k, t_v, descale_q=t_dq, descale_k=t_dk, descale_v=t_dv)
+
+    say(f"INFO host time per call (B1 H1 N64 D64, no sync): fp8 flash_forward {host_us(fp8_tiny):.0f} us, "
+        f"bf16 flash_forward {host_us(lambda: numba_attn.flash_forward(*tiny, backend='wgmma')):.0f} us")
+    config = wgmma_fp8.DEFAULT_CONFIG
+    for d, heads in ((64, 48), (128, 32)):
+        for n in args.lengths:
+            for causal in (False, True):
+                q, k, v = (torch.randn(4, heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                (q8, dq), (k8, dk), (v8, dv) = (quantize(torch, x, False, heads) for x in (q, k, v))
+                api = event_ms(lambda: numba_attn.flash_forward(q8, k8, v8, causal=causal, descale_q=dq,  # noqa
+                                                                descale_k=dk, descale_v=dv), args.reps)
+                direct = event_ms(_direct_launch(torch, numba_attn, wgmma_fp8, config, q8, k8, v8, dq, dk, dv,
+                                                 causal), args.reps)
+                probe = event_ms(_direct_launch(torch, numba_attn, wgmma_fp8, config, q8, k8, v8, dq, dk, dv,
+                                                causal, transpose=False), args.reps)
+                bf16 = event_ms(lambda: numba_attn.flash_forward(q, k, v, causal=causal, backend="wgmma"),  # noqa
+                                args.reps)
+                flops = 4.0 * 4 * heads * n * n * d * (0.5 if causal else 1.0)
+                say(f"INFO share D{d} H{heads} N{n} {'causal' if causal else 'full  '}: flash_forward {api:.3f} ms, "
+                    f"kernel {direct:.3f} ms ({flops / direct / 1e9:.0f} TFLOP/s), without the V transpose "
+                    f"{probe:.3f} ms (transpose share {(direct - probe) / direct:.0%}), bf16 {bf16:.3f} ms")
+    return 0
+
+
+def _direct_launch(torch, numba_attn, wgmma_fp8, config, q8, k8, v8, dq, dk, dv, causal, transpose=True):
     """A launch of the fp8 kernel with ``config`` on torch tensors (what flash_forward does with its defaults)."""
     from numba_attn.runtime.device import DeviceView
     import numpy as np
@@ -172,7 +244,8 @@ def _direct_launch(torch, numba_attn, wgmma_fp8, config, q8, k8, v8, dq, dk, dv,
     sm_scale = 1.0 / math.sqrt(q8.shape[-1])
 
     def run():
-        wgmma_fp8.launch(*views, o, l, False, sm_scale, causal, stream, descale=(dq, dk, dv), config=config)
+        wgmma_fp8.launch(*views, o, l, False, sm_scale, causal, stream, descale=(dq, dk, dv), config=config,
+                         _transpose=transpose)
 
     return run
 
@@ -187,7 +260,7 @@ def parse_config(text):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("all", "correctness", "timing"), default="all")
+    parser.add_argument("--part", choices=("all", "correctness", "timing", "share"), default="all")
     parser.add_argument("--lengths", default="1024,2048,4096,8192,16384")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--config", action="append", default=[], help="KEY=VALUE[,KEY=VALUE] of Fp8Config")
@@ -211,6 +284,8 @@ def main() -> int:
         say(f"INFO correctness took {time.time() - t0:.0f}s")
     if args.part in ("all", "timing"):
         failures += timing(args, torch, numba_attn, np)
+    if args.part == "share":
+        failures += share(args, torch, numba_attn, np)
     say(f"INFO done in {time.time() - t0:.0f}s, {failures} failed")
     return 1 if failures else 0
 

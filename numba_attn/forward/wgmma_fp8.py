@@ -112,9 +112,12 @@ def supports(head_dim: int, *arrays) -> bool:
 
 
 def _kernel_source(config: Fp8Config, d_pad: int, bf16_out: bool, scale_first: bool = False,
-                   per_head: bool = False, variant: Variant = PLAIN):
+                   per_head: bool = False, variant: Variant = PLAIN, transpose: bool = True):
     """The Python function of one specialisation (not yet jitted): tiles, padded head dim, output dtype, sign of
-    the scale, per-head descale arrays read or not, and the variant (window, soft-capping; not packed)."""
+    the scale, per-head descale arrays read or not, and the variant (window, soft-capping; not packed).
+    ``transpose=False`` is a timing probe only (``scripts/check_fp8.py --part share``): V^T is never written, the
+    results are wrong."""
+    TRANSPOSE = transpose
     if variant.packed:
         raise ValueError("the fp8 kernel takes no packed sequences")
     BLOCK_N = config.block_n
@@ -213,7 +216,8 @@ def _kernel_source(config: Fp8Config, d_pad: int, bf16_out: bool, scale_first: b
             arrive()
             q_times_k(s, smem, q_base, k_base)
             prefetch(k_head, v_head, smem, k_base, s_base, tid, 0, n_tiles, n_first, key_end, head_dim)
-            transpose_v(smem, s_base, vt_base, tid)
+            if TRANSPOSE:
+                transpose_v(smem, s_base, vt_base, tid)
             wait_s(s)
             online_softmax(s, alpha, m_run, l_run, partial(n_first, m0, key_end, causal, diag_offset), n_first,
                            row0, t, key_end, causal, diag_offset, scale, post)
@@ -224,7 +228,8 @@ def _kernel_source(config: Fp8Config, d_pad: int, bf16_out: bool, scale_first: b
             q_times_k(s, smem, q_base, k_base + (j % 2) * KV_TILE)
             p_times_v(acc, p, smem, vt_base + ((j - 1) % 2) * VT_TILE)
             prefetch(k_head, v_head, smem, k_base, s_base, tid, j, n_tiles, n_first, key_end, head_dim)
-            transpose_v(smem, s_base + (j % 2) * KV_TILE, vt_base + (j % 2) * VT_TILE, tid)
+            if TRANSPOSE:
+                transpose_v(smem, s_base + (j % 2) * KV_TILE, vt_base + (j % 2) * VT_TILE, tid)
             wait_one(s)
             online_softmax(s, alpha, m_run, l_run, partial(n0, m0, key_end, causal, diag_offset), n0, row0, t,
                            key_end, causal, diag_offset, scale, post)
@@ -264,16 +269,17 @@ SIGNATURE = _signature()
 
 @lru_cache(maxsize=None)
 def flash_fp8_kernel(config: Fp8Config, head_dim_pad: int, bf16_out: bool, scale_first: bool = False,
-                     per_head: bool = False, variant: Variant = PLAIN):
-    """The compiled kernel of one specialisation."""
+                     per_head: bool = False, variant: Variant = PLAIN, transpose: bool = True):
+    """The compiled kernel of one specialisation (``transpose=False``: the timing probe of ``_kernel_source``)."""
     if head_dim_pad % 32 or not 32 <= head_dim_pad <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim_pad must be a multiple of 32 in [32, {MAX_HEAD_DIM}], got {head_dim_pad}")
-    source = _kernel_source(config, head_dim_pad, bf16_out, scale_first, per_head, variant)
+    source = _kernel_source(config, head_dim_pad, bf16_out, scale_first, per_head, variant, transpose)
     return kernel_jit((THREADS, config.blocks_per_sm), SIGNATURE)(source)
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, descale=None,
-           config: Fp8Config | None = None, out_dtype: str = "bfloat16", window=None, softcap: float | None = None):
+           config: Fp8Config | None = None, out_dtype: str = "bfloat16", window=None, softcap: float | None = None,
+           _transpose: bool = True):
     """Launch on device views of shape (batch, heads, seqlen, headdim): ``q``, ``k``, ``v`` e4m3 bit patterns
     (uint8), ``out`` 16-bit bit patterns of ``out_dtype`` (bfloat16 or float16), ``lse`` (batch, heads, seqlen_q)
     float32. ``descale``: None (all 1), ``(dq, dk, dv)`` floats (per tensor), or three float32 2-D device views
@@ -300,7 +306,7 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     common.check_shared_memory(nbytes)
     scale_log2, scale_first = common.scale_args(sm_scale * scalars[0] * scalars[1], softcap)
     kernel = flash_fp8_kernel(config, d_pad, out_dtype == "bfloat16", scale_first, per_head,
-                              Variant.of(bool(causal), window, softcap, False))
+                              Variant.of(bool(causal), window, softcap, False), _transpose)
     arrays = descale if per_head else (_placeholder(lse),) * 3
     shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, BLOCK_M)
     device_launch(kernel, shape, THREADS, stream, nbytes, q, k, v, out, lse, bool(write_lse), bool(causal),

@@ -6,7 +6,8 @@ Error bounds: the kernel rounds P to e4m3 (3 mantissa bits) for the P V product,
 the float64 reference that costs about 2.5e-2 relative (L2) for unit-variance scores spread over many keys and 5e-3
 for peaked ones (``reference.flash_fp8_model`` reproduces it, the GPU tests print both). The kernel must match the
 model to within its 16-bit output's rounding (``MODEL_TOLERANCE``) and the reference to within the model's error plus
-that (``check``). torch has no fp8 attention to compare with.
+that (``check``). The lse: within ``lse_bound`` (the e4m3 MMAs' accumulation keeps about 14 bits; measured lse errors
+1.4e-3..3.1e-3 at scores of standard deviation ~2, D 64 / 128). torch has no fp8 attention to compare with.
 
 * Always: the e4m3 codec against the reference's table (and torch's), the P packing and the key order, argument
   checks.
@@ -27,7 +28,22 @@ from numba_attn.core import fp8, ptx
 from numba_attn.forward import wgmma_fp8
 from numba_attn.runtime.device import SIMULATOR, compute_capability, cuda
 
-MODEL_TOLERANCE = {"bfloat16": 8e-3, "float16": 3e-3}  # kernel vs model: the 16-bit output, float32 sums, ex2.approx
+MODEL_TOLERANCE = {"bfloat16": 8e-3, "float16": 5e-3}  # kernel vs model: the 16-bit output, float32 sums, ex2.approx
+#: the e4m3 tensor cores add products keeping about 14 bits (measured on the H100; DeepSeek-V3 reports the same of the
+#: H800): a score's error follows the size of its terms, so the lse bound per row is 1e-4 + this times sm_scale
+#: max_j sum_d |q_id k_jd|
+LSE_ACCUMULATION = 2.0 ** -11
+
+
+def lse_bound(qf, kf, sm_scale):
+    """Per-row lse tolerance of the fp8 kernel (dequantised (batch, heads, seqlen, d) inputs, grouped heads)."""
+    group = qf.shape[1] // kf.shape[1]
+    terms = np.zeros(qf.shape[:3])
+    for b in range(qf.shape[0]):
+        for h in range(qf.shape[1]):
+            if kf.shape[2]:
+                terms[b, h] = (np.abs(qf[b, h]) @ np.abs(kf[b, h // group]).T).max(axis=1)
+    return 1e-4 + LSE_ACCUMULATION * abs(sm_scale) * terms
 POISON = 0x7FC0  # a NaN in bfloat16 and float16 alike (0x7FC0 as float16 is NaN too)
 
 hopper = pytest.mark.skipif(SIMULATOR or compute_capability() < wgmma_fp8.MIN_COMPUTE_CAPABILITY,
@@ -79,7 +95,7 @@ def check(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, *, desca
     lse_host = lse.copy_to_host()
     empty = np.isneginf(ref_lse)
     assert np.all(np.isneginf(lse_host[empty])) and np.all(got[empty] == 0.0), "rows without keys: 0 and -inf"
-    np.testing.assert_allclose(lse_host[~empty], ref_lse[~empty], rtol=1e-5, atol=1e-4)
+    assert np.all(np.abs(lse_host - ref_lse)[~empty] <= lse_bound(qf, kf, sm)[~empty])
     return error, model_error
 
 
@@ -323,7 +339,7 @@ def test_flash_forward_torch_float8(capsys):
     with capsys.disabled():
         print(f"\nfp8 forward vs float64 reference: {err:.2e} (P in e4m3, modelled: {model_err:.2e})")
     assert err < model_err + MODEL_TOLERANCE["bfloat16"]
-    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, rtol=1e-5, atol=1e-4)
+    assert np.all(np.abs(lse.cpu().numpy() - ref_lse) <= lse_bound(qf, kf, 1 / math.sqrt(128)))
     strided = torch.from_numpy(np.ascontiguousarray(q.transpose(0, 2, 1, 3))).cuda().view(torch.float8_e4m3fn)
     again = numba_attn.flash_forward(strided.transpose(1, 2), tk, tv, causal=True, descale_q=dq, descale_k=dk,
                                      descale_v=dv)

@@ -130,9 +130,8 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
     window, softcap = check_window(window), check_softcap(softcap)
     fp8_options = {"descale_q": descale_q, "descale_k": descale_k, "descale_v": descale_v, "out_dtype": out_dtype}
     if _fp8.wanted(q, k, v, dtype, fp8_options):
-        return _flash_forward_fp8(q, k, v, causal=causal, sm_scale=check_sm_scale(sm_scale), return_lse=return_lse,
-                                  out=out, backend=check_backend(backend, BACKENDS), allow_tf32=allow_tf32,
-                                  window=window, softcap=softcap, lse_placeholder=_lse_placeholder, **fp8_options)
+        return _flash_forward_fp8(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window, softcap,
+                                  fp8_options)
     if type(q).__module__.startswith("torch") and (
             q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)):
         from . import torch_ops  # (torch is imported by now: q is a tensor)
@@ -148,7 +147,21 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
     return _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window, softcap)
 
 
-_flash_forward_fp8 = _one_call_at_a_time_under_the_simulator(_fp8.run)
+@_one_call_at_a_time_under_the_simulator
+def _flash_forward_fp8(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window, softcap, options):
+    def checked():
+        return _fp8.run(q, k, v, causal=causal, sm_scale=check_sm_scale(sm_scale), return_lse=return_lse, out=out,
+                        backend=check_backend(backend, BACKENDS), allow_tf32=allow_tf32, window=window,
+                        softcap=softcap, lse_placeholder=_lse_placeholder, **options)
+
+    if out is not None:
+        return checked()
+    # device descale arrays are inputs of the plan (read by the kernel when it runs); numbers are options
+    descales = tuple(options[name] for name in ("descale_q", "descale_k", "descale_v"))
+    arrays = (q, k, v) + tuple(x for x in descales if hasattr(x, "shape"))
+    kinds = tuple("array" if hasattr(x, "shape") else x for x in descales)
+    return _served("flash_forward_fp8", arrays, (causal, sm_scale, return_lse, backend, allow_tf32, window, softcap,
+                                                 options["out_dtype"], kinds), checked)
 
 
 @_one_call_at_a_time_under_the_simulator

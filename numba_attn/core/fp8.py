@@ -115,3 +115,68 @@ def v_transposer(block_n: int, d_pad: int, threads: int):
                                 o[4 * i + 3])
 
     return transpose
+
+
+def v_transposer_swizzled(block_n: int, d_pad: int, threads: int):
+    """``transpose(smem, src, dst, tid)``: as ``v_transposer``, from a V tile in the hardware's 128-byte swizzle
+    (``swizzled_tile_loader``'s default phase, what the TMA writes with ``CU_TENSOR_MAP_SWIZZLE_128B``) instead of the
+    staging layout: ``block_n`` rows (keys) of 128 bytes at element ``src``. Every warp of the block's ``threads``
+    takes part (``ldmatrix`` is warp-wide).
+
+    A warp's unit is 32 keys (groups ``2u``, ``2u + 1``) x 16 head-dim columns (piece ``c``): one ``ldmatrix.x4``
+    whose lane ``8 m + i`` points at key ``16 (i // 4) + KEYS[m]`` of word ``i % 4`` (``KEYS``: ``2w, 2w + 1, 8 +
+    2w, 9 + 2w``, the pairs swapped for the second group so that the 8 rows of each matrix fall in 8 bank groups);
+    lane ``(g, t)`` then holds bytes ``4t .. 4t + 3`` of the four keys of word ``g % 4`` of group ``2u + g // 4``,
+    one 4 x 4 byte transpose (8 ``prmt``, the second group's selectors swapped) makes the four words of rows ``16c +
+    4t + j``, and 4 stores of 32 bits put them in place (rows ``d`` and ``d + 8`` meet in a bank: 2 wavefronts per
+    store)."""
+    staging_phase(block_n)
+    if d_pad % 16 or not 16 <= d_pad <= 128 or block_n % 32:
+        raise ValueError(f"v_transposer_swizzled: block_n a multiple of 32 and d_pad of 16 up to 128, got "
+                         f"{block_n}, {d_pad}")
+    WARPS = threads // 32
+    PIECES = d_pad // 16
+    UNITS = (block_n // 32) * PIECES
+    STEPS = -(-UNITS // WARPS)
+    GUARD = UNITS % WARPS != 0
+    ldmatrix = ptx.ldmatrix_x4
+    perm = ptx.byte_perm
+    store_word = ptx.store_u16x2
+
+    @device_function
+    def transpose(smem, src, dst, tid):
+        warp = tid // 32
+        lane = tid % 32
+        # the row this lane points ldmatrix at: matrix m = lane // 8, row i = lane % 8 (group i // 4, word i % 4)
+        m = lane // 8
+        i = lane % 8
+        entry = m ^ (i // 4)  # the second group's pairs swapped
+        key_in = 16 * (i // 4) + 2 * (i % 4) + entry % 2 + 8 * (entry // 2)
+        # what this lane receives: row g of each matrix, bytes 4t .. 4t + 3
+        g = lane // 4
+        t = lane % 4
+        swap = g // 4  # 1: the words arrive as (2w + 1, 2w, 9 + 2w, 8 + 2w)
+        low_pair = 0x1504 if swap else 0x5140
+        high_pair = 0x3726 if swap else 0x7362
+        for step in range(STEPS):
+            unit = warp + WARPS * step
+            if GUARD and unit >= UNITS:  # (an idle warp loads a unit anyway: ldmatrix is collective, and the
+                unit = UNITS - 1  # simulator's twin meets the whole block)
+            u = unit // PIECES
+            c = unit - u * PIECES
+            key = 32 * u + key_in
+            w0, w1, w2, w3 = ldmatrix(smem, src + 64 * key + 8 * (c ^ (key % 8)))
+            x = perm(w0, w1, low_pair)  # bytes 0 and 1 of keys 2w, 2w + 1
+            y = perm(w0, w1, high_pair)  # bytes 2 and 3
+            z = perm(w2, w3, low_pair)  # the same of keys 8 + 2w, 9 + 2w
+            v = perm(w2, w3, high_pair)
+            if not GUARD or warp + WARPS * step < UNITS:
+                q = 2 * u + g // 4
+                d = 16 * c + 4 * t
+                at = dst + 64 * d + 2 * (g % 4)
+                store_word(smem, at + 8 * (q ^ (d % 8)), perm(x, z, 0x5410))
+                store_word(smem, at + 64 + 8 * (q ^ ((d + 1) % 8)), perm(x, z, 0x7632))
+                store_word(smem, at + 128 + 8 * (q ^ ((d + 2) % 8)), perm(y, v, 0x5410))
+                store_word(smem, at + 192 + 8 * (q ^ ((d + 3) % 8)), perm(y, v, 0x7632))
+
+    return transpose

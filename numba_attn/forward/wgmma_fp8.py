@@ -62,15 +62,23 @@ DTYPE = "float8_e4m3fn"
 OUT_DTYPES = ("bfloat16", "float16")
 
 
+V_TRANSPOSES = ("staging", "ldmatrix")
+
+
 @dataclass(frozen=True)
 class Fp8Config:
     """Tuning knobs of the fp8 kernel (validated where made)."""
 
     block_n: int = 128  # keys per K/V tile (a multiple of 32, at most 128: one atom row of V^T)
     blocks_per_sm: int = 2  # launch bound: resident blocks per SM ptxas must allow (caps the registers)
+    #: how V becomes V^T: "staging" (V copied in ``core.fp8``'s staging layout, 32-bit loads, ``v_transposer``) or
+    #: "ldmatrix" (V in the hardware's 128-byte swizzle, as the TMA would write it; ``v_transposer_swizzled``)
+    v_transpose: str = "staging"
 
     def __post_init__(self):
         common.check_fields(self, block_n=(32, 128, 32), blocks_per_sm=(1, None, 1))
+        if self.v_transpose not in V_TRANSPOSES:
+            raise ValueError(f"Fp8Config.v_transpose: expected one of {V_TRANSPOSES}, got {self.v_transpose!r}")
 
     @property
     def block_m(self) -> int:
@@ -86,7 +94,7 @@ SIMULATOR_CONFIG = Fp8Config(block_n=32, blocks_per_sm=1)
 #: a sliding window and soft-capping together: with 128-key tiles NVVM keeps the 64 scores of a lane in local memory
 #: (a 256-byte stack frame, ptxas -v); 64-key tiles stay in registers
 WINDOW_SOFTCAP_CONFIG = Fp8Config(block_n=64, blocks_per_sm=2)
-TUNING_CANDIDATES = (DEFAULT_CONFIG, Fp8Config(block_n=64, blocks_per_sm=2))
+TUNING_CANDIDATES = (DEFAULT_CONFIG, Fp8Config(block_n=64, blocks_per_sm=2), Fp8Config(v_transpose="ldmatrix"))
 
 
 def default_config(window=None, softcap=None) -> Fp8Config:
@@ -146,8 +154,12 @@ def _kernel_source(config: Fp8Config, d_pad: int, bf16_out: bool, scale_first: b
     wait_all = ptx.cp_async_wait_all
     load_q_tile = swizzled_tile_loader(BLOCK_M, d_pad, THREADS, 1)
     load_k_tile = swizzled_tile_loader(BLOCK_N, d_pad, THREADS, 1)
-    load_v_tile = fp8.staging_loader(BLOCK_N, d_pad, THREADS)
-    transpose_v = fp8.v_transposer(BLOCK_N, d_pad, THREADS)
+    if config.v_transpose == "staging":
+        load_v_tile = fp8.staging_loader(BLOCK_N, d_pad, THREADS)
+        transpose_v = fp8.v_transposer(BLOCK_N, d_pad, THREADS)
+    else:
+        load_v_tile = swizzled_tile_loader(BLOCK_N, d_pad, THREADS, 1)
+        transpose_v = fp8.v_transposer_swizzled(BLOCK_N, d_pad, THREADS)
     probabilities = fp8.probabilities(PV_STEPS)
     position = block_position_of(QUERY_MAJOR, BLOCK_M, False)
     bounds = sequence_bounds_of(False)

@@ -25,6 +25,7 @@ import pytest
 import numba_attn
 import reference
 from numba_attn.core import fp8, ptx
+from numba_attn.core.swizzled_tiles import swizzled_tile_loader
 from numba_attn.forward import wgmma_fp8
 from numba_attn.runtime.device import SIMULATOR, compute_capability, cuda
 
@@ -147,7 +148,7 @@ def test_key_order_and_probability_packing():
 
 
 def test_configs_and_shared_memory():
-    for bad in (dict(block_n=48), dict(block_n=256), dict(block_n=0), dict(blocks_per_sm=0)):
+    for bad in (dict(block_n=48), dict(block_n=256), dict(block_n=0), dict(blocks_per_sm=0), dict(v_transpose="x")):
         with pytest.raises(ValueError, match="Fp8Config"):
             wgmma_fp8.Fp8Config(**bad)
     for config in wgmma_fp8.TUNING_CANDIDATES:
@@ -203,14 +204,20 @@ def test_fp8_mixed_with_16_bit_or_options_without_fp8_are_refused():
 
 # -- simulator: the real kernel code on tiny tiles -------------------------------------------------------------------
 @simulator_only
-@pytest.mark.parametrize("block_n, head_dim", [(32, 32), (64, 48)])
-def test_simulated_v_transposer(block_n, head_dim):
-    # staged V tile -> V^T: row d, k-column c (swizzled) holds V[16 (c // 16) + KEY_OF_COLUMN[c % 16], d]
+@pytest.mark.parametrize("block_n, head_dim, source", [(32, 32, "staging"), (64, 48, "staging"),
+                                                       (32, 32, "swizzled"), (64, 48, "swizzled")])
+def test_simulated_v_transposer(block_n, head_dim, source):
+    # V tile (staging layout, or the hardware's 128-byte swizzle as the TMA writes it) -> V^T: row d, k-column c
+    # (swizzled) holds V[16 (c // 16) + KEY_OF_COLUMN[c % 16], d]
     d_pad = wgmma_fp8.padded_head_dim(head_dim)
     keys = block_n - 5  # a tail: rows past the keys are zeros
     v = np.random.default_rng(3).integers(1, 120, (keys, head_dim)).astype(np.uint8)
-    load = fp8.staging_loader(block_n, d_pad, 128)
-    transpose = fp8.v_transposer(block_n, d_pad, 128)
+    if source == "staging":
+        load = fp8.staging_loader(block_n, d_pad, 128)
+        transpose = fp8.v_transposer(block_n, d_pad, 128)
+    else:
+        load = swizzled_tile_loader(block_n, d_pad, 128, 1)
+        transpose = fp8.v_transposer_swizzled(block_n, d_pad, 128)
     words = 64 * (block_n + d_pad)
 
     @cuda.jit
@@ -257,8 +264,10 @@ def test_simulated_kernel(heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal,
 
 @simulator_only
 def test_simulated_float16_window_softcap_negative_scale():
-    # three tiles: the stages of K, staged V and V^T reused (the window skips the first tile)
-    check(1, 1, 1, 24, 100, 32, False, out_dtype="float16", window=(20, 3), softcap=4.0)
+    # three tiles: the stages of K, staged V and V^T reused (the window skips the first tile); V transposed with
+    # ldmatrix from the hardware's swizzle
+    check(1, 1, 1, 24, 100, 32, False, out_dtype="float16", window=(20, 3), softcap=4.0,
+          config=wgmma_fp8.Fp8Config(32, 1, "ldmatrix"))
     check(1, 1, 1, 5, 33, 32, True, sm_scale=-0.3)
 
 

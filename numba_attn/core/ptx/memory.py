@@ -303,6 +303,26 @@ def load_u16x2(typingctx, arr, i):
     return sig, codegen
 
 
+def _sim_store_u16x2(arr, i, word):
+    arr[i], arr[i + 1] = int(word) & 0xFFFF, (int(word) >> 16) & 0xFFFF
+
+
+@simulated_by(_sim_store_u16x2)
+def store_u16x2(typingctx, arr, i, word):
+    """(arr, i, word): one 4-byte store of the 32-bit ``word`` at ``arr[i : i + 2]`` of a 1-D 16-bit array (a
+    shared-memory buffer; ``arr[i]`` gets the low half): ``i`` even and ``>= 0``."""
+    if not (_is_1d(arr) and arr.dtype.bitwidth == 16 and _is_int(i, word)):
+        return None
+    sig = types.void(arr, i, word)
+
+    def codegen(context, builder, sig, args):
+        ptr = _pointer1(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        builder.store(_i32(context, builder, args[2], sig.args[2]), builder.bitcast(ptr, _I32.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def _store_f32_vector(count):
     def typer(arr, i, *values):
         if not (_is_1d(arr) and arr.dtype == types.float32 and _is_int(i) and _is_number(*values)):

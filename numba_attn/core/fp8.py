@@ -1,4 +1,11 @@
-"""float8 e4m3 building blocks of the warpgroup kernels: P as an 8-bit A operand, V transposed into a K-major B.
+"""float8 e4m3 building blocks of the warpgroup kernels: P as an 8-bit A operand, V transposed into a K-major B,
+the descale factors.
+
+What a kernel takes from here (``forward.wgmma_fp8`` uses all of it; a warp-specialised kernel would too):
+``probabilities`` (S accumulators -> e4m3 A registers of P V), ``v_transposer_swizzled`` (a V tile as the TMA or
+``swizzled_tile_loader`` writes it -> ``V^T``) or ``staging_loader`` + ``v_transposer`` (the cp.async path with a
+conflict-free layout of its own), ``descaled`` (per-tensor or per-head factors), and from elsewhere
+``warpgroup.wgmma_ss_e4m3`` / ``wgmma_rs_e4m3`` with ``warpgroup.k_major`` layouts, ``epilogue.store_rows(scaled=True)``.
 
 ``wgmma`` on 8-bit types takes both shared-memory operands K-major (``core.warpgroup``). For ``O += P V`` the k
 dimension is the keys, so B must be ``V^T``: head-dim rows, keys contiguous. V arrives ``[key][d]``; the kernel
@@ -115,6 +122,26 @@ def v_transposer(block_n: int, d_pad: int, threads: int):
                                 o[4 * i + 3])
 
     return transpose
+
+
+def descaled(per_head: bool):
+    """``scales(scale_log2, out_scale, descale_q, descale_k, descale_v, b, h, heads) -> (scale, v_scale)``: a block's
+    score scale (the softmax's ``scale_log2``) and output scale (``epilogue.store_rows(scaled=True)``'s
+    ``out_scale``). Per tensor (``per_head=False``) the launch folded the factors in: both pass through. Per head:
+    times ``descale_q[b, x] * descale_k[b, x]`` and ``descale_v[b, x]``, float32 ``(batch, H)`` arrays read with ``x
+    = h // (heads // H)`` -- ``H`` the query heads or the kv heads (FlashAttention-3's), or 1 for a value broadcast
+    with zero strides."""
+    PER_HEAD = per_head
+
+    @device_function
+    def scales(scale_log2, out_scale, descale_q, descale_k, descale_v, b, h, heads):
+        if PER_HEAD:
+            return (scale_log2 * (descale_q[b, h // (heads // descale_q.shape[1])]
+                                  * descale_k[b, h // (heads // descale_k.shape[1])]),
+                    out_scale * descale_v[b, h // (heads // descale_v.shape[1])])
+        return scale_log2, out_scale
+
+    return scales
 
 
 def v_transposer_swizzled(block_n: int, d_pad: int, threads: int):

@@ -139,7 +139,6 @@ def _kernel_source(config: Fp8Config, d_pad: int, bf16_out: bool, scale_first: b
     O_BLOCKS = d_pad // 8
     QK_STEPS = d_pad // 32
     SCALE_FIRST = scale_first
-    PER_HEAD = per_head
     q_times_k = wgmma.wgmma_ss_e4m3(BLOCK_N, QK_STEPS, wgmma.k_major(BLOCK_M, QK_STEPS),
                                     wgmma.k_major(BLOCK_N, QK_STEPS), wait=False)
     p_times_v = wgmma.wgmma_rs_e4m3(d_pad, PV_STEPS, wgmma.k_major(d_pad, PV_STEPS), wait=False)
@@ -161,6 +160,7 @@ def _kernel_source(config: Fp8Config, d_pad: int, bf16_out: bool, scale_first: b
         load_v_tile = swizzled_tile_loader(BLOCK_N, d_pad, THREADS, 1)
         transpose_v = fp8.v_transposer_swizzled(BLOCK_N, d_pad, THREADS)
     probabilities = fp8.probabilities(PV_STEPS)
+    scales = fp8.descaled(per_head)
     position = block_position_of(QUERY_MAJOR, BLOCK_M, False)
     bounds = sequence_bounds_of(False)
     exponent = exponent_scale_for(variant.softcap)
@@ -195,13 +195,7 @@ def _kernel_source(config: Fp8Config, d_pad: int, bf16_out: bool, scale_first: b
         seqlen_q, key_start, key_end, diag_offset = bounds(q, k, b, lse)
         head_dim = q.shape[3]
         row0 = m0 + 16 * warp + g
-        scale = scale_log2
-        v_scale = out_scale
-        if PER_HEAD:  # (batch, heads) or (batch, kv_heads) arrays, or per tensor broadcast with zero strides
-            heads = q.shape[1]
-            scale *= (descale_q[b, h // (heads // descale_q.shape[1])]
-                      * descale_k[b, h // (heads // descale_k.shape[1])])
-            v_scale *= descale_v[b, h // (heads // descale_v.shape[1])]
+        scale, v_scale = scales(scale_log2, out_scale, descale_q, descale_k, descale_v, b, h, q.shape[1])
 
         smem = cuda.shared.array(0, uint16)
         q_base = ((1024 - shared_address(smem) % 1024) % 1024) // 2

@@ -77,7 +77,7 @@ def _lse_placeholder(call):
 
 def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out=None, backend=None,
                   allow_tf32=False, window=None, softcap=None, descale_q=None, descale_k=None, descale_v=None,
-                  out_dtype=None, dtype=None):
+                  out_dtype=None, input_dtype=None):
     """Exact attention ``softmax(sm_scale * q k^T) v`` without materialising the scores.
 
     Args:
@@ -111,8 +111,8 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
             ``lse`` is that of the capped scores. A compile-time variant of every kernel (one specialisation per
             value of ``c``); ``tanh.approx`` in the float16 / bfloat16 tensor-core kernels, ``tanh`` in the float32
             ones; not with autograd (``flash_backward`` takes no softcap yet).
-        descale_q, descale_k, descale_v, out_dtype, dtype: float8 e4m3 inputs (Hopper, ``wgmma``): q, k, v as torch
-            ``float8_e4m3fn`` tensors, or uint8 arrays of e4m3 bit patterns with ``dtype="float8_e4m3fn"``; the
+        descale_q, descale_k, descale_v, out_dtype, input_dtype: float8 e4m3 inputs (Hopper, ``wgmma``): q, k, v as torch
+            ``float8_e4m3fn`` tensors, or uint8 arrays of e4m3 bit patterns with ``input_dtype="float8_e4m3fn"``; the
             descale factors take them back to the tensors they quantise (None: 1; a number or size-1 array per
             tensor; a float32 ``(batch, kv_heads)`` array as FlashAttention-3's, or ``(batch, heads)``, per head;
             finite and > 0); the output is ``out_dtype`` "bfloat16" (default) or "float16". headdim % 16 == 0 up
@@ -129,7 +129,7 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
     # (checked here, not in ``checked``: a list is no replay plan's key, and 50 and 50.0 are one cap)
     window, softcap = check_window(window), check_softcap(softcap)
     fp8_options = {"descale_q": descale_q, "descale_k": descale_k, "descale_v": descale_v, "out_dtype": out_dtype}
-    if _fp8.wanted(q, k, v, dtype, fp8_options):
+    if _fp8.wanted(q, k, v, input_dtype, fp8_options):
         return _flash_forward_fp8(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window, softcap,
                                   fp8_options)
     if type(q).__module__.startswith("torch") and (

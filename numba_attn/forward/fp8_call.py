@@ -1,7 +1,7 @@
 """``flash_forward`` on float8 e4m3 inputs: the argument checks, the descale factors, the launch of ``wgmma_fp8``.
 
 Inputs are torch ``float8_e4m3fn`` tensors, or uint8 arrays of e4m3 bit patterns (NumPy, CuPy, Numba) with
-``dtype="float8_e4m3fn"``. Descale factors (``descale_q``, ``descale_k``, ``descale_v``; default 1) take the e4m3
+``input_dtype="float8_e4m3fn"`` (``reference.attention``'s ``dtype`` is its output's). Descale factors (``descale_q``, ``descale_k``, ``descale_v``; default 1) take the e4m3
 values back to the tensors they quantise: the scores are ``sm_scale * (descale_q q) . (descale_k k)``, the output
 ``softmax(...) (descale_v v)``. Each is a real number or a size-1 array (per tensor), or a float32 array of shape
 ``(batch, kv_heads)`` (FlashAttention-3's convention: one factor per kv head; for q, the factor of the kv head's
@@ -38,23 +38,23 @@ def _dtype_of(x) -> str | None:
 
 
 def wanted(q, k, v, dtype, options: dict) -> bool:
-    """True when this call is an fp8 one: a torch ``float8_e4m3fn`` input or ``dtype="float8_e4m3fn"``. ValueError,
+    """True when this call is an fp8 one: a torch ``float8_e4m3fn`` input or ``input_dtype="float8_e4m3fn"`` (``dtype``). ValueError,
     naming the argument, when fp8 inputs come mixed with others or fp8-only options come without fp8 inputs."""
     if dtype is not None and dtype != FLOAT8_E4M3:
-        raise ValueError(f"dtype: expected None or {FLOAT8_E4M3!r} (uint8 arrays of e4m3 bit patterns), got {dtype!r}")
+        raise ValueError(f"input_dtype: expected None or {FLOAT8_E4M3!r} (uint8 arrays of e4m3 bit patterns), got {dtype!r}")
     names = [_dtype_of(x) for x in (q, k, v)]
     fp8 = dtype == FLOAT8_E4M3 or FLOAT8_E4M3 in names
     if not fp8:
         for name in _FP8_ONLY:
             if options.get(name) is not None:
                 raise ValueError(f"{name}: only for float8_e4m3fn inputs (torch float8_e4m3fn tensors, or uint8 "
-                                 "arrays with dtype='float8_e4m3fn'); got q of dtype " + str(names[0]))
+                                 "arrays with input_dtype='float8_e4m3fn'); got q of dtype " + str(names[0]))
         return False
     allowed = (FLOAT8_E4M3, "uint8") if dtype == FLOAT8_E4M3 else (FLOAT8_E4M3,)
     for name, got in zip("qkv", names):
         if got not in allowed:
             raise ValueError(f"{name}: an fp8 call needs q, k and v all float8_e4m3fn (or uint8 e4m3 bit patterns "
-                             f"with dtype='float8_e4m3fn'), got {got}")
+                             f"with input_dtype='float8_e4m3fn'), got {got}")
     return True
 
 

@@ -10,7 +10,7 @@ caller's kind of array:
 * torch ``bfloat16`` tensors (which have no ``__cuda_array_interface__``) travel as a ``uint16`` bit view; raw bf16
   buffers can be passed the same way with ``dtype="bfloat16"`` where a function offers it;
 * torch ``float8_e4m3fn`` tensors travel as a ``uint8`` bit view (``flash_forward``'s fp8 inputs; raw e4m3 buffers
-  as uint8 arrays with ``dtype="float8_e4m3fn"``).
+  as uint8 arrays with ``input_dtype="float8_e4m3fn"``).
 
 Kernels are launched on the caller's *current* stream (CuPy's or torch's), so the results are ordered after the
 caller's earlier work and before its later work without any device-wide synchronisation.

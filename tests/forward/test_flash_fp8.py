@@ -171,12 +171,12 @@ def _codes(*shape, seed=0):
     (dict(descale_q=True), "descale_q"),
     (dict(out_dtype="float32"), "out_dtype"),
     (dict(backend="mma"), "backend"),
-    (dict(dtype="int8"), "dtype"),
+    (dict(input_dtype="int8"), "input_dtype"),
 ])
 def test_bad_fp8_arguments_name_the_argument(kwargs, name):
     q, k = _codes(1, 4, 8, 32), _codes(1, 2, 8, 32, seed=1)
     kwargs = dict(kwargs)
-    kwargs.setdefault("dtype", "float8_e4m3fn")
+    kwargs.setdefault("input_dtype", "float8_e4m3fn")
     with pytest.raises(ValueError, match=f"^{name}"):
         numba_attn.flash_forward(q, k, k, **kwargs)
 
@@ -284,7 +284,7 @@ def test_simulated_flash_forward_torch_and_numpy():
     ref, ref_lse = reference.attention_fp8(q, k, v, 0.5, 2.0, causal=True, return_lse=True)
     assert np.linalg.norm(out.double().numpy() - ref) / np.linalg.norm(ref) < 4e-2
     np.testing.assert_allclose(lse.numpy(), ref_lse, rtol=1e-5, atol=1e-4)
-    empty = numba_attn.flash_forward(q, k[:, :, :0], v[:, :, :0], dtype="float8_e4m3fn")  # no keys: zeros
+    empty = numba_attn.flash_forward(q, k[:, :, :0], v[:, :, :0], input_dtype="float8_e4m3fn")  # no keys: zeros
     assert empty.dtype == np.uint16 and np.all(ptx.bf16_bits_to_float32(empty) == 0.0)
 
 

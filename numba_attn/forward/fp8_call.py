@@ -1,4 +1,7 @@
-"""``flash_forward`` on float8 e4m3 inputs: the argument checks, the descale factors, the launch of ``wgmma_fp8``.
+"""``flash_forward`` on float8 e4m3 inputs: the argument checks, the descale factors, the launch of ``wgmma_ws_fp8``
+(the warp-specialised kernel: the default on Hopper at the padded head dims of ``WS_HEAD_DIMS`` for rows that see at
+least ``dispatch.WS_MIN_KEYS`` keys, as for 16-bit inputs; ``backend="wgmma_ws"`` asks for it) or ``wgmma_fp8``
+(elsewhere, ``backend="wgmma"``).
 
 Inputs are torch ``float8_e4m3fn`` tensors, or uint8 arrays of e4m3 bit patterns (NumPy, CuPy, Numba) with
 ``input_dtype="float8_e4m3fn"`` (``reference.attention``'s ``dtype`` is its output's). Descale factors (``descale_q``, ``descale_k``, ``descale_v``; default 1) take the e4m3
@@ -23,11 +26,13 @@ from ..runtime.arrays import BFLOAT16, FLOAT8_E4M3, _dtype_name, _library_of, _p
 from ..runtime.device import SIMULATOR, compute_capability, on_device
 from ..runtime.shapes import attention_shape
 from ..runtime.views import lift
-from . import wgmma_fp8
-from .dispatch import check_seqlen_q
+from . import wgmma_fp8, wgmma_ws_fp8
+from .dispatch import WS_MIN_KEYS, check_seqlen_q
 
 OUT_DTYPES = ("bfloat16", "float16")
 _FP8_ONLY = ("descale_q", "descale_k", "descale_v", "out_dtype")
+#: padded head dims at which the warp-specialised kernel is the default (issue #30's shapes)
+WS_HEAD_DIMS = frozenset({64, 128})
 
 
 def _dtype_of(x) -> str | None:
@@ -113,13 +118,26 @@ def _descale(call, name: str, value, shape):
     return 1.0, view
 
 
+def _warp_specialised(backend, shape, causal: bool, inputs) -> bool:
+    """Whether the call runs on ``wgmma_ws_fp8``: asked for (where the TMA reads the inputs), or by default on a GPU
+    at ``WS_HEAD_DIMS`` with rows that see at least ``WS_MIN_KEYS`` keys on average (``dispatch.backend_for``'s
+    rule: shorter rows are host-bound, and calls through tensor maps take the checked path)."""
+    if backend == "wgmma" or not wgmma_ws_fp8.supports(shape.head_dim, *inputs):
+        return False
+    if backend == "wgmma_ws":
+        return True
+    long_rows = (shape.seqlen_k // 2 if causal else shape.seqlen_k) >= WS_MIN_KEYS
+    return not SIMULATOR and long_rows and wgmma_ws_fp8.padded_head_dim(shape.head_dim) in WS_HEAD_DIMS
+
+
 def run(q, k, v, *, causal, sm_scale, return_lse, out, backend, allow_tf32, window, softcap, descale_q, descale_k,
         descale_v, out_dtype, lse_placeholder):
     """The fp8 ``flash_forward`` (``wanted`` said so; window and softcap checked by the caller)."""
     causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
     check_flag(allow_tf32, "allow_tf32")
-    if backend not in (None, "wgmma"):
-        raise ValueError(f"backend: float8_e4m3fn inputs run on 'wgmma' (or None) only, got {backend!r}")
+    if backend not in (None, "wgmma", "wgmma_ws"):
+        raise ValueError(f"backend: float8_e4m3fn inputs run on 'wgmma' or 'wgmma_ws' (or None) only, got "
+                         f"{backend!r}")
     if type(q).__module__.startswith("torch") and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
         raise ValueError("q, k, v: the fp8 forward is not hooked into autograd; detach the inputs")
     if not SIMULATOR and compute_capability() < wgmma_fp8.MIN_COMPUTE_CAPABILITY:
@@ -149,10 +167,10 @@ def run(q, k, v, *, causal, sm_scale, return_lse, out, backend, allow_tf32, wind
         if not wgmma_fp8.supports(shape.head_dim, *inputs):
             raise ValueError("q, k, v: the fp8 forward needs a unit-stride last axis and 16-byte aligned rows")
         if shape.seqlen_q > 0 and shape.batch * shape.heads > 0:
-            wgmma_fp8.launch(*inputs, lift(result.view, 4),
-                             lift(lse.view, 3) if return_lse else lse_placeholder(call), return_lse, sm_scale,
-                             causal, call.stream, descale=descale, out_dtype=out_name, window=window,
-                             softcap=softcap)
+            launch = wgmma_ws_fp8.launch if _warp_specialised(backend, shape, causal, inputs) else wgmma_fp8.launch
+            launch(*inputs, lift(result.view, 4), lift(lse.view, 3) if return_lse else lse_placeholder(call),
+                   return_lse, sm_scale, causal, call.stream, descale=descale, out_dtype=out_name, window=window,
+                   softcap=softcap)
         if return_lse:
             return call.result(result), call.result(lse)
         return call.result(result)

@@ -32,6 +32,15 @@ writes with ``CU_TENSOR_MAP_SWIZZLE_128B`` -- one 64-column box per atom column;
 
 Tensor maps (``runtime.tensor_map``) travel as 64-bit addresses of maps in global memory, one per tensor and box;
 the producer acquires them (``tensormap_acquire``) before its first copy.
+
+float8 e4m3 inputs (``fp8=True``, launched by ``forward.wgmma_ws_fp8``)
+    The same pipeline on 8-bit tiles (one 128-byte box per row: head dims up to 128 are one atom column) and
+    ``k32.e4m3`` MMAs, P rounded to e4m3 in registers (``core.fp8.probabilities``). 8-bit MMAs take B K-major only,
+    so P V needs ``V^T``: the producer warpgroup's warps 1-3 (idle in the 16-bit kernel) wait for each V tile, turn
+    it into a ``V^T`` tile of a ring of its own (``core.fp8.v_transposer_swizzled``: ``ldmatrix`` and byte permutes,
+    the keys in ``core.fp8``'s order), free the V slot, ``fence.proxy.async`` and arrive on the ``V^T`` slot's "full"
+    mbarrier; the consumers read ``V^T`` where the 16-bit kernel reads V. Descale factors fold into the score scale
+    and the epilogue's output scale (``core.fp8.descaled``: per tensor at launch, per head per block).
 """
 from __future__ import annotations
 
@@ -41,6 +50,7 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types, uint16, uint32
 
+from ..core import fp8 as fp8_blocks
 from ..core import ptx
 from ..core import warpgroup as wgmma
 from ..core.block_info import QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
@@ -48,7 +58,7 @@ from ..core.epilogue import as_16bit, store_rows
 from ..core.mask import tile_is_partial
 from ..core.ptx import tma
 from ..core.softmax import exponent_scale_for, softmax_start, softmax_update
-from ..core.staging import device_function, kernel_body
+from ..core.staging import device_function, inlined_function, kernel_body
 from ..runtime import tensor_map
 from ..runtime.device import SIMULATOR, cuda, kernel_jit, multiprocessor_count
 from ..runtime.launch import launch as device_launch
@@ -120,11 +130,13 @@ def usable(config: WsConfig, head_dim_pad: int) -> bool:
     return shared_bytes(config, head_dim_pad) <= SHARED_LIMIT and fits_registers(config, head_dim_pad)
 
 
-def fits_registers(config: WsConfig, head_dim_pad: int) -> bool:
+def fits_registers(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> bool:
     """Whether a consumer's live values fit its register budget: S (``block_n / 2`` per thread), P (``block_n /
-    4``), O (``head_dim_pad / 2``) and ~40 for the rest (a rough rule from ptxas: at head dim 64 and 160 registers
-    128-key tiles spill, 96-key tiles do not; 176-key tiles at head dim 128 do not at 240)."""
-    return config.block_n // 2 + config.block_n // 4 + head_dim_pad // 2 + 40 <= config.consumer_registers
+    4``; 8-bit: ``block_n / 8``), O (``head_dim_pad / 2``) and ~40 for the rest (a rough rule from ptxas: at head
+    dim 64 and 160 registers 128-key tiles spill, 96-key tiles do not; 176-key tiles at head dim 128 do not at
+    240)."""
+    p_words = config.block_n // (8 if fp8 else 4)
+    return config.block_n // 2 + p_words + head_dim_pad // 2 + 40 <= config.consumer_registers
 
 
 def default_config() -> WsConfig:
@@ -135,14 +147,19 @@ def padded_head_dim(head_dim: int) -> int:
     return common.padded_head_dim(head_dim, 16)
 
 
-def _barriers(stages: int) -> int:
-    return 2 + 4 * stages  # Q full, Q empty, then K full, K empty, V full, V empty per stage
+def _barriers(stages: int, fp8: bool = False) -> int:
+    # Q full, Q empty, then K full, K empty, V full, V empty per stage (8-bit: also V^T full, V^T empty)
+    return 2 + (6 if fp8 else 4) * stages
 
 
-def shared_bytes(config: WsConfig, head_dim_pad: int) -> int:
-    """Q (128 rows), ``stages`` K and V tiles, the mbarriers, and 1 KB to align the first tile to 1024 bytes."""
-    tiles = 128 * wgmma.atom_columns(head_dim_pad) * (config.block_m + 2 * config.stages * config.block_n)
-    return tiles + 8 * _barriers(config.stages) + 1024
+def shared_bytes(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> int:
+    """Q (128 rows), ``stages`` K and V tiles (8-bit: and ``V^T`` tiles of ``head_dim_pad`` rows), the mbarriers,
+    and 1 KB to align the first tile to 1024 bytes."""
+    if fp8:  # rows of 128 bytes, one atom column
+        tiles = 128 * (config.block_m + 2 * config.stages * config.block_n + config.stages * head_dim_pad)
+    else:
+        tiles = 128 * wgmma.atom_columns(head_dim_pad) * (config.block_m + 2 * config.stages * config.block_n)
+    return tiles + 8 * _barriers(config.stages, fp8) + 1024
 
 
 def supports(dtype: str, head_dim: int, *arrays) -> bool:
@@ -153,36 +170,55 @@ def supports(dtype: str, head_dim: int, *arrays) -> bool:
             and common.runs_here(MIN_COMPUTE_CAPABILITY) and all(tensor_map.tma_layout_ok(x) for x in arrays))
 
 
-def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN):
-    """The Python function of one specialisation (not yet jitted)."""
+def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN,
+                   fp8: bool = False, per_head: bool = False):
+    """The Python function of one specialisation (not yet jitted). ``fp8``: float8 e4m3 operands (uint8) and a
+    bfloat16 (``bf16``) or float16 output, with per-head descale arrays read (``per_head``) or not; the kernel then
+    takes four more arguments (``forward.wgmma_ws_fp8.SIGNATURE``)."""
     if variant.packed:
         raise ValueError("wgmma_ws: packed sequences are not supported (forward.wgmma takes them)")
+    FP8 = fp8
+    if fp8 and (d_pad % 32 or d_pad > 128 or config.block_n % 32 or config.block_n > 128):
+        raise ValueError(f"wgmma_ws fp8: head_dim_pad and block_n must be multiples of 32 up to 128, got {d_pad}, "
+                         f"{config.block_n}")
     BLOCK_N = config.block_n
     STAGES = config.stages
     PINGPONG = config.pingpong
-    ATOMS = wgmma.atom_columns(d_pad)
-    Q_TILE = ROWS * 64 * ATOMS  # elements of one consumer's Q tile
+    ATOMS = 1 if fp8 else wgmma.atom_columns(d_pad)  # (8-bit rows of up to 128 elements: one atom column)
+    Q_TILE = ROWS * 64 * ATOMS  # elements (uint16) of one consumer's Q tile
     TILE = BLOCK_N * 64 * ATOMS  # elements of a K or V tile
+    VT_TILE = d_pad * 64 if fp8 else 0  # elements of a V^T tile (8-bit: d_pad rows of 128 bytes)
     CONSUMERS = config.consumers
     BLOCK_M = config.block_m
     Q_BYTES = 2 * CONSUMERS * Q_TILE
     TILE_BYTES = 2 * TILE
-    Q_BOX = 64 * ROWS  # elements of one 64-column box of Q
+    Q_BOX = 64 * ROWS  # elements of one 64-column box of Q (128-byte box rows; 8-bit: one box)
     KV_BOX = 64 * BLOCK_N
+    K_STEP = 32 if fp8 else 16  # k of one MMA
     S_BLOCKS = BLOCK_N // 8
-    PV_STEPS = BLOCK_N // 16
+    PV_STEPS = BLOCK_N // K_STEP
     P_WORDS = 4 * PV_STEPS
     O_BLOCKS = d_pad // 8
-    QK_STEPS = d_pad // 16
+    QK_STEPS = d_pad // K_STEP
     SCALE_FIRST = scale_first
     EMPTY_ARRIVALS = 4 * CONSUMERS  # one per consumer warp
+    TRANSPOSERS = 3 * 32  # 8-bit: the producer warpgroup's warps 1-3
     PERSISTENT = config.persistent
     # the mbarriers, 4 elements (8 bytes) each from ``bars``: Q full, Q empty, then per stage of the ring
-    K_FULL, K_EMPTY, V_FULL, V_EMPTY = (4 * (2 + n * STAGES) for n in range(4))
+    K_FULL, K_EMPTY, V_FULL, V_EMPTY, VT_FULL, VT_EMPTY = (4 * (2 + n * STAGES) for n in range(6))
+    # what P V reads and frees: V, or (8-bit) V^T; a V slot is freed by the consumers or (8-bit) the transposers
+    PV_FULL, PV_EMPTY, PV_TILE = (VT_FULL, VT_EMPTY, VT_TILE) if fp8 else (V_FULL, V_EMPTY, TILE)
+    V_EMPTY_ARRIVALS = TRANSPOSERS if fp8 else EMPTY_ARRIVALS
     PAIR = 2 * WARPGROUP  # threads of a ping-pong barrier: the waiting warpgroup and the one arriving
-    q_times_k = wgmma.wgmma_ss(BLOCK_N, QK_STEPS, bf16, wgmma.k_major(ROWS, QK_STEPS),
-                               wgmma.k_major(BLOCK_N, QK_STEPS), wait=False)
-    p_times_v = wgmma.wgmma_rs(d_pad, PV_STEPS, bf16, wgmma.mn_major(BLOCK_N, PV_STEPS), True, wait=False)
+    if fp8:
+        q_times_k = wgmma.wgmma_ss_e4m3(BLOCK_N, QK_STEPS, wgmma.k_major(ROWS, QK_STEPS),
+                                        wgmma.k_major(BLOCK_N, QK_STEPS), wait=False)
+        p_times_v = wgmma.wgmma_rs_e4m3(d_pad, PV_STEPS, wgmma.k_major(d_pad, PV_STEPS), wait=False)
+        transpose_v = fp8_blocks.v_transposer_swizzled(BLOCK_N, d_pad, TRANSPOSERS)
+    else:
+        q_times_k = wgmma.wgmma_ss(BLOCK_N, QK_STEPS, bf16, wgmma.k_major(ROWS, QK_STEPS),
+                                   wgmma.k_major(BLOCK_N, QK_STEPS), wait=False)
+        p_times_v = wgmma.wgmma_rs(d_pad, PV_STEPS, bf16, wgmma.mn_major(BLOCK_N, PV_STEPS), True, wait=False)
     wait_s = wgmma.wgmma_wait(BLOCK_N, 0)
     wait_one = wgmma.wgmma_wait(BLOCK_N, 1)
     wait_o = wgmma.wgmma_wait(d_pad, 0)
@@ -207,7 +243,29 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     start = softmax_start(1, O_BLOCKS)
     online_softmax = softmax_update(1, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
                                     window=variant.window, softcap=variant.softcap, precise_tanh=False)
-    finish = store_rows(1, O_BLOCKS, as_16bit(bf16))
+    fence_proxy_async = wgmma.fence_proxy_async
+    if fp8:
+        finish = store_rows(1, O_BLOCKS, as_16bit(bf16), scaled=True)
+    else:  # (the 16-bit kernel's output has no factor: its finish takes one and drops it)
+        store = store_rows(1, O_BLOCKS, as_16bit(bf16))
+
+        @inlined_function
+        def finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post,
+                   out_scale):
+            store(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post)
+
+    if fp8 and per_head:
+        descale = fp8_blocks.descaled(True)
+
+        @inlined_function
+        def scales(scale_log2, post, out_scale, descale_q, descale_k, descale_v, b, h, heads):
+            """A block's (score scale, its exponent scale, output scale): the per-head factors of (b, h) folded in."""
+            scale, v_scale = descale(scale_log2, out_scale, descale_q, descale_k, descale_v, b, h, heads)
+            return scale, exponent(scale, SCALE_FIRST), v_scale
+    else:  # (per tensor: the launch folded the factors into the scalars)
+        @inlined_function
+        def scales(scale_log2, post, out_scale, descale_q, descale_k, descale_v, b, h, heads):
+            return scale_log2, post, out_scale
 
     @device_function
     def advance(stage, phase):
@@ -247,20 +305,39 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                     bars + V_EMPTY)
         return stage, phase
 
+    if fp8:
+        probabilities = fp8_blocks.probabilities(PV_STEPS)  # P rounded to e4m3 (the keys permuted: ``core.fp8``)
+    else:
+        @device_function
+        def probabilities(s, p):
+            """P rounded to the input dtype as the A operand (``wgmma.probabilities``' layout)."""
+            for kk in range(PV_STEPS):
+                p[4 * kk] = pack(s[0, 2 * kk, 0], s[0, 2 * kk, 1])
+                p[4 * kk + 1] = pack(s[0, 2 * kk, 2], s[0, 2 * kk, 3])
+                p[4 * kk + 2] = pack(s[0, 2 * kk + 1, 0], s[0, 2 * kk + 1, 1])
+                p[4 * kk + 3] = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
+
     @device_function
-    def probabilities(s, p):
-        """P rounded to the input dtype as the A operand (``wgmma.probabilities``' layout)."""
-        for kk in range(PV_STEPS):
-            p[4 * kk] = pack(s[0, 2 * kk, 0], s[0, 2 * kk, 1])
-            p[4 * kk + 1] = pack(s[0, 2 * kk, 2], s[0, 2 * kk, 3])
-            p[4 * kk + 2] = pack(s[0, 2 * kk + 1, 0], s[0, 2 * kk + 1, 1])
-            p[4 * kk + 3] = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
+    def transpose_tiles(smem, v_base, vt_base, bars, tt, n_tiles, stage, phase):
+        """8-bit, the transposer warps (thread ``tt`` of 96), one block of rows: V of each tile (ring slot
+        ``stage``, use ``phase``, as the producer loaded it) into ``V^T`` slot ``stage`` once the consumers have
+        freed it; returns the slot and phase of the next block's tile 0."""
+        for j in range(n_tiles):
+            wait(smem, bars + V_FULL + 4 * stage, phase)
+            wait(smem, bars + VT_EMPTY + 4 * stage, phase ^ 1)  # (the first round passes at once)
+            transpose_v(smem, v_base + stage * TILE, vt_base + stage * VT_TILE, tt)
+            arrive(smem, bars + V_EMPTY + 4 * stage)  # (its ldmatrix reads are done: their values are stored)
+            fence_proxy_async()  # the V^T stores, visible to the consumers' MMAs after the mbarrier
+            arrive(smem, bars + VT_FULL + 4 * stage)
+            stage, phase = advance(stage, phase)
+        return stage, phase
 
     @device_function
     def consume(smem, q_c, k_base, v_base, bars, c, lane, m_c, row0, t, n_first, n_tiles, stage, phase, qn, key_end,
-                causal, diag_offset, scale_log2, post, out_head, lse, b, h, seqlen_q, head_dim, write_lse):
+                causal, diag_offset, scale_log2, post, out_head, lse, b, h, seqlen_q, head_dim, write_lse, out_scale):
         """Consumer ``c``'s 64 rows of one block (``qn``: Q copies before; tile 0 in ring slot ``stage``, use
-        ``phase``); returns the slot and phase of the next block's tile 0."""
+        ``phase``); returns the slot and phase of the next block's tile 0. ``v_base``: the ring P V reads (V, or
+        8-bit ``V^T``); ``out_scale``: the output's factor (8-bit: the V descale)."""
         s = cuda.local.array((1, S_BLOCKS, 4), float32)
         acc = cuda.local.array((1, O_BLOCKS, 4), float32)
         p = cuda.local.array(P_WORDS, uint32)
@@ -291,8 +368,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             if PINGPONG:
                 bar_sync(1 + c, PAIR)
             q_times_k(s, smem, q_c, k_base + stage * TILE)
-            wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
-            p_times_v(acc, p, smem, v_base + v_stage * TILE)
+            wait(smem, bars + PV_FULL + 4 * v_stage, v_phase)
+            p_times_v(acc, p, smem, v_base + v_stage * PV_TILE)
             if PINGPONG:
                 bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
             wait_one(s)  # S_j is done; P V may still run
@@ -302,7 +379,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                            key_end, causal, diag_offset, scale_log2, post)
             wait_o(acc)
             if lane == 0:
-                arrive(smem, bars + V_EMPTY + 4 * v_stage)  # V of tile j - 1 is free
+                arrive(smem, bars + PV_EMPTY + 4 * v_stage)  # V of tile j - 1 is free
             if not all_lanes(alpha[0] == ONE and alpha[1] == ONE):
                 for ob in range(O_BLOCKS):
                     acc[0, ob, 0] *= alpha[0]
@@ -313,13 +390,13 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             v_stage, v_phase = advance(v_stage, v_phase)
             stage, phase = advance(stage, phase)
         if n_tiles > 0:
-            wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
-            p_times_v(acc, p, smem, v_base + v_stage * TILE)
+            wait(smem, bars + PV_FULL + 4 * v_stage, v_phase)
+            p_times_v(acc, p, smem, v_base + v_stage * PV_TILE)
             wait_o(acc)
             if lane == 0:
-                arrive(smem, bars + V_EMPTY + 4 * v_stage)
+                arrive(smem, bars + PV_EMPTY + 4 * v_stage)
                 arrive(smem, bars + 4)  # Q is free (the producer copies the next block's over it)
-        finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post)
+        finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post, out_scale)
         return stage, phase
 
     @device_function
@@ -334,7 +411,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         return bh // q.shape[1], bh % q.shape[1], m_block * BLOCK_M
 
     @kernel_body
-    def body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map):
+    def body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, out_scale, descale_q, descale_k,
+             descale_v):
         tid, warp, lane, g, t = lane_position()
         seqlen_q, key_start, key_end, diag_offset = bounds(q, k, 0, lse)
         group = q.shape[1] // k.shape[1]
@@ -343,7 +421,9 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         q_base = ((1024 - shared_address(smem) % 1024) % 1024) // 2
         k_base = q_base + CONSUMERS * Q_TILE
         v_base = k_base + STAGES * TILE
-        bars = v_base + STAGES * TILE  # Q full, Q empty; K full, K empty, V full, V empty per stage
+        vt_base = v_base + STAGES * TILE  # (8-bit: the V^T ring; 16-bit: empty)
+        pv_base = vt_base if FP8 else v_base  # what P V reads
+        bars = vt_base + STAGES * VT_TILE  # Q full, Q empty; K full, K empty, V full, V empty (V^T full, empty)
         if tid == 0:
             init(smem, bars, 1)
             init(smem, bars + 4, EMPTY_ARRIVALS)
@@ -351,7 +431,10 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                 init(smem, bars + K_FULL + 4 * stage, 1)
                 init(smem, bars + K_EMPTY + 4 * stage, EMPTY_ARRIVALS)
                 init(smem, bars + V_FULL + 4 * stage, 1)
-                init(smem, bars + V_EMPTY + 4 * stage, EMPTY_ARRIVALS)
+                init(smem, bars + V_EMPTY + 4 * stage, V_EMPTY_ARRIVALS)
+                if FP8:
+                    init(smem, bars + VT_FULL + 4 * stage, TRANSPOSERS)
+                    init(smem, bars + VT_EMPTY + 4 * stage, EMPTY_ARRIVALS)
             fence_init()
         cuda.syncthreads()  # (the last block-wide barrier: the producer's idle warps leave)
         # (the block loop of the persistent kernel is its own branch: a one-trip loop around the consumer made
@@ -381,6 +464,18 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                     if n_tiles1 > 0:
                         produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m1, h1, h1 // group, b1,
                                 n_first1, n_tiles1, 0, 0, 0)
+            if FP8 and warp > 0:  # the transposers walk the same tiles through the same ring slots
+                if PERSISTENT:
+                    stage = 0
+                    phase = 0
+                    for tile in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
+                        b, h, m0 = tile_of(tile, q, causal)
+                        n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
+                        stage, phase = transpose_tiles(smem, v_base, vt_base, bars, tid - 32, n_tiles, stage, phase)
+                else:
+                    b1, h1, m1, _, _, _, _ = position(q, k, v, out, causal, lse)
+                    n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
+                    transpose_tiles(smem, v_base, vt_base, bars, tid - 32, n_tiles1, 0, 0)
             return
 
         more_registers()
@@ -396,22 +491,32 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             for tile in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
                 b, h, m0 = tile_of(tile, q, causal)
                 n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
-                stage, phase = consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m0 + ROWS * c,
+                scale, post_b, v_scale = scales(scale_log2, post, out_scale, descale_q, descale_k, descale_v, b, h,
+                                                q.shape[1])
+                stage, phase = consume(smem, q_base + c * Q_TILE, k_base, pv_base, bars, c, lane, m0 + ROWS * c,
                                        m0 + row, t, n_first, n_tiles, stage, phase, qn, key_end, causal, diag_offset,
-                                       scale_log2, post, out[b, h], lse, b, h, seqlen_q, head_dim, write_lse)
+                                       scale, post_b, out[b, h], lse, b, h, seqlen_q, head_dim, write_lse, v_scale)
                 if n_tiles > 0:
                     qn += 1
         else:
             b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, lse)
             n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
-            consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m1 + ROWS * c, m1 + row, t, n_first1,
-                    n_tiles1, 0, 0, 0, key_end, causal, diag_offset, scale_log2, post, out_head, lse, b1, h1,
-                    seqlen_q, head_dim, write_lse)
+            scale, post_b, v_scale = scales(scale_log2, post, out_scale, descale_q, descale_k, descale_v, b1, h1,
+                                            q.shape[1])
+            consume(smem, q_base + c * Q_TILE, k_base, pv_base, bars, c, lane, m1 + ROWS * c, m1 + row, t, n_first1,
+                    n_tiles1, 0, 0, 0, key_end, causal, diag_offset, scale, post_b, out_head, lse, b1, h1,
+                    seqlen_q, head_dim, write_lse, v_scale)
         if PINGPONG and c == 0:
             bar_sync(1, PAIR)  # the last consumer's last arrival: the barriers end as they began
 
-    def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map):
-        body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map)
+    if fp8:
+        def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, out_scale, descale_q,
+                   descale_k, descale_v):
+            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, out_scale, descale_q,
+                 descale_k, descale_v)
+    else:  # (no factors: the output's is 1, and lse stands in for the descale arrays nothing reads)
+        def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map):
+            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, ONE, lse, lse, lse)
 
     return kernel
 

@@ -59,13 +59,15 @@ def _to_float(bits, out_dtype):
 
 
 def check(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, *, descale=None, out_dtype="bfloat16",
-          config=None, seed=0, scale=1.5, sm_scale=None, window=None, softcap=None):
-    """Launch on e4m3 inputs with a poisoned output wider than headdim; compare with the model and the reference."""
+          config=None, seed=0, scale=1.5, sm_scale=None, window=None, softcap=None, launch=None):
+    """Launch on e4m3 inputs with a poisoned output wider than headdim; compare with the model and the reference.
+    ``launch``: ``wgmma_fp8.launch`` (default) or another with its arguments (``config`` then required)."""
     rng = np.random.default_rng(seed)
     q = reference.encode_e4m3(rng.standard_normal((batch, heads, seqlen_q, head_dim)) * scale)
     k = reference.encode_e4m3(rng.standard_normal((batch, kv_heads, seqlen_k, head_dim)) * scale)
     v = reference.encode_e4m3(rng.standard_normal((batch, kv_heads, seqlen_k, head_dim)))
     config = config or wgmma_fp8.default_config(window, softcap)
+    launch = launch or wgmma_fp8.launch
     out_mem = cuda.to_device(np.full((batch, heads, seqlen_q, head_dim + 8), POISON, np.uint16))
     out = out_mem[:, :, :, :head_dim]
     lse = cuda.to_device(np.full((batch, heads, seqlen_q), np.nan, np.float32))
@@ -78,8 +80,8 @@ def check(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, *, desca
             views = tuple(cuda.to_device(np.full((batch, 1), x, np.float32)) if isinstance(x, float) else x
                           for x in views)
     stream = 0 if SIMULATOR else cuda.default_stream()
-    wgmma_fp8.launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, lse, True, sm, causal, stream,
-                     descale=views, config=config, out_dtype=out_dtype, window=window, softcap=softcap)
+    launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, lse, True, sm, causal, stream,
+           descale=views, config=config, out_dtype=out_dtype, window=window, softcap=softcap)
     got_mem = out_mem.copy_to_host()
     assert np.all(got_mem[..., head_dim:] == POISON), "wrote past headdim"
     got = _to_float(got_mem[..., :head_dim], out_dtype)

@@ -59,8 +59,8 @@ def test_unsupported_inputs_are_refused():
 @pytest.mark.parametrize(
     "heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale",
     [
-        # GQA, Lq < Lk, a tail tile, both ring stages used twice; per-head descales in both shapes
-        (2, 1, 20, 100, 32, True, (np.float32([[0.5, 2.0]]), np.float32([[0.7]]), np.float32([[1.5]]))),
+        # GQA, Lq < Lk, a tail tile, the two-stage rings wrapped once; per-head descales in both shapes
+        (2, 1, 20, 70, 32, True, (np.float32([[0.5, 2.0]]), np.float32([[0.7]]), np.float32([[1.5]]))),
         # Lq > Lk: rows that see no key; head dim padded (48 -> 64); per-tensor descales
         (1, 1, 40, 9, 48, True, (0.5, 0.25, 3.0)),
     ],

@@ -79,15 +79,18 @@ BACKENDS = ("wgmma_ws", "wgmma")
 
 def _warm(job) -> str:
     """Tiny calls that compile what a job's kernel needs, in a process of its own: ``("fp8", backend, d, per_head,
-    out_dtype)`` or ``("bf16", backend, d)``."""
+    out_dtype[, WsConfig fields])`` or ``("bf16", backend, d)``."""
     start = time.time()
     try:
         import torch
 
         import numba_attn
+        from numba_attn.forward import wgmma_ws_fp8
 
         if job[0] == "fp8":
-            _, backend, d, per_head, out_dtype = job
+            _, backend, d, per_head, out_dtype, *config = job
+            if config:  # a --config: this process's default (the kernel cache keys it by its tiles)
+                wgmma_ws_fp8.DEFAULT_CONFIG = dataclasses.replace(wgmma_ws_fp8.DEFAULT_CONFIG, **dict(config[0]))
             x = torch.randn(1, 2, 200, d, device="cuda").to(torch.float8_e4m3fn)
             scale = torch.ones(1, 2, device="cuda") if per_head else 1.0
             numba_attn.flash_forward(x, x, x, causal=True, backend=backend, descale_q=scale, descale_k=scale,
@@ -107,9 +110,11 @@ def precompile(args) -> int:
     import multiprocessing
 
     jobs = {("fp8", backend, d, per_head, out_dtype) for _, _, _, _, _, d, _, per_head, out_dtype in CASES
-            for backend in BACKENDS}
+            for backend in args.backends}
     jobs |= {("fp8", backend, d, False, "bfloat16") for d in (64, 128) for backend in BACKENDS}  # timing
     jobs |= {("bf16", "wgmma_ws", 128)}  # the bfloat16 default at D 128 (no tuned table: its default tiles)
+    jobs |= {("fp8", "wgmma_ws", d, False, "bfloat16", tuple(sorted(parse_config(c).items()))) for c in args.config
+             for d in (64, 128)}
     start = time.time()
     with futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_warm, sorted(jobs)))
@@ -139,7 +144,7 @@ def correctness(args, torch, numba_attn, reference, np) -> int:
             failures += 1
             say(f"ERROR correctness {name}:\n{traceback.format_exc()}")
             continue
-        for backend in BACKENDS:
+        for backend in args.backends:
             try:
                 out, lse = numba_attn.flash_forward(q8, k8, v8, causal=causal, return_lse=True, descale_q=dq,
                                                     descale_k=dk, descale_v=dv, out_dtype=out_dtype, backend=backend)
@@ -176,7 +181,7 @@ def _compare(np, name, out, lse, ref, ref_lse, model, qf, kf, heads, kv_heads, b
 
 
 def timing(args, torch, numba_attn, np) -> int:
-    from numba_attn.forward import wgmma_ws_fp8
+    from numba_attn.forward import fp8_vt, wgmma_ws_fp8
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -213,6 +218,10 @@ def timing(args, torch, numba_attn, np) -> int:
                         ws_config = dataclasses.replace(wgmma_ws_fp8.DEFAULT_CONFIG, **config)
                         results[label] = median_ms(_direct_launch(torch, wgmma_ws_fp8, ws_config, q8, k8, v8, dq, dk,
                                                                   dv, causal))
+                    vt = torch.empty(4, heads, d, fp8_vt.padded_keys(n), dtype=torch.uint8, device="cuda")
+                    stream = torch.cuda.current_stream().cuda_stream
+                    v_bits = v8.view(torch.uint8)
+                    vt_ms = median_ms(lambda: fp8_vt.transpose(v_bits, vt, stream))  # noqa: B023
                     results["bf16"] = median_ms(lambda: numba_attn.flash_forward(q, k, v, causal=causal))  # noqa
                     try:
                         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -220,7 +229,8 @@ def timing(args, torch, numba_attn, np) -> int:
                     except Exception as exc:  # a backend that does not take the shape
                         say(f"SKIP cudnn D{d} N{n}: {type(exc).__name__}")
                     parts = " ".join(f"{label} {flops / ms / 1e9:.0f} ({ms:.3f})" for label, ms in results.items())
-                    say(f"INFO D{d} H{heads} N{n:5d} {'causal' if causal else 'full  '}: {parts} | ws/bf16 "
+                    say(f"INFO D{d} H{heads} N{n:5d} {'causal' if causal else 'full  '}: {parts} | V^T pre-pass "
+                        f"{vt_ms:.3f} ms ({vt_ms / results['fp8ws']:.0%}) | ws/bf16 "
                         f"{results['bf16'] / results['fp8ws']:.2f}x, ws/wg {results['fp8wg'] / results['fp8ws']:.2f}x, "
                         f"ws/cudnn {results.get('cudnn', float('nan')) / results['fp8ws']:.2f}x")
                 except Exception:
@@ -343,8 +353,10 @@ def main() -> int:
     parser.add_argument("--config", action="append", default=[],
                         help="KEY=VALUE[,KEY=VALUE] of WsConfig (over wgmma_ws_fp8.DEFAULT_CONFIG), timed too")
     parser.add_argument("--jobs", type=int, default=8, help="processes that precompile the kernels first (0: none)")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="the fp8 backends the correctness part checks")
     args = parser.parse_args()
     args.lengths = [int(x) for x in args.lengths.split(",")]
+    args.backends = [x for x in args.backends.split(",") if x]
     import numpy as np
     import torch
 

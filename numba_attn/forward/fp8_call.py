@@ -167,10 +167,13 @@ def run(q, k, v, *, causal, sm_scale, return_lse, out, backend, allow_tf32, wind
         if not wgmma_fp8.supports(shape.head_dim, *inputs):
             raise ValueError("q, k, v: the fp8 forward needs a unit-stride last axis and 16-byte aligned rows")
         if shape.seqlen_q > 0 and shape.batch * shape.heads > 0:
-            launch = wgmma_ws_fp8.launch if _warp_specialised(backend, shape, causal, inputs) else wgmma_fp8.launch
+            options = dict(descale=descale, out_dtype=out_name, window=window, softcap=softcap)
+            if _warp_specialised(backend, shape, causal, inputs):  # (V^T in a scratch array of the caller's pool)
+                launch, options["scratch"] = wgmma_ws_fp8.launch, call.scratch
+            else:
+                launch = wgmma_fp8.launch
             launch(*inputs, lift(result.view, 4), lift(lse.view, 3) if return_lse else lse_placeholder(call),
-                   return_lse, sm_scale, causal, call.stream, descale=descale, out_dtype=out_name, window=window,
-                   softcap=softcap)
+                   return_lse, sm_scale, causal, call.stream, **options)
         if return_lse:
             return call.result(result), call.result(lse)
         return call.result(result)

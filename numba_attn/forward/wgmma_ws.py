@@ -36,11 +36,10 @@ the producer acquires them (``tensormap_acquire``) before its first copy.
 float8 e4m3 inputs (``fp8=True``, launched by ``forward.wgmma_ws_fp8``)
     The same pipeline on 8-bit tiles (one 128-byte box per row: head dims up to 128 are one atom column) and
     ``k32.e4m3`` MMAs, P rounded to e4m3 in registers (``core.fp8.probabilities``). 8-bit MMAs take B K-major only,
-    so P V needs ``V^T``: the producer warpgroup's warps 1-3 (idle in the 16-bit kernel) wait for each V tile, turn
-    it into a ``V^T`` tile of a ring of its own (``core.fp8.v_transposer_swizzled``: ``ldmatrix`` and byte permutes,
-    the keys in ``core.fp8``'s order), free the V slot, ``fence.proxy.async`` and arrive on the ``V^T`` slot's "full"
-    mbarrier; the consumers read ``V^T`` where the 16-bit kernel reads V. Descale factors fold into the score scale
-    and the epilogue's output scale (``core.fp8.descaled``: per tensor at launch, per head per block).
+    so P V reads ``V^T``, which a pre-pass wrote (``forward.fp8_vt``: ``(batch, kv_heads, headdim, keys)``, the keys
+    in ``core.fp8``'s order): the V ring holds ``V^T`` tiles (``d_pad`` rows of 128 keys per atom column, one box
+    each) in place of V tiles, and nothing else changes. Descale factors fold into the score scale and the
+    epilogue's output scale (``core.fp8.descaled``: per tensor at launch, per head per block).
 """
 from __future__ import annotations
 
@@ -147,19 +146,24 @@ def padded_head_dim(head_dim: int) -> int:
     return common.padded_head_dim(head_dim, 16)
 
 
-def _barriers(stages: int, fp8: bool = False) -> int:
-    # Q full, Q empty, then K full, K empty, V full, V empty per stage (8-bit: also V^T full, V^T empty)
-    return 2 + (6 if fp8 else 4) * stages
+def _barriers(stages: int) -> int:
+    return 2 + 4 * stages  # Q full, Q empty, then K full, K empty, V full, V empty per stage
+
+
+def vt_atoms(block_n: int) -> int:
+    """8-bit: atom columns (128 keys each) of a ``V^T`` tile."""
+    return -(-block_n // 128)
 
 
 def shared_bytes(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> int:
-    """Q (128 rows), ``stages`` K and V tiles (8-bit: and ``V^T`` tiles of ``head_dim_pad`` rows), the mbarriers,
-    and 1 KB to align the first tile to 1024 bytes."""
+    """Q (128 rows), ``stages`` K and V tiles (8-bit: ``V^T`` tiles, ``head_dim_pad`` rows per 128 keys), the
+    mbarriers, and 1 KB to align the first tile to 1024 bytes."""
     if fp8:  # rows of 128 bytes, one atom column
-        tiles = 128 * (config.block_m + 2 * config.stages * config.block_n + config.stages * head_dim_pad)
+        v_rows = head_dim_pad * vt_atoms(config.block_n)
+        tiles = 128 * (config.block_m + config.stages * (config.block_n + v_rows))
     else:
         tiles = 128 * wgmma.atom_columns(head_dim_pad) * (config.block_m + 2 * config.stages * config.block_n)
-    return tiles + 8 * _barriers(config.stages, fp8) + 1024
+    return tiles + 8 * _barriers(config.stages) + 1024
 
 
 def supports(dtype: str, head_dim: int, *arrays) -> bool:
@@ -177,9 +181,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     takes four more arguments (``forward.wgmma_ws_fp8.SIGNATURE``)."""
     if variant.packed:
         raise ValueError("wgmma_ws: packed sequences are not supported (forward.wgmma takes them)")
-    FP8 = fp8
-    if fp8 and (d_pad % 32 or d_pad > 128 or config.block_n % 32 or config.block_n > 128):
-        raise ValueError(f"wgmma_ws fp8: head_dim_pad and block_n must be multiples of 32 up to 128, got {d_pad}, "
+    if fp8 and (d_pad % 32 or d_pad > 128 or config.block_n % 32):
+        raise ValueError(f"wgmma_ws fp8: head_dim_pad (up to 128) and block_n must be multiples of 32, got {d_pad}, "
                          f"{config.block_n}")
     BLOCK_N = config.block_n
     STAGES = config.stages
@@ -187,11 +190,14 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     ATOMS = 1 if fp8 else wgmma.atom_columns(d_pad)  # (8-bit rows of up to 128 elements: one atom column)
     Q_TILE = ROWS * 64 * ATOMS  # elements (uint16) of one consumer's Q tile
     TILE = BLOCK_N * 64 * ATOMS  # elements of a K or V tile
-    VT_TILE = d_pad * 64 if fp8 else 0  # elements of a V^T tile (8-bit: d_pad rows of 128 bytes)
+    VT_ATOMS = vt_atoms(BLOCK_N)
+    VT_BOX = d_pad * 64  # 8-bit: elements of one box of V^T (d_pad rows of 128 keys)
+    V_TILE = VT_ATOMS * VT_BOX if fp8 else TILE  # elements of a tile of the V ring (8-bit: V^T)
     CONSUMERS = config.consumers
     BLOCK_M = config.block_m
     Q_BYTES = 2 * CONSUMERS * Q_TILE
     TILE_BYTES = 2 * TILE
+    V_TILE_BYTES = 2 * V_TILE
     Q_BOX = 64 * ROWS  # elements of one 64-column box of Q (128-byte box rows; 8-bit: one box)
     KV_BOX = 64 * BLOCK_N
     K_STEP = 32 if fp8 else 16  # k of one MMA
@@ -202,19 +208,14 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     QK_STEPS = d_pad // K_STEP
     SCALE_FIRST = scale_first
     EMPTY_ARRIVALS = 4 * CONSUMERS  # one per consumer warp
-    TRANSPOSERS = 3 * 32  # 8-bit: the producer warpgroup's warps 1-3
     PERSISTENT = config.persistent
     # the mbarriers, 4 elements (8 bytes) each from ``bars``: Q full, Q empty, then per stage of the ring
-    K_FULL, K_EMPTY, V_FULL, V_EMPTY, VT_FULL, VT_EMPTY = (4 * (2 + n * STAGES) for n in range(6))
-    # what P V reads and frees: V, or (8-bit) V^T; a V slot is freed by the consumers or (8-bit) the transposers
-    PV_FULL, PV_EMPTY, PV_TILE = (VT_FULL, VT_EMPTY, VT_TILE) if fp8 else (V_FULL, V_EMPTY, TILE)
-    V_EMPTY_ARRIVALS = TRANSPOSERS if fp8 else EMPTY_ARRIVALS
+    K_FULL, K_EMPTY, V_FULL, V_EMPTY = (4 * (2 + n * STAGES) for n in range(4))
     PAIR = 2 * WARPGROUP  # threads of a ping-pong barrier: the waiting warpgroup and the one arriving
     if fp8:
         q_times_k = wgmma.wgmma_ss_e4m3(BLOCK_N, QK_STEPS, wgmma.k_major(ROWS, QK_STEPS),
                                         wgmma.k_major(BLOCK_N, QK_STEPS), wait=False)
         p_times_v = wgmma.wgmma_rs_e4m3(d_pad, PV_STEPS, wgmma.k_major(d_pad, PV_STEPS), wait=False)
-        transpose_v = fp8_blocks.v_transposer_swizzled(BLOCK_N, d_pad, TRANSPOSERS)
     else:
         q_times_k = wgmma.wgmma_ss(BLOCK_N, QK_STEPS, bf16, wgmma.k_major(ROWS, QK_STEPS),
                                    wgmma.k_major(BLOCK_N, QK_STEPS), wait=False)
@@ -243,7 +244,6 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     start = softmax_start(1, O_BLOCKS)
     online_softmax = softmax_update(1, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
                                     window=variant.window, softcap=variant.softcap, precise_tanh=False)
-    fence_proxy_async = wgmma.fence_proxy_async
     if fp8:
         finish = store_rows(1, O_BLOCKS, as_16bit(bf16), scaled=True)
     else:  # (the 16-bit kernel's output has no factor: its finish takes one and drops it)
@@ -283,6 +283,18 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         for a in range(ATOMS):
             load_box(smem, base + stage * TILE + a * KV_BOX, tmap, 64 * a, n0, hk, b, full + 4 * stage)
 
+    if fp8:
+        @device_function
+        def load_v(smem, base, tmap, stage, phase, n0, hk, b, full, empty):
+            """8-bit: the V^T tile of keys ``n0 ..`` (all head-dim rows; one box per 128 keys) into ring slot
+            ``stage``, once the consumers have freed it."""
+            wait(smem, empty + 4 * stage, phase ^ 1)
+            arrive_tx(smem, full + 4 * stage, V_TILE_BYTES)
+            for a in range(VT_ATOMS):
+                load_box(smem, base + stage * V_TILE + a * VT_BOX, tmap, n0 + 128 * a, 0, hk, b, full + 4 * stage)
+    else:
+        load_v = load_kv
+
     @device_function
     def produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m0, h, hk, b, n_first, n_tiles, stage,
                 phase, qn):
@@ -301,8 +313,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             if j + 1 < n_tiles:
                 load_kv(smem, k_base, k_map, stage, phase, n_first + (j + 1) * BLOCK_N, hk, b, bars + K_FULL,
                         bars + K_EMPTY)
-            load_kv(smem, v_base, v_map, v_stage, v_phase, n_first + j * BLOCK_N, hk, b, bars + V_FULL,
-                    bars + V_EMPTY)
+            load_v(smem, v_base, v_map, v_stage, v_phase, n_first + j * BLOCK_N, hk, b, bars + V_FULL,
+                   bars + V_EMPTY)
         return stage, phase
 
     if fp8:
@@ -318,26 +330,11 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                 p[4 * kk + 3] = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
 
     @device_function
-    def transpose_tiles(smem, v_base, vt_base, bars, tt, n_tiles, stage, phase):
-        """8-bit, the transposer warps (thread ``tt`` of 96), one block of rows: V of each tile (ring slot
-        ``stage``, use ``phase``, as the producer loaded it) into ``V^T`` slot ``stage`` once the consumers have
-        freed it; returns the slot and phase of the next block's tile 0."""
-        for j in range(n_tiles):
-            wait(smem, bars + V_FULL + 4 * stage, phase)
-            wait(smem, bars + VT_EMPTY + 4 * stage, phase ^ 1)  # (the first round passes at once)
-            transpose_v(smem, v_base + stage * TILE, vt_base + stage * VT_TILE, tt)
-            arrive(smem, bars + V_EMPTY + 4 * stage)  # (its ldmatrix reads are done: their values are stored)
-            fence_proxy_async()  # the V^T stores, visible to the consumers' MMAs after the mbarrier
-            arrive(smem, bars + VT_FULL + 4 * stage)
-            stage, phase = advance(stage, phase)
-        return stage, phase
-
-    @device_function
     def consume(smem, q_c, k_base, v_base, bars, c, lane, m_c, row0, t, n_first, n_tiles, stage, phase, qn, key_end,
                 causal, diag_offset, scale_log2, post, out_head, lse, b, h, seqlen_q, head_dim, write_lse, out_scale):
         """Consumer ``c``'s 64 rows of one block (``qn``: Q copies before; tile 0 in ring slot ``stage``, use
-        ``phase``); returns the slot and phase of the next block's tile 0. ``v_base``: the ring P V reads (V, or
-        8-bit ``V^T``); ``out_scale``: the output's factor (8-bit: the V descale)."""
+        ``phase``); returns the slot and phase of the next block's tile 0. ``v_base``: the V ring (8-bit: ``V^T``
+        tiles); ``out_scale``: the output's factor (8-bit: the V descale)."""
         s = cuda.local.array((1, S_BLOCKS, 4), float32)
         acc = cuda.local.array((1, O_BLOCKS, 4), float32)
         p = cuda.local.array(P_WORDS, uint32)
@@ -368,8 +365,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             if PINGPONG:
                 bar_sync(1 + c, PAIR)
             q_times_k(s, smem, q_c, k_base + stage * TILE)
-            wait(smem, bars + PV_FULL + 4 * v_stage, v_phase)
-            p_times_v(acc, p, smem, v_base + v_stage * PV_TILE)
+            wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
+            p_times_v(acc, p, smem, v_base + v_stage * V_TILE)
             if PINGPONG:
                 bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
             wait_one(s)  # S_j is done; P V may still run
@@ -379,7 +376,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                            key_end, causal, diag_offset, scale_log2, post)
             wait_o(acc)
             if lane == 0:
-                arrive(smem, bars + PV_EMPTY + 4 * v_stage)  # V of tile j - 1 is free
+                arrive(smem, bars + V_EMPTY + 4 * v_stage)  # V of tile j - 1 is free
             if not all_lanes(alpha[0] == ONE and alpha[1] == ONE):
                 for ob in range(O_BLOCKS):
                     acc[0, ob, 0] *= alpha[0]
@@ -390,11 +387,11 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             v_stage, v_phase = advance(v_stage, v_phase)
             stage, phase = advance(stage, phase)
         if n_tiles > 0:
-            wait(smem, bars + PV_FULL + 4 * v_stage, v_phase)
-            p_times_v(acc, p, smem, v_base + v_stage * PV_TILE)
+            wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
+            p_times_v(acc, p, smem, v_base + v_stage * V_TILE)
             wait_o(acc)
             if lane == 0:
-                arrive(smem, bars + PV_EMPTY + 4 * v_stage)
+                arrive(smem, bars + V_EMPTY + 4 * v_stage)
                 arrive(smem, bars + 4)  # Q is free (the producer copies the next block's over it)
         finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post, out_scale)
         return stage, phase
@@ -421,9 +418,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         q_base = ((1024 - shared_address(smem) % 1024) % 1024) // 2
         k_base = q_base + CONSUMERS * Q_TILE
         v_base = k_base + STAGES * TILE
-        vt_base = v_base + STAGES * TILE  # (8-bit: the V^T ring; 16-bit: empty)
-        pv_base = vt_base if FP8 else v_base  # what P V reads
-        bars = vt_base + STAGES * VT_TILE  # Q full, Q empty; K full, K empty, V full, V empty (V^T full, empty)
+        bars = v_base + STAGES * V_TILE  # Q full, Q empty; K full, K empty, V full, V empty per stage
         if tid == 0:
             init(smem, bars, 1)
             init(smem, bars + 4, EMPTY_ARRIVALS)
@@ -431,10 +426,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                 init(smem, bars + K_FULL + 4 * stage, 1)
                 init(smem, bars + K_EMPTY + 4 * stage, EMPTY_ARRIVALS)
                 init(smem, bars + V_FULL + 4 * stage, 1)
-                init(smem, bars + V_EMPTY + 4 * stage, V_EMPTY_ARRIVALS)
-                if FP8:
-                    init(smem, bars + VT_FULL + 4 * stage, TRANSPOSERS)
-                    init(smem, bars + VT_EMPTY + 4 * stage, EMPTY_ARRIVALS)
+                init(smem, bars + V_EMPTY + 4 * stage, EMPTY_ARRIVALS)
             fence_init()
         cuda.syncthreads()  # (the last block-wide barrier: the producer's idle warps leave)
         # (the block loop of the persistent kernel is its own branch: a one-trip loop around the consumer made
@@ -464,18 +456,6 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                     if n_tiles1 > 0:
                         produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m1, h1, h1 // group, b1,
                                 n_first1, n_tiles1, 0, 0, 0)
-            if FP8 and warp > 0:  # the transposers walk the same tiles through the same ring slots
-                if PERSISTENT:
-                    stage = 0
-                    phase = 0
-                    for tile in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
-                        b, h, m0 = tile_of(tile, q, causal)
-                        n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
-                        stage, phase = transpose_tiles(smem, v_base, vt_base, bars, tid - 32, n_tiles, stage, phase)
-                else:
-                    b1, h1, m1, _, _, _, _ = position(q, k, v, out, causal, lse)
-                    n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
-                    transpose_tiles(smem, v_base, vt_base, bars, tid - 32, n_tiles1, 0, 0)
             return
 
         more_registers()
@@ -493,7 +473,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                 n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
                 scale, post_b, v_scale = scales(scale_log2, post, out_scale, descale_q, descale_k, descale_v, b, h,
                                                 q.shape[1])
-                stage, phase = consume(smem, q_base + c * Q_TILE, k_base, pv_base, bars, c, lane, m0 + ROWS * c,
+                stage, phase = consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m0 + ROWS * c,
                                        m0 + row, t, n_first, n_tiles, stage, phase, qn, key_end, causal, diag_offset,
                                        scale, post_b, out[b, h], lse, b, h, seqlen_q, head_dim, write_lse, v_scale)
                 if n_tiles > 0:
@@ -503,7 +483,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
             scale, post_b, v_scale = scales(scale_log2, post, out_scale, descale_q, descale_k, descale_v, b1, h1,
                                             q.shape[1])
-            consume(smem, q_base + c * Q_TILE, k_base, pv_base, bars, c, lane, m1 + ROWS * c, m1 + row, t, n_first1,
+            consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m1 + ROWS * c, m1 + row, t, n_first1,
                     n_tiles1, 0, 0, 0, key_end, causal, diag_offset, scale, post_b, out_head, lse, b1, h1,
                     seqlen_q, head_dim, write_lse, v_scale)
         if PINGPONG and c == 0:

@@ -1,12 +1,12 @@
 """The float8 (e4m3) flash forward on the warp-specialised Hopper kernel: ``wgmma_ws``'s ``fp8`` variant, launched.
 
 Same inputs and semantics as ``wgmma_fp8.launch`` (e4m3 bit patterns as uint8, descale factors per tensor or per
-(batch, head), a bfloat16 or float16 output, GQA, causal, sliding windows and soft-capping). The kernel is
-``wgmma_ws._kernel_source(..., fp8=True)``: TMA copies of 8-bit tiles (128-byte boxes), the producer warpgroup's
-spare warps transposing each V tile into ``V^T`` for the 8-bit P V MMAs, two consumer warpgroups with ping-pong
-(``wgmma_ws``'s docstring). It takes what the TMA can read (``supports``) with head dims that are multiples of 16
-up to 128 (padded to 32); ``launch`` hands a call to ``wgmma_fp8`` where no tensor map can be had, and calls
-without keys too.
+(batch, head), a bfloat16 or float16 output, GQA, causal, sliding windows and soft-capping). A call is two kernels
+on its stream: ``forward.fp8_vt``'s pre-pass writes ``V^T`` (keys contiguous, as the 8-bit P V MMAs need their B
+operand) into a scratch array, then ``wgmma_ws._kernel_source(..., fp8=True)`` runs: TMA copies of 8-bit Q, K and
+``V^T`` tiles (128-byte boxes), two consumer warpgroups with ping-pong (``wgmma_ws``'s docstring). It takes what
+the TMA can read (``supports``) with head dims that are multiples of 16 up to 128 (padded to 32); ``launch`` hands
+a call to ``wgmma_fp8`` where no tensor map can be had, and calls without keys too.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from ..runtime import tensor_map
 from ..runtime.device import SIMULATOR, kernel_jit, multiprocessor_count
 from ..runtime.launch import launch as device_launch
 from . import common
+from . import fp8_vt
 from . import wgmma_fp8
 from . import wgmma_ws
 from .common import Variant
@@ -28,14 +29,13 @@ MIN_COMPUTE_CAPABILITY = wgmma_ws.MIN_COMPUTE_CAPABILITY
 MAX_HEAD_DIM = 128
 OUT_DTYPES = wgmma_fp8.OUT_DTYPES
 
-#: 128-key tiles in two stages (112 KB of shared memory at head dim 128: Q, K, V and V^T rings of 16 KB tiles). The
-#: producer warpgroup transposes V here, so it keeps 40 registers (24 starve the transposer) and the consumers,
-#: which hold half the P registers of the 16-bit kernel, take 232
-DEFAULT_CONFIG = WsConfig(producer_registers=40, consumer_registers=232)
-SIMULATOR_CONFIG = WsConfig(block_n=32, stages=2, producer_registers=40, consumer_registers=232)
-TUNING_CANDIDATES = (DEFAULT_CONFIG, WsConfig(stages=3, producer_registers=40, consumer_registers=232),
-                     WsConfig(block_n=64, stages=4, producer_registers=40, consumer_registers=232),
-                     WsConfig(pingpong=False, producer_registers=40, consumer_registers=232))
+#: 128-key tiles in two stages (80 KB of shared memory at head dim 128: Q, and rings of K and V^T tiles of 16 KB),
+#: the 16-bit kernel's register budgets (24 / 240)
+DEFAULT_CONFIG = WsConfig()
+SIMULATOR_CONFIG = WsConfig(block_n=32, stages=2)
+#: FlashAttention-3 takes 224-key tiles for fp8 at head dim 128 (its consumers hold P in half the registers)
+TUNING_CANDIDATES = (DEFAULT_CONFIG, WsConfig(stages=3), WsConfig(block_n=192, stages=2),
+                     WsConfig(block_n=192, stages=3), WsConfig(block_n=64, stages=4), WsConfig(pingpong=False))
 
 
 def default_config() -> WsConfig:
@@ -47,9 +47,9 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 def usable(config: WsConfig, head_dim_pad: int) -> bool:
-    """``config`` fits this kernel: 8-bit tiles of at most 128 keys (one ``V^T`` atom row), a multiple of 32, shared
-    memory and the consumers' registers."""
-    return (config.block_n % 32 == 0 and config.block_n <= 128
+    """``config`` fits this kernel: key tiles a multiple of 32 (an 8-bit MMA's k), shared memory and the consumers'
+    registers."""
+    return (config.block_n % 32 == 0
             and wgmma_ws.shared_bytes(config, head_dim_pad, fp8=True) <= wgmma_ws.SHARED_LIMIT
             and wgmma_ws.fits_registers(config, head_dim_pad, fp8=True))
 
@@ -83,10 +83,19 @@ def flash_ws_fp8_kernel(config: WsConfig, head_dim_pad: int, bf16_out: bool, sca
     return kernel_jit((config.threads, 1), SIGNATURE)(source)
 
 
+def _device_array(shape, dtype):
+    from ..runtime.device import cuda
+
+    return np.zeros(shape, dtype) if SIMULATOR else cuda.device_array(shape, dtype)
+
+
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, descale=None,
-           config: WsConfig | None = None, out_dtype: str = "bfloat16", window=None, softcap: float | None = None):
-    """As ``wgmma_fp8.launch`` (same arguments; ``config`` a ``WsConfig`` that ``usable`` accepts). Where a tensor
-    map cannot be had now, and for calls without keys, ``wgmma_fp8.launch`` runs the call with its default tiles."""
+           config: WsConfig | None = None, out_dtype: str = "bfloat16", window=None, softcap: float | None = None,
+           scratch=None):
+    """As ``wgmma_fp8.launch`` (same arguments; ``config`` a ``WsConfig`` that ``usable`` accepts). ``scratch(shape,
+    dtype)``: a device array for ``V^T`` (``runtime.arrays``' call scratch: the caller's stream-ordered pool; None:
+    Numba's allocator). Where a tensor map cannot be had now, and for calls without keys, ``wgmma_fp8.launch`` runs
+    the call with its default tiles."""
     config = config or default_config()
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype!r}")
@@ -108,9 +117,11 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     d_pad = padded_head_dim(head_dim)
     if not usable(config, d_pad):
         raise ValueError(f"config: {config} does not suit the fp8 wgmma_ws kernel at head dim {d_pad}")
+    batch_kv, kv_heads, seqlen_k = k.shape[:3]
+    vt = (scratch or _device_array)((batch_kv, kv_heads, head_dim, fp8_vt.padded_keys(seqlen_k)), "uint8")
     maps = tuple(tensor_map.tensor_map_address(x, rows, stream) for x, rows in ((q, wgmma_ws.ROWS),
                                                                                   (k, config.block_n),
-                                                                                  (v, config.block_n)))
+                                                                                  (vt, d_pad)))
     if None in maps:
         wgmma_fp8.launch(q, k, v, out, lse, write_lse, sm_scale, causal, stream, **fallback)
         return
@@ -122,6 +133,7 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     kernel = flash_ws_fp8_kernel(config, d_pad, out_dtype == "bfloat16", scale_first, per_head,
                                  Variant.of(bool(causal), window, softcap))
     arrays = descale if per_head else (wgmma_fp8._placeholder(lse),) * 3
+    fp8_vt.transpose(v, vt, stream)
     shape = common.launch_grid(wgmma_ws.QUERY_MAJOR, batch, heads, seqlen_q, config.block_m)
     if config.persistent:
         shape = (min(shape[0] * shape[1] * shape[2], multiprocessor_count()), 1, 1)

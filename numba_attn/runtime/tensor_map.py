@@ -237,14 +237,15 @@ class _SimulatedMaps:
 
     def address(self, x, rows: int, stream) -> int:
         # (1-byte elements as uint16 pairs: a 128-byte box row is 64 of them either way)
+        itemsize = _host_array(x).dtype.itemsize
         array = _host_array(x).view(np.uint16)
         ptr, shape, strides, _ = _layout(array)
-        key = (ptr, shape, strides, rows)
+        key = (ptr, shape, strides, itemsize, rows)
         with self._lock:
             # (the registry keeps each array alive: one address, shape and strides is one memory)
             handle = self._handles.get(key)
             if handle is None:
-                handle = tma.sim_register_map(tma.SimTensorMap(array, (BOX_COLUMNS, rows, 1, 1), 128))
+                handle = tma.sim_register_map(tma.SimTensorMap(array, (BOX_COLUMNS, rows, 1, 1), 128, itemsize))
                 self._handles[key] = handle
                 self.uploads += 1
             return handle

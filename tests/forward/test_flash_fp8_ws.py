@@ -3,8 +3,8 @@ variant) against reference.attention_fp8 and reference.flash_fp8_model, with ``t
 bounds and their reasons).
 
 * Always: configurations and shared memory, refused inputs.
-* Simulator: the whole kernel at tiny shapes (TMA boxes of 8-bit tiles, the transposer warps, the V^T ring, the
-  consumers' e4m3 MMAs).
+* Simulator: the V^T pre-pass (``forward.fp8_vt``) and the whole kernel at tiny shapes (TMA boxes of 8-bit tiles,
+  the consumers' e4m3 MMAs).
 * ``gpu``: head dims, lengths, GQA, descale kinds, tile configurations, window and softcap, ``flash_forward``'s
   dispatch between this kernel and ``wgmma_fp8``.
 """
@@ -15,8 +15,8 @@ import pytest
 
 import numba_attn
 import reference
-from numba_attn.core import ptx
-from numba_attn.forward import fp8_call, wgmma_fp8, wgmma_ws, wgmma_ws_fp8
+from numba_attn.core import fp8, ptx
+from numba_attn.forward import fp8_call, fp8_vt, wgmma_fp8, wgmma_ws, wgmma_ws_fp8
 from numba_attn.runtime.device import SIMULATOR, compute_capability, cuda
 from test_flash_fp8 import check as _check
 
@@ -33,10 +33,14 @@ def check(*args, config=None, **kwargs):
 def test_configs_and_shared_memory():
     for d_pad in (32, 64, 96, 128):
         assert all(wgmma_ws_fp8.usable(c, d_pad) for c in wgmma_ws_fp8.TUNING_CANDIDATES)
-    # Q (128 rows), two stages of K and V (128 keys) and of V^T (128 rows), 128 bytes a row; 14 mbarriers; alignment
-    assert wgmma_ws.shared_bytes(wgmma_ws_fp8.DEFAULT_CONFIG, 128, fp8=True) == 128 * (128 + 4 * 128 + 2 * 128) \
-        + 8 * 14 + 1024
-    assert not wgmma_ws_fp8.usable(wgmma_ws.WsConfig(block_n=176), 128)  # V^T rows hold at most 128 keys
+    # Q (128 rows), two stages of K (128 keys) and of V^T (128 head-dim rows), 128 bytes a row; 10 mbarriers; the
+    # alignment slack
+    assert wgmma_ws.shared_bytes(wgmma_ws_fp8.DEFAULT_CONFIG, 128, fp8=True) == 128 * (128 + 2 * 128 + 2 * 128) \
+        + 8 * 10 + 1024
+    # 160-key tiles at head dim 64: V^T in two atom columns of 64 rows
+    assert wgmma_ws.shared_bytes(wgmma_ws.WsConfig(block_n=160), 64, fp8=True) == 128 * (128 + 2 * 160 + 2 * 128) \
+        + 8 * 10 + 1024
+    assert not wgmma_ws_fp8.usable(wgmma_ws.WsConfig(block_n=176), 128)  # not a whole number of 8-bit k-steps
     assert not wgmma_ws_fp8.usable(wgmma_ws.WsConfig(block_n=48), 64)
     with pytest.raises(ValueError, match="multiples of 32"):
         wgmma_ws._kernel_source(wgmma_ws.WsConfig(block_n=48), 64, True, fp8=True)
@@ -56,6 +60,24 @@ def test_unsupported_inputs_are_refused():
 
 # -- simulator -------------------------------------------------------------------------------------------------------
 @simulator_only
+def test_simulated_v_transpose_pre_pass():
+    # V (B, H, N, D) -> V^T (B, H, D, N rounded up to 16): column c of each 16-key group holds key KEY_OF_COLUMN[c],
+    # zeros past N; V a strided view (heads and keys swapped in memory)
+    rng = np.random.default_rng(2)
+    batch, heads, seqlen, head_dim = 2, 3, 70, 48
+    v = rng.integers(1, 255, (batch, seqlen, heads, head_dim)).astype(np.uint8).transpose(0, 2, 1, 3)
+    keys = fp8_vt.padded_keys(seqlen)
+    vt = np.full((batch, heads, head_dim, keys), 7, np.uint8)
+    fp8_vt.transpose(v, vt, 0)
+    padded = np.zeros((batch, heads, keys, head_dim), np.uint8)
+    padded[:, :, :seqlen] = v
+    order = np.array([16 * (c // 16) + fp8.KEY_OF_COLUMN[c % 16] for c in range(keys)])
+    np.testing.assert_array_equal(vt, padded[:, :, order].transpose(0, 1, 3, 2))
+    with pytest.raises(ValueError, match="vt: expected shape"):
+        fp8_vt.transpose(v, vt[..., :64], 0)
+
+
+@simulator_only
 @pytest.mark.parametrize(
     "heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale",
     [
@@ -67,6 +89,13 @@ def test_unsupported_inputs_are_refused():
 )
 def test_simulated_kernel(heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale):
     check(1, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale=descale)
+
+
+@simulator_only
+def test_simulated_key_tiles_over_128():
+    # 160-key tiles: V^T in two atom columns (128 + 32 keys), the second tile partial
+    config = wgmma_ws.WsConfig(block_n=160)
+    check(1, 1, 1, 20, 200, 32, False, config=config, seed=5)
 
 
 @simulator_only
@@ -126,7 +155,7 @@ def test_lengths(seqlen_q, seqlen_k, causal):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("config", wgmma_ws_fp8.TUNING_CANDIDATES + (
-    wgmma_ws.WsConfig(persistent=True, producer_registers=40, consumer_registers=232),))
+    wgmma_ws.WsConfig(persistent=True),))
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_tile_configs_descales_and_outputs(config, head_dim):
     rng = np.random.default_rng(4)

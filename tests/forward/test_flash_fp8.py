@@ -125,11 +125,15 @@ def test_e4m3_codec_matches_torch():
     np.testing.assert_array_equal(reference.encode_e4m3(x), theirs)
 
 
-def test_key_order_and_probability_packing():
+def test_key_order():
     # a permutation of each 16-key group, pairing the C fragment's keys (2t, 2t + 1, 8 + 2t, 9 + 2t) per lane
     assert sorted(fp8.KEY_OF_COLUMN) == list(range(16))
     for t in range(4):
         assert fp8.KEY_OF_COLUMN[4 * t: 4 * t + 4] == (2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9)
+
+
+@simulator_only  # (calls the device function from Python: only its simulator form can be)
+def test_probability_packing():
     # one lane's packing: its A bytes for k-column c must hold the score of key 16 (c // 16) + KEY_OF_COLUMN[c % 16]
     # (row g in words 0 and 2 of a k-step, row g + 8 in words 1 and 3; k-step of 32 keys)
     values = ptx.E4M3_VALUES[8:72]  # 64 distinct exact values, keys 0..31 of rows g and g + 8

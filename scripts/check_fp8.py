@@ -327,6 +327,13 @@ def _direct_launch(torch, module, config, q8, k8, v8, dq, dk, dv, causal, transp
     sm_scale = 1.0 / math.sqrt(q8.shape[-1])
 
     extra = {} if transpose else {"_transpose": False}
+    if module.__name__.endswith("wgmma_ws_fp8"):  # V^T's scratch made once, as a pool would hand it out
+        from numba_attn.forward import fp8_vt
+
+        batch, kv_heads, seqlen_k, d = k8.shape
+        vt = view(torch.empty(batch, kv_heads, d, fp8_vt.padded_keys(seqlen_k), dtype=torch.uint8, device="cuda"),
+                  np.uint8)
+        extra["scratch"] = lambda shape, dtype: vt
 
     def run():
         module.launch(*views, o, l, False, sm_scale, causal, stream, descale=(dq, dk, dv), config=config, **extra)

@@ -271,15 +271,23 @@ def flash_backward(dout, q, k, v, out, lse, *, causal=False, sm_scale=None, dete
         head's group of query heads. Accumulated in float32 (``numba_attn/backward/``; the tensor-core kernels round
         ``P`` and ``dS`` to the inputs' dtype for their products, as FlashAttention-2 does).
 
-    Every call takes the checked path (``runtime.replay`` does not record it yet). Called directly it is not
-    hooked into autograd: ``flash_forward`` with torch tensors that require grad records it as its backward
+    Repeated calls with torch or CuPy arrays of one kind replay the first call's launches (``runtime.replay``), as
+    ``flash_forward``'s do. Called directly it is not hooked into autograd: ``flash_forward`` with torch tensors that require grad records it as its backward
     (``torch_ops``, custom op ``numba_attn::flash_backward``).
     """
-    causal = check_flag(causal, "causal")
-    deterministic = check_flag(deterministic, "deterministic")
-    allow_tf32 = check_flag(allow_tf32, "allow_tf32")
-    backend = check_backend(backend, _backward.BACKENDS)
-    sm_scale, window, softcap = check_sm_scale(sm_scale), check_window(window), check_softcap(softcap)
+    # (checked here, not in ``checked``: a list is no replay plan's key, and 50 and 50.0 are one cap)
+    window, softcap = check_window(window), check_softcap(softcap)
+
+    def checked():
+        return _flash_backward(dout, q, k, v, out, lse, check_flag(causal, "causal"), check_sm_scale(sm_scale),
+                               check_flag(deterministic, "deterministic"), check_backend(backend, _backward.BACKENDS),
+                               window, softcap, check_flag(allow_tf32, "allow_tf32"))
+
+    return _served("flash_backward", (dout, q, k, v, out, lse),
+                   (causal, sm_scale, deterministic, backend, window, softcap, allow_tf32), checked)
+
+
+def _flash_backward(dout, q, k, v, out, lse, causal, sm_scale, deterministic, backend, window, softcap, allow_tf32):
     shape = attention_shape(q, k, v)
     for name, x in (("dout", dout), ("out", out)):
         check_array(name, x)

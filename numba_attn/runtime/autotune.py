@@ -54,11 +54,25 @@ _ON_WORDS = ("1", "true", "yes", "on")
 _thread = threading.local()
 
 
+#: CPython's dict behind ``os.environ`` and the variable's key in it: every public call reads the variable, and
+#: ``os.environ.get`` of an unset one (the usual case) raises and catches a KeyError inside, some microseconds
+_ENVIRON_DATA = getattr(os.environ, "_data", None)
+_ENABLE_KEY = os.environ.encodekey(ENABLE_ENV) if hasattr(os.environ, "encodekey") else None
+
+
+def _setting() -> str:
+    """The value of ``ENABLE_ENV`` ('' when unset), read as ``os.environ`` holds it."""
+    if type(_ENVIRON_DATA) is dict and _ENABLE_KEY is not None:
+        raw = _ENVIRON_DATA.get(_ENABLE_KEY)
+        return "" if raw is None else os.environ.decodevalue(raw)
+    return os.environ.get(ENABLE_ENV, "")
+
+
 def mode() -> str:
     """``OFF``, ``CACHED`` or ``TUNE`` for a call made now on this thread (module docstring)."""
     if SIMULATOR:
         return OFF
-    value = os.environ.get(ENABLE_ENV, "").strip().lower()
+    value = _setting().strip().lower()
     if value in _OFF_WORDS:
         return OFF
     if value in _ON_WORDS or getattr(_thread, "depth", 0):

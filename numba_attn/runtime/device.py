@@ -12,6 +12,7 @@ import ctypes
 import functools
 import os
 import sys
+import threading
 from dataclasses import dataclass
 
 
@@ -111,11 +112,17 @@ def current_device_id() -> int:
     return cuda.get_current_device().id  # no context yet: Numba makes one
 
 
+_device_out = threading.local()  # a c_int per thread for the driver to write (made once: every public call asks)
+
+
 def _driver_current_device() -> int:
     """The device of the thread's current context, -1 where the thread has none."""
-    device = ctypes.c_int(-1)
-    if _cuda_library().cuCtxGetDevice(ctypes.byref(device)) == 0:
-        return device.value
+    out = getattr(_device_out, "ref", None)
+    if out is None:
+        device = ctypes.c_int(-1)
+        out = _device_out.ref = (device, ctypes.byref(device))
+    if _cuda_library().cuCtxGetDevice(out[1]) == 0:
+        return out[0].value
     return -1
 
 

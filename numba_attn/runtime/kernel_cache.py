@@ -223,7 +223,9 @@ class _Fingerprinter:
 
     def module(self, mod, names: tuple):
         if _top(mod.__name__) in _LIBRARIES:
-            return ("module", mod.__name__)
+            # by the library's name alone: ``from numba import types`` gives ``numba.types`` or ``numba.core.types``
+            # depending on what was imported before, one meaning under two names (the versions are in the key)
+            return ("module", _top(mod.__name__))
         key = (id(mod), names)
         if key in self._done:
             return self._done[key]

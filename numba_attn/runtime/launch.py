@@ -281,9 +281,15 @@ def stream_capturing(stream: int) -> bool:
     """Whether work sent to this stream (a driver handle) is being captured into a CUDA graph. A query that fails
     (the legacy stream while another stream captures in global mode) counts as capturing: the caller then takes the
     path that is safe inside a capture."""
+    _replay.refuse("a path that depends on stream capture")
+    return stream_capture_status(stream)
+
+
+def stream_capture_status(stream: int) -> bool:
+    """``stream_capturing`` for callers whose recorded work does not depend on it (a plan asks again when it
+    replays)."""
     if SIMULATOR:
         return False
-    _replay.refuse("a path that depends on stream capture")
     status = ctypes.c_int(0)
     code = _cuda_library().cuStreamIsCapturing(ctypes.c_void_p(stream or None), ctypes.byref(status))
     return code != 0 or status.value != 0

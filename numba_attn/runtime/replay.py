@@ -10,14 +10,18 @@ call with the same key allocates again, moves each recorded pointer to the new a
 reads, argument packing and the driver calls only (the checked path costs ~100 us of host time per call, more than
 many kernels run).
 
-Anything else a call does makes no plan (``refuse``): a launch through Numba's dispatcher, tuning, a pointer of
+A tensor map (``runtime.tensor_map``) passed to a launch moves with its array: the plan makes (or finds) the map of
+the new array before it launches anything. Anything else a call does makes no plan (``refuse``): a launch through Numba's dispatcher, tuning, a pointer of
 unknown origin. Calls with ``out=``, host arrays or Numba device arrays never use plans. Torch and CuPy arrays
 only. ``NUMBA_ATTN_REPLAY=0`` turns plans off.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+
+import numpy as np
 
 from .cache import BoundedCache
 from .device import SIMULATOR, _driver_current_device
@@ -63,6 +67,26 @@ def note_launch(launchable, grid: tuple, block: tuple, shared_bytes: int, stream
         recorder.ops.append(("launch", launchable, grid, block, shared_bytes, stream, list(values)))
 
 
+def note_map(address: int, ptr: int, shape: tuple, strides: tuple, rows: int, itemsize: int = 2) -> None:
+    """A tensor map (``runtime.tensor_map``) at device ``address`` describes the array at ``ptr`` with ``shape``,
+    byte ``strides``, ``itemsize``-byte elements and ``rows``-row boxes: a plan passes the map of the moved array in
+    its place."""
+    recorder = getattr(_local, "recorder", None)
+    if recorder is not None:
+        recorder.maps[int(address)] = (int(ptr), tuple(shape), tuple(strides), int(rows), int(itemsize))
+
+
+@contextlib.contextmanager
+def paused():
+    """Launches made inside are not recorded (a tensor map's writer: a plan makes its own maps)."""
+    recorder = getattr(_local, "recorder", None)
+    _local.recorder = None
+    try:
+        yield
+    finally:
+        _local.recorder = recorder
+
+
 def note_memset(ptr: int, count: int, stream: int) -> None:
     recorder = getattr(_local, "recorder", None)
     if recorder is not None:
@@ -76,6 +100,18 @@ def refuse(reason: str) -> None:
         recorder.refused = reason
 
 
+_arrays = None
+
+
+def _import_arrays():
+    """The ``arrays`` module, imported on first use (it imports this one)."""
+    global _arrays
+    from . import arrays
+
+    _arrays = arrays
+    return arrays
+
+
 # -- keys, recording, plans -------------------------------------------------------------------------------------------
 def find(name: str, arrays: tuple, options: tuple):
     """``(key, plan, layouts)`` for a call of ``name`` on ``arrays`` (torch / CuPy arrays) with ``options``: the plan
@@ -83,8 +119,7 @@ def find(name: str, arrays: tuple, options: tuple):
     layouts (``arrays.fast_layout``)."""
     if not ENABLED:
         return None, None, None
-    from .arrays import fast_layout
-
+    fast_layout = (_arrays or _import_arrays()).fast_layout
     layouts = []
     key = [name]
     for x in arrays:
@@ -129,6 +164,7 @@ class _Recorder:
     def __init__(self):
         self.allocs: list = []
         self.ops: list = []
+        self.maps: dict = {}  # device address of a tensor map -> (ptr, shape, strides, rows, itemsize) of its array
         self.refused: str | None = None
 
     def _refuse(self, reason: str) -> None:
@@ -163,7 +199,7 @@ class _Recorder:
                 return self._refuse("returns an array the call did not allocate")
             returned.append(index)
         stream = None
-        ops = []
+        ops, maps = [], []
         for op in self.ops:
             if stream is None:
                 stream = op[-1] if op[0] == "memset" else op[5]
@@ -179,9 +215,16 @@ class _Recorder:
             moves = []
             slot = 0
             for spec in launchable.arrays:
-                if spec is None:  # a scalar: no pointer of this call may hide in it
+                if spec is None:  # a scalar: no pointer of this call may hide in it; a tensor map moves with its array
                     value = values[slot]
-                    if isinstance(value, int) and value > 4096 and any(s <= value < e for _, _, s, e in spans):
+                    mapped = self.maps.get(int(value)) if self.maps and isinstance(value, (int, np.integer)) else None
+                    if mapped is not None:
+                        source = self._source(mapped[0], spans)
+                        if source is None or not source[0]:
+                            return self._refuse("a tensor map of memory of unknown origin")
+                        moves.append((slot, 3, len(maps), 0))
+                        maps.append(source + mapped[1:])
+                    elif isinstance(value, int) and value > 4096 and any(s <= value < e for _, _, s, e in spans):
                         return self._refuse("a pointer passed as a scalar")
                     slot += 1
                     continue
@@ -194,7 +237,7 @@ class _Recorder:
             ops.append(("launch", launchable, grid, block, shared_bytes, values, tuple(moves)))
         library = _library_of(arrays[0])
         return Plan(fast_library(library), layouts[0][1], [(shape, dtype) for _, _, _, shape, dtype in self.allocs],
-                    ops, tuple(returned), isinstance(result, tuple))
+                    ops, tuple(returned), isinstance(result, tuple), maps)
 
 
 def _input_span(layout) -> tuple:
@@ -215,9 +258,12 @@ class Plan:
     """A recorded call: the allocations to make, the launches and memsets with the pointers they move, what the
     call returns."""
 
-    def __init__(self, library, device_id: int, allocs: list, ops: list, returned: tuple, as_tuple: bool):
+    def __init__(self, library, device_id: int, allocs: list, ops: list, returned: tuple, as_tuple: bool,
+                 maps: list = ()):
         self.library, self.device_id, self.allocs = library, device_id, allocs
         self.ops, self.returned, self.as_tuple = ops, returned, as_tuple
+        # (kind, index, offset, shape, strides, rows, itemsize) of each tensor map the launches take
+        self.maps = tuple(maps)
 
     def run(self, layouts):
         """Replay on arrays whose key is the plan's; None where the checked path must take them (another device is
@@ -229,6 +275,18 @@ class Plan:
         made = [library.empty(shape, dtype, device_id) for shape, dtype in self.allocs]
         bases = ([layout[4] for layout in layouts], [library.pointer(x) for x in made])
         stream = library.stream(device_id)
+        if self.maps:  # every map first: where one cannot be had now, nothing has been launched yet
+            from .tensor_map import maps_for
+
+            tensor_maps = maps_for(device_id)
+            addresses = []
+            for kind, index, offset, shape, strides, rows, itemsize in self.maps:
+                address = tensor_maps.address_of(bases[kind - 1][index] + offset, shape, strides, rows, stream,
+                                                 itemsize)
+                if address is None:
+                    return None
+                addresses.append(address)
+            bases += (addresses,)
         for op in self.ops:
             if op[0] == "launch":
                 _, launchable, grid, block, shared_bytes, values, moves = op

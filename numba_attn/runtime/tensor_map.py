@@ -20,7 +20,8 @@ graph capture. A slot is written again for another map only on the stream of its
 have then finished reading it) and never once a capture used it (a graph replays with the address it captured);
 while a stream is captured no memory is allocated (the call falls back when the slots run out).
 
-Plans (``runtime.replay``) cannot move a map to new tensors: calls through these maps refuse to be recorded.
+Plans (``runtime.replay``) note which array each map describes (``replay.note_map``) and, replayed on new arrays,
+ask ``address_of`` for theirs: a new pointer costs one encoding and one writer launch, a known one a dict lookup.
 
 Under the simulator a map is a ``core.ptx.tma.SimTensorMap`` and its "address" the handle the simulated copies
 look it up by.
@@ -193,21 +194,27 @@ class TensorMaps:
         """The device address of the map of ``x`` (``tma_layout_ok``) with ``rows``-row boxes, written on ``stream``
         (a Numba stream or a driver handle) when new; None when it cannot be had now (no slot while the stream is
         being captured, or the driver refuses the map): the caller falls back."""
-        from .launch import launch as device_launch
-        from .launch import stream_capturing, stream_handle
-
         ptr, shape, strides, itemsize = _layout(x)
+        return self.address_of(ptr, shape, strides, rows, stream, itemsize)
+
+    def address_of(self, ptr: int, shape: tuple, strides: tuple, rows: int, stream, itemsize: int = 2) -> int | None:
+        """``address`` of the array at ``ptr`` with ``shape``, byte ``strides`` and ``itemsize``-byte elements (what a
+        replayed plan knows)."""
+        from .launch import launch as device_launch
+        from .launch import stream_capture_status, stream_handle
+
         key = (ptr, shape, strides, itemsize, rows)
         handle = stream_handle(stream)
-        capturing = stream_capturing(handle)
-        _replay.refuse("TMA tensor maps hold their tensors' addresses")
+        capturing = stream_capture_status(handle)
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
                 entry.stream = handle
                 entry.permanent = entry.permanent or capturing
-                return entry.slab.ptr + MAP_BYTES * entry.slot
+                address = entry.slab.ptr + MAP_BYTES * entry.slot
+                _replay.note_map(address, ptr, shape, strides, rows, itemsize)
+                return address
             try:
                 words = np.frombuffer(encode_tiled(ptr, *_map_geometry(shape, strides, rows, itemsize), itemsize),
                                       np.uint64)
@@ -217,14 +224,17 @@ class TensorMaps:
             if place is None:
                 return None
             slab, slot = place
-            device_launch(_map_writer(), 1, 32, stream, 0, slab, slot, *(int(w) for w in words))
+            with _replay.paused():  # (a plan writes the maps of its own arrays)
+                device_launch(_map_writer(), 1, 32, stream, 0, slab, slot, *(int(w) for w in words))
             self.uploads += 1
             self._entries[key] = _Entry(slab, slot, handle, capturing)
             while len(self._entries) > CAPACITY:
                 _, old = self._entries.popitem(last=False)
                 if not old.permanent:
                     self._free.append((old.slab, old.slot, old.stream))
-            return slab.ptr + MAP_BYTES * slot
+            address = slab.ptr + MAP_BYTES * slot
+            _replay.note_map(address, ptr, shape, strides, rows, itemsize)
+            return address
 
 
 class _SimulatedMaps:

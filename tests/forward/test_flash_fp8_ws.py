@@ -201,3 +201,28 @@ def test_default_dispatch(monkeypatch):
     assert call(128, n) == "ws" and call(64, n) == "ws"
     assert call(128, n - 1) == "plain" and call(96, n) == "plain" and call(128, 2 * n - 2, causal=True) == "plain"
     assert call(128, n, backend="wgmma") == "plain" and call(96, 64, backend="wgmma_ws") == "ws"
+
+
+@pytest.mark.gpu
+@hopper
+def test_replayed_calls_on_new_tensors():
+    """Calls after the first replay (``runtime.replay``), each with the tensor maps of its own q, k and V^T scratch:
+    a replay with the first call's maps would return the first call's answer."""
+    torch = pytest.importorskip("torch")
+    from numba_attn.runtime import replay
+
+    replay.clear()
+    rng = np.random.default_rng(13)
+    used = []
+    original = replay.Plan.run
+    try:
+        replay.Plan.run = lambda self, layouts: used.append(1) or original(self, layouts)
+        for call in range(4):
+            codes = [reference.encode_e4m3(rng.standard_normal((1, 2, 1100, 128))) for _ in range(3)]
+            t = [torch.from_numpy(x).cuda().view(torch.float8_e4m3fn) for x in codes]
+            got = numba_attn.flash_forward(*t, causal=True, descale_v=0.5)
+            ref = reference.attention_fp8(*codes, None, None, 0.5, causal=True)
+            assert np.linalg.norm(got.double().cpu().numpy() - ref) / np.linalg.norm(ref) < 4e-2, call
+    finally:
+        replay.Plan.run = original
+    assert len(used) == 3, "the calls after the first were not replayed"

@@ -123,6 +123,22 @@ def test_module_attributes_the_code_reads_count():
     assert kernel_cache.fingerprint(make(1)) != kernel_cache.fingerprint(make(2))
 
 
+def test_a_library_module_under_another_name_keys_alike():
+    """``from numba import types`` gives the module ``numba.types`` or ``numba.core.types`` depending on what a
+    process imported before (seen on the GPU: the backward's kernels missed the cache in every second process)."""
+    import numba.core.types as core_types
+    import numba.types as shim_types
+
+    def make(types_module):
+        def kernel(x):
+            x[0] = types_module.intp
+
+        return kernel
+
+    assert core_types.__name__ != shim_types.__name__
+    assert kernel_cache.fingerprint(make(core_types)) == kernel_cache.fingerprint(make(shim_types)) is not None
+
+
 def test_recursive_functions_have_a_fingerprint():
     def kernel(x):
         return _even(x)

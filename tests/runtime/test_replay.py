@@ -137,6 +137,48 @@ def test_keys_tell_options_and_layouts_apart(monkeypatch):
     assert key(_layout(0x40000000), ([1], None)) is None  # unhashable: no plan, the checks say what is wrong
 
 
+@pytest.mark.usefixtures("fake_library")
+def test_plan_moves_a_tensor_map_with_its_array(monkeypatch):
+    """A scalar that is a noted tensor map becomes the map of the moved array (of the same element size), made before
+    anything launches; where no map can be had the plan launches nothing."""
+    from numba_attn.runtime import tensor_map
+
+    asked = []
+
+    class _Maps:
+        def address_of(self, ptr, shape, strides, rows, stream, itemsize):
+            asked.append((ptr, shape, strides, rows, stream, itemsize))
+            return None if ptr == 0x70000000 + 32 else 0x90000000 + ptr % 0x1000000
+
+    monkeypatch.setattr(tensor_map, "maps_for", lambda device_id=None: _Maps())
+    launchable = _Launchable()
+    recorder = replay._Recorder()
+    out = _Array(0x50000000)
+    recorder.allocs.append((out, 0x50000000, 256, (64,), "float32"))
+    recorder.maps[0x30000080] = (0x40000000 + 32, (64,), (4,), 16, 1)
+    recorder.ops.append(("launch", launchable, (1, 1, 1), (32, 1, 1), 0, 5,
+                         [0, 0, 64, 4, 0x50000000, 64, 4, np.uint64(0x30000080)]))
+    plan = recorder.plan(("x",), [_layout(0x40000000)], out)
+    assert plan is not None
+    plan.run([_layout(0x60000000)])
+    assert asked[-1] == (0x60000000 + 32, (64,), (4,), 16, 7, 1)
+    assert launchable.launched[-1][7] == 0x90000000 + 32
+    launchable.launched.clear()
+    assert plan.run([_layout(0x70000000)]) is None and not launchable.launched
+
+
+@pytest.mark.usefixtures("fake_library")
+def test_no_plan_for_a_tensor_map_of_unknown_memory():
+    launchable = _Launchable()
+    recorder = replay._Recorder()
+    out = _Array(0x50000000)
+    recorder.allocs.append((out, 0x50000000, 256, (64,), "float32"))
+    recorder.maps[0x30000080] = (0x20000000, (64,), (4,), 16, 2)
+    recorder.ops.append(("launch", launchable, (1, 1, 1), (32, 1, 1), 0, 5,
+                         [0, 0, 64, 4, 0x50000000, 64, 4, 0x30000080]))
+    assert recorder.plan(("x",), [_layout(0x40000000)], out) is None
+
+
 # -- on the GPU -------------------------------------------------------------------------------------------------------
 def _poison_free_blocks(torch):
     """Fill memory the caching allocator holds free with NaN, so a replay that launched nothing shows."""
@@ -225,3 +267,77 @@ def test_replays_follow_the_callers_stream_and_new_layouts():
         torch.cuda.current_stream().wait_stream(side)
         expected = reference.attention(*[a.astype(np.float64) for a in x])
         assert _rel(got.float().cpu().numpy(), expected) < 3e-3, step
+
+
+@pytest.mark.gpu
+def test_warp_specialised_calls_replay_with_their_tensor_maps():
+    """``wgmma_ws`` reads q, k, v through tensor maps: repeated calls on new tensors replay, each with the maps of its
+    own tensors (a replay with the first call's maps would return the first call's answer)."""
+    torch = pytest.importorskip("torch")
+    import numba_attn
+    import reference
+    from numba_attn.forward import wgmma_ws
+
+    if not wgmma_ws.supports("float16", 128):
+        pytest.skip("needs sm_90")
+    replay.clear()
+    rng = np.random.default_rng(3)
+    used = []
+    original = replay.Plan.run
+    try:
+        replay.Plan.run = lambda self, layouts: used.append(1) or original(self, layouts)
+        for call in range(4):
+            _poison_free_blocks(torch)
+            x = [rng.standard_normal((1, 2, 1100, 128)).astype(np.float16) for _ in range(3)]
+            t = [torch.tensor(a, device="cuda") for a in x]
+            got = numba_attn.flash_forward(*t, causal=True, backend="wgmma_ws")
+            if call == 0:
+                assert replay.last_outcome() == "planned", replay.last_outcome()
+            expected = reference.attention(*[a.astype(np.float64) for a in x], causal=True)
+            assert _rel(got.float().cpu().numpy(), expected) < 3e-3, call
+    finally:
+        replay.Plan.run = original
+    assert len(used) == 3, "the calls after the first were not replayed"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_replayed_backward_matches_reference(dtype, causal):
+    """``flash_backward`` on fresh tensors (grouped-query heads, seqlens no tile divides): the calls after the first
+    replay, and every call's gradients match ``reference.attention_backward``."""
+    torch = pytest.importorskip("torch")
+    import numba_attn
+    import reference
+
+    replay.clear()
+    rng = np.random.default_rng(4)
+    tolerance = {"float16": 3e-3, "float32": 2e-5, "bfloat16": 2e-2}[dtype]
+    tdtype = getattr(torch, dtype)
+    names = []
+    original = replay.Plan.run
+
+    def run(self, layouts):
+        names.append(self)
+        return original(self, layouts)
+
+    try:
+        replay.Plan.run = run
+        for call in range(4):
+            _poison_free_blocks(torch)
+            shapes = [(2, 4, 150, 64), (2, 2, 130, 64), (2, 2, 130, 64), (2, 4, 150, 64)]
+            t = [torch.tensor(rng.standard_normal(s).astype(np.float32), device="cuda", dtype=tdtype) for s in shapes]
+            q, k, v, dout = t
+            x = [a.cpu().double().numpy() for a in t]
+            out, lse = reference.attention(*x[:3], causal=causal, return_lse=True)
+            out_t = torch.tensor(out, device="cuda", dtype=tdtype)
+            lse_t = torch.tensor(lse, device="cuda", dtype=torch.float32)
+            before = len(names)
+            got = numba_attn.flash_backward(dout, q, k, v, out_t, lse_t, causal=causal)
+            assert len(names) - before == (call > 0), "the calls after the first were not replayed"
+            expected = reference.attention_backward(x[3], *x[:3], causal=causal)
+            for g, e in zip(got, expected):
+                error = _rel(g.float().cpu().numpy(), e)
+                assert error < tolerance, (call, error)
+    finally:
+        replay.Plan.run = original

@@ -12,7 +12,8 @@ whole group of query heads) or ``(batch, heads)`` (one per query head). Factors 
 are checked; device arrays are read by the kernel as they are, a contract). The output is bfloat16 (default) or
 float16 (``out_dtype``), of the caller's kind (NumPy and CuPy callers: bfloat16 as uint16 bit patterns).
 
-Every call takes this checked path (``runtime.replay`` does not record it) and none is hooked into autograd.
+Repeated calls replay recorded plans (``runtime.replay``, through ``api``; the warp-specialised kernel's tensor maps
+and ``V^T`` scratch move with their arrays); none is hooked into autograd.
 """
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ def _descale(call, name: str, value, shape):
 def _warp_specialised(backend, shape, causal: bool, inputs) -> bool:
     """Whether the call runs on ``wgmma_ws_fp8``: asked for (where the TMA reads the inputs), or by default on a GPU
     at ``WS_HEAD_DIMS`` with rows that see at least ``WS_MIN_KEYS`` keys on average (``dispatch.backend_for``'s
-    rule: shorter rows are host-bound, and calls through tensor maps take the checked path)."""
+    rule: on shorter rows the single-warpgroup kernel was as fast or faster)."""
     if backend == "wgmma" or not wgmma_ws_fp8.supports(shape.head_dim, *inputs):
         return False
     if backend == "wgmma_ws":

@@ -60,11 +60,12 @@ def test_unsupported_inputs_are_refused():
 
 # -- simulator -------------------------------------------------------------------------------------------------------
 @simulator_only
-def test_simulated_v_transpose_pre_pass():
+@pytest.mark.parametrize("seqlen, head_dim", [(70, 48), (140, 16), (20, 128)])
+def test_simulated_v_transpose_pre_pass(seqlen, head_dim):
     # V (B, H, N, D) -> V^T (B, H, D, N rounded up to 16): column c of each 16-key group holds key KEY_OF_COLUMN[c],
-    # zeros past N; V a strided view (heads and keys swapped in memory)
+    # zeros past N; V a strided view (heads and keys swapped in memory); blocks of 128 keys, a partial one
     rng = np.random.default_rng(2)
-    batch, heads, seqlen, head_dim = 2, 3, 70, 48
+    batch, heads = 2, 3
     v = rng.integers(1, 255, (batch, seqlen, heads, head_dim)).astype(np.uint8).transpose(0, 2, 1, 3)
     keys = fp8_vt.padded_keys(seqlen)
     vt = np.full((batch, heads, head_dim, keys), 7, np.uint8)
@@ -74,7 +75,7 @@ def test_simulated_v_transpose_pre_pass():
     order = np.array([16 * (c // 16) + fp8.KEY_OF_COLUMN[c % 16] for c in range(keys)])
     np.testing.assert_array_equal(vt, padded[:, :, order].transpose(0, 1, 3, 2))
     with pytest.raises(ValueError, match="vt: expected shape"):
-        fp8_vt.transpose(v, vt[..., :64], 0)
+        fp8_vt.transpose(v, vt[..., :16], 0)
 
 
 @simulator_only

@@ -96,9 +96,13 @@ def _specs(kernel, window, softcap, varlen):
                        tf32._kernel_source(tiles, tf32_only, True, False, **kwargs), signature(tf32, kwargs),
                        config.launch_bounds())
     elif kernel == "wgmma":
+        from numba_attn.forward.varlen import PACKED_WGMMA_CONFIG
+
         kwargs = _variant_kwargs(window, softcap, varlen, False)
-        config = wgmma.DEFAULT_CONFIG
         for d in (64, 128):
+            # (packed sequences up to head dim 64 run with launch bounds of their own: forward.varlen.kernel_config)
+            plain = window is None and softcap is None
+            config = PACKED_WGMMA_CONFIG if varlen and plain and d <= 64 else wgmma.DEFAULT_CONFIG
             for bf16 in (False, True):
                 for scale_first in (False, True):
                     if scale_first and (bf16 or softcap is not None):
@@ -110,9 +114,9 @@ def _specs(kernel, window, softcap, varlen):
         from numba_attn.forward import wgmma_ws
 
         kwargs = _variant_kwargs(window, softcap, varlen, False)
-        if kwargs.get("variant") is not None and kwargs["variant"].packed:
-            return  # (dense batches only)
         for config in wgmma_ws.TUNING_CANDIDATES:
+            if varlen and config.persistent:
+                continue  # (packed sequences: one block per schedule entry)
             tag = (f"c{config.consumers}_n{config.block_n}_s{config.stages}{'' if config.pingpong else '_nopp'}"
                    f"{'_persistent' if config.persistent else ''}")
             for d in (64, 128):
@@ -125,7 +129,8 @@ def _specs(kernel, window, softcap, varlen):
                             continue
                         yield (f"wgmma_ws_{tag}_d{d}_{'bf16' if bf16 else 'f16'}{'_scalefirst' if scale_first else ''}",
                                wgmma_ws._kernel_source(config, d, bf16, scale_first, **kwargs),
-                               wgmma_ws.SIGNATURE.args, (config.threads, 1))
+                               (wgmma_ws.PACKED_SIGNATURE if varlen else wgmma_ws.SIGNATURE).args,
+                               (config.threads, 1))
     elif kernel == "fp8":
         from numba_attn.forward import wgmma_fp8
 

@@ -2,7 +2,7 @@
 
 Backends: "wgmma" (Hopper's warpgroup MMAs, sm_90: float16 / bfloat16, padded head dims up to 128, rows that copy
 in aligned 16-byte pieces), "wgmma_ws" (the same, warp-specialised with TMA copies, FlashAttention-3's structure;
-dense batches -- packed sequences take "wgmma"), "mma" (tensor cores on sm_80+: float16 / bfloat16 on m16n8k16 -- any head dim up to
+dense batches and packed sequences, ``forward.varlen.choose``), "mma" (tensor cores on sm_80+: float16 / bfloat16 on m16n8k16 -- any head dim up to
 256, any strides --, float32 on tf32 m16n8k8 as 3xTF32, or one tf32 term with ``allow_tf32``) and "simt" (CUDA
 cores, float16 / float32, any GPU). ``None`` picks "wgmma" where it applies, else "mma", else "simt"; under the
 simulator float32 takes "simt" (no MMA emulation, much faster there) unless ``allow_tf32`` asks for tf32; on

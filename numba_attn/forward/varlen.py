@@ -7,7 +7,10 @@ see the packed arrays as views ``(1, heads, total, headdim)`` (no copy) and run 
 one sequence, head): the ``block_info.PACKED`` grid over a *schedule*, an int32 array of ``SCHEDULE_WORDS`` words per
 block -- its first row, its sequence's end row, its sequence's first and end key -- so that no block works on
 padding and a sequence's blocks start on its first row. Its keys, masks and diagonal are the sequence's own
-(``block_info.sequence_bounds_of``); rows and keys of other sequences are never read.
+(``block_info.sequence_bounds_of``). The ``cp.async`` kernels never read rows and keys of other sequences; the
+warp-specialised one (``wgmma_ws``, taken where a dense call would take it: ``choose``) copies whole TMA boxes over
+the packed arrays, so a block's last tiles run into the next sequence's rows and keys (zeros past the arrays' end):
+the masks hide those keys (probability 0 against finite values of V) and the stores stop at the sequence's end.
 
 The schedule is made where ``cu_seqlens`` are:
 
@@ -15,7 +18,8 @@ The schedule is made where ``cu_seqlens`` are:
   counts, one length) and the schedule is built with NumPy, its blocks ordered by decreasing work (keys visited), then
   copied to the device;
 * device arrays (int32, on q's device and library) are not read back (no synchronisation): a one-block kernel
-  (``plan_kernel``) scans their lengths into the schedule on the device. Their values are the caller's contract (as
+  (``plan_kernel``) scans their lengths into the schedule on the device (sequences in order, each one's blocks last
+  first: under a causal mask its longest first). Their values are the caller's contract (as
   in FlashAttention): offsets outside the arrays read and write out of bounds. The grid then has room for the most
   blocks any lengths could need, ``(total_q + batch (block_m - 1)) // block_m`` (at most ``batch`` more than needed;
   fewer with ``max_seqlen_q``), and the blocks past the real ones get an empty sequence: they load nothing and write
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 import numpy as np
 from numba import int32
@@ -38,14 +43,24 @@ from ..runtime.device import SIMULATOR, cuda, kernel_jit, on_device
 from ..runtime.launch import launch as device_launch
 from ..runtime.shapes import MAX_HEAD_DIM, check_array
 from ..runtime.views import restride
+from . import common as _common
 from . import dispatch as _dispatch
 from . import mma as _mma
 from . import simt as _simt
 from . import tf32 as _tf32
 from . import wgmma as _wgmma
+from . import wgmma_ws as _wgmma_ws
 
 #: threads of the planning kernel (a block-wide scan over the sequences, then one entry per thread at a time)
 PLAN_THREADS = 32 if SIMULATOR else 256
+#: the order of a packed launch's blocks on the Hopper kernels (``NUMBA_ATTN_VARLEN_ORDER``, read per call):
+#: "heads-outer", the ``block_info.PACKED`` grid (the blocks resident at once: many entries of one head, sharing its
+#: K / V), or "heads-inner", flattened (every head of a few entries: the packed rows of all heads side by side)
+ORDERS = ("heads-outer", "heads-inner")
+#: padded head dims at which packed sequences take the warp-specialised kernel by default (rows seeing at least
+#: ``dispatch.WS_MIN_KEYS`` keys on average): dense calls take it at 128 only, but on packed sequences it also beat
+#: ``wgmma`` at 64 (H100, 2026-11-26 03:31, 16 sequences of 512..16k causal, D64 H32: 263 against 208 TFLOP/s)
+WS_HEAD_DIMS = frozenset({64, 128})
 
 
 # -- checks ------------------------------------------------------------------------------------------------------------
@@ -133,8 +148,8 @@ def plan_kernel(block_m: int):
     """``plan(cu_q, cu_k, schedule, batch, entries)``: the schedule of device offsets, in one block of
     ``PLAN_THREADS`` threads: each round scans the block counts of ``PLAN_THREADS`` sequences (Hillis-Steele in
     shared memory) into their first entries, kept past the entries (``schedule[SCHEDULE_WORDS * entries + b]``, b <=
-    batch); then each entry finds its sequence by bisection over them. Entries past the real ones get an empty
-    sequence."""
+    batch); then each entry finds its sequence by bisection over them, a sequence's blocks in reverse order (its
+    last block first). Entries past the real ones get an empty sequence."""
     return _plan_kernel(block_m, PLAN_THREADS)
 
 
@@ -181,7 +196,9 @@ def _plan_kernel(block_m: int, threads: int):
                         lo = mid
                     else:
                         hi = mid
-                schedule[at] = cu_q[lo] + (e - schedule[starts + lo]) * BLOCK_M
+                # a sequence's blocks last first: under a causal mask the ones that visit the most keys start
+                # first, and a grid's last blocks are short ones (as the host schedule's order does it)
+                schedule[at] = cu_q[lo] + (schedule[starts + lo + 1] - 1 - e) * BLOCK_M
                 schedule[at + 1] = cu_q[lo + 1]
                 schedule[at + 2] = cu_k[lo]
                 schedule[at + 3] = cu_k[lo + 1]
@@ -239,12 +256,50 @@ def batched(view, shape: tuple):
 #: sequence's rows and keys start anywhere), and with the default 2 m-tiles per warp ptxas spilled 180-210 bytes at
 #: head dims 128 and 256; 8 warps of 1 m-tile (a tuning candidate, the same 128 rows) spill nothing
 PACKED_MMA_CONFIG = _mma.MmaConfig(warps=8, m_tiles=1)
+#: the warpgroup kernel's tiles for packed sequences up to padded head dim 64, without a window or a cap: launch
+#: bounds of 4 blocks per SM. The dense kernel there needs 126 registers, so 4 blocks fit an SM; the packed one
+#: (run-time bounds from the schedule) took 144-150 under the default bound of 2, which left room for 3 only; bound
+#: to 128 it spills nothing (ptxas, sm_90a; with a window or a cap it spilled 8-28 bytes: those keep the default)
+PACKED_WGMMA_CONFIG = _wgmma.WgmmaConfig(block_n=64, blocks_per_sm=4)
 
 
-def kernel_config(backend: str, dtype: str, head_dim: int):
+def mean_keys(offsets, total_k: int, batch: int, causal: bool) -> float:
+    """The keys a query row sees on average, as ``dispatch.backend_for`` counts them for a dense call (``seqlen_k``,
+    halved when causal): from host offsets the rows' mean ``sum(Lq Lk) / sum(Lq)``, from device offsets (never read
+    back) the batch's mean key length ``total_k / batch``."""
+    if offsets is None:
+        keys = total_k / max(batch, 1)
+    else:
+        lengths_q, lengths_k = np.diff(offsets[0]), np.diff(offsets[1])
+        keys = float(np.dot(lengths_q, lengths_k)) / max(int(lengths_q.sum()), 1)
+    return keys / 2 if causal else keys
+
+
+def choose(backend, call, views, head_dim: int, offsets, batch: int, causal: bool) -> str:
+    """The kernel of a packed call: ``dispatch.choose_backend`` as for a dense call of as many keys per row on
+    average (``mean_keys``), with ``"wgmma_ws"`` at the padded head dims of ``WS_HEAD_DIMS``; ``"wgmma"`` in its
+    place when no tensor map can be had now (``wgmma_ws.tensor_maps``: the schedule is made for the kernel that
+    runs)."""
+    wgmma_ok = _dispatch.wgmma_applies(call.dtype, head_dim, *views)
+    ws_ok = (backend is None and wgmma_ok and _wgmma_ws.padded_head_dim(head_dim) in WS_HEAD_DIMS
+             and _wgmma_ws.supports(call.dtype, head_dim, *views)
+             and mean_keys(offsets, int(views[1].shape[2]), batch, causal) >= _dispatch.WS_MIN_KEYS)
+    chosen = _dispatch.choose_backend(backend, call.dtype, False, wgmma_ok, ws_ok)
+    if chosen == "wgmma_ws" and _wgmma_ws.supports(call.dtype, head_dim, *views) \
+            and _wgmma_ws.tensor_maps(*views, _wgmma_ws.default_config(), call.stream) is None:
+        chosen = "wgmma"
+    return chosen
+
+
+def kernel_config(backend: str, dtype: str, head_dim: int, plain: bool = True):
     """The tiles a packed call runs with (no tuning): the kernel's default, but ``PACKED_MMA_CONFIG`` for the
-    16-bit mma kernel above head dim 64 on a GPU. Its ``block_m`` is the schedule's block size."""
+    16-bit mma kernel above head dim 64 and ``PACKED_WGMMA_CONFIG`` for the warpgroup kernel up to 64 when ``plain``
+    (no window, no cap), on a GPU. Its ``block_m`` is the schedule's block size."""
+    if backend == "wgmma_ws":
+        return _wgmma_ws.default_config()
     if backend == "wgmma":
+        if not SIMULATOR and plain and _wgmma.padded_head_dim(head_dim) <= 64:
+            return PACKED_WGMMA_CONFIG
         return _wgmma.default_config()
     if backend == "mma" and dtype == "float32":
         return _tf32.default_config(head_dim)
@@ -274,19 +329,17 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal:
     with on_device(call.device_id):
         q4 = batched(call.inputs["q"], (total_q, heads, head_dim))
         k4, v4 = (batched(call.inputs[name], (total_k, kv_heads, head_dim)) for name in "kv")
-        chosen = _dispatch.choose_backend(backend, call.dtype, False,
-                                          _dispatch.wgmma_applies(call.dtype, head_dim, q4, k4, v4))
-        if chosen == "wgmma_ws":  # (dense batches only: its non-specialised sibling takes packed sequences)
-            chosen = "wgmma"
+        batch = (cu_seqlens_q.shape[0] if offsets is None else len(offsets[0])) - 1
+        chosen = choose(backend, call, (q4, k4, v4), head_dim, offsets, batch, causal)
         result = call.output((total_q, heads, head_dim), out=out)
         lse = call.output((heads, total_q), "float32", name="lse") if return_lse else None
         if total_q > 0 and heads > 0:
-            config = kernel_config(chosen, call.dtype, head_dim)
+            plain = _common.Variant.of(causal, window, softcap) == _common.PLAIN  # (the kernel's window and cap)
+            config = kernel_config(chosen, call.dtype, head_dim, plain)
             block_m = config.block_m
             if offsets is not None:
                 schedule = call.upload(host_schedule(*offsets, block_m, causal, window))
             else:
-                batch = cu_seqlens_q.shape[0] - 1
                 entries = device_entries(total_q, batch, block_m, max_seqlen_q)
                 schedule = device_schedule(call, call.inputs["cu_seqlens_q"], call.inputs["cu_seqlens_k"], batch,
                                            entries, block_m) if entries else None
@@ -325,14 +378,25 @@ def check_offsets(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_se
     return cu_q, cu_k
 
 
+def block_order() -> str:
+    """``NUMBA_ATTN_VARLEN_ORDER`` (default "heads-outer"), one of ``ORDERS``; ValueError naming it otherwise."""
+    order = os.environ.get("NUMBA_ATTN_VARLEN_ORDER", ORDERS[0])
+    if order not in ORDERS:
+        raise ValueError(f"NUMBA_ATTN_VARLEN_ORDER: expected one of {', '.join(ORDERS)}, got {order!r}")
+    return order
+
+
 def _launch(backend: str, call, args, config, schedule) -> None:
     """The kernel of ``backend`` with ``config`` (``kernel_config``: the tiles that sized the schedule) over packed
-    views."""
+    views (the Hopper kernels in ``block_order``)."""
     options = dict(args.variant_options(), schedule=schedule)
     if backend == "mma" and call.dtype == "float32":
         _tf32.launch(*args.launch_args(), call.stream, config=config, **options)
-    elif backend in ("mma", "wgmma"):
-        launch = _mma.launch if backend == "mma" else _wgmma.launch
-        launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **options)
+    elif backend in ("wgmma", "wgmma_ws"):
+        launch = _wgmma.launch if backend == "wgmma" else _wgmma_ws.launch
+        launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype,
+               heads_inner=block_order() == "heads-inner", **options)
+    elif backend == "mma":
+        _mma.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **options)
     else:
         _simt.launch(*args.launch_args(), call.stream, config=config, **options)

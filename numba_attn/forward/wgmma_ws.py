@@ -5,7 +5,16 @@ mbarrier ring, a producer warp, two consumer warpgroups that only compute, regis
 Same interface and semantics as ``wgmma.launch`` (shapes ``(batch, heads, seqlen, headdim)``, GQA, bottom-right
 causal mask, rows that see no key give 0 and ``lse = -inf``, sliding windows and soft-capping as compile-time
 variants); it takes the inputs the TMA can read (``runtime.tensor_map.tma_layout_ok``) with padded head dims up to
-``MAX_HEAD_DIM``; ``launch`` hands a call to ``wgmma`` where no tensor map can be had (``supports``).
+``MAX_HEAD_DIM``; ``launch`` hands a call to ``wgmma`` where no tensor map can be had (``supports``). Its
+configurations: ``wgmma_ws_config``.
+
+Packed sequences (``Variant.packed``, ``forward.varlen``): the same code over the views ``(1, heads, total,
+headdim)`` of the packed arrays, one block per entry of the schedule (``block_info.block_position_of`` /
+``sequence_bounds_of``: the block's first row, its sequence's rows and keys). The maps are the packed arrays' own, so
+a box starts at any row: Q's boxes and the last K / V tile of a sequence run into the next sequence's tokens (zeros
+past the arrays' end). The masks already hide keys past ``key_end`` from the softmax (``mask.tile_is_partial``:
+that tile is partial), so those keys get probability 0 (V's rows there are multiplied by 0: finite values add
+nothing), and the epilogue stores rows below the sequence's end only.
 
 Work split (one thread block = 128 query rows of one (batch, head), 384 threads, one block per SM)
     Warpgroup 0, the producer, lowers its registers (``setmaxnreg.dec``); one elected thread of its first warp issues
@@ -43,7 +52,6 @@ float8 e4m3 inputs (``fp8=True``, launched by ``forward.wgmma_ws_fp8``)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -59,111 +67,16 @@ from ..core.ptx import tma
 from ..core.softmax import exponent_scale_for, softmax_start, softmax_update
 from ..core.staging import device_function, inlined_function, kernel_body
 from ..runtime import tensor_map
-from ..runtime.device import SIMULATOR, cuda, kernel_jit, multiprocessor_count
+from ..runtime.device import cuda, kernel_jit, multiprocessor_count
 from ..runtime.launch import launch as device_launch
 from . import common
 from . import wgmma as flash_wgmma
 from .common import PLAIN, Variant
-
-MIN_COMPUTE_CAPABILITY = (9, 0)
-MAX_HEAD_DIM = 128
-ROWS = wgmma.ROWS  # query rows per consumer warpgroup
-WARPGROUP = wgmma.WARPGROUP_THREADS
-DTYPES = ("float16", "bfloat16")
-#: the SM's registers: the budgets of one producer and two consumer warpgroups must fit
-_REGISTERS = 65536
-
-
-@dataclass(frozen=True)
-class WsConfig:
-    """Tuning knobs of the warp-specialised kernel (validated where made)."""
-
-    block_n: int = 128  # keys per K / V tile (multiple of 16, at most 256: one TMA box, one wgmma N)
-    stages: int = 2  # K / V tiles in flight (the ring's depth)
-    pingpong: bool = True  # consumers take turns issuing their MMAs (named barriers)
-    persistent: bool = False  # one block per SM looping over the query blocks (else one block per query block)
-    consumers: int = 2  # consumer warpgroups of 64 query rows each (2 or 3)
-    producer_registers: int = 24  # setmaxnreg.dec of the producer warpgroup
-    consumer_registers: int = 240  # setmaxnreg.inc of the consumer warpgroups
-
-    def __post_init__(self):
-        common.check_fields(self, block_n=(16, 256, 16), stages=(1, 8, 1), producer_registers=(24, 256, 8),
-                            consumer_registers=(24, 256, 8), consumers=(2, 3, 1))
-        for name in ("pingpong", "persistent"):
-            if type(getattr(self, name)) is not bool:
-                raise ValueError(f"WsConfig.{name}: expected a bool, got {getattr(self, name)!r}")
-        used = WARPGROUP * (self.producer_registers + self.consumers * self.consumer_registers)
-        if used > _REGISTERS:
-            raise ValueError(f"WsConfig: producer_registers + {self.consumers} x consumer_registers must fit the SM's "
-                             f"{_REGISTERS} registers over 128 threads each, got {used}")
-
-    @property
-    def block_m(self) -> int:
-        return self.consumers * ROWS
-
-    @property
-    def threads(self) -> int:
-        return (1 + self.consumers) * WARPGROUP
-
-
-#: 128-key tiles in two stages (160 KB of shared memory at head dim 128), ping-pong on, 24 / 240 registers (the
-#: budgets FlashAttention-3 gives two consumer warpgroups)
-DEFAULT_CONFIG = WsConfig()
-SIMULATOR_CONFIG = WsConfig(block_n=16, stages=2)
-#: what ``flash_forward``'s autotuner times per key (those that fit: ``usable``). Deeper rings for head dim 64, whose
-#: tiles compute in less time than a TMA copy takes to land, and three consumer warpgroups there (192 rows,
-#: FlashAttention-3's shape at head dim 64; with 160 registers each, 96-key tiles: 128-key ones spill)
-_THREE = dict(consumers=3, producer_registers=32, consumer_registers=160)
-TUNING_CANDIDATES = (DEFAULT_CONFIG, WsConfig(block_n=64, stages=3), WsConfig(block_n=128, stages=3),
-                     WsConfig(block_n=128, stages=4), WsConfig(block_n=176, stages=2), WsConfig(block_n=176, stages=3),
-                     WsConfig(pingpong=False), WsConfig(persistent=True), WsConfig(block_n=96, stages=3, **_THREE),
-                     WsConfig(block_n=96, stages=3, pingpong=False, **_THREE))
-
-
-#: dynamic shared memory a block of sm_90 may use
-SHARED_LIMIT = 227 * 1024
-
-
-def usable(config: WsConfig, head_dim_pad: int) -> bool:
-    """Whether ``config`` suits a padded head dim: its tiles fit shared memory and its values the registers."""
-    return shared_bytes(config, head_dim_pad) <= SHARED_LIMIT and fits_registers(config, head_dim_pad)
-
-
-def fits_registers(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> bool:
-    """Whether a consumer's live values fit its register budget: S (``block_n / 2`` per thread), P (``block_n /
-    4``; 8-bit: ``block_n / 8``), O (``head_dim_pad / 2``) and ~40 for the rest (a rough rule from ptxas: at head
-    dim 64 and 160 registers 128-key tiles spill, 96-key tiles do not; 176-key tiles at head dim 128 do not at
-    240)."""
-    p_words = config.block_n // (8 if fp8 else 4)
-    return config.block_n // 2 + p_words + head_dim_pad // 2 + 40 <= config.consumer_registers
-
-
-def default_config() -> WsConfig:
-    return SIMULATOR_CONFIG if SIMULATOR else DEFAULT_CONFIG
-
-
-def padded_head_dim(head_dim: int) -> int:
-    return common.padded_head_dim(head_dim, 16)
-
-
-def _barriers(stages: int) -> int:
-    return 2 + 4 * stages  # Q full, Q empty, then K full, K empty, V full, V empty per stage
-
-
-def vt_atoms(block_n: int) -> int:
-    """8-bit: atom columns (128 keys each) of a ``V^T`` tile."""
-    return -(-block_n // 128)
-
-
-def shared_bytes(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> int:
-    """Q (128 rows), ``stages`` K and V tiles (8-bit: ``V^T`` tiles, ``head_dim_pad`` rows per 128 keys), the
-    mbarriers, and 1 KB to align the first tile to 1024 bytes."""
-    if fp8:  # rows of 128 bytes, one atom column
-        v_rows = head_dim_pad * vt_atoms(config.block_n)
-        tiles = 128 * (config.block_m + config.stages * (config.block_n + v_rows))
-    else:
-        tiles = 128 * wgmma.atom_columns(head_dim_pad) * (config.block_m + 2 * config.stages * config.block_n)
-    return tiles + 8 * _barriers(config.stages) + 1024
+# (the configurations live in their own module; these names stay importable from here)
+from .wgmma_ws_config import DEFAULT_CONFIG, SHARED_LIMIT, SIMULATOR_CONFIG, TUNING_CANDIDATES  # noqa: F401
+from .wgmma_ws_config import DTYPES, MAX_HEAD_DIM, MIN_COMPUTE_CAPABILITY, ROWS, WARPGROUP, WsConfig
+from .wgmma_ws_config import default_config, fits_registers, padded_head_dim, shared_bytes, usable  # noqa: F401
+from .wgmma_ws_config import vt_atoms
 
 
 def supports(dtype: str, head_dim: int, *arrays) -> bool:
@@ -179,8 +92,10 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     """The Python function of one specialisation (not yet jitted). ``fp8``: float8 e4m3 operands (uint8) and a
     bfloat16 (``bf16``) or float16 output, with per-head descale arrays read (``per_head``) or not; the kernel then
     takes four more arguments (``forward.wgmma_ws_fp8.SIGNATURE``)."""
-    if variant.packed:
-        raise ValueError("wgmma_ws: packed sequences are not supported (forward.wgmma takes them)")
+    if variant.packed and config.persistent:
+        raise ValueError("wgmma_ws: packed sequences take one block per schedule entry (persistent=False)")
+    if fp8 and variant.packed:
+        raise ValueError("wgmma_ws fp8: packed sequences are not supported (flash_forward_varlen takes no fp8)")
     if fp8 and (d_pad % 32 or d_pad > 128 or config.block_n % 32):
         raise ValueError(f"wgmma_ws fp8: head_dim_pad (up to 128) and block_n must be multiples of 32, got {d_pad}, "
                          f"{config.block_n}")
@@ -236,8 +151,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     fewer_registers = tma.setmaxnreg_dec(config.producer_registers)
     more_registers = tma.setmaxnreg_inc(config.consumer_registers)
     fence_init = tma.fence_mbarrier_init
-    position = block_position_of(QUERY_MAJOR, BLOCK_M)
-    bounds = sequence_bounds_of(False)
+    position = block_position_of(QUERY_MAJOR, BLOCK_M, variant.packed)
+    bounds = sequence_bounds_of(variant.packed)
     exponent = exponent_scale_for(variant.softcap)
     walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)
     partial = tile_is_partial(BLOCK_N, ROWS, variant.window)
@@ -408,10 +323,10 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         return bh // q.shape[1], bh % q.shape[1], m_block * BLOCK_M
 
     @kernel_body
-    def body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, out_scale, descale_q, descale_k,
-             descale_v):
+    def body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, schedule, out_scale, descale_q,
+             descale_k, descale_v):
         tid, warp, lane, g, t = lane_position()
-        seqlen_q, key_start, key_end, diag_offset = bounds(q, k, 0, lse)
+        seqlen_q, key_start, key_end, diag_offset = bounds(q, k, 0, schedule)
         group = q.shape[1] // k.shape[1]
         head_dim = q.shape[3]
         smem = cuda.shared.array(0, uint16)
@@ -451,7 +366,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                                                    h // group, b, n_first, n_tiles, stage, phase, qn)
                             qn += 1
                 else:
-                    b1, h1, m1, _, _, _, _ = position(q, k, v, out, causal, lse)
+                    b1, h1, m1, _, _, _, _ = position(q, k, v, out, causal, schedule)
                     n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
                     if n_tiles1 > 0:
                         produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m1, h1, h1 // group, b1,
@@ -479,7 +394,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                 if n_tiles > 0:
                     qn += 1
         else:
-            b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, lse)
+            b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, schedule)
             n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
             scale, post_b, v_scale = scales(scale_log2, post, out_scale, descale_q, descale_k, descale_v, b1, h1,
                                             q.shape[1])
@@ -489,19 +404,31 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         if PINGPONG and c == 0:
             bar_sync(1, PAIR)  # the last consumer's last arrival: the barriers end as they began
 
-    if fp8:
+    if fp8:  # (no schedule: unread)
         def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, out_scale, descale_q,
                    descale_k, descale_v):
-            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, out_scale, descale_q,
+            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, lse, out_scale, descale_q,
                  descale_k, descale_v)
-    else:  # (no factors: the output's is 1, and lse stands in for the descale arrays nothing reads)
-        def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map):
-            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, ONE, lse, lse, lse)
+
+        return kernel
+
+    # (16-bit: no factors -- the output's is 1, and lse stands in for the descale arrays nothing reads)
+    if variant.packed:
+        def packed_kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, schedule):
+            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, schedule, ONE, lse, lse, lse)
+
+        return packed_kernel
+
+    def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map):
+        body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, lse, ONE, lse, lse,
+             lse)  # (no schedule: unread)
 
     return kernel
 
 
 SIGNATURE = types.void(*common.kernel_signature(uint16).args, types.uint64, types.uint64, types.uint64)
+#: the packed-sequence kernel's: the int32 schedule last (``forward.varlen``)
+PACKED_SIGNATURE = types.void(*SIGNATURE.args, types.Array(types.int32, 1, "A"))
 
 
 @lru_cache(maxsize=None)
@@ -511,24 +438,38 @@ def flash_ws_kernel(config: WsConfig, head_dim_pad: int, bf16: bool, scale_first
     knows the registers at entry and honours ``setmaxnreg``)."""
     if head_dim_pad % 16 or not 16 <= head_dim_pad <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, {MAX_HEAD_DIM}], got {head_dim_pad}")
-    return kernel_jit((config.threads, 1), SIGNATURE)(_kernel_source(config, head_dim_pad, bf16, scale_first, variant))
+    signature = PACKED_SIGNATURE if variant.packed else SIGNATURE
+    return kernel_jit((config.threads, 1), signature)(_kernel_source(config, head_dim_pad, bf16, scale_first, variant))
+
+
+def tensor_maps(q, k, v, config: WsConfig, stream):
+    """The addresses of the maps of ``q`` (64-row boxes), ``k`` and ``v`` (``block_n``-row boxes) of arrays
+    ``supports`` accepts, written on ``stream`` where new; None where one cannot be had now (no key to map, no slot
+    during a capture, the driver refuses)."""
+    if k.shape[2] == 0:  # (no map of an empty tensor)
+        return None
+    maps = tuple(tensor_map.tensor_map_address(x, rows, stream) for x, rows in ((q, ROWS), (k, config.block_n),
+                                                                                  (v, config.block_n)))
+    return None if None in maps else maps
 
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream,
            config: WsConfig | None = None, dtype: str | None = None, window=None,
-           softcap: float | None = None, schedule=None):
+           softcap: float | None = None, schedule=None, heads_inner: bool = False):
     """Launch on device views of shape (batch, heads, seqlen, headdim) that ``supports`` accepts (as
-    ``wgmma.launch``; ``schedule`` must be None). Where a tensor map cannot be had now, and for calls without keys,
-    ``wgmma.launch`` runs the call with its default tiles."""
+    ``wgmma.launch``, ``heads_inner`` included). Dense batches: where a tensor map cannot be had now, and for calls without keys,
+    ``wgmma.launch`` runs the call with its default tiles. ``schedule``: the int32 schedule of packed sequences made
+    for ``config.block_m`` (``forward.varlen``, which checks ``tensor_maps`` first: no fallback here, whose blocks
+    would not match the schedule's), the ``block_info.PACKED`` grid; not with ``persistent``."""
     config = config or default_config()
-    if schedule is not None:
-        raise ValueError("schedule: the wgmma_ws kernel takes dense batches only (packed sequences: wgmma)")
+    if schedule is not None and config.persistent:
+        raise ValueError("config: packed sequences (a schedule) take a non-persistent WsConfig")
     dtype = common.sixteen_bit_dtype(q, dtype)
     batch, heads, seqlen_q, head_dim = q.shape
     if batch * heads == 0 or seqlen_q == 0:
         return
     q, k, v, out = (common.bits(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out")))
-    if k.shape[2] == 0:  # no key: nothing to copy (and no map of an empty tensor); zeros and -inf
+    if k.shape[2] == 0 and schedule is None:  # no key: nothing to copy; zeros and -inf
         flash_wgmma.launch(q, k, v, out, lse, write_lse, sm_scale, causal, stream, dtype=dtype, window=window,
                            softcap=softcap)
         return
@@ -537,18 +478,23 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
                          "aligned base, unit-stride last axis, other strides multiples of 16 bytes) and a padded "
                          f"headdim <= {MAX_HEAD_DIM} on sm_90; got {dtype}, headdim {head_dim}")
     d_pad = padded_head_dim(head_dim)
-    maps = tuple(tensor_map.tensor_map_address(x, rows, stream) for x, rows in ((q, ROWS), (k, config.block_n),
-                                                                                  (v, config.block_n)))
-    if None in maps:
+    maps = tensor_maps(q, k, v, config, stream)
+    if maps is None and schedule is not None:
+        raise RuntimeError("wgmma_ws: no tensor map for these packed sequences now (forward.varlen checks "
+                           "tensor_maps before it schedules for this kernel)")
+    if maps is None:
         flash_wgmma.launch(q, k, v, out, lse, write_lse, sm_scale, causal, stream, dtype=dtype, window=window,
                            softcap=softcap)
         return
     nbytes = shared_bytes(config, d_pad)
     common.check_shared_memory(nbytes)
     scale_log2, scale_first = common.scale_args(sm_scale, softcap)
-    kernel = flash_ws_kernel(config, d_pad, dtype == "bfloat16", scale_first, Variant.of(bool(causal), window, softcap))
-    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m)
+    packed = schedule is not None
+    kernel = flash_ws_kernel(config, d_pad, dtype == "bfloat16", scale_first,
+                             Variant.of(bool(causal), window, softcap, packed))
+    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m, schedule, heads_inner)
     if config.persistent:  # one block per SM (or per query block, when there are fewer)
         shape = (min(shape[0] * shape[1] * shape[2], multiprocessor_count()), 1, 1)
+    extra = (schedule,) if packed else ()
     device_launch(kernel, shape, config.threads, stream, nbytes, q, k, v, out, lse, bool(write_lse), bool(causal),
-                  scale_log2, *(np.uint64(m) for m in maps))
+                  scale_log2, *(np.uint64(m) for m in maps), *extra)

@@ -18,12 +18,13 @@ from numba import types
 from ..runtime import tensor_map
 from ..runtime.device import SIMULATOR, kernel_jit, multiprocessor_count
 from ..runtime.launch import launch as device_launch
+from ..core.block_info import QUERY_MAJOR
 from . import common
 from . import fp8_vt
 from . import wgmma_fp8
 from . import wgmma_ws
-from .common import Variant
-from .wgmma_ws import WsConfig
+from .common import PLAIN, Variant
+from .wgmma_ws_config import ROWS, SHARED_LIMIT, WsConfig, fits_registers, shared_bytes
 
 MIN_COMPUTE_CAPABILITY = wgmma_ws.MIN_COMPUTE_CAPABILITY
 MAX_HEAD_DIM = 128
@@ -50,8 +51,8 @@ def usable(config: WsConfig, head_dim_pad: int) -> bool:
     """``config`` fits this kernel: key tiles a multiple of 32 (an 8-bit MMA's k), shared memory and the consumers'
     registers."""
     return (config.block_n % 32 == 0
-            and wgmma_ws.shared_bytes(config, head_dim_pad, fp8=True) <= wgmma_ws.SHARED_LIMIT
-            and wgmma_ws.fits_registers(config, head_dim_pad, fp8=True))
+            and shared_bytes(config, head_dim_pad, fp8=True) <= SHARED_LIMIT
+            and fits_registers(config, head_dim_pad, fp8=True))
 
 
 def supports(head_dim: int, *arrays) -> bool:
@@ -74,7 +75,7 @@ SIGNATURE = _signature()
 
 @lru_cache(maxsize=None)
 def flash_ws_fp8_kernel(config: WsConfig, head_dim_pad: int, bf16_out: bool, scale_first: bool = False,
-                        per_head: bool = False, variant: Variant = wgmma_ws.PLAIN):
+                        per_head: bool = False, variant: Variant = PLAIN):
     """The compiled kernel of one specialisation (launch bounds: one block per SM, as ``wgmma_ws``'s)."""
     if head_dim_pad % 32 or not 32 <= head_dim_pad <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim_pad must be a multiple of 32 in [32, {MAX_HEAD_DIM}], got {head_dim_pad}")
@@ -119,7 +120,7 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
         raise ValueError(f"config: {config} does not suit the fp8 wgmma_ws kernel at head dim {d_pad}")
     batch_kv, kv_heads, seqlen_k = k.shape[:3]
     vt = (scratch or _device_array)((batch_kv, kv_heads, head_dim, fp8_vt.padded_keys(seqlen_k)), "uint8")
-    maps = tuple(tensor_map.tensor_map_address(x, rows, stream) for x, rows in ((q, wgmma_ws.ROWS),
+    maps = tuple(tensor_map.tensor_map_address(x, rows, stream) for x, rows in ((q, ROWS),
                                                                                   (k, config.block_n),
                                                                                   (vt, d_pad)))
     if None in maps:
@@ -127,14 +128,14 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
         return
     per_head = descale is not None and not all(isinstance(x, (int, float)) for x in descale)
     scalars = (1.0, 1.0, 1.0) if descale is None or per_head else tuple(float(x) for x in descale)
-    nbytes = wgmma_ws.shared_bytes(config, d_pad, fp8=True)
+    nbytes = shared_bytes(config, d_pad, fp8=True)
     common.check_shared_memory(nbytes)
     scale_log2, scale_first = common.scale_args(sm_scale * scalars[0] * scalars[1], softcap)
     kernel = flash_ws_fp8_kernel(config, d_pad, out_dtype == "bfloat16", scale_first, per_head,
                                  Variant.of(bool(causal), window, softcap))
     arrays = descale if per_head else (wgmma_fp8._placeholder(lse),) * 3
     fp8_vt.transpose(v, vt, stream)
-    shape = common.launch_grid(wgmma_ws.QUERY_MAJOR, batch, heads, seqlen_q, config.block_m)
+    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m)
     if config.persistent:
         shape = (min(shape[0] * shape[1] * shape[2], multiprocessor_count()), 1, 1)
     device_launch(kernel, shape, config.threads, stream, nbytes, q, k, v, out, lse, bool(write_lse), bool(causal),

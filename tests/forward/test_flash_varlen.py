@@ -17,7 +17,7 @@ from numba_attn.runtime.device import cuda
 from numba_attn.runtime.launch import launch as device_launch
 
 KERNELS = {"simt": ("simt", "float32"), "mma": ("mma", "float16"), "tf32": ("mma", "float32"),
-           "wgmma": ("wgmma", "float16")}
+           "wgmma": ("wgmma", "float16"), "wgmma_ws": ("wgmma_ws", "float16")}
 
 
 def _packed(seed, lengths_q, lengths_k, heads, kv_heads, head_dim, dtype, scale=1.0):
@@ -38,6 +38,10 @@ CASES = {
             ([7, 18], [18, 7], 1, 1, 16, dict(window=(4, None), softcap=3.0), True)],
     "tf32": [([1, 10, 3], [9, 10, 0], 2, 1, 8, dict(causal=True, window=(5, 0)), False)],
     "wgmma": [([3, 18], [20, 5], 1, 1, 16, dict(causal=True, softcap=2.0), False)],
+    # whole TMA boxes (64 rows of Q, 16-key tiles under the simulator) run into the next sequence's rows and keys
+    # and past the arrays' end; GQA, Lq != Lk both ways, an empty query sequence, a sequence without keys
+    "wgmma_ws": [([3, 18, 0, 2], [20, 5, 4, 0], 2, 1, 16, dict(causal=True), False),
+                 ([17, 6], [6, 21], 1, 1, 24, dict(window=(4, 1), softcap=3.0), False)],
 }
 
 
@@ -62,6 +66,48 @@ def test_varlen_matches_reference_and_per_sequence_calls(poisoned_outputs, kerne
                                                 backend=backend, return_lse=True, **options)
         np.testing.assert_array_equal(out[rows], one[0].transpose(1, 0, 2))
         np.testing.assert_array_equal(lse[:, rows], one_lse[0])
+
+
+@pytest.mark.skipif(not numba_attn.SIMULATOR, reason="the gpu tests cover this on a GPU")
+def test_warp_specialised_kernel_with_device_offsets(poisoned_outputs):
+    # the planning kernel's schedule (blocks of 128 rows, a sequence's last block first) on the TMA kernel: the same
+    # bits as with host offsets (an order of its own), and the reference's values
+    lengths_q, lengths_k = [9, 0, 4], [3, 2, 20]
+    q, k, v, cu_q, cu_k = _packed(8, lengths_q, lengths_k, 1, 1, 16, "float16")
+    on_host = numba_attn.flash_forward_varlen(q, k, v, cu_q, cu_k, causal=True, backend="wgmma_ws")
+    dq, dk, dv, dcu_q, dcu_k = (cuda.to_device(x) for x in (q, k, v, cu_q, cu_k))
+    on_device = numba_attn.flash_forward_varlen(dq, dk, dv, dcu_q, dcu_k, causal=True, backend="wgmma_ws")
+    np.testing.assert_array_equal(on_device.copy_to_host(), on_host)
+    assert rel_error(on_host, reference.attention_varlen(q, k, v, cu_q, cu_k, causal=True)) < TOLERANCE["float16"]
+
+
+@pytest.mark.skipif(not numba_attn.SIMULATOR, reason="the gpu tests cover this on a GPU")
+@pytest.mark.parametrize("backend", ["wgmma"])  # (the warp-specialised kernel: the GPU test; the grid code is shared)
+def test_heads_inner_order_gives_the_same_bits(poisoned_outputs, monkeypatch, backend):
+    # the flattened grid (every head of an entry side by side): the same blocks, so the same bits; GQA (2 heads
+    # sharing a kv head), device offsets (an idle entry)
+    lengths_q, lengths_k = [5, 0, 19], [7, 3, 11]
+    q, k, v, cu_q, cu_k = (cuda.to_device(x) for x in _packed(12, lengths_q, lengths_k, 2, 1, 16, "float16"))
+    outer, outer_lse = numba_attn.flash_forward_varlen(q, k, v, cu_q, cu_k, causal=True, backend=backend,
+                                                       return_lse=True)
+    monkeypatch.setenv("NUMBA_ATTN_VARLEN_ORDER", "heads-inner")
+    inner, inner_lse = numba_attn.flash_forward_varlen(q, k, v, cu_q, cu_k, causal=True, backend=backend,
+                                                       return_lse=True)
+    host = [x if isinstance(x, np.ndarray) else x.copy_to_host() for x in (outer, outer_lse, inner, inner_lse)]
+    np.testing.assert_array_equal(host[2], host[0])
+    np.testing.assert_array_equal(host[3], host[1])
+    assert not np.isnan(host[2]).any()
+    monkeypatch.setenv("NUMBA_ATTN_VARLEN_ORDER", "sideways")
+    with pytest.raises(ValueError, match="^NUMBA_ATTN_VARLEN_ORDER"):
+        numba_attn.flash_forward_varlen(q, k, v, cu_q, cu_k, backend=backend)
+
+
+def test_mean_keys_counts_as_the_dense_dispatch_does():
+    cu_q, cu_k = np.array([0, 1000, 1100]), np.array([0, 3000, 3100])
+    assert varlen.mean_keys((cu_q, cu_k), 3100, 2, False) == (1000 * 3000 + 100 * 100) / 1100
+    assert varlen.mean_keys((cu_q, cu_k), 3100, 2, True) == (1000 * 3000 + 100 * 100) / 2200
+    assert varlen.mean_keys(None, 3100, 2, False) == 1550 and varlen.mean_keys(None, 3100, 2, True) == 775
+    assert varlen.mean_keys((np.array([0]), np.array([0])), 0, 0, True) == 0
 
 
 @pytest.mark.skipif(not numba_attn.SIMULATOR, reason="the gpu tests cover this on a GPU")
@@ -96,6 +142,10 @@ def test_planning_kernel_schedules_every_block_once():
     real = device[device[:, 1] > 0]  # idle entries: an empty sequence
     assert (device[len(host):] == 0).all()
     assert sorted(map(tuple, real)) == sorted(map(tuple, host))
+    # sequences in order, each one's blocks last first
+    first_rows = real[:, 0]
+    assert (np.diff(real[:, 1]) >= 0).all() and all(
+        (np.diff(first_rows[real[:, 1] == end]) == -block_m).all() for end in np.unique(real[:, 1]))
     # every row of every sequence lies in exactly one block
     covered = np.zeros(cu_q[-1], int)
     for m0, end, _, _ in host:
@@ -159,7 +209,7 @@ def test_device_offsets_must_be_int32_and_on_the_device():
 
 
 # ---- realistic sizes on a GPU -----------------------------------------------------------------------------------------
-GPU_KERNELS = ["simt16", "simt", "mma", "mma_bf16", "tf32", "wgmma", "wgmma_bf16"]
+GPU_KERNELS = ["simt16", "simt", "mma", "mma_bf16", "tf32", "wgmma", "wgmma_bf16", "wgmma_ws", "wgmma_ws_bf16"]
 
 
 @pytest.mark.gpu
@@ -174,10 +224,11 @@ def test_gpu_varlen_every_kernel(kernel, device_offsets, lengths_q, lengths_k, h
     torch = pytest.importorskip("torch")
     from numba_attn.runtime.device import compute_capability
 
-    backend = {"simt16": "simt", "mma_bf16": "mma", "tf32": "mma", "wgmma_bf16": "wgmma"}.get(kernel, kernel)
+    backend = {"simt16": "simt", "mma_bf16": "mma", "tf32": "mma", "wgmma_bf16": "wgmma",
+               "wgmma_ws_bf16": "wgmma_ws"}.get(kernel, kernel)
     dtype = {"simt16": "float16", "simt": "float32", "tf32": "float32", "mma_bf16": "bfloat16",
-             "wgmma_bf16": "bfloat16"}.get(kernel, "float16")
-    if backend == "wgmma" and (compute_capability() < (9, 0) or head_dim > 128):
+             "wgmma_bf16": "bfloat16", "wgmma_ws_bf16": "bfloat16"}.get(kernel, "float16")
+    if backend.startswith("wgmma") and (compute_capability() < (9, 0) or head_dim > 128):
         pytest.skip("wgmma needs compute capability 9.0")
     q, k, v, cu_q, cu_k = _packed(6, lengths_q, lengths_k, heads, kv_heads, head_dim, "float32")
     tq, tk, tv = (torch.from_numpy(x).to("cuda", getattr(torch, dtype)) for x in (q, k, v))
@@ -193,3 +244,93 @@ def test_gpu_varlen_every_kernel(kernel, device_offsets, lengths_q, lengths_k, h
     assert not np.isnan(host).any()
     assert rel_error(host, ref) < TOLERANCE[dtype]
     assert_close_lse(lse.cpu().numpy(), ref_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("device_offsets", [False, True])
+@pytest.mark.parametrize("lengths_q,lengths_k,heads,kv_heads,causal", [
+    ([1, 17, 1000, 4096, 0, 130], [1, 17, 1000, 4096, 5, 130], 4, 2, True),
+    ([1, 17, 1000, 4096, 300], [33, 1, 2000, 4000, 300], 6, 1, True),  # Lq != Lk per sequence, GQA 6
+    ([4096, 1, 17, 1000], [1000, 4096, 17, 1], 2, 2, False),
+])
+def test_gpu_varlen_warp_specialised(dtype, head_dim, device_offsets, lengths_q, lengths_k, heads, kv_heads,
+                                     causal):
+    """The TMA kernel over packed sequences (boxes that run into the next sequence) against the reference per
+    sequence; outputs start as NaN, so a row no block writes fails."""
+    torch = pytest.importorskip("torch")
+    from numba_attn.runtime.device import compute_capability
+
+    if compute_capability() < (9, 0):
+        pytest.skip("wgmma_ws needs compute capability 9.0")
+    q, k, v, cu_q, cu_k = _packed(len(lengths_q) + head_dim, lengths_q, lengths_k, heads, kv_heads, head_dim,
+                                  "float32")
+    tq, tk, tv = (torch.from_numpy(x).to("cuda", getattr(torch, dtype)) for x in (q, k, v))
+    qh, kh, vh = (t.float().cpu().numpy().astype(np.float64) for t in (tq, tk, tv))
+    offsets = (torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda()) if device_offsets else (cu_q, cu_k)
+    out = tq.new_full(tq.shape, float("nan"))
+    _, lse = numba_attn.flash_forward_varlen(tq, tk, tv, *offsets, backend="wgmma_ws", out=out, return_lse=True,
+                                             causal=causal)
+    host, lse = out.float().cpu().numpy(), lse.cpu().numpy()
+    assert not np.isnan(host).any()
+    ref, ref_lse = reference.attention_varlen(qh, kh, vh, cu_q, cu_k, causal=causal, return_lse=True)
+    assert rel_error(host, ref) < TOLERANCE[dtype]
+    for b in range(len(lengths_q)):  # every sequence on its own (a short one's error hides in the total's)
+        rows = slice(cu_q[b], cu_q[b + 1])
+        if lengths_q[b]:
+            assert rel_error(host[rows], ref[rows]) < TOLERANCE[dtype] or np.abs(ref[rows]).max() == 0, b
+    assert_close_lse(lse, ref_lse)
+
+
+@pytest.mark.gpu
+def test_gpu_varlen_default_dispatch(monkeypatch):
+    """backend=None takes the warp-specialised kernel at the padded head dims of ``varlen.WS_HEAD_DIMS`` for rows
+    seeing >= WS_MIN_KEYS keys on average, else wgmma (at head dim 64 with the launch bounds of
+    ``varlen.PACKED_WGMMA_CONFIG``); the results agree with the mma kernel's."""
+    torch = pytest.importorskip("torch")
+    from numba_attn.forward import dispatch, wgmma, wgmma_ws
+    from numba_attn.runtime.device import compute_capability
+
+    if compute_capability() < (9, 0):
+        pytest.skip("needs compute capability 9.0")
+    calls = []
+    for module, name in ((wgmma_ws, "wgmma_ws"), (wgmma, "wgmma")):
+        real = module.launch
+        monkeypatch.setattr(module, "launch", lambda *a, _real=real, _name=name, **kw: (calls.append(_name),
+                                                                                        _real(*a, **kw))[1])
+    long = [4 * dispatch.WS_MIN_KEYS, 2 * dispatch.WS_MIN_KEYS, 100]
+    short = [300, 200, 100]
+    for head_dim, lengths, device_offsets, expected in ((128, long, False, "wgmma_ws"), (128, long, True, "wgmma_ws"),
+                                                        (128, short, False, "wgmma"), (64, long, False, "wgmma_ws"),
+                                                        (64, short, True, "wgmma"), (96, long, False, "wgmma")):
+        q, k, v, cu_q, cu_k = _packed(head_dim, lengths, lengths, 4, 2, head_dim, "float32")
+        tq, tk, tv = (torch.from_numpy(x).to("cuda", torch.float16) for x in (q, k, v))
+        offsets = (torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda()) if device_offsets else (cu_q, cu_k)
+        got = numba_attn.flash_forward_varlen(tq, tk, tv, *offsets, causal=True)
+        assert calls[-1] == expected, (head_dim, lengths, device_offsets, calls)
+        ref = numba_attn.flash_forward_varlen(tq, tk, tv, *offsets, causal=True, backend="mma")
+        assert ((got.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["wgmma", "wgmma_ws"])
+@pytest.mark.parametrize("device_offsets", [False, True])
+def test_gpu_varlen_heads_inner_order(monkeypatch, backend, device_offsets):
+    """``NUMBA_ATTN_VARLEN_ORDER=heads-inner`` (the flattened grid) runs the same blocks: the same bits."""
+    torch = pytest.importorskip("torch")
+    from numba_attn.runtime.device import compute_capability
+
+    if compute_capability() < (9, 0):
+        pytest.skip("needs compute capability 9.0")
+    lengths = [4096, 1, 17, 1000, 0, 2500]
+    q, k, v, cu_q, cu_k = _packed(21, lengths, lengths, 8, 2, 128, "float32")
+    tq, tk, tv = (torch.from_numpy(x).to("cuda", torch.bfloat16) for x in (q, k, v))
+    offsets = (torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda()) if device_offsets else (cu_q, cu_k)
+    outer, outer_lse = numba_attn.flash_forward_varlen(tq, tk, tv, *offsets, causal=True, backend=backend,
+                                                       return_lse=True)
+    monkeypatch.setenv("NUMBA_ATTN_VARLEN_ORDER", "heads-inner")
+    inner, inner_lse = numba_attn.flash_forward_varlen(tq, tk, tv, *offsets, causal=True, backend=backend,
+                                                       return_lse=True)
+    assert torch.equal(inner, outer) and torch.equal(inner_lse, outer_lse)
+    assert not torch.isnan(inner).any()

@@ -61,8 +61,9 @@ def test_unsupported_inputs_are_refused():
         wgmma_ws.launch(q, q, q, q, lse, False, 0.1, False, stream)
     big = cuda.to_device(np.zeros((1, 1, 4, 136), np.float16))
     assert not wgmma_ws.supports("float16", 136, big)
-    with pytest.raises(ValueError, match="schedule"):
-        wgmma_ws.launch(q, q, q, q, lse, False, 0.1, False, stream, schedule=np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match="^config: packed sequences"):  # (a schedule: one block per entry)
+        wgmma_ws.launch(q, q, q, q, lse, False, 0.1, False, stream, config=wgmma_ws.WsConfig(persistent=True),
+                        schedule=np.zeros(4, np.int32))
     with pytest.raises(ValueError, match="backend: 'wgmma_ws' takes float16 or bfloat16"):
         numba_attn.flash_forward(np.zeros((4, 16), np.float32), np.zeros((4, 16), np.float32),
                                  np.zeros((4, 16), np.float32), backend="wgmma_ws")

@@ -1,0 +1,110 @@
+"""The warp-specialised Hopper forward's tile configurations (``forward.wgmma_ws``): the validated ``WsConfig``, the
+default and the autotuner's candidates, and what a configuration needs (shared memory, registers).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core import warpgroup as wgmma
+from ..runtime.device import SIMULATOR
+from . import common
+
+MIN_COMPUTE_CAPABILITY = (9, 0)
+MAX_HEAD_DIM = 128
+ROWS = wgmma.ROWS  # query rows per consumer warpgroup
+WARPGROUP = wgmma.WARPGROUP_THREADS
+DTYPES = ("float16", "bfloat16")
+#: the SM's registers: the budgets of one producer and two consumer warpgroups must fit
+_REGISTERS = 65536
+
+
+@dataclass(frozen=True)
+class WsConfig:
+    """Tuning knobs of the warp-specialised kernel (validated where made)."""
+
+    block_n: int = 128  # keys per K / V tile (multiple of 16, at most 256: one TMA box, one wgmma N)
+    stages: int = 2  # K / V tiles in flight (the ring's depth)
+    pingpong: bool = True  # consumers take turns issuing their MMAs (named barriers)
+    persistent: bool = False  # one block per SM looping over the query blocks (else one block per query block)
+    consumers: int = 2  # consumer warpgroups of 64 query rows each (2 or 3)
+    producer_registers: int = 24  # setmaxnreg.dec of the producer warpgroup
+    consumer_registers: int = 240  # setmaxnreg.inc of the consumer warpgroups
+
+    def __post_init__(self):
+        common.check_fields(self, block_n=(16, 256, 16), stages=(1, 8, 1), producer_registers=(24, 256, 8),
+                            consumer_registers=(24, 256, 8), consumers=(2, 3, 1))
+        for name in ("pingpong", "persistent"):
+            if type(getattr(self, name)) is not bool:
+                raise ValueError(f"WsConfig.{name}: expected a bool, got {getattr(self, name)!r}")
+        used = WARPGROUP * (self.producer_registers + self.consumers * self.consumer_registers)
+        if used > _REGISTERS:
+            raise ValueError(f"WsConfig: producer_registers + {self.consumers} x consumer_registers must fit the SM's "
+                             f"{_REGISTERS} registers over 128 threads each, got {used}")
+
+    @property
+    def block_m(self) -> int:
+        return self.consumers * ROWS
+
+    @property
+    def threads(self) -> int:
+        return (1 + self.consumers) * WARPGROUP
+
+
+#: 128-key tiles in two stages (160 KB of shared memory at head dim 128), ping-pong on, 24 / 240 registers (the
+#: budgets FlashAttention-3 gives two consumer warpgroups)
+DEFAULT_CONFIG = WsConfig()
+SIMULATOR_CONFIG = WsConfig(block_n=16, stages=2)
+#: what ``flash_forward``'s autotuner times per key (those that fit: ``usable``). Deeper rings for head dim 64, whose
+#: tiles compute in less time than a TMA copy takes to land, and three consumer warpgroups there (192 rows,
+#: FlashAttention-3's shape at head dim 64; with 160 registers each, 96-key tiles: 128-key ones spill)
+_THREE = dict(consumers=3, producer_registers=32, consumer_registers=160)
+TUNING_CANDIDATES = (DEFAULT_CONFIG, WsConfig(block_n=64, stages=3), WsConfig(block_n=128, stages=3),
+                     WsConfig(block_n=128, stages=4), WsConfig(block_n=176, stages=2), WsConfig(block_n=176, stages=3),
+                     WsConfig(pingpong=False), WsConfig(persistent=True), WsConfig(block_n=96, stages=3, **_THREE),
+                     WsConfig(block_n=96, stages=3, pingpong=False, **_THREE))
+
+
+#: dynamic shared memory a block of sm_90 may use
+SHARED_LIMIT = 227 * 1024
+
+
+def usable(config: WsConfig, head_dim_pad: int) -> bool:
+    """Whether ``config`` suits a padded head dim: its tiles fit shared memory and its values the registers."""
+    return shared_bytes(config, head_dim_pad) <= SHARED_LIMIT and fits_registers(config, head_dim_pad)
+
+
+def fits_registers(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> bool:
+    """Whether a consumer's live values fit its register budget: S (``block_n / 2`` per thread), P (``block_n /
+    4``; 8-bit: ``block_n / 8``), O (``head_dim_pad / 2``) and ~40 for the rest (a rough rule from ptxas: at head
+    dim 64 and 160 registers 128-key tiles spill, 96-key tiles do not; 176-key tiles at head dim 128 do not at
+    240; 8-bit: 192-key tiles do not at 240, 224-key ones spill 32 bytes)."""
+    p_words = config.block_n // (8 if fp8 else 4)
+    return config.block_n // 2 + p_words + head_dim_pad // 2 + 40 <= config.consumer_registers
+
+
+def default_config() -> WsConfig:
+    return SIMULATOR_CONFIG if SIMULATOR else DEFAULT_CONFIG
+
+
+def padded_head_dim(head_dim: int) -> int:
+    return common.padded_head_dim(head_dim, 16)
+
+
+def _barriers(stages: int) -> int:
+    return 2 + 4 * stages  # Q full, Q empty, then K full, K empty, V full, V empty per stage
+
+
+def vt_atoms(block_n: int) -> int:
+    """8-bit: atom columns (128 keys each) of a ``V^T`` tile."""
+    return -(-block_n // 128)
+
+
+def shared_bytes(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> int:
+    """Q (128 rows), ``stages`` K and V tiles (8-bit: ``V^T`` tiles, ``head_dim_pad`` rows per 128 keys), the
+    mbarriers, and 1 KB to align the first tile to 1024 bytes."""
+    if fp8:  # rows of 128 bytes, one atom column
+        v_rows = head_dim_pad * vt_atoms(config.block_n)
+        tiles = 128 * (config.block_m + config.stages * (config.block_n + v_rows))
+    else:
+        tiles = 128 * wgmma.atom_columns(head_dim_pad) * (config.block_m + 2 * config.stages * config.block_n)
+    return tiles + 8 * _barriers(config.stages) + 1024

@@ -1,7 +1,7 @@
 """``flash_forward`` on float8 e4m3 inputs: the argument checks, the descale factors, the launch of ``wgmma_ws_fp8``
-(the warp-specialised kernel: the default on Hopper at the padded head dims of ``WS_HEAD_DIMS`` for rows that see at
-least ``dispatch.WS_MIN_KEYS`` keys, as for 16-bit inputs; ``backend="wgmma_ws"`` asks for it) or ``wgmma_fp8``
-(elsewhere, ``backend="wgmma"``).
+(the warp-specialised kernel: the default on Hopper at the padded head dims of ``WS_HEAD_DIMS`` -- 128 -- for rows
+that see at least ``dispatch.WS_MIN_KEYS`` keys, as for 16-bit inputs; ``backend="wgmma_ws"`` asks for it) or
+``wgmma_fp8`` (elsewhere, ``backend="wgmma"``).
 
 Inputs are torch ``float8_e4m3fn`` tensors, or uint8 arrays of e4m3 bit patterns (NumPy, CuPy, Numba) with
 ``input_dtype="float8_e4m3fn"`` (``reference.attention``'s ``dtype`` is its output's). Descale factors (``descale_q``, ``descale_k``, ``descale_v``; default 1) take the e4m3
@@ -32,8 +32,9 @@ from .dispatch import WS_MIN_KEYS, check_seqlen_q
 
 OUT_DTYPES = ("bfloat16", "float16")
 _FP8_ONLY = ("descale_q", "descale_k", "descale_v", "out_dtype")
-#: padded head dims at which the warp-specialised kernel is the default (issue #30's shapes)
-WS_HEAD_DIMS = frozenset({64, 128})
+#: padded head dims at which the warp-specialised kernel is the default: 128 (H100, B4, 03:52 UTC 2026-11-26: 0.96-1.29x
+#: our bf16 forward, 1.25-1.58x wgmma_fp8 at 4k-16k); at 64 wgmma_fp8 was faster (333-409 vs 236-335 TFLOP/s)
+WS_HEAD_DIMS = frozenset({128})
 
 
 def _dtype_of(x) -> str | None:

@@ -30,13 +30,14 @@ MIN_COMPUTE_CAPABILITY = wgmma_ws.MIN_COMPUTE_CAPABILITY
 MAX_HEAD_DIM = 128
 OUT_DTYPES = wgmma_fp8.OUT_DTYPES
 
-#: 128-key tiles in two stages (80 KB of shared memory at head dim 128: Q, and rings of K and V^T tiles of 16 KB),
-#: the 16-bit kernel's register budgets (24 / 240)
-DEFAULT_CONFIG = WsConfig()
+#: 192-key tiles in two stages (129 KB of shared memory at head dim 128: Q, and rings of K tiles and of V^T tiles of two
+#: atom columns), the 16-bit kernel's register budgets (24 / 240; ptxas: no spills). On the H100 (B4, 03:52 UTC
+#: 2026-11-26) 192-key tiles were as fast or faster than 128-key ones in every D128 row (+0-4 %): FlashAttention-3
+#: takes 224 for fp8 at D128, which spills 32 bytes here
+DEFAULT_CONFIG = WsConfig(block_n=192)
 SIMULATOR_CONFIG = WsConfig(block_n=32, stages=2)
-#: FlashAttention-3 takes 224-key tiles for fp8 at head dim 128 (its consumers hold P in half the registers)
-TUNING_CANDIDATES = (DEFAULT_CONFIG, WsConfig(stages=3), WsConfig(block_n=192, stages=2),
-                     WsConfig(block_n=192, stages=3), WsConfig(block_n=64, stages=4), WsConfig(pingpong=False))
+TUNING_CANDIDATES = (DEFAULT_CONFIG, WsConfig(), WsConfig(stages=3), WsConfig(block_n=192, stages=3),
+                     WsConfig(block_n=64, stages=4), WsConfig(block_n=192, pingpong=False))
 
 
 def default_config() -> WsConfig:

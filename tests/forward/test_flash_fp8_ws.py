@@ -35,7 +35,11 @@ def test_configs_and_shared_memory():
         assert all(wgmma_ws_fp8.usable(c, d_pad) for c in wgmma_ws_fp8.TUNING_CANDIDATES)
     # Q (128 rows), two stages of K (128 keys) and of V^T (128 head-dim rows), 128 bytes a row; 10 mbarriers; the
     # alignment slack
-    assert wgmma_ws.shared_bytes(wgmma_ws_fp8.DEFAULT_CONFIG, 128, fp8=True) == 128 * (128 + 2 * 128 + 2 * 128) \
+    assert wgmma_ws.shared_bytes(wgmma_ws.WsConfig(), 128, fp8=True) == 128 * (128 + 2 * 128 + 2 * 128) + 8 * 10 \
+        + 1024
+    # the default: 192-key tiles, V^T in two atom columns
+    assert wgmma_ws_fp8.DEFAULT_CONFIG.block_n == 192
+    assert wgmma_ws.shared_bytes(wgmma_ws_fp8.DEFAULT_CONFIG, 128, fp8=True) == 128 * (128 + 2 * 192 + 2 * 256) \
         + 8 * 10 + 1024
     # 160-key tiles at head dim 64: V^T in two atom columns of 64 rows
     assert wgmma_ws.shared_bytes(wgmma_ws.WsConfig(block_n=160), 64, fp8=True) == 128 * (128 + 2 * 160 + 2 * 128) \
@@ -187,8 +191,8 @@ def test_same_as_the_wgmma_fp8_kernel_where_tiles_agree():
 @pytest.mark.gpu
 @hopper
 def test_default_dispatch(monkeypatch):
-    """``flash_forward`` on fp8: the warp-specialised kernel at head dims 64 / 128 for rows of >= WS_MIN_KEYS keys,
-    ``wgmma_fp8`` for shorter rows, other head dims and ``backend="wgmma"``."""
+    """``flash_forward`` on fp8: the warp-specialised kernel at head dim 128 for rows of >= WS_MIN_KEYS keys,
+    ``wgmma_fp8`` for shorter rows, other head dims (64 included: it was faster there) and ``backend="wgmma"``."""
     used = _spy(monkeypatch)
     rng = np.random.default_rng(9)
     n = fp8_call.WS_MIN_KEYS
@@ -199,9 +203,9 @@ def test_default_dispatch(monkeypatch):
         numba_attn.flash_forward(q, k, v, input_dtype="float8_e4m3fn", **kwargs)
         return used.pop()
 
-    assert call(128, n) == "ws" and call(64, n) == "ws"
+    assert call(128, n) == "ws" and call(112, n) == "ws" and call(64, n) == "plain"
     assert call(128, n - 1) == "plain" and call(96, n) == "plain" and call(128, 2 * n - 2, causal=True) == "plain"
-    assert call(128, n, backend="wgmma") == "plain" and call(96, 64, backend="wgmma_ws") == "ws"
+    assert call(128, n, backend="wgmma") == "plain" and call(64, 64, backend="wgmma_ws") == "ws"
 
 
 @pytest.mark.gpu

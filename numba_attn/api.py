@@ -122,7 +122,7 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
             value of ``c``); ``tanh.approx`` in the float16 / bfloat16 tensor-core kernels, ``tanh`` in the float32
             ones; differentiable (``flash_backward`` takes it too).
         descale_q, descale_k, descale_v, out_dtype, input_dtype: float8 e4m3 inputs (Hopper; backend "wgmma_ws" by
-            default at head dims 64 / 128 for rows that see >= 1024 keys, else "wgmma"): q, k, v as torch
+            default at padded head dim 128 for rows that see >= 1024 keys, else "wgmma"): q, k, v as torch
             ``float8_e4m3fn`` tensors, or uint8 arrays of e4m3 bit patterns with ``input_dtype="float8_e4m3fn"``; the
             descale factors take them back to the tensors they quantise (None: 1; a number or size-1 array per
             tensor; a float32 ``(batch, kv_heads)`` array as FlashAttention-3's, or ``(batch, heads)``, per head;

@@ -21,6 +21,10 @@ timing       median of --reps runs (CUDA events, after warm-up) at B = 4, (D = 1
              wgmma_ws at D 128, wgmma at D 64) and torch SDPA's cuDNN backend on bfloat16. TFLOP/s count 4 B H N^2 D,
              halved when causal; "ws/bf16" is our bf16 time over our fp8-ws time (the issue's target: >= 1.4 at N >=
              4k, D = 128), "ws/cudnn" likewise against cuDNN.
+probe        (only when asked) D 128, H 32, B 4, --lengths, causal or not: the WS fp8 kernel launched directly with
+             its default tiles, the same without its softmax (``probe="no_softmax"``: no max, exp or sums) and
+             without P's conversion (``"no_pack"``) -- timing probes with wrong results --, the V^T pre-pass alone,
+             and our bf16 default: where the WS fp8 kernel's time goes.
 share        (only when asked) per shape: flash_forward's event time, the kernel's (launched directly), the
              kernel's without its in-kernel V transpose (a timing probe with wrong results), our bf16 kernel's, the
              kernel with ``v_transpose="ldmatrix"`` (V in the TMA's swizzle; PASS when its output has the same bits
@@ -239,6 +243,44 @@ def timing(args, torch, numba_attn, np) -> int:
     return failures
 
 
+def probe(args, torch, numba_attn, np) -> int:
+    from numba_attn.forward import fp8_vt, wgmma_ws_fp8
+
+    def event_ms(fn):
+        for _ in range(2):
+            fn()
+        times = []
+        for _ in range(args.reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return float(np.median(times))
+
+    config = wgmma_ws_fp8.DEFAULT_CONFIG
+    d, heads = 128, 32
+    for n in args.lengths:
+        for causal in (False, True):
+            q, k, v = (torch.randn(4, heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            (q8, dq), (k8, dk), (v8, dv) = (quantize(torch, x, False, heads) for x in (q, k, v))
+            flops = 4.0 * 4 * heads * n * n * d * (0.5 if causal else 1.0)
+            times = {}
+            for name in (None, "no_softmax", "no_pack"):
+                times[name or "kernel"] = event_ms(_direct_launch(torch, wgmma_ws_fp8, config, q8, k8, v8, dq, dk, dv,
+                                                                  causal, probe=name))
+            vt = torch.empty(4, heads, d, fp8_vt.padded_keys(n), dtype=torch.uint8, device="cuda")
+            stream = torch.cuda.current_stream().cuda_stream
+            v_bits = v8.view(torch.uint8)
+            times["V^T pre-pass"] = event_ms(lambda: fp8_vt.transpose(v_bits, vt, stream))  # noqa: B023
+            times["bf16"] = event_ms(lambda: numba_attn.flash_forward(q, k, v, causal=causal))  # noqa: B023
+            parts = ", ".join(f"{name} {ms:.3f} ms ({flops / ms / 1e9:.0f})" for name, ms in times.items())
+            say(f"INFO probe D{d} H{heads} N{n:5d} {'causal' if causal else 'full  '} (pre-pass + kernel, "
+                f"TFLOP/s): {parts}")
+    return 0
+
+
 def share(args, torch, numba_attn, np) -> int:
     """Where the time of a call goes: event time of flash_forward, of the kernel launched directly, of the kernel
     without its V transpose (a timing probe, wrong results), and the host time of a call (tiny problem, no sync)."""
@@ -309,7 +351,7 @@ def share(args, torch, numba_attn, np) -> int:
     return failures
 
 
-def _direct_launch(torch, module, config, q8, k8, v8, dq, dk, dv, causal, transpose=True):
+def _direct_launch(torch, module, config, q8, k8, v8, dq, dk, dv, causal, transpose=True, probe=None):
     """A launch of ``module``'s fp8 kernel (``wgmma_fp8`` or ``wgmma_ws_fp8``) with ``config`` on torch tensors (what
     flash_forward does with its defaults); ``transpose=False``: ``wgmma_fp8``'s timing probe."""
     from numba_attn.runtime.device import DeviceView
@@ -327,6 +369,8 @@ def _direct_launch(torch, module, config, q8, k8, v8, dq, dk, dv, causal, transp
     sm_scale = 1.0 / math.sqrt(q8.shape[-1])
 
     extra = {} if transpose else {"_transpose": False}
+    if probe is not None:
+        extra["_probe"] = probe
     if module.__name__.endswith("wgmma_ws_fp8"):  # V^T's scratch made once, as a pool would hand it out
         from numba_attn.forward import fp8_vt
 
@@ -354,7 +398,7 @@ def parse_config(text):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("all", "correctness", "timing", "share"), default="all")
+    parser.add_argument("--part", choices=("all", "correctness", "timing", "share", "probe"), default="all")
     parser.add_argument("--lengths", default="1024,2048,4096,8192,16384")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--config", action="append", default=[],
@@ -386,6 +430,8 @@ def main() -> int:
         failures += timing(args, torch, numba_attn, np)
     if args.part == "share":
         failures += share(args, torch, numba_attn, np)
+    if args.part == "probe":
+        failures += probe(args, torch, numba_attn, np)
     say(f"INFO done in {time.time() - t0:.0f}s, {failures} failed")
     return 1 if failures else 0
 

@@ -88,10 +88,14 @@ def supports(dtype: str, head_dim: int, *arrays) -> bool:
 
 
 def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN,
-                   fp8: bool = False, per_head: bool = False):
+                   fp8: bool = False, per_head: bool = False, probe: str | None = None):
     """The Python function of one specialisation (not yet jitted). ``fp8``: float8 e4m3 operands (uint8) and a
     bfloat16 (``bf16``) or float16 output, with per-head descale arrays read (``per_head``) or not; the kernel then
-    takes four more arguments (``forward.wgmma_ws_fp8.SIGNATURE``)."""
+    takes four more arguments (``forward.wgmma_ws_fp8.SIGNATURE``). ``probe`` (a timing probe only, wrong results:
+    ``scripts/check_fp8.py --part probe``): ``"no_softmax"`` leaves the scores as they are (no max, exp, sums),
+    ``"no_pack"`` leaves P's registers unwritten (no conversion to the MMA's A operand)."""
+    if probe not in (None, "no_softmax", "no_pack"):
+        raise ValueError(f"probe: expected None, 'no_softmax' or 'no_pack', got {probe!r}")
     if variant.packed and config.persistent:
         raise ValueError("wgmma_ws: packed sequences take one block per schedule entry (persistent=False)")
     if fp8 and variant.packed:
@@ -159,6 +163,12 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     start = softmax_start(1, O_BLOCKS)
     online_softmax = softmax_update(1, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
                                     window=variant.window, softcap=variant.softcap, precise_tanh=False)
+    if probe == "no_softmax":
+        @device_function
+        def online_softmax(s, alpha, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2,
+                           post):
+            alpha[0] = ONE
+            alpha[1] = ONE
     if fp8:
         finish = store_rows(1, O_BLOCKS, as_16bit(bf16), scaled=True)
     else:  # (the 16-bit kernel's output has no factor: its finish takes one and drops it)
@@ -243,6 +253,10 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                 p[4 * kk + 1] = pack(s[0, 2 * kk, 2], s[0, 2 * kk, 3])
                 p[4 * kk + 2] = pack(s[0, 2 * kk + 1, 0], s[0, 2 * kk + 1, 1])
                 p[4 * kk + 3] = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
+    if probe == "no_pack":
+        @device_function
+        def probabilities(s, p):
+            pass
 
     @device_function
     def consume(smem, q_c, k_base, v_base, bars, c, lane, m_c, row0, t, n_first, n_tiles, stage, phase, qn, key_end,

@@ -76,12 +76,13 @@ SIGNATURE = _signature()
 
 @lru_cache(maxsize=None)
 def flash_ws_fp8_kernel(config: WsConfig, head_dim_pad: int, bf16_out: bool, scale_first: bool = False,
-                        per_head: bool = False, variant: Variant = PLAIN):
-    """The compiled kernel of one specialisation (launch bounds: one block per SM, as ``wgmma_ws``'s)."""
+                        per_head: bool = False, variant: Variant = PLAIN, probe: str | None = None):
+    """The compiled kernel of one specialisation (launch bounds: one block per SM, as ``wgmma_ws``'s; ``probe``: a
+    timing probe of ``wgmma_ws._kernel_source``, wrong results)."""
     if head_dim_pad % 32 or not 32 <= head_dim_pad <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim_pad must be a multiple of 32 in [32, {MAX_HEAD_DIM}], got {head_dim_pad}")
     source = wgmma_ws._kernel_source(config, head_dim_pad, bf16_out, scale_first, variant, fp8=True,
-                                     per_head=per_head)
+                                     per_head=per_head, probe=probe)
     return kernel_jit((config.threads, 1), SIGNATURE)(source)
 
 
@@ -93,11 +94,11 @@ def _device_array(shape, dtype):
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream, descale=None,
            config: WsConfig | None = None, out_dtype: str = "bfloat16", window=None, softcap: float | None = None,
-           scratch=None):
+           scratch=None, _probe: str | None = None):
     """As ``wgmma_fp8.launch`` (same arguments; ``config`` a ``WsConfig`` that ``usable`` accepts). ``scratch(shape,
     dtype)``: a device array for ``V^T`` (``runtime.arrays``' call scratch: the caller's stream-ordered pool; None:
     Numba's allocator). Where a tensor map cannot be had now, and for calls without keys, ``wgmma_fp8.launch`` runs
-    the call with its default tiles."""
+    the call with its default tiles. ``_probe``: a timing probe (``wgmma_ws._kernel_source``), wrong results."""
     config = config or default_config()
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype!r}")
@@ -133,7 +134,7 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     common.check_shared_memory(nbytes)
     scale_log2, scale_first = common.scale_args(sm_scale * scalars[0] * scalars[1], softcap)
     kernel = flash_ws_fp8_kernel(config, d_pad, out_dtype == "bfloat16", scale_first, per_head,
-                                 Variant.of(bool(causal), window, softcap))
+                                 Variant.of(bool(causal), window, softcap), _probe)
     arrays = descale if per_head else (wgmma_fp8._placeholder(lse),) * 3
     fp8_vt.transpose(v, vt, stream)
     shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m)

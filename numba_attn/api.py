@@ -218,8 +218,10 @@ def flash_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=No
     Returns:
         ``out`` ``(total_q, heads, headdim)``, or ``(out, lse)``. Rows that see no key give 0 and ``lse = -inf``.
 
-    Every call takes the checked path (``runtime.replay`` does not record it). Torch tensors of which one requires
-    grad, in grad mode, go through the ``numba_attn::flash_forward_varlen`` custom op, whose backward is
+    Repeated calls with device offsets replay the first call's launches (``runtime.replay``: the schedule is made
+    on the device, so no value is read on the host); host offsets take the checked path on every call (their
+    values make the schedule). Torch tensors of which one requires grad, in grad mode, go through the
+    ``numba_attn::flash_forward_varlen`` custom op, whose backward is
     ``flash_backward_varlen`` (``torch_ops``; ``out=`` is then a ValueError).
     """
     causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
@@ -232,8 +234,16 @@ def flash_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=No
                                             sm_scale, window, softcap, return_lse, out, backend)
         if result is not None:
             return result
-    return _varlen.run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale, window,
-                       softcap, return_lse, out, backend, _lse_placeholder)
+
+    def checked():
+        return _varlen.run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale, window,
+                           softcap, return_lse, out, backend, _lse_placeholder)
+
+    if out is not None:  # (plans make their outputs)
+        return checked()
+    # host offsets are no array of a plan's key (``replay.find`` declines them): those calls take the checked path
+    return _served("flash_forward_varlen", (q, k, v, cu_seqlens_q, cu_seqlens_k),
+                   (max_seqlen_q, max_seqlen_k, causal, sm_scale, return_lse, backend, window, softcap), checked)
 
 
 @_one_call_at_a_time_under_the_simulator
@@ -335,12 +345,20 @@ def flash_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *
 
     Returns:
         ``(dq, dk, dv)`` of the shapes of q, k, v; keys no row sees get 0, rows that see no key ``dq = 0``.
+
+    Repeated calls with device offsets replay the first call's launches, as ``flash_forward_varlen``'s.
     """
     causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
     sm_scale, window, softcap = check_sm_scale(sm_scale), check_window(window), check_softcap(softcap)
-    return _backward_varlen.run(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                causal, sm_scale, window, softcap, deterministic,
-                                check_backend(backend, _backward.BACKENDS))
+    backend = check_backend(backend, _backward.BACKENDS)
+
+    def checked():
+        return _backward_varlen.run(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    causal, sm_scale, window, softcap, deterministic, backend)
+
+    # (device offsets replay, host offsets take the checked path: as ``flash_forward_varlen``)
+    return _served("flash_backward_varlen", (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k),
+                   (max_seqlen_q, max_seqlen_k, causal, sm_scale, window, softcap, deterministic, backend), checked)
 
 
 @_one_call_at_a_time_under_the_simulator

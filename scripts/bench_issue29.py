@@ -20,8 +20,7 @@ window   ``flash_forward`` causal on one 64k sequence (H16 D128, fp16 / bf16) wi
          TFLOP/s (target >= 0.9x).
 
 ``--diagnose`` adds INFO rows: varlen with host offsets (the schedule sorted by work), then on each Hopper kernel
-(``backend="wgmma"`` / ``"wgmma_ws"``) in both orders of the blocks (``NUMBA_ATTN_VARLEN_ORDER``: heads outer, the
-default, or inner), 16 packed sequences of the mean length against the dense batch, and the dense kernels on the packed / paged layouts' memory order ((B, L, H, D):
+(``backend="wgmma"`` / ``"wgmma_ws"``), 16 packed sequences of the mean length against the dense batch, and the dense kernels on the packed / paged layouts' memory order ((B, L, H, D):
 each head's rows H * D elements apart), to tell a layout cost from a kernel's.
 
 Each line: ``OK`` (target met), ``MISS`` (not met), ``INFO`` (no target), ``SKIP`` (a peer or case that did not run,
@@ -152,19 +151,11 @@ def _varlen_diagnostics(args, q, k, v, cu, lengths, heads, head_dim, tdtype, mea
     ms = median_ms(lambda: numba_attn.flash_forward_varlen(q, k, v, cu, cu, causal=True), args.reps)
     emit("INFO", "varlen", f"{label} host cu_seqlens", f"{flops / ms / 1e9:6.1f} TFLOP/s ({ms:.2f} ms)",
          tflops=flops / ms / 1e9, ms=ms, longest=longest)
-    device_cu = torch.from_numpy(cu).cuda()
     for backend in ("wgmma", "wgmma_ws"):  # each Hopper kernel on its own (the default takes one of them)
-        for order in ("heads-outer", "heads-inner"):  # forward.varlen.ORDERS: the blocks' order on the grid
-            os.environ["NUMBA_ATTN_VARLEN_ORDER"] = order
-            try:
-                ms = median_ms(lambda: numba_attn.flash_forward_varlen(
-                    q, k, v, device_cu, device_cu, max_seqlen_q=longest, max_seqlen_k=longest, causal=True,
-                    backend=backend), args.reps)
-            finally:
-                del os.environ["NUMBA_ATTN_VARLEN_ORDER"]
-            emit("INFO", "varlen", f"{label} {backend} {order}", f"{flops / ms / 1e9:6.1f} TFLOP/s ({ms:.2f} ms), "
-                 f"dense {dense:.1f}: {flops / ms / 1e9 / dense:.2f}x", tflops=flops / ms / 1e9, ms=ms,
-                 backend=backend, order=order)
+        ms = median_ms(lambda: numba_attn.flash_forward_varlen(q, k, v, cu, cu, causal=True, backend=backend),
+                       args.reps)
+        emit("INFO", "varlen", f"{label} backend={backend}", f"{flops / ms / 1e9:6.1f} TFLOP/s ({ms:.2f} ms)",
+             tflops=flops / ms / 1e9, ms=ms, backend=backend)
     uniform_cu = np.arange(17, dtype=np.int32) * mean
     uq, uk, uv = (torch.randn(16 * mean, heads, head_dim, device="cuda", dtype=tdtype) for _ in range(3))
     device_cu = torch.from_numpy(uniform_cu).cuda()

@@ -3,7 +3,7 @@
     CUDA_HOME=/usr/local/cuda-13.0 NUMBA_ENABLE_CUDASIM=0 python scripts/check_linear_backward.py --compile-only
     python scripts/check_linear_backward.py            # on a GPU: correctness at real sizes, then timing
 
---compile-only  no GPU: sm_90 PTX of the kernels the backward adds (the layer's three small kernels, the plain
+--compile-only  no GPU: sm_90 PTX of the kernels the backward adds (the layer's small kernels, the plain
                 non-causal products, the walks of the normaliser's 4-column operands, the fused walks of
                 ``chunked_backward.FUSED``), then ``ptxas -v``.
 correctness     ``causal_dot_product_backward`` (chunked: float16, bfloat16, float32 as 3xTF32 and tf32; initial
@@ -63,14 +63,21 @@ def _specs():
     specs = []
     for dtype in ("float16", "bfloat16", "float32"):
         raw = f32 if dtype == "float32" else u16
-        specs.append((f"prepare {dtype}", lb.prepare_kernel(dtype, cfg.threads, cfg.row_threads),
-                      (raw, raw, raw, f32, f32, f32, f32), (cfg.threads, lb.ROW_KERNEL_BLOCKS)))
-        specs.append((f"rows {dtype}", lb.rows_kernel(dtype, cfg.row_threads, cfg.rows_per_block),
-                      (f32, f32, raw, types.float32), (cfg.row_threads * cfg.rows_per_block,)))
-        specs.append((f"finish {dtype}", lb.finish_kernel(dtype, cfg.threads, cfg.row_threads),
-                      (f32, f32, raw, raw, f32, f32, raw, raw, f32, raw), (cfg.threads, lb.ROW_KERNEL_BLOCKS)))
+        for key_sums in (True, False):  # non-causal (the normaliser from column sums) / causal
+            tag = f"{dtype} key_sums={key_sums}"
+            specs.append((f"prepare {tag}", lb.prepare_kernel(dtype, cfg.threads, cfg.row_threads, not key_sums),
+                          (raw, raw, raw, f32, f32, f32, f32), (cfg.threads, lb.ROW_KERNEL_BLOCKS)))
+            specs.append((f"rows {tag}", lb.rows_kernel(dtype, cfg.row_threads, cfg.rows_per_block, key_sums),
+                          (f32, f32, raw, types.float32, f32, f32), (cfg.row_threads * cfg.rows_per_block,)))
+            specs.append((f"finish {tag}", lb.finish_kernel(dtype, cfg.threads, cfg.row_threads, key_sums),
+                          (f32, f32, raw, raw, f32, f32, raw, raw, f32, raw, f32), (cfg.threads, lb.ROW_KERNEL_BLOCKS)))
+    from numba_attn.linear import column_sums
+
+    warps = column_sums.GPU_CONFIG.warps
+    specs.append(("column_sums", column_sums.column_sums_kernel(warps), (f32, f32, types.boolean, f32, types.int64),
+                  (32 * warps, column_sums.BLOCKS_PER_SM)))
     # the plain non-causal products of the layer's backward (shared-state kernel without feature map / normaliser):
-    # E = M = 64 and 256, and the normaliser's four columns
+    # E = M = 64 and 256, and the normaliser's four columns (layer_backward.NONCAUSAL_KEY_SUMS = False only)
     config = shared_state.GPU_CONFIG
     for e, m in ((64, 64), (256, 256), (64, 4), (4, 64)):
         tiles = shared_state._fitting_tiles(config, e, m, False, 227 * 1024)

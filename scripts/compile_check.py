@@ -8,8 +8,12 @@ build, with the argument types it passes -- 4-d arrays of the input dtype, layou
 accumulators), ``tma`` (the TMA smoke kernel of ``check_tma.py`` and the tensor-map writer) and ``ws`` (the
 warp-specialised Hopper forward, ``forward.wgmma_ws``); ``backward_variants``: the SIMT backward kernels'
 specialisations of a sliding window, soft-capping and packed sequences (the tensor-core ones compile in the GPU
-tests, ``tests/backward/test_flash_backward_variants.py``). Prints one line per kernel (``OK`` with its instruction
-count, or ``FAIL`` and the error's first lines); exit status 1 if any failed. ``--out`` also writes the PTX;
+tests, ``tests/backward/test_flash_backward_variants.py``); ``linear_backward``: the linear-attention layer
+backward's small kernels (every dtype, causal and non-causal flavours); ``linear_backward_call``: exactly the
+kernels one non-causal float16 ``linear_attention_backward`` call (B4 H8 N4096 E = M = 64) compiles -- its count
+and total seconds measure that call's cold start offline. Prints one line per kernel (``OK`` with its instruction
+count and compile seconds, or ``FAIL`` and the error's first lines), then the total time; exit status 1 if any
+failed. ``--out`` also writes the PTX;
 ``--ptxas`` assembles each for sm_90a and adds registers, spills and warnings (C7508: setmaxnreg ignored, C7513:
 wgmma serialised -- both count as failures).
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -143,8 +148,65 @@ def ws_cases():
                                                                                            False)]
 
 
+def _layer_backward_kernels(dtype: str, key_sums: bool, layout: str):
+    """(name, kernel, argument types, launch bounds) of the layer backward's small kernels for ``dtype`` inputs, the
+    non-causal flavour (``key_sums``: the normaliser from column sums) or the causal one; arrays of ``layout``."""
+    from numba import types
+
+    from numba_attn.linear import column_sums
+    from numba_attn.linear import layer_backward as lb
+
+    f32 = types.Array(types.float32, 4, layout)
+    raw = f32 if dtype == "float32" else types.Array(types.uint16, 4, layout)
+    cfg = lb.GPU_CONFIG
+    bounds = (cfg.threads, lb.ROW_KERNEL_BLOCKS)
+    tag = f"{dtype}_{'keysums' if key_sums else 'products'}"
+    cases = [(f"prepare_{tag}", lb.prepare_kernel(dtype, cfg.threads, cfg.row_threads, not key_sums),
+              (raw, raw, raw, f32, f32, f32, f32), bounds),
+             (f"rows_{tag}", lb.rows_kernel(dtype, cfg.row_threads, cfg.rows_per_block, key_sums),
+              (f32, f32, raw, types.float32, f32, f32), (cfg.row_threads * cfg.rows_per_block,)),
+             (f"finish_{tag}", lb.finish_kernel(dtype, cfg.threads, cfg.row_threads, key_sums),
+              (f32, f32, raw, raw, f32, f32, raw, raw, f32, raw, f32), bounds)]
+    if key_sums and dtype == "float16":  # (the same kernel for every dtype: float32 intermediates)
+        warps = column_sums.GPU_CONFIG.warps
+        cases.append(("column_sums", column_sums.column_sums_kernel(warps),
+                      (f32, f32, types.boolean, f32, types.int64), (32 * warps, column_sums.BLOCKS_PER_SM)))
+    return cases
+
+
+def linear_backward_cases():
+    """The layer backward's small kernels (``linear.layer_backward``, ``linear.column_sums``): every dtype, both
+    flavours (non-causal with column sums, causal with the normaliser's products), strided arrays (layout "A")."""
+    return [case for dtype in ("float16", "bfloat16", "float32") for key_sums in (True, False)
+            for case in _layer_backward_kernels(dtype, key_sums, "A")]
+
+
+def linear_backward_call_cases():
+    """The kernels one ``linear_attention_backward`` call of float16 B4 H8 N4096 E = M = 64 compiles with its defaults
+    (non-causal, chunked, 3xTF32 products): the layer's small kernels and the shared-state passes of its product,
+    with the argument types the launches pass (contiguous scratch and inputs: layout "C"). The count and the seconds
+    of this family are the offline measure of that call's cold start (issue #27)."""
+    from numba import types
+
+    from numba_attn.linear import shared_state
+    from numba_attn.linear.chunk_plan import APPLY, STATES
+
+    cases = _layer_backward_kernels("float16", True, "C")
+    config = shared_state.GPU_CONFIG
+    prefix = shared_state.prefix_kernel(config.prefix_threads)
+    cases.append(("prefix", prefix, (types.Array(types.float32, 3, "C"), types.int64, types.Array(types.float32, 4, "A"),
+                                     types.boolean, types.int64, types.int64, types.boolean, types.boolean),
+                  (config.prefix_threads, 1)))
+    tiles = shared_state.tiles_for(config, 64, 64, False, 227 * 1024)  # (the numerator's operands, all E = M = 64)
+    for mode, label in ((STATES, "states"), (APPLY, "apply")):
+        kernel = shared_state.chunk_kernel(tiles, mode, "float32", True, False, True)
+        cases.append((f"shared_state_{label}_e64_m64", kernel, shared_state.signature("float32").args,
+                      (32 * tiles.warps, tiles.min_blocks)))
+    return cases
+
+
 FAMILIES = {"backward": backward_cases, "backward_variants": backward_variant_cases, "tma": tma_cases,
-            "ws": ws_cases}
+            "ws": ws_cases, "linear_backward": linear_backward_cases, "linear_backward_call": linear_backward_call_cases}
 
 
 def main() -> int:
@@ -163,10 +225,12 @@ def main() -> int:
         return 1
     _fake_sm90()
     failed = 0
+    started, cpu, compiled = time.perf_counter(), time.process_time(), 0
     for family in args.families:
         cases = FAMILIES[family]()
         for name, kernel, argtypes, bounds in cases[:args.first or None]:
             try:
+                t0 = time.perf_counter()
                 ptx, _ = cuda.compile_ptx(getattr(kernel, "py_func", kernel), argtypes, cc=(9, 0),
                                           launch_bounds=bounds)
             except Exception as error:  # noqa: BLE001 - reported per kernel
@@ -174,17 +238,20 @@ def main() -> int:
                 first = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()
                 print(f"FAIL {family}/{name}: " + " | ".join(line.strip() for line in first[:6]), flush=True)
                 continue
+            seconds = time.perf_counter() - t0
+            compiled += 1
             count = sum(1 for line in ptx.splitlines() if line.strip().endswith(";"))
             extra = ""
             if args.ptxas:
                 extra = " | " + _ptxas(ptx)
                 failed += "FAILED" in extra or "C7508" in extra or "C7513" in extra
-            print(f"OK   {family}/{name}: {count} instructions{extra}", flush=True)
+            print(f"OK   {family}/{name}: {count} instructions, {seconds:.2f} s{extra}", flush=True)
             if args.out:
                 os.makedirs(args.out, exist_ok=True)
                 with open(os.path.join(args.out, f"{family}_{name}.ptx"), "w") as handle:
                     handle.write(ptx)
-    print(f"{failed} failed")
+    print(f"{failed} failed; {compiled} kernels compiled to PTX in {time.perf_counter() - started:.1f} s "
+          f"({time.process_time() - cpu:.1f} s of CPU; compile_ptx only, ptxas excluded)")
     return 1 if failed else 0
 
 

@@ -96,13 +96,9 @@ def _specs(kernel, window, softcap, varlen):
                        tf32._kernel_source(tiles, tf32_only, True, False, **kwargs), signature(tf32, kwargs),
                        config.launch_bounds())
     elif kernel == "wgmma":
-        from numba_attn.forward.varlen import PACKED_WGMMA_CONFIG
-
         kwargs = _variant_kwargs(window, softcap, varlen, False)
+        config = wgmma.DEFAULT_CONFIG
         for d in (64, 128):
-            # (packed sequences up to head dim 64 run with launch bounds of their own: forward.varlen.kernel_config)
-            plain = window is None and softcap is None
-            config = PACKED_WGMMA_CONFIG if varlen and plain and d <= 64 else wgmma.DEFAULT_CONFIG
             for bf16 in (False, True):
                 for scale_first in (False, True):
                     if scale_first and (bf16 or softcap is not None):

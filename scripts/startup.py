@@ -8,7 +8,8 @@
   the host's), beside torch SDPA's in the same process.
 
     python scripts/startup.py [--only import,first,host] [--library torch|cupy] [--calls 300] [--json FILE]
-                              [--cases decode,sdpa]   # host time of the cases whose names hold one of these
+                              [--cases decode,sdpa]   # only the cases whose names hold one of these (first
+                                                      # calls: or of that cache family, e.g. linear_backward)
 
 Run on a GPU. Each fresh process inherits this one's environment apart from the cache directories.
 """
@@ -91,10 +92,17 @@ def _child(lib: str, setup: str, cache: str) -> dict:
     raise RuntimeError(f"child failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
 
 
-def first_calls(lib: str) -> dict:
+def _selected(name: str, family: str, only: str | None) -> bool:
+    """Whether ``--cases`` takes this case: a part of it in the case's name or its family (all without ``--cases``)."""
+    return not only or any(part in name or part == family for part in only.split(","))
+
+
+def first_calls(lib: str, only: str | None = None) -> dict:
     results, caches = {}, {}
     with tempfile.TemporaryDirectory() as root:
         for name, (family, setup) in CASES.items():
+            if not _selected(name, family, only):
+                continue
             cache = caches.setdefault(family, os.path.join(root, family))
             empty = _child(lib, setup, cache)
             warm = _child(lib, setup, cache)
@@ -197,12 +205,13 @@ def main():
     parser.add_argument("--library", default="torch", choices=("torch", "cupy"))
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--cases", default=None, help="host time: only the cases whose names hold one of these")
+    parser.add_argument("--cases", default=None, help="only the cases whose names hold one of these (comma-separated; "
+                        "first calls: or whose cache family is one of them, e.g. linear_backward)")
     args = parser.parse_args()
     parts = set(args.only.split(","))
     report = {"library": args.library}
     if "first" in parts:
-        report["first_calls"] = first_calls(args.library)
+        report["first_calls"] = first_calls(args.library, args.cases)
     if "host" in parts:
         report["host_us"] = host_times(args.library, args.calls, args.cases)
     if args.json:

@@ -19,7 +19,8 @@ branch), ``fused`` (``chunked_backward.FUSED``: the walks as problems of two lau
 ``chunk_linear_attn(scale=1, normalize=False)`` backward through autograd), ``fp16-data`` (bfloat16 cases: the
 float16 kernels on the same data). ``CHECK`` lines compare the gradients of
 the variants of one precision with ``ours`` (relative norm of the difference). ``--layer``: the kernels of one
-``linear_attention_backward(causal=True)`` call in order with their times. ``--host-profile``: cProfile of the
+``linear_attention_backward`` call (causal, and the default non-causal one, also through the ones block's
+products: ``layer_backward.NONCAUSAL_KEY_SUMS = False``) in order with their times. ``--host-profile``: cProfile of the
 backward's host side (fp16, the first N).
 """
 from __future__ import annotations
@@ -205,31 +206,72 @@ def case(dtype: str, n: int, args) -> None:
     _switch(False)()
 
 
+def _key_sums(on: bool):
+    """A setter of ``layer_backward.NONCAUSAL_KEY_SUMS`` (the non-causal normaliser from column sums, or from the
+    ones block's products) and of the switches ``_switch`` sets (replayed, not fused); None where the module has no
+    such switch."""
+    from numba_attn.linear import layer_backward
+
+    if not hasattr(layer_backward, "NONCAUSAL_KEY_SUMS"):
+        return None
+    plain = _switch(False)
+
+    def set_it():
+        plain()
+        layer_backward.NONCAUSAL_KEY_SUMS = on
+
+    return set_it
+
+
 def layer(n: int, args) -> None:
-    """The layer's forward and backward (fp16, causal): call ms; the backward also unfused on the checked path
-    (``unfused-unplanned``), and its kernels in order."""
+    """The layer's forward and backward (fp16): causal (the backward also unfused on the checked path,
+    ``unplanned``, and fused), and non-causal (the default: the normaliser from column sums, and through the ones
+    block's products, ``products``, where this version has the switch): call ms, and the kernels of the default
+    backwards in order. The variants of each ``causal`` are timed in interleaved rounds."""
     import torch
 
     import numba_attn
 
     q, k, v, g = (torch.randn(args.batch, args.heads, n, args.dim, device="cuda", dtype=torch.float16)
                   for _ in range(4))
-    backward = lambda: numba_attn.linear_attention_backward(g, q, k, v, causal=True)  # noqa: E731
-    cases = (("forward", _switch(False), lambda: numba_attn.linear_attention(q, k, v, causal=True)),
-             ("backward", _switch(False), backward), ("backward unplanned", _switch(False, False), backward),
-             ("backward fused", _switch(True), backward))
-    for label, setup, fn in cases:
-        if setup:
+    causal = lambda: numba_attn.linear_attention_backward(g, q, k, v, causal=True)  # noqa: E731
+    noncausal = lambda: numba_attn.linear_attention_backward(g, q, k, v)  # noqa: E731
+    groups = (
+        (("forward", _switch(False), lambda: numba_attn.linear_attention(q, k, v, causal=True)),
+         ("backward", _switch(False), causal), ("backward unplanned", _switch(False, False), causal),
+         ("backward fused", _switch(True), causal)),
+        (("noncausal forward", _switch(False), lambda: numba_attn.linear_attention(q, k, v)),
+         ("noncausal backward", _key_sums(True) or _switch(False), noncausal))
+        + ((("noncausal backward products", _key_sums(False), noncausal),) if _key_sums(False) else ()),
+    )
+    reference = None
+    for cases in groups:
+        for label, setup, fn in cases:  # warm up (compiles); the non-causal gradients of the variants compared
             setup()
-        for _ in range(3):
-            fn()
-        ms = statistics.median(_call_ms(fn, args.reps) for _ in range(args.rounds))
-        kernels = _kernels(fn)
-        say(f"L fp16 N{n} layer {label}: call {ms:.3f} ms, gpu {sum(r[2] for r in kernels) / 1e3:.3f} ms in "
-            f"{len(kernels)} kernels, host {_host_ms(fn, args.reps):.3f} ms")
-        if label == "backward":
-            say("    " + "; ".join(f"{_short(name)} {dur:.0f}us" for name, _, dur in kernels))
+            for _ in range(3):
+                grads = fn()
+            if label.startswith("noncausal backward"):
+                if reference is None:
+                    reference = [x.float() for x in grads]
+                else:
+                    say(f"CHECK fp16 N{n} layer {label} vs noncausal backward: " + " ".join(
+                        f"{x}={_rel(a, r):.1e}" for x, a, r in zip(("dq", "dk", "dv"), grads, reference)))
+        calls = {label: [] for label, _, _ in cases}
+        for _ in range(args.rounds):
+            for label, setup, fn in cases:
+                setup()
+                calls[label].append(_call_ms(fn, args.reps))
+        for label, setup, fn in cases:
+            setup()
+            kernels = _kernels(fn)
+            say(f"L fp16 N{n} layer {label}: call {statistics.median(calls[label]):.3f} ms (min "
+                f"{min(calls[label]):.3f}), gpu {sum(r[2] for r in kernels) / 1e3:.3f} ms in {len(kernels)} kernels, "
+                f"host {_host_ms(fn, args.reps):.3f} ms")
+            if label in ("backward", "noncausal backward", "noncausal backward products"):
+                say("    " + "; ".join(f"{_short(name)} {dur:.0f}us" for name, _, dur in kernels))
     _switch(False)()
+    if _key_sums(True):
+        _key_sums(True)()
 
 
 def host_profile(n: int, args) -> None:
@@ -271,6 +313,12 @@ def _warm(job) -> str:
 
             numba_attn.linear_attention(q, k, v, causal=True)
             numba_attn.linear_attention_backward(g, q, k, v, causal=True)
+            numba_attn.linear_attention(q, k, v)
+            for on in (True, False):  # the non-causal normaliser both ways (layer())
+                setter = _key_sums(on)
+                if setter:
+                    setter()
+                    numba_attn.linear_attention_backward(g, q, k, v)
         torch.cuda.synchronize()
         return ""
     except Exception as exc:  # noqa: BLE001
@@ -302,7 +350,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--kernels", action="store_true", help="list the kernels of ours / unfused")
-    parser.add_argument("--layer", action="store_true", help="the layer's backward at the last N, kernel by kernel")
+    parser.add_argument("--layer", action="store_true", help="the layer's backward (causal and not) at the last N, "
+                        "kernel by kernel")
     parser.add_argument("--host-profile", action="store_true")
     parser.add_argument("--no-warm-up", action="store_true", help="skip the parallel compile step")
     args = parser.parse_args()

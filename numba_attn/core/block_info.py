@@ -56,35 +56,16 @@ def grid(layout: str, batch: int, heads: int, seqlen_q: int, block_m: int) -> tu
 #: sequence's last row, and its sequence's first and one-past-last key (rows and keys: positions in the packed arrays)
 SCHEDULE_WORDS = 4
 #: grid ``(schedule entries, heads)`` over packed sequences (``flash_forward_varlen``): block ``x`` works on entry ``x``
-#: (the blocks resident at once share a head); or flattened, ``(entries * heads,)`` with ``heads_inner``: block ``x``
-#: works on entry ``x // heads`` of head ``x % heads`` (the blocks resident at once cover every head of a few entries,
-#: whose rows lie side by side in the packed layout). The kernels tell the two apart by ``gridDim.y``
-#: (``packed_block``).
 PACKED = "schedule entries, heads"
 
 
-def packed_grid(entries: int, heads: int, heads_inner: bool = False) -> tuple:
-    """The ``PACKED`` launch grid (flattened with ``heads_inner``); ValueError past the device's grid limits."""
+def packed_grid(entries: int, heads: int) -> tuple:
+    """The ``PACKED`` launch grid; ValueError past the device's grid limits."""
     limits = device_properties().max_grid
-    if heads_inner and heads > 1:
-        if entries * heads > limits[0]:
-            raise ValueError(f"q: query blocks x heads ({entries * heads}) must be at most {limits[0]} for one launch")
-        return entries * heads, 1, 1
     for n, name, limit in zip((entries, heads), ("query blocks", "heads"), limits):
         if n > limit:
             raise ValueError(f"q: {name} ({n}) must be at most {limit} for one launch")
     return entries, heads, 1
-
-
-@_reads_thread_position
-def packed_block(heads):
-    """``(entry, h)`` of this block on a ``PACKED`` grid of ``heads`` heads: ``(blockIdx.x, blockIdx.y)``, or from
-    the flattened grid's ``blockIdx.x`` when ``gridDim.y == 1`` (the two agree when ``heads == 1``, the only case in
-    which a grid of entries and heads has ``gridDim.y == 1``)."""
-    if cuda.gridDim.y == 1:
-        x = cuda.blockIdx.x
-        return x // heads, x % heads
-    return cuda.blockIdx.x, cuda.blockIdx.y
 
 
 def block_position(layout: str, block_m: int):
@@ -177,9 +158,9 @@ def block_position_of(layout: str, block_m: int, packed: bool = False):
     @_reads_thread_position
     def packed_position(q, k, v, out, longest_first, schedule):
         heads = q.shape[1]
-        entry, h = packed_block(heads)
+        h = cuda.blockIdx.y
         hk = h // (heads // k.shape[1])
-        m0 = schedule[SCHEDULE_WORDS * entry]
+        m0 = schedule[SCHEDULE_WORDS * cuda.blockIdx.x]
         return 0, h, m0, q[0, h], k[0, hk], v[0, hk], out[0, h]
 
     return packed_position
@@ -199,8 +180,7 @@ def sequence_bounds_of(packed: bool = False):
 
     @_reads_thread_position
     def packed_bounds(q, k, b, schedule):
-        entry, _ = packed_block(q.shape[1])
-        at = SCHEDULE_WORDS * entry
+        at = SCHEDULE_WORDS * cuda.blockIdx.x
         row_end = schedule[at + 1]
         key_end = schedule[at + 3]
         return row_end, schedule[at + 2], key_end, key_end - row_end

@@ -189,14 +189,12 @@ def check_shared_memory(nbytes: int) -> None:
                          "device (fewer warps, m-tiles or keys per tile)")
 
 
-def launch_grid(layout: str, batch: int, heads: int, seqlen_q: int, block_m: int, schedule=None,
-                heads_inner: bool = False) -> tuple:
+def launch_grid(layout: str, batch: int, heads: int, seqlen_q: int, block_m: int, schedule=None) -> tuple:
     """A forward launch's grid: ``layout``'s for a dense batch, ``block_info.PACKED`` over the entries of the
-    ``schedule`` for packed sequences (``forward.varlen``; flattened, the heads of an entry neighbours, with
-    ``heads_inner``)."""
+    ``schedule`` for packed sequences (``forward.varlen``)."""
     if schedule is None:
         return grid(layout, batch, heads, seqlen_q, block_m)
-    return packed_grid(schedule.shape[0] // SCHEDULE_WORDS, heads, heads_inner)
+    return packed_grid(schedule.shape[0] // SCHEDULE_WORDS, heads)
 
 
 def check_grid(batch: int, heads: int) -> None:

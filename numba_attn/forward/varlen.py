@@ -18,8 +18,7 @@ The schedule is made where ``cu_seqlens`` are:
   counts, one length) and the schedule is built with NumPy, its blocks ordered by decreasing work (keys visited), then
   copied to the device;
 * device arrays (int32, on q's device and library) are not read back (no synchronisation): a one-block kernel
-  (``plan_kernel``) scans their lengths into the schedule on the device (sequences in order, each one's blocks last
-  first: under a causal mask its longest first). Their values are the caller's contract (as
+  (``plan_kernel``) scans their lengths into the schedule on the device. Their values are the caller's contract (as
   in FlashAttention): offsets outside the arrays read and write out of bounds. The grid then has room for the most
   blocks any lengths could need, ``(total_q + batch (block_m - 1)) // block_m`` (at most ``batch`` more than needed;
   fewer with ``max_seqlen_q``), and the blocks past the real ones get an empty sequence: they load nothing and write
@@ -29,7 +28,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 
 import numpy as np
 from numba import int32
@@ -43,7 +41,6 @@ from ..runtime.device import SIMULATOR, cuda, kernel_jit, on_device
 from ..runtime.launch import launch as device_launch
 from ..runtime.shapes import MAX_HEAD_DIM, check_array
 from ..runtime.views import restride
-from . import common as _common
 from . import dispatch as _dispatch
 from . import mma as _mma
 from . import simt as _simt
@@ -53,10 +50,6 @@ from . import wgmma_ws as _wgmma_ws
 
 #: threads of the planning kernel (a block-wide scan over the sequences, then one entry per thread at a time)
 PLAN_THREADS = 32 if SIMULATOR else 256
-#: the order of a packed launch's blocks on the Hopper kernels (``NUMBA_ATTN_VARLEN_ORDER``, read per call):
-#: "heads-outer", the ``block_info.PACKED`` grid (the blocks resident at once: many entries of one head, sharing its
-#: K / V), or "heads-inner", flattened (every head of a few entries: the packed rows of all heads side by side)
-ORDERS = ("heads-outer", "heads-inner")
 #: padded head dims at which packed sequences take the warp-specialised kernel by default (rows seeing at least
 #: ``dispatch.WS_MIN_KEYS`` keys on average): dense calls take it at 128 only, but on packed sequences it also beat
 #: ``wgmma`` at 64 (H100, 2026-11-26 03:31, 16 sequences of 512..16k causal, D64 H32: 263 against 208 TFLOP/s)
@@ -256,11 +249,6 @@ def batched(view, shape: tuple):
 #: sequence's rows and keys start anywhere), and with the default 2 m-tiles per warp ptxas spilled 180-210 bytes at
 #: head dims 128 and 256; 8 warps of 1 m-tile (a tuning candidate, the same 128 rows) spill nothing
 PACKED_MMA_CONFIG = _mma.MmaConfig(warps=8, m_tiles=1)
-#: the warpgroup kernel's tiles for packed sequences up to padded head dim 64, without a window or a cap: launch
-#: bounds of 4 blocks per SM. The dense kernel there needs 126 registers, so 4 blocks fit an SM; the packed one
-#: (run-time bounds from the schedule) took 144-150 under the default bound of 2, which left room for 3 only; bound
-#: to 128 it spills nothing (ptxas, sm_90a; with a window or a cap it spilled 8-28 bytes: those keep the default)
-PACKED_WGMMA_CONFIG = _wgmma.WgmmaConfig(block_n=64, blocks_per_sm=4)
 
 
 def mean_keys(offsets, total_k: int, batch: int, causal: bool) -> float:
@@ -291,15 +279,12 @@ def choose(backend, call, views, head_dim: int, offsets, batch: int, causal: boo
     return chosen
 
 
-def kernel_config(backend: str, dtype: str, head_dim: int, plain: bool = True):
+def kernel_config(backend: str, dtype: str, head_dim: int):
     """The tiles a packed call runs with (no tuning): the kernel's default, but ``PACKED_MMA_CONFIG`` for the
-    16-bit mma kernel above head dim 64 and ``PACKED_WGMMA_CONFIG`` for the warpgroup kernel up to 64 when ``plain``
-    (no window, no cap), on a GPU. Its ``block_m`` is the schedule's block size."""
+    16-bit mma kernel above head dim 64 on a GPU. Its ``block_m`` is the schedule's block size."""
     if backend == "wgmma_ws":
         return _wgmma_ws.default_config()
     if backend == "wgmma":
-        if not SIMULATOR and plain and _wgmma.padded_head_dim(head_dim) <= 64:
-            return PACKED_WGMMA_CONFIG
         return _wgmma.default_config()
     if backend == "mma" and dtype == "float32":
         return _tf32.default_config(head_dim)
@@ -334,8 +319,7 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal:
         result = call.output((total_q, heads, head_dim), out=out)
         lse = call.output((heads, total_q), "float32", name="lse") if return_lse else None
         if total_q > 0 and heads > 0:
-            plain = _common.Variant.of(causal, window, softcap) == _common.PLAIN  # (the kernel's window and cap)
-            config = kernel_config(chosen, call.dtype, head_dim, plain)
+            config = kernel_config(chosen, call.dtype, head_dim)
             block_m = config.block_m
             if offsets is not None:
                 schedule = call.upload(host_schedule(*offsets, block_m, causal, window))
@@ -378,25 +362,14 @@ def check_offsets(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_se
     return cu_q, cu_k
 
 
-def block_order() -> str:
-    """``NUMBA_ATTN_VARLEN_ORDER`` (default "heads-outer"), one of ``ORDERS``; ValueError naming it otherwise."""
-    order = os.environ.get("NUMBA_ATTN_VARLEN_ORDER", ORDERS[0])
-    if order not in ORDERS:
-        raise ValueError(f"NUMBA_ATTN_VARLEN_ORDER: expected one of {', '.join(ORDERS)}, got {order!r}")
-    return order
-
-
 def _launch(backend: str, call, args, config, schedule) -> None:
     """The kernel of ``backend`` with ``config`` (``kernel_config``: the tiles that sized the schedule) over packed
-    views (the Hopper kernels in ``block_order``)."""
+    views."""
     options = dict(args.variant_options(), schedule=schedule)
     if backend == "mma" and call.dtype == "float32":
         _tf32.launch(*args.launch_args(), call.stream, config=config, **options)
-    elif backend in ("wgmma", "wgmma_ws"):
-        launch = _wgmma.launch if backend == "wgmma" else _wgmma_ws.launch
-        launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype,
-               heads_inner=block_order() == "heads-inner", **options)
-    elif backend == "mma":
-        _mma.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **options)
+    elif backend in ("mma", "wgmma", "wgmma_ws"):
+        launch = {"mma": _mma.launch, "wgmma": _wgmma.launch, "wgmma_ws": _wgmma_ws.launch}[backend]
+        launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **options)
     else:
         _simt.launch(*args.launch_args(), call.stream, config=config, **options)

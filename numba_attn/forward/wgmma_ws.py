@@ -469,9 +469,9 @@ def tensor_maps(q, k, v, config: WsConfig, stream):
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream,
            config: WsConfig | None = None, dtype: str | None = None, window=None,
-           softcap: float | None = None, schedule=None, heads_inner: bool = False):
+           softcap: float | None = None, schedule=None):
     """Launch on device views of shape (batch, heads, seqlen, headdim) that ``supports`` accepts (as
-    ``wgmma.launch``, ``heads_inner`` included). Dense batches: where a tensor map cannot be had now, and for calls without keys,
+    ``wgmma.launch``). Dense batches: where a tensor map cannot be had now, and for calls without keys,
     ``wgmma.launch`` runs the call with its default tiles. ``schedule``: the int32 schedule of packed sequences made
     for ``config.block_m`` (``forward.varlen``, which checks ``tensor_maps`` first: no fallback here, whose blocks
     would not match the schedule's), the ``block_info.PACKED`` grid; not with ``persistent``."""
@@ -506,7 +506,7 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     packed = schedule is not None
     kernel = flash_ws_kernel(config, d_pad, dtype == "bfloat16", scale_first,
                              Variant.of(bool(causal), window, softcap, packed))
-    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m, schedule, heads_inner)
+    shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m, schedule)
     if config.persistent:  # one block per SM (or per query block, when there are fewer)
         shape = (min(shape[0] * shape[1] * shape[2], multiprocessor_count()), 1, 1)
     extra = (schedule,) if packed else ()

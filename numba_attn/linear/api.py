@@ -12,6 +12,7 @@ from ..runtime.serving import wants_grad as _wants_grad
 from ..runtime.shapes import check_array, linear_shape
 from . import chunked_backward as _chunked_backward
 from . import dispatch as _linear
+from . import layer_backward as _layer_backward
 from .dispatch import BACKENDS as LINEAR_BACKENDS
 
 __all__ = ["causal_dot_product", "causal_dot_product_backward", "linear_attention", "linear_attention_backward"]
@@ -241,7 +242,8 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, eps=1e-6, allow_tf
     """
     return _served("linear_attention_backward", (dout, q, k, v), (causal, eps, allow_tf32, backend,
                                                                   _chunked_backward.FUSED,
-                                                                  _chunked_backward.SPLIT_3XTF32),
+                                                                  _chunked_backward.SPLIT_3XTF32,
+                                                                  _layer_backward.NONCAUSAL_KEY_SUMS),
                    lambda: _linear_attention_backward(dout, q, k, v, causal, eps, allow_tf32, backend))
 
 

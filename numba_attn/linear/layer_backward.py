@@ -1,26 +1,39 @@
 """Backward of the linear-attention layer (``reference.linear_attention_backward``: ``phi = elu + 1``, the
-normaliser, ``eps``) from the causal dot product's backward (or the non-causal products) and three small kernels.
+normaliser, ``eps``) from the causal dot product's backward (or the non-causal products) and a few small kernels.
 
 ``out_i = n_i / z_i`` with the numerator ``n = prod(phi(Q), phi(K), V)`` (the causal product; non-causal
-``prod(A, B, C) = A (B^T C)``) and ``z_i - eps = phi(q_i) . sum_{j <= i} phi(k_j)``, which is the same product with
-a column of ones for V: ``z - eps = prod(phi(Q), phi(K), U)``, ``U = [1, 0, 0, 0]`` per row (four columns: whole
-16-byte pieces for the kernels' vector loads). The gradients of the loss with respect to the two products are::
+``prod(A, B, C) = A (B^T C)``) and ``z_i - eps = phi(q_i) . sum_{j <= i} phi(k_j)``. The gradients of the loss with
+respect to ``n`` and ``z`` are::
 
-    dn_i = dout_i / z_i            dz_i = [-(dout_i . out_i) / z_i, 0, 0, 0]       (0 where z_i = 0: out is 0)
+    dn_i = dout_i / z_i            dz_i = -(dout_i . out_i) / z_i       (0 where z_i = 0: out is 0)
 
-so ``dphi(Q)`` and ``dphi(K)`` are the sums of two product backwards, ``(dn, phi(Q), phi(K), V)`` (which also gives
-``dV``) and ``(dz, phi(Q), phi(K), U)`` (its ``dU`` is not needed: no ``dv`` walk); then ``dq = dphi(Q) phi'(q)``
-and ``dk = dphi(K) phi'(k)`` with ``phi'(x) = 1`` for ``x > 0``, ``exp(x)`` otherwise. The non-causal backward of
-``A (B^T C)`` given ``G`` is three such products: ``dA = G (C^T B)``, ``dB = C (G^T A)``, ``dC = B (A^T G)``.
+``dphi(Q)`` and ``dphi(K)`` are the numerator product's backward ``(dn, phi(Q), phi(K), V)`` (which also gives
+``dV``) plus the normaliser's part; then ``dq = dphi(Q) phi'(q)`` and ``dk = dphi(K) phi'(k)`` with ``phi'(x) = 1``
+for ``x > 0``, ``exp(x)`` otherwise. The non-causal backward of ``A (B^T C)`` given ``G`` is three such products:
+``dA = G (C^T B)``, ``dB = C (G^T A)``, ``dC = B (A^T G)``.
 
-Steps: ``prepare`` (phi(Q), phi(K), V and U in float32), the two products (recomputed: the forward keeps nothing),
-``rows`` (``n``, ``z`` -> ``dn``, ``dz`` in place, a warp per row), the backwards, ``finish`` (``dq``, ``dk``,
-``dv`` in the inputs' dtype). The intermediates are float32: ``z`` reaches ``seqlen * E`` scale and ``dout / z``
-falls below float16's normal range, so 16-bit intermediates would lose range; their products run on the float32
-path of the kernels as 3xTF32, or in one tf32 term for bfloat16 inputs or with ``allow_tf32``. Not one term for
-float16 inputs: the parts of ``dphi`` through the numerator and through the normaliser cancel to a fraction of
-either, and with the scores rounded to tf32 the gradients of float16 inputs came out at 1e-3 to 2e-3 relative error
-(simulator, seqlen 13), against 2e-4 with 3xTF32.
+Non-causal (``NONCAUSAL_KEY_SUMS``), the normaliser needs two E-vectors per (batch, head), both from one column-sum
+kernel (``column_sums``, a deterministic two-stage reduction): the key sum ``s = sum_j phi(k_j)`` (then ``z_i - eps =
+phi(q_i) . s`` in ``rows``) and ``w = sum_i dz_i phi(q_i)``; its part of ``dphi(q_i)`` is ``dz_i s`` and of
+``dphi(k_j)`` ``w`` for every key row, added in ``finish``. Steps: ``prepare`` (phi(Q), phi(K), V in float32),
+``s``, the numerator product (recomputed: the forward keeps nothing), ``rows`` (``n -> dn`` in place and ``dz``, a
+warp per row), the numerator's backward, ``w``, ``finish`` (``dq``, ``dk``, ``dv`` in the inputs' dtype). The
+compiled kernels of a call: these four, and the product's (the ``E x M`` operand shapes only).
+
+Causal, ``z_i`` needs a prefix sum of the keys and ``dphi(k_j)`` a suffix sum of ``dz_i phi(q_i)``: the normaliser
+runs as the same product with a column of ones for V, ``z - eps = prod(phi(Q), phi(K), U)``, ``U = [1, 0, 0, 0]``
+per row (four columns: whole 16-byte pieces for the kernels' vector loads), ``dz_i = [dz_i, 0, 0, 0]``, and its part
+of ``dphi`` is that product's backward ``(dz, phi(Q), phi(K), U)`` (its ``dU`` not needed: no ``dv`` walk).
+``prepare`` also writes ``U``, ``rows`` reads ``z`` from the normaliser's product, ``finish`` adds its backward
+row by row. (Until the column sums the non-causal layer did the same: its products of the 4-wide operands compiled
+six more kernels, three tile shapes of ``STATES`` and ``APPLY``, and cost nine more launches.)
+
+The intermediates are float32: ``z`` reaches ``seqlen * E`` scale and ``dout / z`` falls below float16's normal
+range, so 16-bit intermediates would lose range; the products run on the float32 path of the kernels as 3xTF32, or
+in one tf32 term for bfloat16 inputs or with ``allow_tf32``. Not one term for float16 inputs: the parts of ``dphi``
+through the numerator and through the normaliser cancel to a fraction of either, and with the scores rounded to tf32
+the gradients of float16 inputs came out at 1e-3 to 2e-3 relative error (simulator, seqlen 13, causal), against
+2e-4 with 3xTF32. The column sums and ``phi(q_i) . s`` are plain float32.
 
 The normaliser as a fifth column of V (one product, one backward) was the first version: its 65- and 68-wide
 operands took the float32 register walk to E' = 80 (spilling with 3xTF32) and to three 32-column M tiles.
@@ -38,7 +51,7 @@ from ..core import ptx
 from ..core.staging import device_function
 from ..runtime.device import SIMULATOR, cuda, kernel_jit, multiprocessor_count
 from ..runtime.launch import launch as device_launch
-from . import chunked_backward, launch, recurrent, recurrent_backward
+from . import chunked_backward, column_sums, launch, recurrent, recurrent_backward
 from .arguments import BFLOAT16, FLOAT32, input_kind, sizes
 from .chunk_plan import cdiv
 
@@ -47,6 +60,9 @@ from .chunk_plan import cdiv
 ROW_KERNEL_BLOCKS = 3
 #: columns of the ones block ``U`` and of the normaliser's product (whole 16-byte pieces of float32)
 UNIT_COLS = 4
+#: non-causal: the normaliser from two column sums per (batch, head) (``column_sums``) instead of the products of
+#: ``U`` (module docstring); False takes the causal path's way, for comparison (tests, timings)
+NONCAUSAL_KEY_SUMS = True
 
 
 @dataclass(frozen=True)
@@ -110,13 +126,15 @@ def _row(r, shape_heads, rows):
 
 
 @lru_cache(maxsize=None)
-def prepare_kernel(dtype: str, threads: int, lanes: int):
-    """``(q, k, v, phi_q, phi_k, vf, ones)``: ``phi(q)``, ``phi(k)``, ``v`` and the rows ``[1, 0, 0, 0]`` in float32;
-    ``lanes`` threads per row (a grid-stride loop over the rows of q, then those of k and v). A row's position is
-    worked out once: per element, its three integer divisions (64-bit) cost more than the copy."""
+def prepare_kernel(dtype: str, threads: int, lanes: int, unit: bool = True):
+    """``(q, k, v, phi_q, phi_k, vf, ones)``: ``phi(q)``, ``phi(k)``, ``v`` and (``unit``: the causal path) the rows
+    ``[1, 0, 0, 0]`` in float32 (without ``unit``, ``ones`` is not touched); ``lanes`` threads per row (a
+    grid-stride loop over the rows of q, then those of k and v). A row's position is worked out once: per element,
+    its three integer divisions (64-bit) cost more than the copy."""
     read, _ = _element_functions(dtype)
     LANES = lanes
     ROWS = threads // lanes
+    UNIT = unit
 
     @device_function
     def phi(x):
@@ -148,25 +166,28 @@ def prepare_kernel(dtype: str, threads: int, lanes: int):
                 vf_row = vf[b, h, i]
                 for c in range(lane, m_dim, LANES):
                     vf_row[c] = read(v_row[c])
-                for c in range(lane, UNIT_COLS, LANES):
-                    ones[b, h, i, c] = float32(1.0) if c == 0 else float32(0.0)
+                if UNIT:
+                    for c in range(lane, UNIT_COLS, LANES):
+                        ones[b, h, i, c] = float32(1.0) if c == 0 else float32(0.0)
 
     return kernel
 
 
 @lru_cache(maxsize=None)
-def rows_kernel(dtype: str, row_threads: int, rows_per_block: int):
-    """``(num, den, dout, eps)``: per row, ``num`` (``n``) becomes ``dn = dout / z`` and ``den`` (``z - eps`` in
-    column 0) becomes ``dz = [-(dout . out) / z, 0, 0, 0]``, in place (float32); ``row_threads`` threads per row,
-    their parts of ``dout . n`` summed by warp shuffles."""
+def rows_kernel(dtype: str, row_threads: int, rows_per_block: int, key_sums: bool = False):
+    """``(num, den, dout, eps, phi_q, sums)``: per row, ``num`` (``n``) becomes ``dn = dout / z`` and ``den`` becomes
+    ``dz`` in column 0 (zeros in its other columns), in place (float32). ``z - eps`` is ``den``'s column 0 (the
+    causal path's normaliser product), or with ``key_sums`` (non-causal) ``phi_q[b, h, i] . sums[b, h, 0]``, the key
+    sum ``s``; ``row_threads`` threads per row, their parts of the dot products summed by warp shuffles."""
     read, _ = _element_functions(dtype)
     TPR = row_threads
     RPB = rows_per_block
+    KEY_SUMS = key_sums
     shfl_xor = ptx.shfl_xor_f32
     ZERO = float32(0.0)
 
     @kernel_jit(launch_bounds=(TPR * RPB,))
-    def kernel(num, den, dout, eps):
+    def kernel(num, den, dout, eps, phi_q, sums):
         tid = cuda.threadIdx.x
         lane = tid % TPR
         row = cuda.blockIdx.x * RPB + tid // TPR
@@ -178,37 +199,48 @@ def rows_kernel(dtype: str, row_threads: int, rows_per_block: int):
         dot = ZERO
         z = ZERO
         if inside:
-            z = den[b, h, i, 0] + eps  # the forward's order: eps after the dot product
+            if KEY_SUMS:  # (lanes' parts, summed below)
+                for c in range(lane, phi_q.shape[3], TPR):
+                    z += phi_q[b, h, i, c] * sums[b, h, 0, c]
+            else:  # read before the shuffles: after them lane 0 overwrites it
+                z = den[b, h, i, 0]
             for c in range(lane, m_dim, TPR):
                 dot += read(dout[b, h, i, c]) * num[b, h, i, c]
         mask = 1
         while mask < TPR:  # every lane takes part, those of rows past the end too
             dot += shfl_xor(dot, mask)
+            if KEY_SUMS:
+                z += shfl_xor(z, mask)
             mask *= 2
         if inside:
+            z += eps  # the forward's order: eps after the dot product
             inv = float32(1.0) / z if z != ZERO else ZERO  # no keys and eps = 0: out is 0, no gradient
             for c in range(lane, m_dim, TPR):
                 num[b, h, i, c] = read(dout[b, h, i, c]) * inv
-            for c in range(lane, UNIT_COLS, TPR):
+            for c in range(lane, den.shape[3], TPR):
                 den[b, h, i, c] = -(dot * inv) * inv if c == 0 else ZERO  # -(dout . out) / z
 
     return kernel
 
 
 @lru_cache(maxsize=None)
-def finish_kernel(dtype: str, threads: int, lanes: int):
-    """``(dphi_q, dphi_q_norm, q, dq, dphi_k, dphi_k_norm, k, dk, dvf, dv)``: ``dq = (dphi_q + dphi_q_norm)
-    phi'(q)``, ``dk`` the same, ``dv = dvf``, in the inputs' dtype; ``lanes`` threads per row (as ``prepare``)."""
+def finish_kernel(dtype: str, threads: int, lanes: int, key_sums: bool = False):
+    """``(dphi_q, norm_q, q, dq, dphi_k, norm_k, k, dk, dvf, dv, dz)``: ``dq = (dphi_q + g_q) phi'(q)``, ``dk =
+    (dphi_k + g_k) phi'(k)``, ``dv = dvf``, in the inputs' dtype, with ``g`` the normaliser's part of ``dphi``:
+    ``norm_q``, ``norm_k`` row by row (the causal path's products), or with ``key_sums`` (non-causal) ``g_q =
+    dz[b, h, i, 0] norm_q[b, h, 0]`` (``norm_q`` the key sum ``s``) and ``g_k = norm_k[b, h, 0]`` (``sum_i dz_i
+    phi(q_i)``), the same for every row of a head; ``lanes`` threads per row (as ``prepare``)."""
     read, write = _element_functions(dtype)
     LANES = lanes
     ROWS = threads // lanes
+    KEY_SUMS = key_sums
 
     @device_function
     def derivative(x):
         return float32(1.0) if x > float32(0.0) else float32(math.exp(x))
 
     @kernel_jit(launch_bounds=(threads, ROW_KERNEL_BLOCKS))
-    def kernel(dphi_q, dphi_q_norm, q, dq, dphi_k, dphi_k_norm, k, dk, dvf, dv):
+    def kernel(dphi_q, norm_q, q, dq, dphi_k, norm_k, k, dk, dvf, dv, dz):
         tid = cuda.threadIdx.x
         lane = tid % LANES
         heads = q.shape[1]
@@ -217,18 +249,25 @@ def finish_kernel(dtype: str, threads: int, lanes: int):
         rows_q = q.shape[0] * heads * q.shape[2]
         total = rows_q + k.shape[0] * heads * k.shape[2]
         for r in range(cuda.blockIdx.x * ROWS + tid // LANES, total, cuda.gridDim.x * ROWS):
+            scale = float32(1.0)
             if r < rows_q:
                 b, h, i = _row(r, heads, q.shape[2])
-                x_row, grad, grad_norm, out_row = q[b, h, i], dphi_q[b, h, i], dphi_q_norm[b, h, i], dq[b, h, i]
+                x_row, grad, out_row = q[b, h, i], dphi_q[b, h, i], dq[b, h, i]
+                if KEY_SUMS:
+                    scale = dz[b, h, i, 0]
+                    grad_norm = norm_q[b, h, 0]
+                else:
+                    grad_norm = norm_q[b, h, i]
             else:
                 b, h, i = _row(r - rows_q, heads, k.shape[2])
-                x_row, grad, grad_norm, out_row = k[b, h, i], dphi_k[b, h, i], dphi_k_norm[b, h, i], dk[b, h, i]
+                x_row, grad, out_row = k[b, h, i], dphi_k[b, h, i], dk[b, h, i]
+                grad_norm = norm_k[b, h, 0] if KEY_SUMS else norm_k[b, h, i]
                 dvf_row = dvf[b, h, i]
                 dv_row = dv[b, h, i]
                 for c in range(lane, m_dim, LANES):
                     dv_row[c] = write(dvf_row[c])
             for c in range(lane, e_dim, LANES):
-                out_row[c] = write((grad[c] + grad_norm[c]) * derivative(read(x_row[c])))
+                out_row[c] = write((grad[c] + scale * grad_norm[c]) * derivative(read(x_row[c])))
 
     return kernel
 
@@ -283,25 +322,39 @@ def launch_linear_attention_backward(dout, q, k, v, dq, dk, dv, stream, *, causa
     if bh == 0:
         return
     batch, heads = q.shape[:2]
-    phi_q, dphi_q, dphi_q_norm = (scratch((batch, heads, seqlen_q, e)) for _ in range(3))
-    phi_k, dphi_k, dphi_k_norm = (scratch((batch, heads, seqlen_k, e)) for _ in range(3))
+    key_sums = not causal and NONCAUSAL_KEY_SUMS
+    phi_q, dphi_q = (scratch((batch, heads, seqlen_q, e)) for _ in range(2))
+    phi_k, dphi_k = (scratch((batch, heads, seqlen_k, e)) for _ in range(2))
     vf, dvf = (scratch((batch, heads, seqlen_k, m)) for _ in range(2))
-    ones = scratch((batch, heads, seqlen_k, UNIT_COLS))
     num = scratch((batch, heads, seqlen_q, m))  # n, then dn
-    den = scratch((batch, heads, seqlen_q, UNIT_COLS))  # z - eps, then dz
+    # z - eps, then dz (causal: the normaliser's product, UNIT_COLS wide; non-causal: dz alone)
+    den = scratch((batch, heads, seqlen_q, 1 if key_sums else UNIT_COLS))
+    if key_sums:  # the key sum s and sum_i dz_i phi(q_i): one E-vector per (batch, head) each
+        norm_q, norm_k = (scratch((batch, heads, 1, e)) for _ in range(2))
+        ones = den  # (not touched by prepare)
+    else:  # the normaliser products' backwards, row by row
+        norm_q, norm_k = scratch((batch, heads, seqlen_q, e)), scratch((batch, heads, seqlen_k, e))
+        ones = scratch((batch, heads, seqlen_k, UNIT_COLS))
     threads, lanes = config.threads, config.row_threads
     rows = bh * (seqlen_q + seqlen_k)
-    device_launch(prepare_kernel(dtype, threads, lanes), _grid(rows, config), threads, stream, 0,
+    device_launch(prepare_kernel(dtype, threads, lanes, not key_sums), _grid(rows, config), threads, stream, 0,
                   q, k, v, phi_q, phi_k, vf, ones)
+    if key_sums:
+        column_sums.launch_column_sums(phi_k, den, norm_q, stream, scratch=scratch, weighted=False)
 
     products = _Products(chunked, causal, tf32 or dtype == BFLOAT16, stream, scratch)
     products.forward(phi_q, phi_k, vf, num)
-    products.forward(phi_q, phi_k, ones, den)
+    if not key_sums:
+        products.forward(phi_q, phi_k, ones, den)
     if bh * seqlen_q:
         rows_per_block = config.rows_per_block
-        device_launch(rows_kernel(dtype, config.row_threads, rows_per_block), cdiv(bh * seqlen_q, rows_per_block),
-                      config.row_threads * rows_per_block, stream, 0, num, den, dout, np.float32(eps))
+        device_launch(rows_kernel(dtype, config.row_threads, rows_per_block, key_sums),
+                      cdiv(bh * seqlen_q, rows_per_block), config.row_threads * rows_per_block, stream, 0,
+                      num, den, dout, np.float32(eps), phi_q, norm_q if key_sums else phi_k)
     products.backward(num, phi_q, phi_k, vf, dphi_q, dphi_k, dvf)
-    products.backward(den, phi_q, phi_k, ones, dphi_q_norm, dphi_k_norm, None)
-    device_launch(finish_kernel(dtype, threads, lanes), _grid(rows, config), threads, stream, 0,
-                  dphi_q, dphi_q_norm, q, dq, dphi_k, dphi_k_norm, k, dk, dvf, dv)
+    if key_sums:
+        column_sums.launch_column_sums(phi_q, den, norm_k, stream, scratch=scratch, weighted=True)
+    else:
+        products.backward(den, phi_q, phi_k, ones, norm_q, norm_k, None)
+    device_launch(finish_kernel(dtype, threads, lanes, key_sums), _grid(rows, config), threads, stream, 0,
+                  dphi_q, norm_q, q, dq, dphi_k, norm_k, k, dk, dvf, dv, den)

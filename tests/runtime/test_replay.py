@@ -191,58 +191,60 @@ def _rel(actual, expected):
     return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
 
 
+@pytest.fixture
+def replays(monkeypatch):
+    """The plans replayed during a test (one entry per ``Plan.run``), no plan recorded before it."""
+    replay.clear()
+    used = []
+    original = replay.Plan.run
+    monkeypatch.setattr(replay.Plan, "run", lambda self, layouts: used.append(self) or original(self, layouts))
+    return used
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "float32", "bfloat16"])
 @pytest.mark.parametrize("function", ["flash_forward", "flash_forward lse", "combine_lse", "causal_dot_product",
                                       "causal_dot_product state", "linear_attention"])
-def test_replayed_calls_match_reference(function, dtype):
+def test_replayed_calls_match_reference(function, dtype, replays):
     torch = pytest.importorskip("torch")
     import numba_attn
     import reference
 
     if dtype == "bfloat16" and function == "combine_lse":
         pytest.skip("combine_lse takes float16 / float32 parts")
-    replay.clear()
     rng = np.random.default_rng(1)
     tolerance = {"float16": 3e-3, "float32": 2e-5, "bfloat16": 2e-2}[dtype]
     tdtype = getattr(torch, dtype)
-    used = []
-    original = replay.Plan.run
-    try:
-        replay.Plan.run = lambda self, layouts: used.append(1) or original(self, layouts)
-        for call in range(4):
-            _poison_free_blocks(torch)
-            if function == "combine_lse":
-                o = rng.standard_normal((3, 2, 4, 5, 64)).astype(np.float32)
-                lse = rng.standard_normal((3, 2, 4, 5)).astype(np.float32)
-                got = numba_attn.combine_lse(torch.tensor(o, device="cuda", dtype=tdtype),
-                                             torch.tensor(lse, device="cuda"))
-                expected = reference.combine_lse(o.astype(dtype).astype(np.float64), lse)
-                pairs = list(zip(got, expected))
+    for call in range(4):
+        _poison_free_blocks(torch)
+        if function == "combine_lse":
+            o = rng.standard_normal((3, 2, 4, 5, 64)).astype(np.float32)
+            lse = rng.standard_normal((3, 2, 4, 5)).astype(np.float32)
+            got = numba_attn.combine_lse(torch.tensor(o, device="cuda", dtype=tdtype), torch.tensor(lse, device="cuda"))
+            expected = reference.combine_lse(o.astype(dtype).astype(np.float64), lse)
+            pairs = list(zip(got, expected))
+        else:
+            shape = (2, 4, 200, 64)
+            x = [rng.standard_normal(shape).astype(np.float32) * (0.3 if "causal" in function else 1)
+                 for _ in range(3)]
+            t = [torch.tensor(a, device="cuda", dtype=tdtype) for a in x]
+            x = [a.cpu().double().numpy() for a in t]  # what the kernels see
+            if function.startswith("flash_forward"):
+                lse = function.endswith("lse")
+                got = numba_attn.flash_forward(*t, causal=True, return_lse=lse)
+                expected = reference.attention(*x, causal=True, return_lse=lse)
+            elif function.startswith("causal_dot_product"):
+                state = function.endswith("state")
+                got = numba_attn.causal_dot_product(*t, return_state=state)
+                expected = reference.causal_dot_product(*x, return_state=state)
             else:
-                shape = (2, 4, 200, 64)
-                x = [rng.standard_normal(shape).astype(np.float32) * (0.3 if "causal" in function else 1)
-                     for _ in range(3)]
-                t = [torch.tensor(a, device="cuda", dtype=tdtype) for a in x]
-                x = [a.cpu().double().numpy() for a in t]  # what the kernels see
-                if function.startswith("flash_forward"):
-                    lse = function.endswith("lse")
-                    got = numba_attn.flash_forward(*t, causal=True, return_lse=lse)
-                    expected = reference.attention(*x, causal=True, return_lse=lse)
-                elif function.startswith("causal_dot_product"):
-                    state = function.endswith("state")
-                    got = numba_attn.causal_dot_product(*t, return_state=state)
-                    expected = reference.causal_dot_product(*x, return_state=state)
-                else:
-                    got = numba_attn.linear_attention(*t, causal=True)
-                    expected = reference.linear_attention(*x, causal=True)
-                pairs = list(zip(got, expected)) if isinstance(got, tuple) else [(got, expected)]
-            for g, e in pairs:
-                error = _rel(g.float().cpu().numpy(), e)
-                assert error < tolerance, (call, error)
-    finally:
-        replay.Plan.run = original
-    assert len(used) == 3, "the calls after the first were not replayed"
+                got = numba_attn.linear_attention(*t, causal=True)
+                expected = reference.linear_attention(*x, causal=True)
+            pairs = list(zip(got, expected)) if isinstance(got, tuple) else [(got, expected)]
+        for g, e in pairs:
+            error = _rel(g.float().cpu().numpy(), e)
+            assert error < tolerance, (call, error)
+    assert len(replays) == 3, "the calls after the first were not replayed"
 
 
 @pytest.mark.gpu
@@ -270,7 +272,7 @@ def test_replays_follow_the_callers_stream_and_new_layouts():
 
 
 @pytest.mark.gpu
-def test_warp_specialised_calls_replay_with_their_tensor_maps():
+def test_warp_specialised_calls_replay_with_their_tensor_maps(replays):
     """``wgmma_ws`` reads q, k, v through tensor maps: repeated calls on new tensors replay, each with the maps of its
     own tensors (a replay with the first call's maps would return the first call's answer)."""
     torch = pytest.importorskip("torch")
@@ -280,64 +282,81 @@ def test_warp_specialised_calls_replay_with_their_tensor_maps():
 
     if not wgmma_ws.supports("float16", 128):
         pytest.skip("needs sm_90")
-    replay.clear()
     rng = np.random.default_rng(3)
-    used = []
-    original = replay.Plan.run
-    try:
-        replay.Plan.run = lambda self, layouts: used.append(1) or original(self, layouts)
-        for call in range(4):
-            _poison_free_blocks(torch)
-            x = [rng.standard_normal((1, 2, 1100, 128)).astype(np.float16) for _ in range(3)]
-            t = [torch.tensor(a, device="cuda") for a in x]
-            got = numba_attn.flash_forward(*t, causal=True, backend="wgmma_ws")
-            if call == 0:
-                assert replay.last_outcome() == "planned", replay.last_outcome()
-            expected = reference.attention(*[a.astype(np.float64) for a in x], causal=True)
-            assert _rel(got.float().cpu().numpy(), expected) < 3e-3, call
-    finally:
-        replay.Plan.run = original
-    assert len(used) == 3, "the calls after the first were not replayed"
+    for call in range(4):
+        _poison_free_blocks(torch)
+        x = [rng.standard_normal((1, 2, 1100, 128)).astype(np.float16) for _ in range(3)]
+        t = [torch.tensor(a, device="cuda") for a in x]
+        got = numba_attn.flash_forward(*t, causal=True, backend="wgmma_ws")
+        if call == 0:
+            assert replay.last_outcome() == "planned", replay.last_outcome()
+        expected = reference.attention(*[a.astype(np.float64) for a in x], causal=True)
+        assert _rel(got.float().cpu().numpy(), expected) < 3e-3, call
+    assert len(replays) == 3, "the calls after the first were not replayed"
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "float32", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_replayed_backward_matches_reference(dtype, causal):
+def test_replayed_backward_matches_reference(dtype, causal, replays):
     """``flash_backward`` on fresh tensors (grouped-query heads, seqlens no tile divides): the calls after the first
     replay, and every call's gradients match ``reference.attention_backward``."""
     torch = pytest.importorskip("torch")
     import numba_attn
     import reference
 
-    replay.clear()
     rng = np.random.default_rng(4)
     tolerance = {"float16": 3e-3, "float32": 2e-5, "bfloat16": 2e-2}[dtype]
     tdtype = getattr(torch, dtype)
-    names = []
-    original = replay.Plan.run
+    for call in range(4):
+        _poison_free_blocks(torch)
+        shapes = [(2, 4, 150, 64), (2, 2, 130, 64), (2, 2, 130, 64), (2, 4, 150, 64)]
+        t = [torch.tensor(rng.standard_normal(s).astype(np.float32), device="cuda", dtype=tdtype) for s in shapes]
+        q, k, v, dout = t
+        x = [a.cpu().double().numpy() for a in t]
+        out, lse = reference.attention(*x[:3], causal=causal, return_lse=True)
+        out_t = torch.tensor(out, device="cuda", dtype=tdtype)
+        lse_t = torch.tensor(lse, device="cuda", dtype=torch.float32)
+        got = numba_attn.flash_backward(dout, q, k, v, out_t, lse_t, causal=causal)
+        assert len(replays) == call, "the calls after the first were not replayed"
+        expected = reference.attention_backward(x[3], *x[:3], causal=causal)
+        for g, e in zip(got, expected):
+            error = _rel(g.float().cpu().numpy(), e)
+            assert error < tolerance, (call, error)
 
-    def run(self, layouts):
-        names.append(self)
-        return original(self, layouts)
 
-    try:
-        replay.Plan.run = run
-        for call in range(4):
-            _poison_free_blocks(torch)
-            shapes = [(2, 4, 150, 64), (2, 2, 130, 64), (2, 2, 130, 64), (2, 4, 150, 64)]
-            t = [torch.tensor(rng.standard_normal(s).astype(np.float32), device="cuda", dtype=tdtype) for s in shapes]
-            q, k, v, dout = t
-            x = [a.cpu().double().numpy() for a in t]
-            out, lse = reference.attention(*x[:3], causal=causal, return_lse=True)
-            out_t = torch.tensor(out, device="cuda", dtype=tdtype)
-            lse_t = torch.tensor(lse, device="cuda", dtype=torch.float32)
-            before = len(names)
-            got = numba_attn.flash_backward(dout, q, k, v, out_t, lse_t, causal=causal)
-            assert len(names) - before == (call > 0), "the calls after the first were not replayed"
-            expected = reference.attention_backward(x[3], *x[:3], causal=causal)
-            for g, e in zip(got, expected):
-                error = _rel(g.float().cpu().numpy(), e)
-                assert error < tolerance, (call, error)
-    finally:
-        replay.Plan.run = original
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_replayed_varlen_calls_follow_device_offsets(dtype, replays):
+    """Packed sequences with device ``cu_seqlens``: the calls after the first replay, each with its own lengths (same
+    total and batch: one key), forward and backward against ``reference``; host offsets take the checked path."""
+    torch = pytest.importorskip("torch")
+    import numba_attn
+    import reference
+
+    rng = np.random.default_rng(5)
+    tolerance = {"float16": 3e-3, "bfloat16": 2e-2}[dtype]
+    tdtype = getattr(torch, dtype)
+    lengths = [[100, 300, 200], [1, 598, 1], [250, 0, 350], [600, 0, 0]]
+    for call, lens in enumerate(lengths):
+        _poison_free_blocks(torch)
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        t = [torch.tensor(rng.standard_normal((600, 4, 64)).astype(np.float32), device="cuda", dtype=tdtype)
+             for _ in range(4)]
+        q, k, v, dout = t
+        x = [a.cpu().double().numpy() for a in t]
+        cu_t = torch.tensor(cu, device="cuda")
+        out, lse = numba_attn.flash_forward_varlen(q, k, v, cu_t, cu_t, max_seqlen_q=600, max_seqlen_k=600,
+                                                   causal=True, return_lse=True)
+        grads = numba_attn.flash_backward_varlen(dout, q, k, v, out, lse, cu_t, cu_t, max_seqlen_q=600,
+                                                 max_seqlen_k=600, causal=True)
+        assert len(replays) == 2 * call, (call, len(replays))  # forward and backward replayed after the first
+        expected = reference.attention_varlen(*x[:3], cu, cu, causal=True)
+        assert _rel(out.float().cpu().numpy(), expected) < tolerance, call
+        expected_grads = reference.attention_varlen_backward(x[3], *x[:3], cu, cu, causal=True)
+        for g, e in zip(grads, expected_grads):
+            assert _rel(g.float().cpu().numpy(), e) < tolerance, call
+    before = len(replays)
+    numba_attn.flash_forward_varlen(q, k, v, cu, cu, causal=True)  # host offsets: the checked path, no plan
+    numba_attn.flash_forward_varlen(q, k, v, cu, cu, causal=True)
+    assert len(replays) == before

@@ -55,6 +55,7 @@ _decode_plan = lazy_module(".decode.cached", __package__)
 _decode = lazy_module(".decode.dispatch", __package__)
 _decode_simt = lazy_module(".decode.simt", __package__)
 _varlen = lazy_module(".forward.varlen", __package__)
+_fp8 = lazy_module(".forward.fp8_call", __package__)
 #: the linear-attention functions (``linear.api``) and their backends, re-exported on first read
 __getattr__ = lazy_exports(__package__, {
     **{name: ".linear.api" for name in ("causal_dot_product", "causal_dot_product_backward", "linear_attention",
@@ -83,7 +84,8 @@ def _lse_placeholder(call):
 
 
 def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out=None, backend=None,
-                  allow_tf32=False, window=None, softcap=None):
+                  allow_tf32=False, window=None, softcap=None, descale_q=None, descale_k=None, descale_v=None,
+                  out_dtype=None, input_dtype=None):
     """Exact attention ``softmax(sm_scale * q k^T) v`` without materialising the scores.
 
     Args:
@@ -119,6 +121,13 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
             ``lse`` is that of the capped scores. A compile-time variant of every kernel (one specialisation per
             value of ``c``); ``tanh.approx`` in the float16 / bfloat16 tensor-core kernels, ``tanh`` in the float32
             ones; differentiable (``flash_backward`` takes it too).
+        descale_q, descale_k, descale_v, out_dtype, input_dtype: float8 e4m3 inputs (Hopper; backend "wgmma_ws" by
+            default at padded head dim 128 for rows that see >= 1024 keys, else "wgmma"): q, k, v as torch
+            ``float8_e4m3fn`` tensors, or uint8 arrays of e4m3 bit patterns with ``input_dtype="float8_e4m3fn"``; the
+            descale factors take them back to the tensors they quantise (None: 1; a number or size-1 array per
+            tensor; a float32 ``(batch, kv_heads)`` array as FlashAttention-3's, or ``(batch, heads)``, per head;
+            finite and > 0); the output is ``out_dtype`` "bfloat16" (default) or "float16". headdim % 16 == 0 up
+            to 128; window and softcap as above; not with autograd (``forward.fp8_call``).
 
     Returns:
         ``out`` (q's shape and dtype), or ``(out, lse)``. Rows that see no key (or whose scores are all -inf) give 0
@@ -130,6 +139,13 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
     """
     # (checked here, not in ``checked``: a list is no replay plan's key, and 50 and 50.0 are one cap)
     window, softcap = check_window(window), check_softcap(softcap)
+    fp8_options = {"descale_q": descale_q, "descale_k": descale_k, "descale_v": descale_v, "out_dtype": out_dtype}
+    # (fp8_call loads only when a call may be an fp8 one: an fp8 option, or a float8 dtype on an input)
+    maybe_fp8 = input_dtype is not None or any(x is not None for x in fp8_options.values()) or any(
+        "float8" in str(getattr(x, "dtype", "")) for x in (q, k, v))
+    if maybe_fp8 and _fp8.wanted(q, k, v, input_dtype, fp8_options):
+        return _flash_forward_fp8(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window, softcap,
+                                  fp8_options)
     if type(q).__module__.startswith("torch") and (
             q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)):
         from . import torch_ops  # (torch is imported by now: q is a tensor)
@@ -139,6 +155,23 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
         if result is not None:
             return result
     return _flash_forward(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window, softcap)
+
+
+@_one_call_at_a_time_under_the_simulator
+def _flash_forward_fp8(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window, softcap, options):
+    def checked():
+        return _fp8.run(q, k, v, causal=causal, sm_scale=check_sm_scale(sm_scale), return_lse=return_lse, out=out,
+                        backend=check_backend(backend, BACKENDS), allow_tf32=allow_tf32, window=window,
+                        softcap=softcap, lse_placeholder=_lse_placeholder, **options)
+
+    if out is not None:
+        return checked()
+    # device descale arrays are inputs of the plan (read by the kernel when it runs); numbers are options
+    descales = tuple(options[name] for name in ("descale_q", "descale_k", "descale_v"))
+    arrays = (q, k, v) + tuple(x for x in descales if hasattr(x, "shape"))
+    kinds = tuple("array" if hasattr(x, "shape") else x for x in descales)
+    return _served("flash_forward_fp8", arrays, (causal, sm_scale, return_lse, backend, allow_tf32, window, softcap,
+                                                 options["out_dtype"], kinds), checked)
 
 
 @_one_call_at_a_time_under_the_simulator

@@ -14,6 +14,11 @@ different lengths packed as ``(total_tokens, heads, headdim)`` with
 cache, each batch row seeing its own ``cache_seqlens`` keys); every sequence is
 an independent problem under the same conventions.
 
+float8 e4m3 inputs, in :mod:`reference.fp8`: :func:`attention_fp8` (the float64
+reference of the dequantised inputs, per-tensor or per-head descale factors),
+:func:`decode_e4m3` (the exact table of the 256 values), :func:`encode_e4m3`, and
+:func:`flash_fp8_model`, the fp8 kernel's rounding of ``P`` modelled in float64.
+
 Backward passes, float64 gradients under the same conventions:
 :func:`attention_backward` (the definition) and :func:`flash_attention_v2_backward`
 (FlashAttention-2's blockwise order) in :mod:`reference.attention_backward`;
@@ -54,6 +59,7 @@ NaN and inf, the rules every kernel follows too (scores
 from .attention import attention, flash_attention_v1, flash_attention_v2
 from .attention_backward import attention_backward, flash_attention_v2_backward
 from .decode import combine_lse, split_boundaries, split_kv_attention
+from .fp8 import attention_fp8, decode_e4m3, dequantize, encode_e4m3, flash_fp8_model
 from .linear import (
     causal_dot_product,
     causal_dot_product_chunked,
@@ -91,6 +97,11 @@ __all__ = [
     "attention_with_kvcache",
     "attention_backward",
     "flash_attention_v2_backward",
+    "attention_fp8",
+    "decode_e4m3",
+    "encode_e4m3",
+    "dequantize",
+    "flash_fp8_model",
     "split_boundaries",
     "split_kv_attention",
     "combine_lse",

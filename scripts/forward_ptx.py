@@ -5,7 +5,9 @@
     diff -r DIR_BEFORE DIR_AFTER        # two trees' kernels: identical files, identical code
 
 Kernels ``simt``, ``mma`` (float16 / bfloat16 ``mma.sync``), ``tf32`` (float32 3xTF32 and plain tf32), ``wgmma``
-(Hopper) and ``wgmma_ws`` (Hopper, warp-specialised: every tuning candidate, the default in both dtypes), each at head dims 64 and 128 (and 16 / 256 where the kernel has other tiles there) with its default GPU
+(Hopper), ``wgmma_ws`` (Hopper, warp-specialised: every tuning candidate, the default in both dtypes) and ``fp8``
+(Hopper, float8 e4m3 inputs: bfloat16 / float16 output, per-tensor and per-head descales, every tuning candidate;
+``fp8_ws``: the same on ``wgmma_ws``'s fp8 variant), each at head dims 64 and 128 (and 16 / 256 where the kernel has other tiles there) with its default GPU
 tiles, both input dtypes, and the variants that change its code: causal and not for ``simt`` (a compile-time flag
 there), a scale <= 0 for the others. Without options the plain kernels (no window, no soft-capping, dense batches:
 what kernels compiled before these existed); ``--window`` (``none`` for an unbounded side), ``--softcap`` and
@@ -24,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-KERNELS = ("simt", "mma", "tf32", "wgmma", "wgmma_ws")
+KERNELS = ("simt", "mma", "tf32", "wgmma", "wgmma_ws", "fp8", "fp8_ws")
 
 
 def _variant_kwargs(window, softcap, varlen, causal):
@@ -125,6 +127,40 @@ def _specs(kernel, window, softcap, varlen):
                                wgmma_ws._kernel_source(config, d, bf16, scale_first, **kwargs),
                                (wgmma_ws.PACKED_SIGNATURE if varlen else wgmma_ws.SIGNATURE).args,
                                (config.threads, 1))
+    elif kernel == "fp8":
+        from numba_attn.forward import wgmma_fp8
+
+        if varlen:
+            return
+        kwargs = _variant_kwargs(window, softcap, False, False)
+        for config in wgmma_fp8.TUNING_CANDIDATES:
+            for d in (64, 128):
+                for bf16, scale_first, per_head in ((True, False, False), (False, False, True), (True, True, False)):
+                    if (scale_first and softcap is not None) or (config != wgmma_fp8.DEFAULT_CONFIG and not bf16):
+                        continue
+                    name = (f"fp8_n{config.block_n}{'_ldm' if config.v_transpose == 'ldmatrix' else ''}_d{d}_"
+                            f"{'bf16' if bf16 else 'f16'}{'_perhead' if per_head else ''}"
+                            f"{'_scalefirst' if scale_first else ''}")
+                    yield (name, wgmma_fp8._kernel_source(config, d, bf16, scale_first, per_head, **kwargs),
+                           wgmma_fp8.SIGNATURE.args, (wgmma_fp8.THREADS, config.blocks_per_sm))
+    elif kernel == "fp8_ws":
+        from numba_attn.forward import wgmma_ws, wgmma_ws_fp8
+
+        if varlen:
+            return
+        kwargs = _variant_kwargs(window, softcap, False, False)
+        for config in wgmma_ws_fp8.TUNING_CANDIDATES:
+            tag = (f"c{config.consumers}_n{config.block_n}_s{config.stages}{'' if config.pingpong else '_nopp'}"
+                   f"{'_persistent' if config.persistent else ''}")
+            for d in (64, 128):
+                for bf16, scale_first, per_head in ((True, False, False), (False, False, True), (True, True, False)):
+                    if (scale_first and softcap is not None) or (config != wgmma_ws_fp8.DEFAULT_CONFIG and not bf16):
+                        continue
+                    name = (f"fp8_ws_{tag}_d{d}_{'bf16' if bf16 else 'f16'}{'_perhead' if per_head else ''}"
+                            f"{'_scalefirst' if scale_first else ''}")
+                    yield (name, wgmma_ws._kernel_source(config, d, bf16, scale_first, fp8=True, per_head=per_head,
+                                                         **kwargs),
+                           wgmma_ws_fp8.SIGNATURE.args, (config.threads, 1))
     else:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
 
@@ -185,6 +221,8 @@ def main() -> int:
                 f.write(ptx)
             count = sum(1 for line in ptx.splitlines() if line.strip().endswith(";"))
             lines.append(f"{name} {hashlib.sha256(ptx.encode()).hexdigest()[:16]} {count} instructions")
+            if "wgmma.mma_async" in ptx and "wgmma.fence" in ptx:
+                lines[-1] += f", {ptx.count('wgmma.mma_async')} wgmma"
             if args.ptxas:
                 lines[-1] += " | " + _ptxas(os.path.join(args.out, name + ".ptx"))
             print(f"{lines[-1]} ({time.time() - t0:.0f}s)", flush=True)

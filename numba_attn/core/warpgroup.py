@@ -34,6 +34,14 @@ different bank groups, for the copies and for the tensor cores alike. The same b
   operand may start inside an atom column (a slice of the columns, 16-byte aligned) as long as it does not cross
   into the next one: the swizzle is a function of the address bits, so only the start moves.
 
+float8 e4m3 (``wgmma_ss_e4m3`` / ``wgmma_rs_e4m3``): ``m64nNk32.f32.e4m3.e4m3``, k = 32 per MMA. Both operands must
+be K-major in shared memory (no ``imm-trans`` for 8-bit types). A 128-byte atom row then holds 128 elements, and a
+k-step is again 32 bytes: ``k_major`` gives the byte offsets unchanged (a tile of ``R`` rows of ``D`` bytes is ``D /
+128`` atom columns). A in registers (CUTLASS's ``ALayout_64x32``): four 32-bit words per k-step, four elements each
+(element ``k`` in byte ``k % 4``): ``a0 = A[g][4t .. 4t + 3]``, ``a1 = A[g + 8][4t ..]``, ``a2 = A[g][16 + 4t ..]``,
+``a3 = A[g + 8][16 + 4t ..]`` -- not the C layout's ``(2t, 2t + 1)`` pairs, so a P tile's C fragments are not its A
+fragments as they are: ``core.fp8`` permutes the keys instead.
+
 Shared memory written by ordinary stores or ``cp.async`` must be published to the tensor cores' (async) proxy:
 ``fence_proxy_async`` in every writing thread before the barrier that precedes the MMAs.
 
@@ -52,6 +60,7 @@ from ..runtime.device import SIMULATOR
 from . import ptx
 from .ptx._asm import _is_int, _pointer1, _shared_address, _void_asm
 from .ptx._sim import _sim_group_gather
+from .ptx.convert import e4m3_bits_to_float32
 from .staging import device_function
 
 #: the warpgroup: 4 warps, 64 accumulator rows
@@ -123,6 +132,37 @@ def _sim_values(words: np.ndarray, bf16: bool) -> np.ndarray:
     if bf16:
         return (words.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     return words.view(np.float16).astype(np.float64)
+
+
+def _sim_operand_e4m3(smem, offset: int, rows: int, layout, k_steps: int) -> np.ndarray:
+    """The ``rows x 32 k_steps`` K-major float8 e4m3 operand ([row][k]) a descriptor at element ``offset`` of the
+    uint16 ``smem`` describes (as ``_sim_operand``: 128-byte swizzle, element 0 aligned)."""
+    lbo, sbo, offsets = layout
+    r = np.arange(rows)[:, None]
+    k = np.arange(32)[None, :]
+    within = (r // 8) * sbo + (r % 8) * 128 + k
+    raw = np.asarray(smem).view(np.uint8)
+    slices = [_sim_e4m3(raw[swizzle(2 * int(offset) + offsets[s] + within)]) for s in range(k_steps)]
+    return np.concatenate(slices, axis=1)
+
+
+def _sim_e4m3(codes) -> np.ndarray:
+    return e4m3_bits_to_float32(codes).astype(np.float64)
+
+
+def _sim_gathered_a_e4m3(words, k_steps: int) -> np.ndarray:
+    """The warpgroup's ``64 x 32 k_steps`` e4m3 register A operand from every thread's words (128 rows)."""
+    # [thread, k-step, register, byte] -> A[16 warp + g + 8 (reg % 2)][32 s + 4 t + 16 (reg // 2) + byte]
+    values = _sim_e4m3(np.asarray(words, dtype=np.uint32).view(np.uint8)).reshape(WARPGROUP_THREADS, k_steps, 2, 2,
+                                                                                  4)
+    tid = np.arange(WARPGROUP_THREADS)
+    row, t = 16 * (tid // 32) + tid % 32 // 4, tid % 4
+    a = np.zeros((ROWS, 32 * k_steps))
+    for half in range(2):  # register 2 half + dr
+        for dr in range(2):
+            cols = 32 * np.arange(k_steps)[None, :, None] + 4 * t[:, None, None] + 16 * half + np.arange(4)
+            a[(row + 8 * dr)[:, None, None], cols] = values[:, :, half, dr]
+    return a
 
 
 def _sim_operand(smem, offset: int, rows: int, layout, k_steps: int, trans: bool, bf16: bool) -> np.ndarray:
@@ -226,11 +266,15 @@ if not SIMULATOR:
         return [builder.gep(array.data, [_I64(n)]) for n in range(count)]
 
     def _mma_text(n: int, k_steps: int, ab: str, regs: int, a_first: int | None, desc_a: int | None, desc_b: int,
-                  flag: int, offsets_a, offsets_b, trans_b: int, wait: bool, trans_a: int = 0,
+                  flag: int, offsets_a, offsets_b, trans_b: int | None, wait: bool, trans_a: int = 0,
                   accumulate: bool = False) -> str:
         """One asm block: fence, ``k_steps`` MMAs (the first overwrites D when A comes from shared memory, i.e.
-        ``a_first`` is None), commit and, with ``wait``, wait. Step ``s`` adds ``offsets[s]`` bytes to the
-        descriptors' start."""
+        ``a_first`` is None, unless ``accumulate``), commit and, with ``wait``, wait. Step ``s`` adds
+        ``offsets[s]`` bytes to the descriptors' start. ``trans_b`` None: an 8-bit type (k = 32, no transpose
+        operands)."""
+        k = 32 if trans_b is None else 16
+        trans_ss = "" if trans_b is None else f", {trans_a}, {trans_b}"
+        trans_rs = "" if trans_b is None else f", {trans_b}"
         d = "{" + ", ".join(f"${x}" for x in range(regs)) + "}"
         lines = ["{", ".reg .pred p_zero, p_one;", ".reg .b64 da, db;",
                  f"setp.ne.b32 p_zero, ${flag}, ${flag};", f"setp.eq.b32 p_one, ${flag}, ${flag};",
@@ -240,35 +284,25 @@ if not SIMULATOR:
             if desc_a is not None:  # A from shared memory: the first step overwrites D
                 lines.append(f"add.s64 da, ${desc_a}, {offsets_a[s] >> 4};")
                 scale = "p_zero" if s == 0 and not accumulate else "p_one"
-                lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {d}, da, db, {scale}, "
-                             f"1, 1, {trans_a}, {trans_b};")
+                lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ab}.{ab} {d}, da, db, {scale}, "
+                             f"1, 1{trans_ss};")
             else:
                 a = "{" + ", ".join(f"${a_first + 4 * s + x}" for x in range(4)) + "}"
-                lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {d}, {a}, db, p_one, "
-                             f"1, 1, {trans_b};")
+                lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ab}.{ab} {d}, {a}, db, p_one, "
+                             f"1, 1{trans_rs};")
         lines.append("wgmma.commit_group.sync.aligned;")
         if wait:
             lines.append("wgmma.wait_group.sync.aligned 0;")
         lines.append("}")
         return "\n".join(lines)
 
-    @lru_cache(maxsize=None)
-    def wgmma_ss(n: int, k_steps: int, bf16: bool, a_layout, b_layout, trans_b: bool = False, wait: bool = True,
-                 trans_a: bool = False, accumulate: bool = False):
-        """Intrinsic ``(acc, smem, a_offset, b_offset)``: ``acc = A B`` (``acc += A B`` with ``accumulate``) for A
-        ``64 x 16 k_steps`` (K-major, or
-        MN-major -- ``A[k][m]`` with m contiguous, ``imm-trans-a = 1`` -- with ``trans_a``; ``a_layout``) at element
-        ``a_offset`` and B ``16 k_steps x n`` (K-major, or MN-major with ``trans_b``; ``b_layout``) at ``b_offset``
-        of the 1-D uint16 shared array ``smem``; ``acc`` a float32 local array whose first ``n / 2`` elements (C
-        order) are this thread's accumulator fragment.
-
-        ``wait=False`` returns once the MMAs are issued and committed as one group: ``acc`` must then pass through
-        ``wgmma_wait`` before anything reads it (and nothing may write it meanwhile)."""
+    def _ss_intrinsic(n: int, k_steps: int, ab: str, a_layout, b_layout, trans_b: int | None, wait: bool,
+                      trans_a: int, accumulate: bool):
         _check(n, k_steps, a_layout, b_layout)
         regs = n // 2
         ins = regs if accumulate else 0  # the accumulator's old values, tied to the outputs
-        text = _mma_text(n, k_steps, "bf16" if bf16 else "f16", regs, None, regs + ins, regs + ins + 1,
-                         regs + ins + 2, a_layout[2], b_layout[2], int(trans_b), wait, int(trans_a), accumulate)
+        text = _mma_text(n, k_steps, ab, regs, None, regs + ins, regs + ins + 1, regs + ins + 2, a_layout[2],
+                         b_layout[2], trans_b, wait, trans_a, accumulate)
         constraints = ",".join(["=f"] * regs + [str(x) for x in range(ins)] + ["l", "l", "r", "~{memory}"])
 
         def typer(typingctx, acc, smem, a_offset, b_offset):
@@ -295,18 +329,12 @@ if not SIMULATOR:
 
         return intrinsic(typer)
 
-    @lru_cache(maxsize=None)
-    def wgmma_rs(n: int, k_steps: int, bf16: bool, b_layout, trans_b: bool = True, wait: bool = True):
-        """Intrinsic ``(acc, a_regs, smem, b_offset)``: ``acc += A B`` with A ``64 x 16 k_steps`` in registers
-        (``a_regs``: a uint32 local array, four words per k-step in the fragment order of the module docstring)
-        and B ``16 k_steps x n`` in shared memory (MN-major with ``trans_b``, else K-major; ``b_layout``).
-        ``wait=False``: as for ``wgmma_ss``; ``a_regs`` too must keep its values until the wait."""
+    def _rs_intrinsic(n: int, k_steps: int, ab: str, b_layout, trans_b: int | None, wait: bool):
         _check(n, k_steps, b_layout)
         regs = n // 2
         a_first = 2 * regs
         desc = a_first + 4 * k_steps
-        text = _mma_text(n, k_steps, "bf16" if bf16 else "f16", regs, a_first, None, desc, desc + 1, None,
-                         b_layout[2], int(trans_b), wait)
+        text = _mma_text(n, k_steps, ab, regs, a_first, None, desc, desc + 1, None, b_layout[2], trans_b, wait)
         constraints = ",".join(["=f"] * regs + [str(x) for x in range(regs)] + ["r"] * (4 * k_steps)
                                + ["l", "r", "~{memory}"])
 
@@ -334,6 +362,44 @@ if not SIMULATOR:
             return sig, codegen
 
         return intrinsic(typer)
+
+    @lru_cache(maxsize=None)
+    def wgmma_ss(n: int, k_steps: int, bf16: bool, a_layout, b_layout, trans_b: bool = False, wait: bool = True,
+                 trans_a: bool = False, accumulate: bool = False):
+        """Intrinsic ``(acc, smem, a_offset, b_offset)``: ``acc = A B`` (``acc += A B`` with ``accumulate``) for A
+        ``64 x 16 k_steps`` (K-major, or
+        MN-major -- ``A[k][m]`` with m contiguous, ``imm-trans-a = 1`` -- with ``trans_a``; ``a_layout``) at element
+        ``a_offset`` and B ``16 k_steps x n`` (K-major, or MN-major with ``trans_b``; ``b_layout``) at ``b_offset``
+        of the 1-D uint16 shared array ``smem``; ``acc`` a float32 local array whose first ``n / 2`` elements (C
+        order) are this thread's accumulator fragment.
+
+        ``wait=False`` returns once the MMAs are issued and committed as one group: ``acc`` must then pass through
+        ``wgmma_wait`` before anything reads it (and nothing may write it meanwhile)."""
+        return _ss_intrinsic(n, k_steps, "bf16" if bf16 else "f16", a_layout, b_layout, int(trans_b), wait,
+                             int(trans_a), accumulate)
+
+    @lru_cache(maxsize=None)
+    def wgmma_rs(n: int, k_steps: int, bf16: bool, b_layout, trans_b: bool = True, wait: bool = True):
+        """Intrinsic ``(acc, a_regs, smem, b_offset)``: ``acc += A B`` with A ``64 x 16 k_steps`` in registers
+        (``a_regs``: a uint32 local array, four words per k-step in the fragment order of the module docstring)
+        and B ``16 k_steps x n`` in shared memory (MN-major with ``trans_b``, else K-major; ``b_layout``).
+        ``wait=False``: as for ``wgmma_ss``; ``a_regs`` too must keep its values until the wait."""
+        return _rs_intrinsic(n, k_steps, "bf16" if bf16 else "f16", b_layout, int(trans_b), wait)
+
+    @lru_cache(maxsize=None)
+    def wgmma_ss_e4m3(n: int, k_steps: int, a_layout, b_layout, wait: bool = True, accumulate: bool = False):
+        """Intrinsic ``(acc, smem, a_offset, b_offset)``: ``acc = A B`` (``acc += A B`` with ``accumulate``) for
+        float8 e4m3 A ``64 x 32 k_steps`` and B ``32 k_steps x n``, both K-major (``a_layout``, ``b_layout``: byte
+        offsets, ``k_major``) in the uint16 shared array ``smem`` (offsets in its elements); otherwise as
+        ``wgmma_ss``."""
+        return _ss_intrinsic(n, k_steps, "e4m3", a_layout, b_layout, None, wait, 0, accumulate)
+
+    @lru_cache(maxsize=None)
+    def wgmma_rs_e4m3(n: int, k_steps: int, b_layout, wait: bool = True):
+        """Intrinsic ``(acc, a_regs, smem, b_offset)``: ``acc += A B`` with float8 e4m3 A ``64 x 32 k_steps`` in
+        registers (four words of four elements per k-step, the 8-bit fragment order of the module docstring) and
+        B ``32 k_steps x n`` K-major in shared memory (``b_layout``); otherwise as ``wgmma_rs``."""
+        return _rs_intrinsic(n, k_steps, "e4m3", b_layout, None, wait)
 
     @lru_cache(maxsize=None)
     def wgmma_wait(n: int, pending: int):
@@ -418,6 +484,44 @@ else:
                 a = _sim_gathered_a([x[0] for x in everyone], k_steps, bf16)
                 b = _sim_operand(smem, b_offset, n, b_layout, k_steps, trans_b, bf16)
                 return _sim_gathered_c([x[1] for x in everyone], n) + a @ (b if trans_b else b.T)
+
+            _sim_store(acc, _sim_leader_result(product), n)
+
+        return mma
+
+    @lru_cache(maxsize=None)
+    def wgmma_ss_e4m3(n: int, k_steps: int, a_layout, b_layout, wait: bool = True, accumulate: bool = False):
+        """Simulator twin of ``wgmma_ss_e4m3`` (see the GPU version; it completes at once)."""
+        _check(n, k_steps, a_layout, b_layout)
+
+        def mma(acc, smem, a_offset, b_offset):
+            everyone = _sim_group_gather(np.array(acc.reshape(-1)[: n // 2], dtype=np.float64),
+                                         WARPGROUP_THREADS) if accumulate else None
+
+            def product():
+                a = _sim_operand_e4m3(smem, a_offset, ROWS, a_layout, k_steps)
+                b = _sim_operand_e4m3(smem, b_offset, n, b_layout, k_steps)
+                d = a @ b.T
+                return d + _sim_gathered_c(everyone, n) if accumulate else d
+
+            _sim_store(acc, _sim_leader_result(product), n)
+
+        return mma
+
+    @lru_cache(maxsize=None)
+    def wgmma_rs_e4m3(n: int, k_steps: int, b_layout, wait: bool = True):
+        """Simulator twin of ``wgmma_rs_e4m3`` (see the GPU version; it completes at once)."""
+        _check(n, k_steps, b_layout)
+
+        def mma(acc, a_regs, smem, b_offset):
+            mine = (np.array(np.asarray(a_regs).reshape(-1)[: 4 * k_steps], dtype=np.uint32),
+                    np.array(acc.reshape(-1)[: n // 2], dtype=np.float64))
+            everyone = _sim_group_gather(mine, WARPGROUP_THREADS)
+
+            def product():
+                a = _sim_gathered_a_e4m3([x[0] for x in everyone], k_steps)
+                b = _sim_operand_e4m3(smem, b_offset, n, b_layout, k_steps)
+                return _sim_gathered_c([x[1] for x in everyone], n) + a @ b.T
 
             _sim_store(acc, _sim_leader_result(product), n)
 

@@ -49,6 +49,7 @@ from ..core.epilogue import as_16bit, store_rows
 from ..core.mask import tile_is_partial
 from ..core.softmax import exponent_scale_for, softmax_start, softmax_update
 from ..core.staging import device_function, kernel_body
+from ..core.swizzled_tiles import swizzled_tile_loader
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
 from . import common
@@ -116,50 +117,10 @@ def supports(dtype: str, head_dim: int, *arrays) -> bool:
 
 def tile_loader(rows: int, d_pad: int, threads: int = THREADS):
     """``load(head, smem, base, tid, n0, seqlen, head_dim)``: start the ``cp.async`` copy of rows ``n0 .. n0 +
-    rows`` of ``head`` to the swizzled tile at element ``base`` of ``smem`` (``wgmma`` module docstring; zeros
-    outside the sequence and past headdim), by a block of ``threads`` threads (the backward's has several
-    warpgroups). Consecutive threads take consecutive 16-byte pieces of a row: a warp reads whole rows and writes
-    each 128-byte row of the tile once (the swizzle only permutes its pieces)."""
-    THREADS = threads
-    CHUNKS = d_pad // 8  # 16-byte pieces per row
-    PIECES = rows * CHUNKS
-    STEPS = -(-PIECES // THREADS)
-    GUARD = PIECES % THREADS != 0
-    ATOM = 64 * rows  # elements of one atom column
-    # when the pieces of a row divide the block, each thread keeps one piece column and steps down the rows by a
-    # multiple of 8 (so its swizzled column stays put too): its offsets are loop invariants plus constants
-    STEP_ROWS = THREADS // CHUNKS if THREADS % CHUNKS == 0 and (THREADS // CHUNKS) % 8 == 0 else 0
-    ROWS = rows
-    cp_async_16 = ptx.cp_async_16
-
-    def load_fixed_column(head, smem, base, tid, n0, seqlen, head_dim):
-        row = tid // CHUNKS
-        chunk = tid - row * CHUNKS
-        dst = base + (chunk // 8) * ATOM + 64 * row + 8 * ((chunk % 8) ^ (row % 8))
-        column_inside = 8 * chunk < head_dim
-        row_stride = head.strides[0]
-        offset = (n0 + row) * row_stride + 8 * chunk * head.strides[1]
-        rows_left = seqlen - n0 - row
-        for step in range(STEPS):
-            if not GUARD or row + STEP_ROWS * step < ROWS:
-                inside = column_inside and STEP_ROWS * step < rows_left
-                cp_async_16(smem, dst + 64 * STEP_ROWS * step, head,
-                            offset + STEP_ROWS * step * row_stride if inside else 0, 16 if inside else 0)
-
-    def load(head, smem, base, tid, n0, seqlen, head_dim):
-        for step in range(STEPS):
-            piece = tid + THREADS * step
-            if not GUARD or piece < PIECES:
-                row = piece // CHUNKS
-                chunk = piece - row * CHUNKS
-                inside = n0 + row < seqlen and 8 * chunk < head_dim
-                offset = (n0 + row) * head.strides[0] + 8 * chunk * head.strides[1]
-                dst = base + (chunk // 8) * ATOM + 64 * row + 8 * ((chunk % 8) ^ (row % 8))
-                cp_async_16(smem, dst, head, offset if inside else 0, 16 if inside else 0)
-
-    if STEP_ROWS:
-        return device_function(load_fixed_column)
-    return device_function(load)
+    rows`` of a 16-bit ``head`` to the swizzled tile at element ``base`` of ``smem`` (``wgmma`` module docstring;
+    zeros outside the sequence and past headdim), by a block of ``threads`` threads (the backward's has several
+    warpgroups): ``core.swizzled_tiles.swizzled_tile_loader``."""
+    return swizzled_tile_loader(rows, d_pad, threads)
 
 
 def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN):

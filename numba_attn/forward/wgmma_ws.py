@@ -41,6 +41,14 @@ writes with ``CU_TENSOR_MAP_SWIZZLE_128B`` -- one 64-column box per atom column;
 
 Tensor maps (``runtime.tensor_map``) travel as 64-bit addresses of maps in global memory, one per tensor and box;
 the producer acquires them (``tensormap_acquire``) before its first copy.
+
+float8 e4m3 inputs (``fp8=True``, launched by ``forward.wgmma_ws_fp8``)
+    The same pipeline on 8-bit tiles (one 128-byte box per row: head dims up to 128 are one atom column) and
+    ``k32.e4m3`` MMAs, P rounded to e4m3 in registers (``core.fp8.probabilities``). 8-bit MMAs take B K-major only,
+    so P V reads ``V^T``, which a pre-pass wrote (``forward.fp8_vt``: ``(batch, kv_heads, headdim, keys)``, the keys
+    in ``core.fp8``'s order): the V ring holds ``V^T`` tiles (``d_pad`` rows of 128 keys per atom column, one box
+    each) in place of V tiles, and nothing else changes. Descale factors fold into the score scale and the
+    epilogue's output scale (``core.fp8.descaled``: per tensor at launch, per head per block).
 """
 from __future__ import annotations
 
@@ -49,6 +57,7 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, types, uint16, uint32
 
+from ..core import fp8 as fp8_blocks
 from ..core import ptx
 from ..core import warpgroup as wgmma
 from ..core.block_info import QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
@@ -56,7 +65,7 @@ from ..core.epilogue import as_16bit, store_rows
 from ..core.mask import tile_is_partial
 from ..core.ptx import tma
 from ..core.softmax import exponent_scale_for, softmax_start, softmax_update
-from ..core.staging import device_function, kernel_body
+from ..core.staging import device_function, inlined_function, kernel_body
 from ..runtime import tensor_map
 from ..runtime.device import cuda, kernel_jit, multiprocessor_count
 from ..runtime.launch import launch as device_launch
@@ -67,6 +76,7 @@ from .common import PLAIN, Variant
 from .wgmma_ws_config import DEFAULT_CONFIG, SHARED_LIMIT, SIMULATOR_CONFIG, TUNING_CANDIDATES  # noqa: F401
 from .wgmma_ws_config import DTYPES, MAX_HEAD_DIM, MIN_COMPUTE_CAPABILITY, ROWS, WARPGROUP, WsConfig
 from .wgmma_ws_config import default_config, fits_registers, padded_head_dim, shared_bytes, usable  # noqa: F401
+from .wgmma_ws_config import vt_atoms
 
 
 def supports(dtype: str, head_dim: int, *arrays) -> bool:
@@ -77,36 +87,58 @@ def supports(dtype: str, head_dim: int, *arrays) -> bool:
             and common.runs_here(MIN_COMPUTE_CAPABILITY) and all(tensor_map.tma_layout_ok(x) for x in arrays))
 
 
-def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN):
-    """The Python function of one specialisation (not yet jitted)."""
+def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN,
+                   fp8: bool = False, per_head: bool = False, probe: str | None = None):
+    """The Python function of one specialisation (not yet jitted). ``fp8``: float8 e4m3 operands (uint8) and a
+    bfloat16 (``bf16``) or float16 output, with per-head descale arrays read (``per_head``) or not; the kernel then
+    takes four more arguments (``forward.wgmma_ws_fp8.SIGNATURE``). ``probe`` (a timing probe only, wrong results:
+    ``scripts/check_fp8.py --part probe``): ``"no_softmax"`` leaves the scores as they are (no max, exp, sums),
+    ``"no_pack"`` leaves P's registers unwritten (no conversion to the MMA's A operand)."""
+    if probe not in (None, "no_softmax", "no_pack"):
+        raise ValueError(f"probe: expected None, 'no_softmax' or 'no_pack', got {probe!r}")
     if variant.packed and config.persistent:
         raise ValueError("wgmma_ws: packed sequences take one block per schedule entry (persistent=False)")
+    if fp8 and variant.packed:
+        raise ValueError("wgmma_ws fp8: packed sequences are not supported (flash_forward_varlen takes no fp8)")
+    if fp8 and (d_pad % 32 or d_pad > 128 or config.block_n % 32):
+        raise ValueError(f"wgmma_ws fp8: head_dim_pad (up to 128) and block_n must be multiples of 32, got {d_pad}, "
+                         f"{config.block_n}")
     BLOCK_N = config.block_n
     STAGES = config.stages
     PINGPONG = config.pingpong
-    ATOMS = wgmma.atom_columns(d_pad)
-    Q_TILE = ROWS * 64 * ATOMS  # elements of one consumer's Q tile
+    ATOMS = 1 if fp8 else wgmma.atom_columns(d_pad)  # (8-bit rows of up to 128 elements: one atom column)
+    Q_TILE = ROWS * 64 * ATOMS  # elements (uint16) of one consumer's Q tile
     TILE = BLOCK_N * 64 * ATOMS  # elements of a K or V tile
+    VT_ATOMS = vt_atoms(BLOCK_N)
+    VT_BOX = d_pad * 64  # 8-bit: elements of one box of V^T (d_pad rows of 128 keys)
+    V_TILE = VT_ATOMS * VT_BOX if fp8 else TILE  # elements of a tile of the V ring (8-bit: V^T)
     CONSUMERS = config.consumers
     BLOCK_M = config.block_m
     Q_BYTES = 2 * CONSUMERS * Q_TILE
     TILE_BYTES = 2 * TILE
-    Q_BOX = 64 * ROWS  # elements of one 64-column box of Q
+    V_TILE_BYTES = 2 * V_TILE
+    Q_BOX = 64 * ROWS  # elements of one 64-column box of Q (128-byte box rows; 8-bit: one box)
     KV_BOX = 64 * BLOCK_N
+    K_STEP = 32 if fp8 else 16  # k of one MMA
     S_BLOCKS = BLOCK_N // 8
-    PV_STEPS = BLOCK_N // 16
+    PV_STEPS = BLOCK_N // K_STEP
     P_WORDS = 4 * PV_STEPS
     O_BLOCKS = d_pad // 8
-    QK_STEPS = d_pad // 16
+    QK_STEPS = d_pad // K_STEP
     SCALE_FIRST = scale_first
     EMPTY_ARRIVALS = 4 * CONSUMERS  # one per consumer warp
     PERSISTENT = config.persistent
     # the mbarriers, 4 elements (8 bytes) each from ``bars``: Q full, Q empty, then per stage of the ring
     K_FULL, K_EMPTY, V_FULL, V_EMPTY = (4 * (2 + n * STAGES) for n in range(4))
     PAIR = 2 * WARPGROUP  # threads of a ping-pong barrier: the waiting warpgroup and the one arriving
-    q_times_k = wgmma.wgmma_ss(BLOCK_N, QK_STEPS, bf16, wgmma.k_major(ROWS, QK_STEPS),
-                               wgmma.k_major(BLOCK_N, QK_STEPS), wait=False)
-    p_times_v = wgmma.wgmma_rs(d_pad, PV_STEPS, bf16, wgmma.mn_major(BLOCK_N, PV_STEPS), True, wait=False)
+    if fp8:
+        q_times_k = wgmma.wgmma_ss_e4m3(BLOCK_N, QK_STEPS, wgmma.k_major(ROWS, QK_STEPS),
+                                        wgmma.k_major(BLOCK_N, QK_STEPS), wait=False)
+        p_times_v = wgmma.wgmma_rs_e4m3(d_pad, PV_STEPS, wgmma.k_major(d_pad, PV_STEPS), wait=False)
+    else:
+        q_times_k = wgmma.wgmma_ss(BLOCK_N, QK_STEPS, bf16, wgmma.k_major(ROWS, QK_STEPS),
+                                   wgmma.k_major(BLOCK_N, QK_STEPS), wait=False)
+        p_times_v = wgmma.wgmma_rs(d_pad, PV_STEPS, bf16, wgmma.mn_major(BLOCK_N, PV_STEPS), True, wait=False)
     wait_s = wgmma.wgmma_wait(BLOCK_N, 0)
     wait_one = wgmma.wgmma_wait(BLOCK_N, 1)
     wait_o = wgmma.wgmma_wait(d_pad, 0)
@@ -131,7 +163,34 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     start = softmax_start(1, O_BLOCKS)
     online_softmax = softmax_update(1, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
                                     window=variant.window, softcap=variant.softcap, precise_tanh=False)
-    finish = store_rows(1, O_BLOCKS, as_16bit(bf16))
+    if probe == "no_softmax":
+        @device_function
+        def online_softmax(s, alpha, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2,
+                           post):
+            alpha[0] = ONE
+            alpha[1] = ONE
+    if fp8:
+        finish = store_rows(1, O_BLOCKS, as_16bit(bf16), scaled=True)
+    else:  # (the 16-bit kernel's output has no factor: its finish takes one and drops it)
+        store = store_rows(1, O_BLOCKS, as_16bit(bf16))
+
+        @inlined_function
+        def finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post,
+                   out_scale):
+            store(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post)
+
+    if fp8 and per_head:
+        descale = fp8_blocks.descaled(True)
+
+        @inlined_function
+        def scales(scale_log2, post, out_scale, descale_q, descale_k, descale_v, b, h, heads):
+            """A block's (score scale, its exponent scale, output scale): the per-head factors of (b, h) folded in."""
+            scale, v_scale = descale(scale_log2, out_scale, descale_q, descale_k, descale_v, b, h, heads)
+            return scale, exponent(scale, SCALE_FIRST), v_scale
+    else:  # (per tensor: the launch folded the factors into the scalars)
+        @inlined_function
+        def scales(scale_log2, post, out_scale, descale_q, descale_k, descale_v, b, h, heads):
+            return scale_log2, post, out_scale
 
     @device_function
     def advance(stage, phase):
@@ -148,6 +207,18 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         arrive_tx(smem, full + 4 * stage, TILE_BYTES)
         for a in range(ATOMS):
             load_box(smem, base + stage * TILE + a * KV_BOX, tmap, 64 * a, n0, hk, b, full + 4 * stage)
+
+    if fp8:
+        @device_function
+        def load_v(smem, base, tmap, stage, phase, n0, hk, b, full, empty):
+            """8-bit: the V^T tile of keys ``n0 ..`` (all head-dim rows; one box per 128 keys) into ring slot
+            ``stage``, once the consumers have freed it."""
+            wait(smem, empty + 4 * stage, phase ^ 1)
+            arrive_tx(smem, full + 4 * stage, V_TILE_BYTES)
+            for a in range(VT_ATOMS):
+                load_box(smem, base + stage * V_TILE + a * VT_BOX, tmap, n0 + 128 * a, 0, hk, b, full + 4 * stage)
+    else:
+        load_v = load_kv
 
     @device_function
     def produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m0, h, hk, b, n_first, n_tiles, stage,
@@ -167,24 +238,32 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             if j + 1 < n_tiles:
                 load_kv(smem, k_base, k_map, stage, phase, n_first + (j + 1) * BLOCK_N, hk, b, bars + K_FULL,
                         bars + K_EMPTY)
-            load_kv(smem, v_base, v_map, v_stage, v_phase, n_first + j * BLOCK_N, hk, b, bars + V_FULL,
-                    bars + V_EMPTY)
+            load_v(smem, v_base, v_map, v_stage, v_phase, n_first + j * BLOCK_N, hk, b, bars + V_FULL,
+                   bars + V_EMPTY)
         return stage, phase
 
-    @device_function
-    def probabilities(s, p):
-        """P rounded to the input dtype as the A operand (``wgmma.probabilities``' layout)."""
-        for kk in range(PV_STEPS):
-            p[4 * kk] = pack(s[0, 2 * kk, 0], s[0, 2 * kk, 1])
-            p[4 * kk + 1] = pack(s[0, 2 * kk, 2], s[0, 2 * kk, 3])
-            p[4 * kk + 2] = pack(s[0, 2 * kk + 1, 0], s[0, 2 * kk + 1, 1])
-            p[4 * kk + 3] = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
+    if fp8:
+        probabilities = fp8_blocks.probabilities(PV_STEPS)  # P rounded to e4m3 (the keys permuted: ``core.fp8``)
+    else:
+        @device_function
+        def probabilities(s, p):
+            """P rounded to the input dtype as the A operand (``wgmma.probabilities``' layout)."""
+            for kk in range(PV_STEPS):
+                p[4 * kk] = pack(s[0, 2 * kk, 0], s[0, 2 * kk, 1])
+                p[4 * kk + 1] = pack(s[0, 2 * kk, 2], s[0, 2 * kk, 3])
+                p[4 * kk + 2] = pack(s[0, 2 * kk + 1, 0], s[0, 2 * kk + 1, 1])
+                p[4 * kk + 3] = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
+    if probe == "no_pack":
+        @device_function
+        def probabilities(s, p):
+            pass
 
     @device_function
     def consume(smem, q_c, k_base, v_base, bars, c, lane, m_c, row0, t, n_first, n_tiles, stage, phase, qn, key_end,
-                causal, diag_offset, scale_log2, post, out_head, lse, b, h, seqlen_q, head_dim, write_lse):
+                causal, diag_offset, scale_log2, post, out_head, lse, b, h, seqlen_q, head_dim, write_lse, out_scale):
         """Consumer ``c``'s 64 rows of one block (``qn``: Q copies before; tile 0 in ring slot ``stage``, use
-        ``phase``); returns the slot and phase of the next block's tile 0."""
+        ``phase``); returns the slot and phase of the next block's tile 0. ``v_base``: the V ring (8-bit: ``V^T``
+        tiles); ``out_scale``: the output's factor (8-bit: the V descale)."""
         s = cuda.local.array((1, S_BLOCKS, 4), float32)
         acc = cuda.local.array((1, O_BLOCKS, 4), float32)
         p = cuda.local.array(P_WORDS, uint32)
@@ -216,7 +295,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                 bar_sync(1 + c, PAIR)
             q_times_k(s, smem, q_c, k_base + stage * TILE)
             wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
-            p_times_v(acc, p, smem, v_base + v_stage * TILE)
+            p_times_v(acc, p, smem, v_base + v_stage * V_TILE)
             if PINGPONG:
                 bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
             wait_one(s)  # S_j is done; P V may still run
@@ -238,12 +317,12 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             stage, phase = advance(stage, phase)
         if n_tiles > 0:
             wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
-            p_times_v(acc, p, smem, v_base + v_stage * TILE)
+            p_times_v(acc, p, smem, v_base + v_stage * V_TILE)
             wait_o(acc)
             if lane == 0:
                 arrive(smem, bars + V_EMPTY + 4 * v_stage)
                 arrive(smem, bars + 4)  # Q is free (the producer copies the next block's over it)
-        finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post)
+        finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post, out_scale)
         return stage, phase
 
     @device_function
@@ -258,7 +337,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         return bh // q.shape[1], bh % q.shape[1], m_block * BLOCK_M
 
     @kernel_body
-    def body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, schedule):
+    def body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, schedule, out_scale, descale_q,
+             descale_k, descale_v):
         tid, warp, lane, g, t = lane_position()
         seqlen_q, key_start, key_end, diag_offset = bounds(q, k, 0, schedule)
         group = q.shape[1] // k.shape[1]
@@ -267,7 +347,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         q_base = ((1024 - shared_address(smem) % 1024) % 1024) // 2
         k_base = q_base + CONSUMERS * Q_TILE
         v_base = k_base + STAGES * TILE
-        bars = v_base + STAGES * TILE  # Q full, Q empty; K full, K empty, V full, V empty per stage
+        bars = v_base + STAGES * V_TILE  # Q full, Q empty; K full, K empty, V full, V empty per stage
         if tid == 0:
             init(smem, bars, 1)
             init(smem, bars + 4, EMPTY_ARRIVALS)
@@ -320,28 +400,42 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             for tile in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
                 b, h, m0 = tile_of(tile, q, causal)
                 n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
+                scale, post_b, v_scale = scales(scale_log2, post, out_scale, descale_q, descale_k, descale_v, b, h,
+                                                q.shape[1])
                 stage, phase = consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m0 + ROWS * c,
                                        m0 + row, t, n_first, n_tiles, stage, phase, qn, key_end, causal, diag_offset,
-                                       scale_log2, post, out[b, h], lse, b, h, seqlen_q, head_dim, write_lse)
+                                       scale, post_b, out[b, h], lse, b, h, seqlen_q, head_dim, write_lse, v_scale)
                 if n_tiles > 0:
                     qn += 1
         else:
             b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, schedule)
             n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
+            scale, post_b, v_scale = scales(scale_log2, post, out_scale, descale_q, descale_k, descale_v, b1, h1,
+                                            q.shape[1])
             consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m1 + ROWS * c, m1 + row, t, n_first1,
-                    n_tiles1, 0, 0, 0, key_end, causal, diag_offset, scale_log2, post, out_head, lse, b1, h1,
-                    seqlen_q, head_dim, write_lse)
+                    n_tiles1, 0, 0, 0, key_end, causal, diag_offset, scale, post_b, out_head, lse, b1, h1,
+                    seqlen_q, head_dim, write_lse, v_scale)
         if PINGPONG and c == 0:
             bar_sync(1, PAIR)  # the last consumer's last arrival: the barriers end as they began
 
+    if fp8:  # (no schedule: unread)
+        def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, out_scale, descale_q,
+                   descale_k, descale_v):
+            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, lse, out_scale, descale_q,
+                 descale_k, descale_v)
+
+        return kernel
+
+    # (16-bit: no factors -- the output's is 1, and lse stands in for the descale arrays nothing reads)
     if variant.packed:
         def packed_kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, schedule):
-            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, schedule)
+            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, schedule, ONE, lse, lse, lse)
 
         return packed_kernel
 
     def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map):
-        body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, lse)  # (no schedule: unread)
+        body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, lse, ONE, lse, lse,
+             lse)  # (no schedule: unread)
 
     return kernel
 

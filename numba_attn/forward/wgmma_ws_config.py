@@ -73,11 +73,13 @@ def usable(config: WsConfig, head_dim_pad: int) -> bool:
     return shared_bytes(config, head_dim_pad) <= SHARED_LIMIT and fits_registers(config, head_dim_pad)
 
 
-def fits_registers(config: WsConfig, head_dim_pad: int) -> bool:
+def fits_registers(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> bool:
     """Whether a consumer's live values fit its register budget: S (``block_n / 2`` per thread), P (``block_n /
-    4``), O (``head_dim_pad / 2``) and ~40 for the rest (a rough rule from ptxas: at head dim 64 and 160 registers
-    128-key tiles spill, 96-key tiles do not; 176-key tiles at head dim 128 do not at 240)."""
-    return config.block_n // 2 + config.block_n // 4 + head_dim_pad // 2 + 40 <= config.consumer_registers
+    4``; 8-bit: ``block_n / 8``), O (``head_dim_pad / 2``) and ~40 for the rest (a rough rule from ptxas: at head
+    dim 64 and 160 registers 128-key tiles spill, 96-key tiles do not; 176-key tiles at head dim 128 do not at
+    240; 8-bit: 192-key tiles do not at 240, 224-key ones spill 32 bytes)."""
+    p_words = config.block_n // (8 if fp8 else 4)
+    return config.block_n // 2 + p_words + head_dim_pad // 2 + 40 <= config.consumer_registers
 
 
 def default_config() -> WsConfig:
@@ -92,7 +94,17 @@ def _barriers(stages: int) -> int:
     return 2 + 4 * stages  # Q full, Q empty, then K full, K empty, V full, V empty per stage
 
 
-def shared_bytes(config: WsConfig, head_dim_pad: int) -> int:
-    """Q (128 rows), ``stages`` K and V tiles, the mbarriers, and 1 KB to align the first tile to 1024 bytes."""
-    tiles = 128 * wgmma.atom_columns(head_dim_pad) * (config.block_m + 2 * config.stages * config.block_n)
+def vt_atoms(block_n: int) -> int:
+    """8-bit: atom columns (128 keys each) of a ``V^T`` tile."""
+    return -(-block_n // 128)
+
+
+def shared_bytes(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> int:
+    """Q (128 rows), ``stages`` K and V tiles (8-bit: ``V^T`` tiles, ``head_dim_pad`` rows per 128 keys), the
+    mbarriers, and 1 KB to align the first tile to 1024 bytes."""
+    if fp8:  # rows of 128 bytes, one atom column
+        v_rows = head_dim_pad * vt_atoms(config.block_n)
+        tiles = 128 * (config.block_m + config.stages * (config.block_n + v_rows))
+    else:
+        tiles = 128 * wgmma.atom_columns(head_dim_pad) * (config.block_m + 2 * config.stages * config.block_n)
     return tiles + 8 * _barriers(config.stages) + 1024

@@ -8,7 +8,9 @@ caller's kind of array:
 * CuPy arrays, Numba device arrays and torch CUDA tensors are used in place through ``__cuda_array_interface__``
   (any strides, no copy) and the outputs are allocated by the caller's library;
 * torch ``bfloat16`` tensors (which have no ``__cuda_array_interface__``) travel as a ``uint16`` bit view; raw bf16
-  buffers can be passed the same way with ``dtype="bfloat16"`` where a function offers it.
+  buffers can be passed the same way with ``dtype="bfloat16"`` where a function offers it;
+* torch ``float8_e4m3fn`` tensors travel as a ``uint8`` bit view (``flash_forward``'s fp8 inputs; raw e4m3 buffers
+  as uint8 arrays with ``input_dtype="float8_e4m3fn"``).
 
 Kernels are launched on the caller's *current* stream (CuPy's or torch's), so the results are ordered after the
 caller's earlier work and before its later work without any device-wide synchronisation.
@@ -29,6 +31,7 @@ from .device import (SIMULATOR, DeviceView, cuda, current_device_id, default_str
 _HOST, _CUPY, _TORCH, _NUMBA = "host", "cupy", "torch", "numba"
 
 BFLOAT16 = "bfloat16"
+FLOAT8_E4M3 = "float8_e4m3fn"
 
 
 # Every public call looks up its arrays' library and dtype names; decoding calls come once per generated token and
@@ -143,6 +146,10 @@ def _host_numpy(x: Any, library: str) -> np.ndarray:
         import torch
 
         return x.view(torch.int16).numpy().view(np.uint16)
+    if _dtype_name(x, "torch") == FLOAT8_E4M3:
+        import torch
+
+        return x.view(torch.uint8).numpy()
     return x.numpy()
 
 
@@ -363,9 +370,13 @@ def _torch_storage_dtypes() -> dict:
     import torch
 
     # bfloat16 travels as its bit pattern (uint16); the kernels convert it on load; int32: flash_decode's index
-    # arrays (cache_seqlens, block_table)
-    return {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
-            torch.bfloat16: np.dtype(np.uint16), torch.float64: np.dtype(np.float64), torch.int32: np.dtype(np.int32)}
+    # arrays (cache_seqlens, block_table); float8 e4m3 as its bit pattern (uint8)
+    dtypes = {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
+              torch.bfloat16: np.dtype(np.uint16), torch.float64: np.dtype(np.float64),
+              torch.int32: np.dtype(np.int32)}
+    if hasattr(torch, "float8_e4m3fn"):
+        dtypes[torch.float8_e4m3fn] = np.dtype(np.uint8)
+    return dtypes
 
 
 _TORCH_DTYPES: dict | None = None

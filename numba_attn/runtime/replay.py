@@ -67,12 +67,13 @@ def note_launch(launchable, grid: tuple, block: tuple, shared_bytes: int, stream
         recorder.ops.append(("launch", launchable, grid, block, shared_bytes, stream, list(values)))
 
 
-def note_map(address: int, ptr: int, shape: tuple, strides: tuple, rows: int) -> None:
+def note_map(address: int, ptr: int, shape: tuple, strides: tuple, rows: int, itemsize: int = 2) -> None:
     """A tensor map (``runtime.tensor_map``) at device ``address`` describes the array at ``ptr`` with ``shape``,
-    byte ``strides`` and ``rows``-row boxes: a plan passes the map of the moved array in its place."""
+    byte ``strides``, ``itemsize``-byte elements and ``rows``-row boxes: a plan passes the map of the moved array in
+    its place."""
     recorder = getattr(_local, "recorder", None)
     if recorder is not None:
-        recorder.maps[int(address)] = (int(ptr), tuple(shape), tuple(strides), int(rows))
+        recorder.maps[int(address)] = (int(ptr), tuple(shape), tuple(strides), int(rows), int(itemsize))
 
 
 @contextlib.contextmanager
@@ -163,7 +164,7 @@ class _Recorder:
     def __init__(self):
         self.allocs: list = []
         self.ops: list = []
-        self.maps: dict = {}  # device address of a tensor map -> (ptr, shape, strides, rows) of its array
+        self.maps: dict = {}  # device address of a tensor map -> (ptr, shape, strides, rows, itemsize) of its array
         self.refused: str | None = None
 
     def _refuse(self, reason: str) -> None:
@@ -261,7 +262,8 @@ class Plan:
                  maps: list = ()):
         self.library, self.device_id, self.allocs = library, device_id, allocs
         self.ops, self.returned, self.as_tuple = ops, returned, as_tuple
-        self.maps = tuple(maps)  # (kind, index, offset, shape, strides, rows) of each tensor map the launches take
+        # (kind, index, offset, shape, strides, rows, itemsize) of each tensor map the launches take
+        self.maps = tuple(maps)
 
     def run(self, layouts):
         """Replay on arrays whose key is the plan's; None where the checked path must take them (another device is
@@ -278,8 +280,9 @@ class Plan:
 
             tensor_maps = maps_for(device_id)
             addresses = []
-            for kind, index, offset, shape, strides, rows in self.maps:
-                address = tensor_maps.address_of(bases[kind - 1][index] + offset, shape, strides, rows, stream)
+            for kind, index, offset, shape, strides, rows, itemsize in self.maps:
+                address = tensor_maps.address_of(bases[kind - 1][index] + offset, shape, strides, rows, stream,
+                                                 itemsize)
                 if address is None:
                     return None
                 addresses.append(address)

@@ -5,7 +5,8 @@ A 4-d ``(batch, heads, seqlen, headdim)`` array of 2-byte elements becomes a ran
 row, head, batch), innermost first, the byte strides of its rows, heads and batches, a box of 64 columns (128
 bytes, the 128-byte swizzle's row: one atom column of ``core.warpgroup``'s tile layout) by ``rows`` rows by one
 head by one batch entry, and zeros for every element outside the array (tails of the sequence, columns past
-headdim). ``tma_layout_ok`` tells whether the TMA can read an array at all (16-byte aligned base, contiguous last
+headdim). An array of 1-byte elements (float8 e4m3 bit patterns, uint8) gets 128-column boxes: again 128 bytes,
+one atom column of an 8-bit tile. ``tma_layout_ok`` tells whether the TMA can read an array at all (16-byte aligned base, contiguous last
 axis, the other strides multiples of 16 bytes); the kernels fall back to ``cp.async`` otherwise.
 
 Device residence. Numba cannot pass a ``__grid_constant__`` map, so a map lives in global memory: 128-byte slots of
@@ -37,7 +38,7 @@ from ..core.ptx import tma
 from . import replay as _replay
 from .device import SIMULATOR, DeviceView, _cuda_library, cuda, current_device_id
 
-#: 16-bit elements per box row: 128 bytes, the 128-byte swizzle's span
+#: 16-bit elements per box row: 128 bytes, the 128-byte swizzle's span (1-byte elements: twice as many)
 BOX_COLUMNS = 64
 MAP_BYTES = 128
 _SLAB_SLOTS = 256
@@ -46,6 +47,7 @@ CAPACITY = 1024
 _MAX_STRIDE = 1 << 40
 
 # CUtensorMap enums (cuda.h)
+_DATA_TYPE_UINT8 = 0
 _DATA_TYPE_UINT16 = 1
 _INTERLEAVE_NONE = 0
 _SWIZZLE_128B = 3
@@ -66,31 +68,33 @@ def _layout(x):
 
 
 def tma_layout_ok(x) -> bool:
-    """The TMA can read the 4-d array ``x`` of 2-byte elements: 16-byte aligned base, unit-stride last axis, the
-    other strides multiples of 16 bytes below 2^40 (an axis of length 1 may have any stride)."""
+    """The TMA can read the 4-d array ``x`` of 2-byte (or 1-byte) elements: 16-byte aligned base, unit-stride last
+    axis, the other strides multiples of 16 bytes below 2^40 (an axis of length 1 may have any stride)."""
     ptr, shape, strides, itemsize = _layout(x)
-    if itemsize != 2 or len(shape) != 4 or ptr % 16 or 0 in shape or strides[3] != 2:
+    if itemsize not in (1, 2) or len(shape) != 4 or ptr % 16 or 0 in shape or strides[3] != itemsize:
         return False
     return all(n == 1 or (s % 16 == 0 and 0 < s < _MAX_STRIDE) for n, s in zip(shape[:3], strides[:3]))
 
 
-def _map_geometry(shape, strides, rows: int):
-    """(dims, byte strides of dims 1.., box) of a ``(batch, heads, seqlen, headdim)`` array, innermost first."""
+def _map_geometry(shape, strides, rows: int, itemsize: int = 2):
+    """(dims, byte strides of dims 1.., box) of a ``(batch, heads, seqlen, headdim)`` array of ``itemsize``-byte
+    elements, innermost first (a box row is 128 bytes either way)."""
     batch, heads, seqlen, head_dim = shape
     dims = (head_dim, seqlen, heads, batch)
     # an axis of length 1 is never stepped over: any multiple of 16 stands in for its stride
     byte_strides = tuple(s if n > 1 else 16 for n, s in ((seqlen, strides[2]), (heads, strides[1]), (batch, strides[0])))
-    return dims, byte_strides, (BOX_COLUMNS, rows, 1, 1)
+    return dims, byte_strides, (BOX_COLUMNS * 2 // itemsize, rows, 1, 1)
 
 
-def encode_tiled(ptr: int, dims: tuple, byte_strides: tuple, box: tuple) -> bytes:
-    """The 128 bytes of a tiled, 128-byte-swizzled, zero-filling map of 16-bit elements (``cuTensorMapEncodeTiled``);
-    RuntimeError with the driver's code where it refuses."""
+def encode_tiled(ptr: int, dims: tuple, byte_strides: tuple, box: tuple, itemsize: int = 2) -> bytes:
+    """The 128 bytes of a tiled, 128-byte-swizzled, zero-filling map of 16-bit (``itemsize`` 1: 8-bit) elements
+    (``cuTensorMapEncodeTiled``); RuntimeError with the driver's code where it refuses."""
     lib = _cuda_library()
     fn = lib.cuTensorMapEncodeTiled
     rank = len(dims)
     raw = (ctypes.c_uint64 * 16)()
-    code = fn(raw, ctypes.c_int(_DATA_TYPE_UINT16), ctypes.c_uint32(rank), ctypes.c_void_p(ptr),
+    data_type = _DATA_TYPE_UINT8 if itemsize == 1 else _DATA_TYPE_UINT16
+    code = fn(raw, ctypes.c_int(data_type), ctypes.c_uint32(rank), ctypes.c_void_p(ptr),
               (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * (rank - 1))(*byte_strides),
               (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*([1] * rank)),
               ctypes.c_int(_INTERLEAVE_NONE), ctypes.c_int(_SWIZZLE_128B), ctypes.c_int(_L2_PROMOTION_256B),
@@ -190,15 +194,16 @@ class TensorMaps:
         """The device address of the map of ``x`` (``tma_layout_ok``) with ``rows``-row boxes, written on ``stream``
         (a Numba stream or a driver handle) when new; None when it cannot be had now (no slot while the stream is
         being captured, or the driver refuses the map): the caller falls back."""
-        ptr, shape, strides, _ = _layout(x)
-        return self.address_of(ptr, shape, strides, rows, stream)
+        ptr, shape, strides, itemsize = _layout(x)
+        return self.address_of(ptr, shape, strides, rows, stream, itemsize)
 
-    def address_of(self, ptr: int, shape: tuple, strides: tuple, rows: int, stream) -> int | None:
-        """``address`` of the array at ``ptr`` with ``shape`` and byte ``strides`` (what a replayed plan knows)."""
+    def address_of(self, ptr: int, shape: tuple, strides: tuple, rows: int, stream, itemsize: int = 2) -> int | None:
+        """``address`` of the array at ``ptr`` with ``shape``, byte ``strides`` and ``itemsize``-byte elements (what a
+        replayed plan knows)."""
         from .launch import launch as device_launch
         from .launch import stream_capture_status, stream_handle
 
-        key = (ptr, shape, strides, rows)
+        key = (ptr, shape, strides, itemsize, rows)
         handle = stream_handle(stream)
         capturing = stream_capture_status(handle)
         with self._lock:
@@ -208,10 +213,11 @@ class TensorMaps:
                 entry.stream = handle
                 entry.permanent = entry.permanent or capturing
                 address = entry.slab.ptr + MAP_BYTES * entry.slot
-                _replay.note_map(address, ptr, shape, strides, rows)
+                _replay.note_map(address, ptr, shape, strides, rows, itemsize)
                 return address
             try:
-                words = np.frombuffer(encode_tiled(ptr, *_map_geometry(shape, strides, rows)), np.uint64)
+                words = np.frombuffer(encode_tiled(ptr, *_map_geometry(shape, strides, rows, itemsize), itemsize),
+                                      np.uint64)
             except (RuntimeError, AttributeError):
                 return None
             place = self._slot(handle, capturing)
@@ -227,7 +233,7 @@ class TensorMaps:
                 if not old.permanent:
                     self._free.append((old.slab, old.slot, old.stream))
             address = slab.ptr + MAP_BYTES * slot
-            _replay.note_map(address, ptr, shape, strides, rows)
+            _replay.note_map(address, ptr, shape, strides, rows, itemsize)
             return address
 
 
@@ -240,14 +246,16 @@ class _SimulatedMaps:
         self.uploads = 0
 
     def address(self, x, rows: int, stream) -> int:
+        # (1-byte elements as uint16 pairs: a 128-byte box row is 64 of them either way)
+        itemsize = _host_array(x).dtype.itemsize
         array = _host_array(x).view(np.uint16)
         ptr, shape, strides, _ = _layout(array)
-        key = (ptr, shape, strides, rows)
+        key = (ptr, shape, strides, itemsize, rows)
         with self._lock:
             # (the registry keeps each array alive: one address, shape and strides is one memory)
             handle = self._handles.get(key)
             if handle is None:
-                handle = tma.sim_register_map(tma.SimTensorMap(array, (BOX_COLUMNS, rows, 1, 1), 128))
+                handle = tma.sim_register_map(tma.SimTensorMap(array, (BOX_COLUMNS, rows, 1, 1), 128, itemsize))
                 self._handles[key] = handle
                 self.uploads += 1
             return handle

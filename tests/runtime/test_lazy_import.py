@@ -4,7 +4,7 @@ import sys
 
 LAZY = ("numba_attn.backward.dispatch", "numba_attn.decode.dispatch", "numba_attn.decode.cached",
         "numba_attn.linear.api", "numba_attn.linear.dispatch", "numba_attn.forward.varlen",
-        "numba_attn.backward.varlen")
+        "numba_attn.backward.varlen", "numba_attn.forward.fp8_call")
 
 
 def test_import_leaves_other_families_unloaded():

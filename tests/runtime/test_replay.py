@@ -139,15 +139,15 @@ def test_keys_tell_options_and_layouts_apart(monkeypatch):
 
 @pytest.mark.usefixtures("fake_library")
 def test_plan_moves_a_tensor_map_with_its_array(monkeypatch):
-    """A scalar that is a noted tensor map becomes the map of the moved array, made before anything launches; where
-    no map can be had the plan launches nothing."""
+    """A scalar that is a noted tensor map becomes the map of the moved array (of the same element size), made before
+    anything launches; where no map can be had the plan launches nothing."""
     from numba_attn.runtime import tensor_map
 
     asked = []
 
     class _Maps:
-        def address_of(self, ptr, shape, strides, rows, stream):
-            asked.append((ptr, shape, strides, rows, stream))
+        def address_of(self, ptr, shape, strides, rows, stream, itemsize):
+            asked.append((ptr, shape, strides, rows, stream, itemsize))
             return None if ptr == 0x70000000 + 32 else 0x90000000 + ptr % 0x1000000
 
     monkeypatch.setattr(tensor_map, "maps_for", lambda device_id=None: _Maps())
@@ -155,13 +155,13 @@ def test_plan_moves_a_tensor_map_with_its_array(monkeypatch):
     recorder = replay._Recorder()
     out = _Array(0x50000000)
     recorder.allocs.append((out, 0x50000000, 256, (64,), "float32"))
-    recorder.maps[0x30000080] = (0x40000000 + 32, (64,), (4,), 16)
+    recorder.maps[0x30000080] = (0x40000000 + 32, (64,), (4,), 16, 1)
     recorder.ops.append(("launch", launchable, (1, 1, 1), (32, 1, 1), 0, 5,
                          [0, 0, 64, 4, 0x50000000, 64, 4, np.uint64(0x30000080)]))
     plan = recorder.plan(("x",), [_layout(0x40000000)], out)
     assert plan is not None
     plan.run([_layout(0x60000000)])
-    assert asked[-1] == (0x60000000 + 32, (64,), (4,), 16, 7)
+    assert asked[-1] == (0x60000000 + 32, (64,), (4,), 16, 7, 1)
     assert launchable.launched[-1][7] == 0x90000000 + 32
     launchable.launched.clear()
     assert plan.run([_layout(0x70000000)]) is None and not launchable.launched
@@ -173,7 +173,7 @@ def test_no_plan_for_a_tensor_map_of_unknown_memory():
     recorder = replay._Recorder()
     out = _Array(0x50000000)
     recorder.allocs.append((out, 0x50000000, 256, (64,), "float32"))
-    recorder.maps[0x30000080] = (0x20000000, (64,), (4,), 16)
+    recorder.maps[0x30000080] = (0x20000000, (64,), (4,), 16, 2)
     recorder.ops.append(("launch", launchable, (1, 1, 1), (32, 1, 1), 0, 5,
                          [0, 0, 64, 4, 0x50000000, 64, 4, 0x30000080]))
     assert recorder.plan(("x",), [_layout(0x40000000)], out) is None

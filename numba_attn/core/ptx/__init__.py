@@ -52,8 +52,8 @@ One module per instruction family; every name is re-exported here, so kernels wr
 * ``cp_async``: ``cp.async`` copies from global to shared memory, commit groups and their waits.
 * ``memory``: loads and stores without negative-index wraparound, vector widths and byte offsets (plain LLVM).
 * ``atomics``: ``atom.acq_rel.gpu.inc``, ``red.global.add.f32`` (scalar and, sm_90, ``.v2``, ``.v4``).
-* ``convert``: ``cvt`` packs of float32 pairs to float16 / bfloat16, 16-bit floats to float32, raw bit moves, and the
-  host (NumPy) bfloat16 helpers.
+* ``convert``: ``cvt`` packs of float32 pairs to float16 / bfloat16 and of quadruples to float8 e4m3, 16-bit floats
+  to float32, raw bit moves and byte permutes (``prmt``), and the host (NumPy) bfloat16 and e4m3 helpers.
 * ``warp``: ``shfl.sync.bfly``, ``vote.sync.all``, ``bar.warp.sync``.
 * ``sfu``: ``ex2.approx``, ``tanh.approx``.
 * ``_asm`` (private): the GPU-or-simulator switch and the shared code-generation helpers; ``_sim`` (private): how the
@@ -73,13 +73,15 @@ tested without a GPU.
 from __future__ import annotations
 
 from .atomics import atomic_inc_acq_rel, red_add_f32, red_add_f32x2, red_add_f32x4
-from .convert import (bf16_bits_to_float32, bf16_to_float, bits_float, float32_to_bf16_bits, float_bits, half_to_float,
-                      high_u16, interleave_high, interleave_low, low_u16, pack_bf16x2, pack_half2, pack_u16x2)
+from .convert import (E4M3_MAX, E4M3_VALUES, bf16_bits_to_float32, bf16_to_float, bits_float, byte_perm,
+                      e4m3_bits_to_float32, float32_to_bf16_bits, float32_to_e4m3_bits, float_bits, half_to_float,
+                      high_u16, interleave_high, interleave_low, low_u16, pack_bf16x2, pack_e4m3x4, pack_half2,
+                      pack_u16x2)
 from .cp_async import cp_async_16, cp_async_16_prefetch, cp_async_commit, cp_async_wait_all, cp_async_wait_group
 from .ldmatrix import ldmatrix_x4, ldmatrix_x4_short, ldmatrix_x4_trans, ldmatrix_x4_trans_short
 from .memory import (load1, load2, load_f32_at, load_f32x2, load_f32x4, load_f32x4_1d, load_u16x2, load_u16x4,
                      load_u16x8, store1, store2, store_f32x2, store_f32x2_at, store_f32x4, store_pair, store_u32_at,
-                     store_u32x4)
+                     store_u16x2, store_u32x4, store_u32x4_1d)
 from .mma import (TF32_HUGE, mma_m16n8k8_tf32, mma_m16n8k8_tf32x3, mma_m16n8k16_bf16, mma_m16n8k16_f16, round_tf32,
                   round_tf32_keep_inf, to_tf32)
 from .sfu import exp2_approx, tanh_approx
@@ -113,6 +115,8 @@ __all__ = [
     "store2",
     "load_u16x8",
     "store_u32x4",
+    "store_u32x4_1d",
+    "store_u16x2",
     "load_f32x4",
     "load_u16x4",
     "store_pair",
@@ -143,6 +147,12 @@ __all__ = [
     "high_u16",
     "float_bits",
     "bits_float",
+    "E4M3_VALUES",
+    "E4M3_MAX",
+    "e4m3_bits_to_float32",
+    "float32_to_e4m3_bits",
+    "pack_e4m3x4",
+    "byte_perm",
     # warp
     "shfl_xor_f32",
     "all_lanes",

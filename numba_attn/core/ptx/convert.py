@@ -1,8 +1,8 @@
-"""Conversions between float32 and 16-bit floats, and moves of raw bits between registers.
+"""Conversions between float32 and 16-bit or 8-bit floats, and moves of raw bits between registers.
 
 A 32-bit register that holds two 16-bit values keeps the element with the smaller index in its LOW half (the MMA
-fragment layouts' "elements low to high"). Also the host (NumPy) bfloat16 helpers that the simulator twins, the tests
-and ``scripts/check_mma.py`` use.
+fragment layouts' "elements low to high"); one that holds four 8-bit values (float8 e4m3) keeps element 0 in bits
+0-7. Also the host (NumPy) bfloat16 and e4m3 helpers that the simulator twins, the tests and the scripts use.
 """
 from __future__ import annotations
 
@@ -28,6 +28,42 @@ def float32_to_bf16_bits(x) -> np.ndarray:
 def bf16_bits_to_float32(bits) -> np.ndarray:
     """float32 values of bfloat16 bit patterns (exact)."""
     return (np.asarray(bits).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _e4m3_table() -> np.ndarray:
+    """The float32 values of the 256 float8 e4m3 (``e4m3fn``: no inf, NaN at 0x7F / 0xFF) bit patterns."""
+    bits = np.arange(256)
+    sign = np.where(bits & 0x80, -1.0, 1.0)
+    exponent, mantissa = (bits >> 3) & 0xF, bits & 0x7
+    value = np.where(exponent == 0, mantissa / 8.0 * 2.0 ** -6, (1.0 + mantissa / 8.0) * 2.0 ** (exponent - 7.0))
+    value = np.where((bits & 0x7F) == 0x7F, np.nan, sign * value)
+    return value.astype(np.float32)
+
+
+E4M3_VALUES = _e4m3_table()
+#: the largest finite e4m3 value (``satfinite`` conversions clamp to it)
+E4M3_MAX = 448.0
+
+
+def e4m3_bits_to_float32(bits) -> np.ndarray:
+    """float32 values of float8 e4m3 bit patterns (uint8; exact)."""
+    return E4M3_VALUES[np.asarray(bits).astype(np.uint8)]
+
+
+def float32_to_e4m3_bits(x) -> np.ndarray:
+    """e4m3 bit patterns (uint8) of ``x``, as ``cvt.rn.satfinite.e4m3x2.f32`` makes them: round to nearest even,
+    finite values beyond +-448 (and +-inf) clamped to +-448, NaN to 0x7F."""
+    x = np.asarray(x, dtype=np.float32)
+    finite = E4M3_VALUES[:0x7F].astype(np.float64)  # 0 .. 448, increasing
+    mag = np.minimum(np.abs(np.nan_to_num(x.astype(np.float64), posinf=E4M3_MAX, neginf=-E4M3_MAX)), E4M3_MAX)
+    upper = np.clip(np.searchsorted(finite, mag, side="left"), 0, 0x7E)  # first value >= mag
+    lower = np.maximum(upper - 1, 0)
+    d_low, d_up = mag - finite[lower], finite[upper] - mag
+    # ties to the even pattern (even mantissa: even bits)
+    pick_up = (d_up < d_low) | ((d_up == d_low) & (upper % 2 == 0))
+    code = np.where(pick_up, upper, lower).astype(np.uint8)
+    code = np.where(np.signbit(x), code | 0x80, code).astype(np.uint8)
+    return np.where(np.isnan(x), np.uint8(0x7F), code).astype(np.uint8)
 
 
 def _f16_bits(x) -> int:
@@ -87,6 +123,58 @@ def pack_bf16x2(typingctx, lo, hi):
 
         cvt.rn.bf16x2.f32 d, hi, lo;"""
     return _pack("cvt.rn.bf16x2.f32", lo, hi)
+
+
+def _sim_pack_e4m3x4(x0, x1, x2, x3):
+    codes = float32_to_e4m3_bits(np.array([x0, x1, x2, x3], dtype=np.float32)).astype(np.uint32)
+    return np.uint32(codes[0] | (codes[1] << 8) | (codes[2] << 16) | (codes[3] << 24))
+
+
+@simulated_by(_sim_pack_e4m3x4)
+def pack_e4m3x4(typingctx, x0, x1, x2, x3):
+    """(x0, x1, x2, x3) -> uint32: four float32 rounded to float8 e4m3 (nearest even, saturated to +-448), ``x0``
+    in bits 0-7 ... ``x3`` in bits 24-31 (an 8-bit MMA operand register, sm_89+)::
+
+        cvt.rn.satfinite.e4m3x2.f32 lo, x1, x0;   // the first source goes to the upper byte
+        cvt.rn.satfinite.e4m3x2.f32 hi, x3, x2;
+        mov.b32 d, {lo, hi};"""
+    if not _is_number(x0, x1, x2, x3):
+        return None
+    sig = types.uint32(x0, x1, x2, x3)
+    text = ("{ .reg .b16 lo, hi;\n"
+            "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
+            "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n"
+            "mov.b32 $0, {lo, hi}; }")
+
+    def codegen(context, builder, sig, args):
+        values = [_f32(context, builder, v, ty) for v, ty in zip(args, sig.args)]
+        return _asm(builder, _I32, [_F32] * 4, text, "=r,f,f,f,f", values)
+
+    return sig, codegen
+
+
+def _sim_byte_perm(a, b, selector):
+    data = int(a) & 0xFFFFFFFF | (int(b) & 0xFFFFFFFF) << 32
+    out = 0
+    for n in range(4):
+        out |= ((data >> (8 * ((int(selector) >> (4 * n)) & 7))) & 0xFF) << (8 * n)
+    return np.uint32(out)
+
+
+@simulated_by(_sim_byte_perm)
+def byte_perm(typingctx, a, b, selector):
+    """(a, b, selector) -> uint32 ``prmt.b32 d, a, b, selector``: byte ``n`` of the result is byte ``s_n`` (the
+    ``n``-th 4-bit nibble of ``selector``, 0..7) of the 8 bytes ``b:a`` (``a`` bytes 0-3, ``b`` bytes 4-7); CUDA's
+    ``__byte_perm``. A constant selector becomes the instruction's immediate."""
+    if not _is_int(a, b, selector):
+        return None
+    sig = types.uint32(a, b, selector)
+
+    def codegen(context, builder, sig, args):
+        values = [_i32(context, builder, v, ty) for v, ty in zip(args, sig.args)]
+        return _asm(builder, _I32, [_I32] * 3, "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", values)
+
+    return sig, codegen
 
 
 # ---------------------------------------------------------------------------------------------------------------------

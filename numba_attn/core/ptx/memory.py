@@ -216,6 +216,29 @@ def store_pair(typingctx, arr, i, j, a, b):
 # ---------------------------------------------------------------------------------------------------------------------
 # Vector loads and stores of 1-D (shared-memory) buffers
 # ---------------------------------------------------------------------------------------------------------------------
+def _sim_store_u32x4_1d(arr, i, w0, w1, w2, w3):
+    for n, w in enumerate((w0, w1, w2, w3)):
+        arr[i + 2 * n], arr[i + 2 * n + 1] = int(w) & 0xFFFF, (int(w) >> 16) & 0xFFFF
+
+
+@simulated_by(_sim_store_u32x4_1d)
+def store_u32x4_1d(typingctx, arr, i, w0, w1, w2, w3):
+    """(arr, i, w0, w1, w2, w3): one 16-byte store of four 32-bit words at ``arr[i : i + 8]`` of a 1-D 16-bit
+    array (a shared-memory buffer; word ``n`` covers elements ``i + 2n`` (low half) and ``i + 2n + 1``); ``i`` a
+    multiple of 8, ``>= 0``, the buffer 16-byte aligned."""
+    if not (_is_1d(arr) and arr.dtype.bitwidth == 16 and _is_int(i, w0, w1, w2, w3)):
+        return None
+    sig = types.void(arr, i, w0, w1, w2, w3)
+
+    def codegen(context, builder, sig, args):
+        ptr = _pointer1(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        words = [_i32(context, builder, v, ty) for v, ty in zip(args[2:], sig.args[2:])]
+        _vector_store(builder, ptr, _I32, words, 16)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def _sim_load_f32x2(arr, i):
     return arr[i], arr[i + 1]
 
@@ -276,6 +299,26 @@ def load_u16x2(typingctx, arr, i):
     def codegen(context, builder, sig, args):
         ptr = _pointer1(context, builder, sig.args[0], args[0], sig.args[1], args[1])
         return builder.load(builder.bitcast(ptr, _I32.as_pointer()), align=4)
+
+    return sig, codegen
+
+
+def _sim_store_u16x2(arr, i, word):
+    arr[i], arr[i + 1] = int(word) & 0xFFFF, (int(word) >> 16) & 0xFFFF
+
+
+@simulated_by(_sim_store_u16x2)
+def store_u16x2(typingctx, arr, i, word):
+    """(arr, i, word): one 4-byte store of the 32-bit ``word`` at ``arr[i : i + 2]`` of a 1-D 16-bit array (a
+    shared-memory buffer; ``arr[i]`` gets the low half): ``i`` even and ``>= 0``."""
+    if not (_is_1d(arr) and arr.dtype.bitwidth == 16 and _is_int(i, word)):
+        return None
+    sig = types.void(arr, i, word)
+
+    def codegen(context, builder, sig, args):
+        ptr = _pointer1(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        builder.store(_i32(context, builder, args[2], sig.args[2]), builder.bitcast(ptr, _I32.as_pointer()), align=4)
+        return context.get_dummy_value()
 
     return sig, codegen
 

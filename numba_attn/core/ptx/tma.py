@@ -74,11 +74,13 @@ _SIM_MAX_POLLS = 200_000
 class SimTensorMap:
     """What a simulated tensor map describes: ``array`` (any dtype of 2-byte elements, viewed as uint16), read with
     coordinates innermost first (the reverse of its axes), ``box`` elements per coordinate (innermost first), and
-    ``swizzle`` (0 or 128 bytes)."""
+    ``swizzle`` (0 or 128 bytes). ``element_bytes`` 1: the map's elements are bytes (an 8-bit array seen as uint16
+    pairs): its innermost coordinate counts bytes, the box's uint16 pairs."""
 
     array: object
     box: tuple
     swizzle: int
+    element_bytes: int = 2
 
 
 def sim_register_map(desc: SimTensorMap) -> int:
@@ -164,6 +166,10 @@ def _sim_tma_load(smem, dst, tensor_map, *coords_and_bar):
     src, put = [], []
     for axis in range(rank):
         c, n, size = int(coords[rank - 1 - axis]), desc.box[rank - 1 - axis], array.shape[axis]
+        if axis == rank - 1 and desc.element_bytes == 1:
+            if c % 2:
+                raise ValueError("simulator: an 8-bit map's innermost coordinate must be even here")
+            c //= 2
         lo, hi = max(c, 0), min(c + n, size)
         src.append(slice(lo, max(lo, hi)))
         put.append(slice(lo - c, lo - c + max(0, hi - lo)))

@@ -1,0 +1,233 @@
+"""The float8 e4m3 forward on the warp-specialised kernel (numba_attn.forward.wgmma_ws_fp8: ``wgmma_ws``'s ``fp8``
+variant) against reference.attention_fp8 and reference.flash_fp8_model, with ``test_flash_fp8.check`` (its error
+bounds and their reasons).
+
+* Always: configurations and shared memory, refused inputs.
+* Simulator: the V^T pre-pass (``forward.fp8_vt``) and the whole kernel at tiny shapes (TMA boxes of 8-bit tiles,
+  the consumers' e4m3 MMAs).
+* ``gpu``: head dims, lengths, GQA, descale kinds, tile configurations, window and softcap, ``flash_forward``'s
+  dispatch between this kernel and ``wgmma_fp8``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import numba_attn
+import reference
+from numba_attn.core import fp8, ptx
+from numba_attn.forward import fp8_call, fp8_vt, wgmma_fp8, wgmma_ws, wgmma_ws_fp8
+from numba_attn.runtime.device import SIMULATOR, compute_capability, cuda
+from test_flash_fp8 import check as _check
+
+hopper = pytest.mark.skipif(SIMULATOR or compute_capability() < wgmma_ws_fp8.MIN_COMPUTE_CAPABILITY,
+                            reason="needs a GPU of compute capability 9.0 (wgmma, TMA)")
+simulator_only = pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
+
+
+def check(*args, config=None, **kwargs):
+    return _check(*args, launch=wgmma_ws_fp8.launch, config=config or wgmma_ws_fp8.default_config(), **kwargs)
+
+
+# -- always ----------------------------------------------------------------------------------------------------------
+def test_configs_and_shared_memory():
+    for d_pad in (32, 64, 96, 128):
+        assert all(wgmma_ws_fp8.usable(c, d_pad) for c in wgmma_ws_fp8.TUNING_CANDIDATES)
+    # Q (128 rows), two stages of K (128 keys) and of V^T (128 head-dim rows), 128 bytes a row; 10 mbarriers; the
+    # alignment slack
+    assert wgmma_ws.shared_bytes(wgmma_ws.WsConfig(), 128, fp8=True) == 128 * (128 + 2 * 128 + 2 * 128) + 8 * 10 \
+        + 1024
+    # the default: 192-key tiles, V^T in two atom columns
+    assert wgmma_ws_fp8.DEFAULT_CONFIG.block_n == 192
+    assert wgmma_ws.shared_bytes(wgmma_ws_fp8.DEFAULT_CONFIG, 128, fp8=True) == 128 * (128 + 2 * 192 + 2 * 256) \
+        + 8 * 10 + 1024
+    # 160-key tiles at head dim 64: V^T in two atom columns of 64 rows
+    assert wgmma_ws.shared_bytes(wgmma_ws.WsConfig(block_n=160), 64, fp8=True) == 128 * (128 + 2 * 160 + 2 * 128) \
+        + 8 * 10 + 1024
+    assert not wgmma_ws_fp8.usable(wgmma_ws.WsConfig(block_n=176), 128)  # not a whole number of 8-bit k-steps
+    assert not wgmma_ws_fp8.usable(wgmma_ws.WsConfig(block_n=48), 64)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        wgmma_ws._kernel_source(wgmma_ws.WsConfig(block_n=48), 64, True, fp8=True)
+
+
+def test_unsupported_inputs_are_refused():
+    stream = 0 if SIMULATOR else cuda.default_stream()
+    lse = cuda.to_device(np.zeros((1, 1, 4), np.float32))
+    out = cuda.to_device(np.zeros((1, 1, 4, 40), np.uint16))
+    q = cuda.to_device(np.zeros((1, 1, 4, 40), np.uint8))  # 40-byte rows: the TMA cannot step over them
+    with pytest.raises(ValueError, match="fp8 wgmma_ws kernel needs"):
+        wgmma_ws_fp8.launch(q, q, q, out, lse, False, 0.1, False, stream)
+    with pytest.raises(TypeError, match="q: expected float8"):
+        wgmma_ws_fp8.launch(out, q, q, out, lse, False, 0.1, False, stream)
+    assert not wgmma_ws_fp8.supports(144, cuda.to_device(np.zeros((1, 1, 4, 144), np.uint8)))
+
+
+# -- simulator -------------------------------------------------------------------------------------------------------
+@simulator_only
+@pytest.mark.parametrize("seqlen, head_dim", [(70, 48), (140, 16), (20, 128)])
+def test_simulated_v_transpose_pre_pass(seqlen, head_dim):
+    # V (B, H, N, D) -> V^T (B, H, D, N rounded up to 16): column c of each 16-key group holds key KEY_OF_COLUMN[c],
+    # zeros past N; V a strided view (heads and keys swapped in memory); blocks of 128 keys, a partial one
+    rng = np.random.default_rng(2)
+    batch, heads = 2, 3
+    v = rng.integers(1, 255, (batch, seqlen, heads, head_dim)).astype(np.uint8).transpose(0, 2, 1, 3)
+    keys = fp8_vt.padded_keys(seqlen)
+    vt = np.full((batch, heads, head_dim, keys), 7, np.uint8)
+    fp8_vt.transpose(v, vt, 0)
+    padded = np.zeros((batch, heads, keys, head_dim), np.uint8)
+    padded[:, :, :seqlen] = v
+    order = np.array([16 * (c // 16) + fp8.KEY_OF_COLUMN[c % 16] for c in range(keys)])
+    np.testing.assert_array_equal(vt, padded[:, :, order].transpose(0, 1, 3, 2))
+    with pytest.raises(ValueError, match="vt: expected shape"):
+        fp8_vt.transpose(v, vt[..., :16], 0)
+
+
+@simulator_only
+@pytest.mark.parametrize(
+    "heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale",
+    [
+        # GQA, Lq < Lk, a tail tile, the two-stage rings wrapped once; per-head descales in both shapes
+        (2, 1, 20, 70, 32, True, (np.float32([[0.5, 2.0]]), np.float32([[0.7]]), np.float32([[1.5]]))),
+        # Lq > Lk: rows that see no key; head dim padded (48 -> 64); per-tensor descales
+        (1, 1, 40, 9, 48, True, (0.5, 0.25, 3.0)),
+    ],
+)
+def test_simulated_kernel(heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale):
+    check(1, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale=descale)
+
+
+@simulator_only
+def test_simulated_key_tiles_over_128():
+    # 160-key tiles: V^T in two atom columns (128 + 32 keys), the second tile partial
+    config = wgmma_ws.WsConfig(block_n=160)
+    check(1, 1, 1, 20, 200, 32, False, config=config, seed=5)
+
+
+@simulator_only
+def test_simulated_float16_window_softcap_no_keys():
+    check(1, 1, 1, 24, 100, 32, False, out_dtype="float16", window=(20, 3), softcap=4.0)
+    check(1, 1, 1, 6, 0, 32, False)  # no keys: wgmma_fp8 writes the zeros and -inf
+
+
+def _spy(monkeypatch):
+    """Record which fp8 kernel each ``flash_forward`` call launches."""
+    used = []
+    for module, name in ((wgmma_ws_fp8, "ws"), (wgmma_fp8, "plain")):
+        original = module.launch
+
+        def spy(*args, _original=original, _name=name, **kwargs):
+            used.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, "launch", spy)
+    return used
+
+
+@simulator_only
+def test_simulated_flash_forward_backend(monkeypatch):
+    used = _spy(monkeypatch)
+    rng = np.random.default_rng(3)
+    q, k, v = (reference.encode_e4m3(rng.standard_normal(s)) for s in ((1, 2, 10, 32), (1, 1, 40, 32), (1, 1, 40, 32)))
+    out = numba_attn.flash_forward(q, k, v, causal=True, input_dtype="float8_e4m3fn", backend="wgmma_ws",
+                                   descale_v=np.float32([[2.0]]))
+    ref = reference.attention_fp8(q, k, v, None, None, np.float32([[2.0]]), causal=True)
+    got = ptx.bf16_bits_to_float32(out).astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 4e-2
+    numba_attn.flash_forward(q, k, v, input_dtype="float8_e4m3fn")  # the simulator's default: wgmma_fp8
+    assert used == ["ws", "plain"]
+    with pytest.raises(ValueError, match="backend: float8_e4m3fn inputs run on 'wgmma' or 'wgmma_ws'"):
+        numba_attn.flash_forward(q, k, v, input_dtype="float8_e4m3fn", backend="mma")
+
+
+# -- GPU -------------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("head_dim", [16, 32, 48, 64, 96, 112, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims(head_dim, causal):
+    check(2, 4, 2, 300, 300, head_dim, causal, seed=head_dim)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("seqlen_q, seqlen_k",
+                         [(1, 1), (1, 1000), (63, 65), (65, 63), (1000, 1), (1000, 1000), (130, 64), (70, 0)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_lengths(seqlen_q, seqlen_k, causal):
+    check(1, 2, 1, seqlen_q, seqlen_k, 64, causal, seed=seqlen_q + seqlen_k)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("config", wgmma_ws_fp8.TUNING_CANDIDATES + (
+    wgmma_ws.WsConfig(persistent=True),))
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_tile_configs_descales_and_outputs(config, head_dim):
+    rng = np.random.default_rng(4)
+    per_head = (rng.uniform(0.5, 2, (2, 4)).astype(np.float32), rng.uniform(0.5, 2, (2, 2)).astype(np.float32),
+                rng.uniform(0.5, 2, (2, 2)).astype(np.float32))
+    check(2, 4, 2, 1100, 3001, head_dim, True, config=config, descale=per_head, seed=11)
+    check(1, 2, 2, 300, 257, head_dim, False, config=config, descale=(0.3, 2.0, 1.7), out_dtype="float16", seed=12)
+
+
+@pytest.mark.gpu
+@hopper
+def test_window_softcap_peaky_and_negative_scale():
+    check(1, 2, 1, 700, 900, 128, True, window=(200, None), softcap=20.0, seed=5)
+    check(1, 2, 2, 500, 500, 64, False, scale=4.0, sm_scale=0.3, seed=6)
+    check(1, 2, 1, 200, 230, 64, True, sm_scale=-0.4, seed=7)
+
+
+@pytest.mark.gpu
+@hopper
+def test_same_as_the_wgmma_fp8_kernel_where_tiles_agree():
+    """Both kernels round P per 128-key tile from the same running maxima when no row's maximum moves within a
+    block's tiles differently: at the model's tolerance they agree with each other, not just each with the model."""
+    a = check(1, 4, 4, 512, 2048, 128, False, seed=21)
+    b = _check(1, 4, 4, 512, 2048, 128, False, seed=21, config=wgmma_fp8.DEFAULT_CONFIG)
+    assert abs(a[0] - b[0]) < 5e-3
+
+
+@pytest.mark.gpu
+@hopper
+def test_default_dispatch(monkeypatch):
+    """``flash_forward`` on fp8: the warp-specialised kernel at head dim 128 for rows of >= WS_MIN_KEYS keys,
+    ``wgmma_fp8`` for shorter rows, other head dims (64 included: it was faster there) and ``backend="wgmma"``."""
+    used = _spy(monkeypatch)
+    rng = np.random.default_rng(9)
+    n = fp8_call.WS_MIN_KEYS
+
+    def call(head_dim, seqlen_k, **kwargs):
+        q, k, v = (reference.encode_e4m3(rng.standard_normal((1, 2, s, head_dim)))
+                   for s in (64, seqlen_k, seqlen_k))
+        numba_attn.flash_forward(q, k, v, input_dtype="float8_e4m3fn", **kwargs)
+        return used.pop()
+
+    assert call(128, n) == "ws" and call(112, n) == "ws" and call(64, n) == "plain"
+    assert call(128, n - 1) == "plain" and call(96, n) == "plain" and call(128, 2 * n - 2, causal=True) == "plain"
+    assert call(128, n, backend="wgmma") == "plain" and call(64, 64, backend="wgmma_ws") == "ws"
+
+
+@pytest.mark.gpu
+@hopper
+def test_replayed_calls_on_new_tensors():
+    """Calls after the first replay (``runtime.replay``), each with the tensor maps of its own q, k and V^T scratch:
+    a replay with the first call's maps would return the first call's answer."""
+    torch = pytest.importorskip("torch")
+    from numba_attn.runtime import replay
+
+    replay.clear()
+    rng = np.random.default_rng(13)
+    used = []
+    original = replay.Plan.run
+    try:
+        replay.Plan.run = lambda self, layouts: used.append(1) or original(self, layouts)
+        for call in range(4):
+            codes = [reference.encode_e4m3(rng.standard_normal((1, 2, 1100, 128))) for _ in range(3)]
+            t = [torch.from_numpy(x).cuda().view(torch.float8_e4m3fn) for x in codes]
+            got = numba_attn.flash_forward(*t, causal=True, descale_v=0.5)
+            ref = reference.attention_fp8(*codes, None, None, 0.5, causal=True)
+            assert np.linalg.norm(got.double().cpu().numpy() - ref) / np.linalg.norm(ref) < 4e-2, call
+    finally:
+        replay.Plan.run = original
+    assert len(used) == 3, "the calls after the first were not replayed"

@@ -276,13 +276,15 @@ class Plan:
         bases = ([layout[4] for layout in layouts], [library.pointer(x) for x in made])
         stream = library.stream(device_id)
         if self.maps:  # every map first: where one cannot be had now, nothing has been launched yet
+            from .launch import stream_capture_status
             from .tensor_map import maps_for
 
             tensor_maps = maps_for(device_id)
+            capturing = stream_capture_status(stream)  # (one driver query for all the maps)
             addresses = []
             for kind, index, offset, shape, strides, rows, itemsize in self.maps:
                 address = tensor_maps.address_of(bases[kind - 1][index] + offset, shape, strides, rows, stream,
-                                                 itemsize)
+                                                 itemsize, capturing)
                 if address is None:
                     return None
                 addresses.append(address)

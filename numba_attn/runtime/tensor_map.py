@@ -197,15 +197,18 @@ class TensorMaps:
         ptr, shape, strides, itemsize = _layout(x)
         return self.address_of(ptr, shape, strides, rows, stream, itemsize)
 
-    def address_of(self, ptr: int, shape: tuple, strides: tuple, rows: int, stream, itemsize: int = 2) -> int | None:
+    def address_of(self, ptr: int, shape: tuple, strides: tuple, rows: int, stream, itemsize: int = 2,
+                   capturing: bool | None = None) -> int | None:
         """``address`` of the array at ``ptr`` with ``shape``, byte ``strides`` and ``itemsize``-byte elements (what a
-        replayed plan knows)."""
+        replayed plan knows); ``capturing``: whether ``stream`` is being captured, where the caller asked already (a
+        plan asks once for all its maps)."""
         from .launch import launch as device_launch
         from .launch import stream_capture_status, stream_handle
 
         key = (ptr, shape, strides, itemsize, rows)
         handle = stream_handle(stream)
-        capturing = stream_capture_status(handle)
+        if capturing is None:
+            capturing = stream_capture_status(handle)
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:

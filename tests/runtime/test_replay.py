@@ -146,7 +146,7 @@ def test_plan_moves_a_tensor_map_with_its_array(monkeypatch):
     asked = []
 
     class _Maps:
-        def address_of(self, ptr, shape, strides, rows, stream, itemsize):
+        def address_of(self, ptr, shape, strides, rows, stream, itemsize, capturing=None):
             asked.append((ptr, shape, strides, rows, stream, itemsize))
             return None if ptr == 0x70000000 + 32 else 0x90000000 + ptr % 0x1000000
 

@@ -184,6 +184,21 @@ def _compare(np, name, out, lse, ref, ref_lse, model, qf, kf, heads, kv_heads, b
     return int(not ok)
 
 
+def _median_ms(torch, np, fn, reps: int) -> float:
+    """The median of ``reps`` calls of ``fn`` between CUDA events, after two untimed calls."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(np.median(times))
+
+
 def timing(args, torch, numba_attn, np) -> int:
     from numba_attn.forward import fp8_vt, wgmma_ws_fp8
 
@@ -193,17 +208,7 @@ def timing(args, torch, numba_attn, np) -> int:
     failures = 0
 
     def median_ms(fn):
-        for _ in range(2):
-            fn()
-        times = []
-        for _ in range(args.reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return float(np.median(times))
+        return _median_ms(torch, np, fn, args.reps)
 
     say("INFO timing: TFLOP/s (ms); B4; fp8 inputs float8_e4m3fn with per-tensor descales, bf16 out")
     for d, heads in ((128, 32), (64, 48)):
@@ -247,17 +252,7 @@ def probe(args, torch, numba_attn, np) -> int:
     from numba_attn.forward import fp8_vt, wgmma_ws_fp8
 
     def event_ms(fn):
-        for _ in range(2):
-            fn()
-        times = []
-        for _ in range(args.reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return float(np.median(times))
+        return _median_ms(torch, np, fn, args.reps)
 
     config = wgmma_ws_fp8.DEFAULT_CONFIG
     d, heads = 128, 32
@@ -289,17 +284,7 @@ def share(args, torch, numba_attn, np) -> int:
     failures = 0
 
     def event_ms(fn, reps):
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return float(np.median(times))
+        return _median_ms(torch, np, fn, reps)
 
     def host_us(fn, reps=200):
         for _ in range(5):

@@ -141,7 +141,7 @@ def test_keys_tell_options_and_layouts_apart(monkeypatch):
 def test_plan_moves_a_tensor_map_with_its_array(monkeypatch):
     """A scalar that is a noted tensor map becomes the map of the moved array (of the same element size), made before
     anything launches; where no map can be had the plan launches nothing."""
-    from numba_attn.runtime import tensor_map
+    from numba_attn.runtime import launch, tensor_map
 
     asked = []
 
@@ -151,6 +151,8 @@ def test_plan_moves_a_tensor_map_with_its_array(monkeypatch):
             return None if ptr == 0x70000000 + 32 else 0x90000000 + ptr % 0x1000000
 
     monkeypatch.setattr(tensor_map, "maps_for", lambda device_id=None: _Maps())
+    # the fake stream (7) is no driver handle: on a GPU the real query would read through it
+    monkeypatch.setattr(launch, "stream_capture_status", lambda stream: False)
     launchable = _Launchable()
     recorder = replay._Recorder()
     out = _Array(0x50000000)

@@ -12,9 +12,11 @@ import pytest
 
 import numba_attn
 import reference
+from numba import cuda
 from kernel_checks import TOLERANCE, rel_error, to_host
 from numba_attn.linear import column_sums
 from numba_attn.linear import layer_backward as lb
+from numba_attn.runtime.launch import SIMULATOR
 
 #: allow_tf32 / bfloat16 products (test_linear_backward's LAYER_TF32_TOLERANCE)
 LAYER_TF32_TOLERANCE = 5e-3
@@ -49,20 +51,23 @@ def test_column_sums(config):
     x = rng.standard_normal((2, 1, 9, 37)).astype(np.float32)
     weights = rng.standard_normal((2, 1, 9, 1)).astype(np.float32)
     assert column_sums._slices(2, 9, config) > 1
-    scratch = lambda shape: np.full(shape, np.nan, np.float32)  # noqa: E731
+    # host arrays under the simulator, device arrays on a GPU (the launcher takes device memory only)
+    dev = (lambda a: a) if SIMULATOR else cuda.to_device
+    scratch = lambda shape: dev(np.full(shape, np.nan, np.float32))  # noqa: E731
     for weighted in (False, True):
         outs = []
         for _ in range(2):
-            out = np.full((2, 1, 1, 37), np.nan, np.float32)
-            column_sums.launch_column_sums(x, weights, out, 0, scratch=scratch, weighted=weighted, config=config)
-            outs.append(out)
+            out = dev(np.full((2, 1, 1, 37), np.nan, np.float32))
+            column_sums.launch_column_sums(dev(x), dev(weights), out, 0, scratch=scratch, weighted=weighted,
+                                           config=config)
+            outs.append(to_host(out))
         want = (x.astype(np.float64) * (weights if weighted else 1.0)).sum(axis=2, keepdims=True)
         np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(outs[0], outs[1])
-    out = np.full((2, 1, 1, 37), np.nan, np.float32)
-    column_sums.launch_column_sums(x[:, :, :0], weights[:, :, :0], out, 0, scratch=scratch, weighted=True,
+    out = dev(np.full((2, 1, 1, 37), np.nan, np.float32))
+    column_sums.launch_column_sums(dev(x[:, :, :0]), dev(weights[:, :, :0]), out, 0, scratch=scratch, weighted=True,
                                    config=config)
-    np.testing.assert_array_equal(out, 0.0)
+    np.testing.assert_array_equal(to_host(out), 0.0)
 
 
 def test_column_sums_config_is_checked():

@@ -72,6 +72,21 @@ __all__ = [
 _NO_LSE = None
 
 
+#: dtype -> whether it is a float8 one (a dict lookup per input instead of ``str(dtype)``: host time per call)
+_FLOAT8_DTYPES: dict = {}
+
+
+def _is_float8(x) -> bool:
+    dtype = getattr(x, "dtype", None)
+    try:
+        known = _FLOAT8_DTYPES.get(dtype)
+    except TypeError:  # an unhashable dtype attribute: the checks say what is wrong with it
+        return "float8" in str(dtype)
+    if known is None:
+        known = _FLOAT8_DTYPES[dtype] = "float8" in str(dtype)
+    return known
+
+
 def _lse_placeholder(call):
     """The lse argument of kernels launched without ``return_lse``, which never write it: on a GPU a null view
     (nothing to allocate, so a first call inside a CUDA-graph capture allocates nothing outside the graph); under
@@ -138,14 +153,18 @@ def flash_forward(q, k, v, *, causal=False, sm_scale=None, return_lse=False, out
     ``out=`` is a ValueError, and ``torch.compile(fullgraph=True)`` traces the call without a graph break.
     """
     # (checked here, not in ``checked``: a list is no replay plan's key, and 50 and 50.0 are one cap)
-    window, softcap = check_window(window), check_softcap(softcap)
-    fp8_options = {"descale_q": descale_q, "descale_k": descale_k, "descale_v": descale_v, "out_dtype": out_dtype}
+    if window is not None:
+        window = check_window(window)
+    if softcap is not None:
+        softcap = check_softcap(softcap)
     # (fp8_call loads only when a call may be an fp8 one: an fp8 option, or a float8 dtype on an input)
-    maybe_fp8 = input_dtype is not None or any(x is not None for x in fp8_options.values()) or any(
-        "float8" in str(getattr(x, "dtype", "")) for x in (q, k, v))
-    if maybe_fp8 and _fp8.wanted(q, k, v, input_dtype, fp8_options):
-        return _flash_forward_fp8(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window, softcap,
-                                  fp8_options)
+    if (input_dtype is not None or descale_q is not None or descale_k is not None or descale_v is not None
+            or out_dtype is not None or _is_float8(q) or _is_float8(k) or _is_float8(v)):
+        fp8_options = {"descale_q": descale_q, "descale_k": descale_k, "descale_v": descale_v,
+                       "out_dtype": out_dtype}
+        if _fp8.wanted(q, k, v, input_dtype, fp8_options):
+            return _flash_forward_fp8(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window,
+                                      softcap, fp8_options)
     if type(q).__module__.startswith("torch") and (
             q.requires_grad or getattr(k, "requires_grad", False) or getattr(v, "requires_grad", False)):
         from . import torch_ops  # (torch is imported by now: q is a tensor)

@@ -62,14 +62,12 @@ _libcuda = None
 
 
 def _cuda_library():
-    """The driver library, loaded once, with cuLaunchKernel's prototype set."""
+    """The driver library, loaded once. No prototypes: ctypes converting arguments through ``argtypes`` costs about
+    a microsecond per call of ``cuLaunchKernel``, so callers pass pointers as ``c_void_p`` and ints (C ``int``) that
+    fit 31 bits themselves."""
     global _libcuda
     if _libcuda is None:
-        lib = ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuLaunchKernel
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        _libcuda = lib
+        _libcuda = ctypes.CDLL("libcuda.so.1")
     return _libcuda
 
 

@@ -45,6 +45,7 @@ class _Launchable:
         self.kernel = kernel
         self.cufunc_handle = compiled._codelibrary.get_cufunc().handle
         self.handle = int(self.cufunc_handle)
+        self.handle_arg = ctypes.c_void_p(self.handle)  # (made once: see ``device._cuda_library``)
         self.device_id = device_id
         self.arrays = []  # per argument: (dtype, ndim) for an array, None for a scalar
         fmt, slots = "<", 0
@@ -83,10 +84,12 @@ class _Launchable:
         gx, gy, gz = grid
         bx, by, bz = block
         launch_kernel = _cuda_library().cuLaunchKernel
-        code = launch_kernel(self.handle, gx, gy, gz, bx, by, bz, shared_bytes, stream or None, pointers, None)
+        # (grid and block sizes and the shared bytes fit a C int: the driver's limits are below 2**31)
+        stream_arg = _stream_arg(stream)
+        code = launch_kernel(self.handle_arg, gx, gy, gz, bx, by, bz, shared_bytes, stream_arg, pointers, None)
         if code == 201:  # CUDA_ERROR_INVALID_CONTEXT: a thread that has not used Numba yet; make its context current
             cuda.current_context()
-            code = launch_kernel(self.handle, gx, gy, gz, bx, by, bz, shared_bytes, stream or None, pointers, None)
+            code = launch_kernel(self.handle_arg, gx, gy, gz, bx, by, bz, shared_bytes, stream_arg, pointers, None)
         if code:
             raise RuntimeError(f"cuLaunchKernel failed: {_launch_error(code)} (grid {grid}, block {block}, "
                                f"{shared_bytes} bytes of dynamic shared memory)")
@@ -100,6 +103,20 @@ class _Launchable:
             base = ctypes.addressof(local.buffer)
             local.pointers = (ctypes.c_void_p * max(1, self.slots))(*(base + 8 * i for i in range(self.slots)))
         return local.buffer, local.pointers
+
+
+_STREAM_ARGS: dict = {0: None}
+
+
+def _stream_arg(stream: int):
+    """A stream handle as ``cuLaunchKernel``'s argument (None: the legacy default stream), made once per handle."""
+    arg = _STREAM_ARGS.get(stream)
+    if arg is None and stream:
+        if len(_STREAM_ARGS) > 256:  # (a program that makes streams without end: start over)
+            _STREAM_ARGS.clear()
+            _STREAM_ARGS[0] = None
+        arg = _STREAM_ARGS[stream] = ctypes.c_void_p(stream)
+    return arg
 
 
 _launchables = BoundedCache("launchables")

@@ -36,6 +36,7 @@ import math
 from .core.scores import kernel_scale
 from .forward import dispatch as _forward
 from .forward.dispatch import BACKENDS
+from .runtime import replay as _replay
 from .runtime import views as _views
 from .runtime.arguments import (check_backend, check_flag, check_num_splits, check_sm_scale,
                                 check_softcap, check_window)
@@ -185,10 +186,13 @@ def _flash_forward_fp8(q, k, v, causal, sm_scale, return_lse, out, backend, allo
 
     if out is not None:
         return checked()
-    # device descale arrays are inputs of the plan (read by the kernel when it runs); numbers are options
+    # device descale arrays are inputs of the plan (read by the kernel when it runs); numbers and the values of host
+    # arrays (read, checked and copied by the checked path) are options
     descales = tuple(options[name] for name in ("descale_q", "descale_k", "descale_v"))
-    arrays = (q, k, v) + tuple(x for x in descales if hasattr(x, "shape"))
-    kinds = tuple("array" if hasattr(x, "shape") else x for x in descales)
+    host = tuple(_replay.host_values(x) if hasattr(x, "shape") else None for x in descales)
+    arrays = (q, k, v) + tuple(x for x, values in zip(descales, host) if hasattr(x, "shape") and values is None)
+    kinds = tuple(values if values is not None else "array" if hasattr(x, "shape") else x
+                  for x, values in zip(descales, host))
     return _served("flash_forward_fp8", arrays, (causal, sm_scale, return_lse, backend, allow_tf32, window, softcap,
                                                  options["out_dtype"], kinds), checked)
 
@@ -237,9 +241,10 @@ def flash_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=No
     Returns:
         ``out`` ``(total_q, heads, headdim)``, or ``(out, lse)``. Rows that see no key give 0 and ``lse = -inf``.
 
-    Repeated calls with device offsets replay the first call's launches (``runtime.replay``: the schedule is made
-    on the device, so no value is read on the host); host offsets take the checked path on every call (their
-    values make the schedule). Torch tensors of which one requires grad, in grad mode, go through the
+    Repeated calls replay the first call's launches (``runtime.replay``): with device offsets the schedule is made
+    on the device, so no value is read on the host; host offsets make the schedule on the host, so their values are
+    part of the plan's key (a call with other offsets takes the checked path and records a plan of its own; the
+    plan keeps its schedule on the device, with no copy per call). Torch tensors of which one requires grad, in grad mode, go through the
     ``numba_attn::flash_forward_varlen`` custom op, whose backward is
     ``flash_backward_varlen`` (``torch_ops``; ``out=`` is then a ValueError).
     """
@@ -260,9 +265,22 @@ def flash_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=No
 
     if out is not None:  # (plans make their outputs)
         return checked()
-    # host offsets are no array of a plan's key (``replay.find`` declines them): those calls take the checked path
-    return _served("flash_forward_varlen", (q, k, v, cu_seqlens_q, cu_seqlens_k),
-                   (max_seqlen_q, max_seqlen_k, causal, sm_scale, return_lse, backend, window, softcap), checked)
+    arrays, offsets = _packed_key((q, k, v), cu_seqlens_q, cu_seqlens_k)
+    return _served("flash_forward_varlen", arrays,
+                   (max_seqlen_q, max_seqlen_k, causal, sm_scale, return_lse, backend, window, softcap) + offsets,
+                   checked)
+
+
+def _packed_key(arrays: tuple, cu_seqlens_q, cu_seqlens_k) -> tuple:
+    """``(arrays, options)`` of a varlen call's plan key: device offsets are arrays of the key (the schedule is made
+    on the device from whatever they hold when the kernels run); host offsets make the schedule on the host, so
+    the key holds their values (``replay.host_values``: another value, another plan -- never a stale schedule)."""
+    host_q, host_k = _replay.host_values(cu_seqlens_q), _replay.host_values(cu_seqlens_k)
+    if host_q is None and host_k is None:
+        return arrays + (cu_seqlens_q, cu_seqlens_k), ()
+    if host_q is None or host_k is None:  # (one on the host, one not: the checked path says so)
+        return arrays + (cu_seqlens_q, cu_seqlens_k), ([],)
+    return arrays, (host_q, host_k)
 
 
 @_one_call_at_a_time_under_the_simulator
@@ -365,7 +383,8 @@ def flash_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *
     Returns:
         ``(dq, dk, dv)`` of the shapes of q, k, v; keys no row sees get 0, rows that see no key ``dq = 0``.
 
-    Repeated calls with device offsets replay the first call's launches, as ``flash_forward_varlen``'s.
+    Repeated calls replay the first call's launches (host offsets: of the same values), as
+    ``flash_forward_varlen``'s.
     """
     causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
     sm_scale, window, softcap = check_sm_scale(sm_scale), check_window(window), check_softcap(softcap)
@@ -375,9 +394,11 @@ def flash_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *
         return _backward_varlen.run(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     causal, sm_scale, window, softcap, deterministic, backend)
 
-    # (device offsets replay, host offsets take the checked path: as ``flash_forward_varlen``)
-    return _served("flash_backward_varlen", (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k),
-                   (max_seqlen_q, max_seqlen_k, causal, sm_scale, window, softcap, deterministic, backend), checked)
+    # (host offsets by their values, device offsets as arrays: as ``flash_forward_varlen``)
+    arrays, offsets = _packed_key((dout, q, k, v, out, lse), cu_seqlens_q, cu_seqlens_k)
+    return _served("flash_backward_varlen", arrays,
+                   (max_seqlen_q, max_seqlen_k, causal, sm_scale, window, softcap, deterministic, backend) + offsets,
+                   checked)
 
 
 @_one_call_at_a_time_under_the_simulator

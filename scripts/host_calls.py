@@ -1,5 +1,7 @@
 """Python work per repeated call on the CPU, without a GPU: the planned path of ``flash_decode`` (``decode.cached``)
-and the replayed path of ``flash_forward`` (``runtime.replay``), with the CUDA driver stubbed.
+and the replayed paths of ``flash_forward`` and of ``flash_forward_varlen`` with host ``cu_seqlens`` (``runtime.replay``:
+the offsets' values in the key, the schedule's device copy kept by the plan), with the CUDA driver stubbed; beside
+them what the checked varlen path does on the host for its offsets (checks and schedule, without the copy).
 
 Host time can only be measured on a GPU (``scripts/host_overhead.py``); this counts what the Python side does per
 call, which is most of it: function calls (cProfile) and microseconds per call on this CPU with the driver calls
@@ -78,6 +80,9 @@ def _setup():
 
         def stream(self, device_id):
             return 7
+
+        def upload(self, host, device_id):
+            return torch.from_numpy(np.array(host, copy=True))
 
     arrays._FAST_LIBRARIES["torch"] = CpuOps()
     # the pool's counters as on a GPU: device views (here of host memory), the capture query through the driver
@@ -206,7 +211,7 @@ def _forward_case(np, torch):
     replay.ENABLED = True
     replay._driver_current_device = lambda: 0
     q, k, v = (torch.randn(1, 2, 128, 64).half() for _ in range(3))
-    options = (True, None, False, None, False, None)
+    options = (True, None, False, None, False, None, None)  # (api._flash_forward: causal ... window, softcap)
     key, _, layouts = replay.find("flash_forward", (q, k, v), options)
     array = types.Array(types.float16, 4, "A")
     entry = _launchable((array, array, array, array, types.Array(types.float32, 3, "A"), types.boolean,
@@ -218,6 +223,53 @@ def _forward_case(np, torch):
                        [((1, 2, 128, 64), "float16")], ops, (0,), False)
     replay._PLANS.put(key, plan)
     return lambda: numba_attn.flash_forward(q, k, v, causal=True)
+
+
+def _varlen_case(np, torch, batch: int):
+    """A replay plan of ``flash_forward_varlen`` with host offsets (one launch, one allocation, one upload: the
+    schedule, whose copy on the plan's stream the recording left), as ``runtime.replay`` records one."""
+    import numba_attn
+    from numba import types
+
+    from numba_attn import api
+    from numba_attn.forward import varlen
+    from numba_attn.runtime import arrays, replay
+
+    replay.ENABLED = True
+    replay._driver_current_device = lambda: 0
+    total = 128 * batch
+    q, k, v = (torch.randn(total, 2, 64).half() for _ in range(3))
+    cu = np.arange(0, total + 1, 128, dtype=np.int32)
+    arrays_, offsets = api._packed_key((q, k, v), cu, cu)
+    options = (None, None, True, None, False, None, None, None) + offsets
+    key, _, layouts = replay.find("flash_forward_varlen", arrays_, options)
+    array = types.Array(types.float16, 4, "A")
+    entry = _launchable((array, array, array, array, types.Array(types.float32, 3, "A"), types.boolean,
+                         types.float32, types.Array(types.int32, 1, "A")))
+    values = [0] * entry.slots
+    schedule = varlen.host_schedule(cu.astype(np.int64), cu.astype(np.int64), 128, True, None)
+    moves = tuple((4 + 13 * i, 1, i, 0) for i in range(3)) + ((4 + 39, 2, 0, 0), (4 + 13 * 4 + 11 + 2, 4, 0, 0))
+    ops = [("launch", entry, (2, 2, 1), (128, 1, 1), 0, values, moves)]
+    library = arrays.fast_library("torch")
+    plan = replay.Plan(library, 0, [((total, 2, 64), "float16")], ops, (0,), False, (), (schedule,))
+    copy = library.upload(schedule, 0)
+    plan.uploaded[replay._stream_key(7)] = [(copy,), [copy.data_ptr()], False]
+    replay._PLANS.put(key, plan)
+    return lambda: numba_attn.flash_forward_varlen(q, k, v, cu, cu, causal=True)
+
+
+def _varlen_checks_case(np, batch: int):
+    """What the checked path does on the host for host offsets, apart from the copy: checks, schedule."""
+    from numba_attn.forward import varlen
+
+    total = 128 * batch
+    cu = np.arange(0, total + 1, 128, dtype=np.int32)
+
+    def checks():
+        offsets = varlen.check_offsets(cu, cu, total, total, None, None)
+        varlen.host_schedule(*offsets, 128, True, None)
+
+    return checks
 
 
 def _times(cases: dict, calls: int) -> dict:
@@ -257,16 +309,19 @@ def main() -> int:
     from numba_attn.decode import cached
 
     cases = {"flash_forward (replay)": _forward_case(np, torch)}
+    for batch in (4, 64):
+        cases[f"flash_forward_varlen host cu, batch {batch} (replay)"] = _varlen_case(np, torch, batch)
+        cases[f"  its checked path's offsets work, batch {batch}"] = _varlen_checks_case(np, batch)
     for name, shape, splits in (("flash_decode GQA 8, pooled", (1, 32, 4, 4096, 128), None),
                                 ("flash_decode MHA, 4 splits + combine", (1, 8, 8, 4096, 128), 4)):
         cases[name] = _decode_case(np, torch, *shape, splits, False)
     if "options" in inspect.signature(cached.find).parameters:
         cases["flash_decode paged, cache_seqlens"] = _decode_case(np, torch, 2, 32, 4, 4096, 128, None, True)
     times = _times(cases, args.calls)
-    print(f"{'case':40s} {'us/call (CPU, stubs)':>22s} {'Python calls/call':>18s}")
+    print(f"{'case':48s} {'us/call (CPU, stubs)':>22s} {'Python calls/call':>18s}")
     for name, fn in cases.items():
         calls, stats = _profile(fn, min(args.calls, 1000))
-        print(f"{name:40s} {times[name]:22.1f} {calls:18.1f}", flush=True)
+        print(f"{name:48s} {times[name]:22.1f} {calls:18.1f}", flush=True)
         if args.profile and name.startswith(args.profile):
             text = io.StringIO()
             stats.stream = text

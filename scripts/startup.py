@@ -4,12 +4,18 @@
 * ``first call``: per public function, a fresh process imports, makes small inputs and times its first call to a
   synchronised result, once with empty caches (``NUMBA_CACHE_DIR`` and ``NUMBA_ATTN_CACHE_DIR`` in a new temporary
   directory per family) and once more with the caches that run left (warm);
-* ``host time``: per call of every function with tiny inputs queued back to back (the GPU never waits: the time is
-  the host's), beside torch SDPA's in the same process.
+* ``host time``: per call of every public function with tiny inputs queued back to back (``queued``: the larger of
+  the host's and the GPU's time per call), beside torch SDPA's in the same process. With torch, each case also
+  gives ``host`` (the calls queued while a sleeping kernel holds the GPU: the host's time alone), ``gpu`` (CUDA
+  events around calls that run back to back after the sleep: the GPU's time alone) and whether its repeated calls
+  replay a plan (``runtime.replay``; ``flash_decode``: ``decode.cached``) or take the checked path, and why.
+  ``--linear-min-rows N`` adds the non-causal ``linear_attention`` case once more with the recurrent passes' old
+  ``min_rows_per_block`` (an A/B in one process).
 
     python scripts/startup.py [--only import,first,host] [--library torch|cupy] [--calls 300] [--json FILE]
                               [--cases decode,sdpa]   # only the cases whose names hold one of these (first
                                                       # calls: or of that cache family, e.g. linear_backward)
+                              [--linear-min-rows 256]
 
 Run on a GPU. Each fresh process inherits this one's environment apart from the cache directories.
 """
@@ -136,24 +142,40 @@ def _host_cases(lib: str):
         def ints(values):
             return cupy.asarray(np.asarray(values, np.int32))
 
-    q16, k16, v16 = (mk((1, 2, 128, 64), "float16") for _ in range(3))
+    q16, k16, v16, do16 = (mk((1, 2, 128, 64), "float16") for _ in range(4))
     q32, k32, v32 = (mk((1, 2, 128, 64), "float32") for _ in range(3))
     qd = mk((1, 8, 1, 128), "float16")
     kd, vd = (mk((1, 8, 1024, 128), "float16") for _ in range(2))
-    ql, kl, vl = (mk((1, 2, 256, 64), "float16") for _ in range(3))
+    ql, kl, vl, dol = (mk((1, 2, 256, 64), "float16") for _ in range(4))
     o_parts, lse_parts = mk((4, 1, 8, 1, 128), "float32"), mk((4, 1, 8, 1), "float32")
     # a paged cache of 1024 keys (64 pages of 16) with device cache_seqlens and block table, as a server keeps it
     kp, vp = (mk((64, 16, 8, 128), "float16") for _ in range(2))
     table, lengths = ints(np.arange(64).reshape(1, 64)), ints([1000])
+    # three packed sequences of 256 tokens, the offsets on the host (their values key the plan) and on the device
+    qv, kv, vv, dov = (mk((256, 2, 64), "float16") for _ in range(4))
+    cu_host = np.array([0, 100, 130, 256], np.int32)
+    cu_device = ints(cu_host)
+    o16, lse16 = numba_attn.flash_forward(q16, k16, v16, causal=True, return_lse=True)
+    ov, lsev = numba_attn.flash_forward_varlen(qv, kv, vv, cu_host, cu_host, causal=True, return_lse=True)
     cases = {
         "flash_forward fp16 causal": lambda: numba_attn.flash_forward(q16, k16, v16, causal=True),
         "flash_forward fp32": lambda: numba_attn.flash_forward(q32, k32, v32),
+        "flash_forward_varlen fp16 host cu": lambda: numba_attn.flash_forward_varlen(qv, kv, vv, cu_host, cu_host,
+                                                                                     causal=True),
+        "flash_forward_varlen fp16 device cu": lambda: numba_attn.flash_forward_varlen(
+            qv, kv, vv, cu_device, cu_device, max_seqlen_q=126, max_seqlen_k=126, causal=True),
+        "flash_backward fp16 causal": lambda: numba_attn.flash_backward(do16, q16, k16, v16, o16, lse16, causal=True),
+        "flash_backward_varlen fp16 host cu": lambda: numba_attn.flash_backward_varlen(
+            dov, qv, kv, vv, ov, lsev, cu_host, cu_host, causal=True),
         "flash_decode fp16": lambda: numba_attn.flash_decode(qd, kd, vd),
         "flash_decode fp16 paged": lambda: numba_attn.flash_decode(qd, kp, vp, cache_seqlens=lengths,
                                                                    block_table=table),
         "combine_lse": lambda: numba_attn.combine_lse(o_parts, lse_parts),
         "causal_dot_product fp16": lambda: numba_attn.causal_dot_product(ql, kl, vl),
+        "causal_dot_product_backward fp16": lambda: numba_attn.causal_dot_product_backward(dol, ql, kl, vl),
         "linear_attention fp16": lambda: numba_attn.linear_attention(ql, kl, vl),
+        "linear_attention fp16 causal": lambda: numba_attn.linear_attention(ql, kl, vl, causal=True),
+        "linear_attention_backward fp16": lambda: numba_attn.linear_attention_backward(dol, ql, kl, vl),
     }
     if lib == "torch":
         import torch.nn.functional as F
@@ -170,10 +192,56 @@ def _host_cases(lib: str):
     return cases
 
 
-def host_times(lib: str, calls: int, only: str | None = None) -> dict:
+def _replay_status(fn) -> str:
+    """Whether repeated calls of ``fn`` replay a plan: ``replays k/3`` over three calls after a first one, and what
+    that first call's recording came to (``replay.last_outcome``; flash_decode keeps plans of its own)."""
+    from numba_attn.decode import cached
+    from numba_attn.runtime import replay
+
+    replay.clear()
+    cached.clear()
+    replay._local.outcome = None
+    fn()
+    outcome = replay.last_outcome() or "not recorded"
+    used = []
+    originals = replay.Plan.run, cached.DecodePlan.run
+    replay.Plan.run = lambda self, layouts: used.append(1) or originals[0](self, layouts)
+    cached.DecodePlan.run = lambda self, layouts: used.append(1) or originals[1](self, layouts)
+    try:
+        for _ in range(3):
+            fn()
+    finally:
+        replay.Plan.run, cached.DecodePlan.run = originals
+    return f"replays {len(used)}/3 ({outcome})"
+
+
+def _split_times(torch, fn, calls: int) -> tuple:
+    """``(host us, gpu us)`` per call: ``calls`` calls queued behind a sleeping kernel (the host's time alone, while
+    the queue has room: at most ``calls`` x launches per call), with CUDA events around them (they then run back to
+    back: the GPU's time alone). Best of three."""
+    host = gpu = float("inf")
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(200_000_000)  # ~0.1 s at 1.98 GHz: longer than the host needs to queue the calls
+        start.record()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        end.record()
+        torch.cuda.synchronize()
+        host = min(host, (t1 - t0) / calls * 1e6)
+        gpu = min(gpu, start.elapsed_time(end) * 1e3 / calls)
+    return host, gpu
+
+
+def host_times(lib: str, calls: int, only: str | None = None, linear_min_rows: int | None = None) -> dict:
     cases = _host_cases(lib)
+    if linear_min_rows is not None:
+        cases[f"linear_attention fp16 [min_rows_per_block={linear_min_rows}]"] = cases["linear_attention fp16"]
     if only:
         cases = {name: fn for name, fn in cases.items() if any(part in name for part in only.split(","))}
+    torch = None
     if lib == "torch":
         import torch
 
@@ -184,19 +252,49 @@ def host_times(lib: str, calls: int, only: str | None = None) -> dict:
         sync = cupy.cuda.Device().synchronize
     results = {}
     for name, fn in cases.items():
-        for _ in range(10):
-            fn()
-        sync()
-        best = float("inf")
-        for _ in range(5):
-            start = time.perf_counter()
-            for _ in range(calls):
+        restore = _linear_rows(linear_min_rows) if "min_rows_per_block" in name else None
+        try:
+            status = "-" if name.startswith("torch") else _replay_status(fn)
+            for _ in range(10):
                 fn()
             sync()
-            best = min(best, (time.perf_counter() - start) / calls * 1e6)
-        results[name] = best
-        print(f"host time per call  {name:34s} {best:7.1f} us", flush=True)
+            best = float("inf")
+            for _ in range(5):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                sync()
+                best = min(best, (time.perf_counter() - start) / calls * 1e6)
+            line = f"host time per call  {name:44s} queued {best:7.1f} us"
+            results[name] = {"queued": best, "replay": status}
+            if torch is not None:
+                host, gpu = _split_times(torch, fn, 50)
+                results[name].update(host=host, gpu=gpu)
+                line += f" | host {host:6.1f} us | gpu {gpu:7.1f} us"
+            print(f"{line} | {status}", flush=True)
+        finally:
+            if restore is not None:
+                restore()
     return results
+
+
+def _linear_rows(rows: int):
+    """Run the recurrent non-causal passes with ``min_rows_per_block = rows`` (plans forgotten before and after);
+    returns the undo."""
+    import dataclasses
+
+    from numba_attn.linear import recurrent_plan
+    from numba_attn.runtime import replay
+
+    before = recurrent_plan.GPU_CONFIG
+    recurrent_plan.GPU_CONFIG = dataclasses.replace(before, min_rows_per_block=rows)
+    replay.clear()
+
+    def restore():
+        recurrent_plan.GPU_CONFIG = before
+        replay.clear()
+
+    return restore
 
 
 def main():
@@ -207,13 +305,15 @@ def main():
     parser.add_argument("--json", default=None)
     parser.add_argument("--cases", default=None, help="only the cases whose names hold one of these (comma-separated; "
                         "first calls: or whose cache family is one of them, e.g. linear_backward)")
+    parser.add_argument("--linear-min-rows", type=int, default=None,
+                        help="host times: also the non-causal linear_attention with this min_rows_per_block")
     args = parser.parse_args()
     parts = set(args.only.split(","))
     report = {"library": args.library}
     if "first" in parts:
         report["first_calls"] = first_calls(args.library, args.cases)
     if "host" in parts:
-        report["host_us"] = host_times(args.library, args.calls, args.cases)
+        report["host_us"] = host_times(args.library, args.calls, args.cases, args.linear_min_rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -27,7 +27,12 @@ class LinearConfig:
     dim_quantum: int = 8  # E and a block's M columns are rounded up to this: fewer compiled variants
     min_cols_per_block: int = 8  # the M split stops here: q and k are re-read by every split
     blocks_per_sm: int = 2  # target grid size, in blocks per SM, for the split heuristics
-    min_rows_per_block: int = 256  # non-causal passes split the sequence down to this many rows per block
+    # non-causal passes split the sequence down to this many rows per block. A block walks its rows a chunk per
+    # barrier: causal_dot_product's one walk of 256 rows took 75 us a call (B1 H2 N256, H100), ~0.3 us a row. At 256
+    # no short sequence was split: linear_attention at B1 H2 N256 ran each of its two passes as 2 blocks walking all
+    # 256 rows on a 132-SM GPU (351 us a call). 32: 8 blocks of 32 rows per (batch, head) there, and a combine
+    # launch. Not yet timed (``scripts/startup.py --linear-min-rows 256`` gives the A/B)
+    min_rows_per_block: int = 32
     combine_threads: int = 256  # block size of the kernel that adds the non-causal partial states
     combine_blocks_per_sm: int = 8
 

@@ -224,18 +224,15 @@ class Call:
     def upload(self, host: np.ndarray):
         """A device copy of the small host array ``host`` (an index table a kernel reads), made by the caller's
         library on the caller's stream, so that it is ordered before the call's kernels; under the simulator the
-        array itself."""
+        array itself. Its values must follow from the call's replay key (``replay.note_upload``: a plan keeps them
+        and copies them again for the streams it replays on)."""
         if SIMULATOR:
             return host
-        if self.kind == _CUPY:
-            import cupy
-
-            with cupy.cuda.Device(self.device_id):
-                return _device_view_of_cupy(cupy.asarray(host))
-        if self.kind == _TORCH:
-            import torch
-
-            return DeviceView.of(torch.from_numpy(host).to(f"cuda:{self.device_id}"))
+        if self.kind == _CUPY or self.kind == _TORCH:
+            arr = fast_library(self.kind).upload(host, self.device_id)
+            view = _device_view_of_cupy(arr) if self.kind == _CUPY else _device_view_of_torch(arr)
+            _replay.note_upload(arr, view.ptr, view.size * view.dtype.itemsize, host)
+            return view
         return cuda.to_device(host, stream=self.stream)
 
     def _check_out(self, name: str, out: Any, shape: tuple, dtype: str) -> None:
@@ -443,6 +440,15 @@ class _TorchOps:
             device = self.devices[device_id] = self.torch.device("cuda", device_id)
         return self.torch.empty(shape, dtype=torch_dtype, device=device)
 
+    def upload(self, host: np.ndarray, device_id: int):
+        """A copy of the host array on the device, queued on the current stream. Not blocking: from pageable memory
+        the copy returns once the driver has staged the bytes (``host`` may go), and the kernels queued after it on
+        the stream read the copy; a blocking copy would wait for all the stream's queued work."""
+        device = self.devices.get(device_id)
+        if device is None:
+            device = self.devices[device_id] = self.torch.device("cuda", device_id)
+        return self.torch.from_numpy(np.ascontiguousarray(host)).to(device, non_blocking=True)
+
     @staticmethod
     def pointer(x) -> int:
         return x.data_ptr()
@@ -468,6 +474,11 @@ class _CupyOps:
     def empty(self, shape: tuple, dtype: str, device_id: int):
         with self.cupy.cuda.Device(device_id):
             return self.cupy.empty(shape, dtype=_storage_dtype(dtype))
+
+    def upload(self, host: np.ndarray, device_id: int):
+        """A copy of the host array on the device, on the current stream."""
+        with self.cupy.cuda.Device(device_id):
+            return self.cupy.asarray(host)
 
     @staticmethod
     def pointer(x) -> int:

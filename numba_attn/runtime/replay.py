@@ -11,8 +11,11 @@ reads, argument packing and the driver calls only (the checked path costs ~100 u
 many kernels run).
 
 A tensor map (``runtime.tensor_map``) passed to a launch moves with its array: the plan makes (or finds) the map of
-the new array before it launches anything. Anything else a call does makes no plan (``refuse``): a launch through Numba's dispatcher, tuning, a pointer of
-unknown origin. Calls with ``out=``, host arrays or Numba device arrays never use plans. Torch and CuPy arrays
+the new array before it launches anything. A small host array that the call copies to the device (``Call.upload``:
+a varlen schedule made from host offsets, descale factors) is made from values that the key holds, so the plan keeps
+its bytes and a device copy per stream (``note_upload``). Anything else a call does makes no plan (``refuse``): a
+launch through Numba's dispatcher, tuning, a pointer of unknown origin. Calls with ``out=``, host arrays (other than
+those whose values the key holds: ``host_values``) or Numba device arrays never use plans. Torch and CuPy arrays
 only. ``NUMBA_ATTN_REPLAY=0`` turns plans off.
 """
 from __future__ import annotations
@@ -36,6 +39,10 @@ _PLANS = BoundedCache("replay plans")
 _local = threading.local()
 _kept: dict = {}  # start -> end of device buffers kept for the life of the process (placeholders, counters)
 _kept_lock = threading.Lock()
+#: a plan keeps device copies of its uploads for this many streams; a replay on yet another stream uploads per call
+UPLOAD_STREAMS = 16
+_PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD: one handle, a stream per thread
+_captured: list = []  # uploads a captured replay read: a CUDA graph may launch with them for the life of the process
 
 
 def clear() -> None:
@@ -91,6 +98,34 @@ def note_memset(ptr: int, count: int, stream: int) -> None:
     recorder = getattr(_local, "recorder", None)
     if recorder is not None:
         recorder.ops.append(("memset", int(ptr), int(count), stream))
+
+
+def note_upload(obj, ptr: int, nbytes: int, host: np.ndarray) -> None:
+    """``obj`` (``nbytes`` at ``ptr``) is a device copy of the host array ``host``, made on the call's stream, whose
+    values follow from the call's key (a schedule of host offsets that the key holds): a plan keeps ``host`` and
+    replays with a copy of its own on the replay's stream."""
+    recorder = getattr(_local, "recorder", None)
+    if recorder is not None:
+        recorder.uploads.append((obj, int(ptr), max(1, int(nbytes)), np.array(host, copy=True)))
+
+
+def host_values(x):
+    """What a key holds of a host array whose values the checked path reads (varlen offsets, descale factors): its
+    dtype, shape and bytes, so that equal values -- and only those -- find one plan. ``x`` a NumPy array, a torch
+    CPU tensor, a list or a tuple; anything else (a device array, a number) None. Where the values cannot be read
+    here, a list (unhashable: ``find`` then gives no key, and the checked path says what is wrong)."""
+    if isinstance(x, np.ndarray):
+        values = x
+    elif isinstance(x, (list, tuple)) or (type(x).__module__.startswith("torch") and not x.is_cuda):
+        try:
+            values = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+        except Exception:  # noqa: BLE001 (the checked path raises its own error for it)
+            return []
+    else:
+        return None
+    if values.dtype.hasobject:
+        return []
+    return values.dtype.str, values.shape, values.tobytes()
 
 
 def refuse(reason: str) -> None:
@@ -165,6 +200,7 @@ class _Recorder:
         self.allocs: list = []
         self.ops: list = []
         self.maps: dict = {}  # device address of a tensor map -> (ptr, shape, strides, rows, itemsize) of its array
+        self.uploads: list = []  # (device copy, its pointer, bytes, the host array) per ``note_upload``
         self.refused: str | None = None
 
     def _refuse(self, reason: str) -> None:
@@ -173,7 +209,7 @@ class _Recorder:
 
     def _source(self, ptr: int, spans: list):
         """Where a recorded pointer comes from: (0, None, ptr) a constant, (1, i, offset) input i, (2, j, offset)
-        allocation j; None where unknown."""
+        allocation j, (4, u, offset) upload u; None where unknown."""
         if ptr == 0:
             return (0, None, 0)
         for kind, index, start, end in spans:
@@ -191,6 +227,7 @@ class _Recorder:
 
         spans = [(1, i, *_input_span(layout)) for i, layout in enumerate(layouts)]
         spans += [(2, j, ptr, ptr + nbytes) for j, (_, ptr, nbytes, _, _) in enumerate(self.allocs)]
+        spans += [(4, u, ptr, ptr + nbytes) for u, (_, ptr, nbytes, _) in enumerate(self.uploads)]
         results = result if isinstance(result, tuple) else (result,)
         returned = []
         for r in results:
@@ -236,8 +273,31 @@ class _Recorder:
                 slot += 5 + 2 * spec[1]
             ops.append(("launch", launchable, grid, block, shared_bytes, values, tuple(moves)))
         library = _library_of(arrays[0])
-        return Plan(fast_library(library), layouts[0][1], [(shape, dtype) for _, _, _, shape, dtype in self.allocs],
-                    ops, tuple(returned), isinstance(result, tuple), maps)
+        plan = Plan(fast_library(library), layouts[0][1], [(shape, dtype) for _, _, _, shape, dtype in self.allocs],
+                    ops, tuple(returned), isinstance(result, tuple), maps,
+                    tuple(host for _, _, _, host in self.uploads))
+        if self.uploads:  # (the call's own copies, made on its stream: the first replay there needs none)
+            plan.uploaded[_stream_key(stream)] = [tuple(obj for obj, _, _, _ in self.uploads),
+                                                  [ptr for _, ptr, _, _ in self.uploads], False]
+        return plan
+
+
+_capture_status = None
+
+
+def _import_capture_status():
+    """``launch.stream_capture_status``, imported on first use (``launch`` imports this module; an import statement
+    in ``_uploads_on`` would cost a microsecond per replay)."""
+    global _capture_status
+    from .launch import stream_capture_status
+
+    _capture_status = stream_capture_status
+    return stream_capture_status
+
+
+def _stream_key(stream: int) -> tuple:
+    """Which stream a handle names: the per-thread default stream is another stream in every thread."""
+    return stream, threading.get_ident() if stream == _PER_THREAD_STREAM else 0
 
 
 def _input_span(layout) -> tuple:
@@ -259,11 +319,37 @@ class Plan:
     call returns."""
 
     def __init__(self, library, device_id: int, allocs: list, ops: list, returned: tuple, as_tuple: bool,
-                 maps: list = ()):
+                 maps: list = (), uploads: tuple = ()):
         self.library, self.device_id, self.allocs = library, device_id, allocs
         self.ops, self.returned, self.as_tuple = ops, returned, as_tuple
         # (kind, index, offset, shape, strides, rows, itemsize) of each tensor map the launches take
         self.maps = tuple(maps)
+        # the host arrays of the call's uploads, and their device copies per stream: [arrays, pointers, captured].
+        # A copy is made on the stream that reads it: freed with the plan, its memory goes back to the pool of that
+        # stream, after whose queued launches any new owner runs
+        self.uploads = uploads
+        self.uploaded: dict = {}
+
+    def _uploads_on(self, stream: int):
+        """The pointers of this plan's uploads on ``stream``, copied there on its first replay; None inside a CUDA
+        graph capture that finds no copy (copies from pageable memory cannot be captured: the checked path, which
+        cannot either, says so)."""
+        key = _stream_key(stream)
+        held = self.uploaded.get(key)
+        capturing = (_capture_status or _import_capture_status())(stream)
+        if held is None:
+            if capturing:
+                return None
+            library = self.library
+            made = tuple(library.upload(host, self.device_id) for host in self.uploads)
+            held = [made, [library.pointer(x) for x in made], False]
+            if len(self.uploaded) < UPLOAD_STREAMS:
+                self.uploaded[key] = held
+            # (else this call's copies go with it: freed into the pool of the stream its launches are queued on)
+        elif capturing and not held[2]:  # a graph launches with these copies whenever it is replayed
+            _captured.append(held[0])
+            held[2] = True
+        return held[1]
 
     def run(self, layouts):
         """Replay on arrays whose key is the plan's; None where the checked path must take them (another device is
@@ -272,9 +358,14 @@ class Plan:
         if _driver_current_device() != device_id:
             return None
         library = self.library
-        made = [library.empty(shape, dtype, device_id) for shape, dtype in self.allocs]
-        bases = ([layout[4] for layout in layouts], [library.pointer(x) for x in made])
         stream = library.stream(device_id)
+        uploads = ()
+        if self.uploads:
+            uploads = self._uploads_on(stream)
+            if uploads is None:
+                return None
+        made = [library.empty(shape, dtype, device_id) for shape, dtype in self.allocs]
+        bases = ([layout[4] for layout in layouts], [library.pointer(x) for x in made], (), uploads)
         if self.maps:  # every map first: where one cannot be had now, nothing has been launched yet
             from .launch import stream_capture_status
             from .tensor_map import maps_for
@@ -288,7 +379,7 @@ class Plan:
                 if address is None:
                     return None
                 addresses.append(address)
-            bases += (addresses,)
+            bases = bases[:2] + (addresses, uploads)
         for op in self.ops:
             if op[0] == "launch":
                 _, launchable, grid, block, shared_bytes, values, moves = op

@@ -281,6 +281,15 @@ def test_split_heuristic():
     assert rp.choose_m_splits(1, 64, 64, 132, config) == 8
 
 
+def test_short_non_causal_sequences_split_over_blocks():
+    """B1 H2 N256 (``scripts/startup.py``'s case) on 132 SMs: 8 blocks of 32 rows per (batch, head) and pass, not one
+    block walking all 256 rows; many (batch, head) pairs keep one block each."""
+    config = rp.GPU_CONFIG
+    assert rp.sequence_blocks(256, 2, 132, config) == (8, 32)
+    assert rp.sequence_blocks(256, 4096, 132, config) == (1, 256)
+    assert rp.sequence_blocks(5, 2, 132, config) == (1, 5)
+
+
 def test_simulator_config_allows_the_plain_walk_for_the_drawn_sizes():
     for e in range(1, 10):
         for m in range(1, 10):

@@ -65,15 +65,8 @@ THREADS = wgmma.WARPGROUP_THREADS
 ONE = np.float32(1.0)
 
 
-@dataclass(frozen=True)
-class WgmmaConfig:
-    """Tuning knobs of the warpgroup kernel (validated where made)."""
-
-    block_n: int = 64  # keys per K/V tile (multiple of 16)
-    blocks_per_sm: int = 2  # launch bound: resident blocks per SM ptxas must allow (caps the registers)
-
-    def __post_init__(self):
-        common.check_fields(self, block_n=(16, 256, 16), blocks_per_sm=(1, None, 1))
+class OneWarpgroup:
+    """What the configurations of this kernel's blocks (16-bit and fp8: one warpgroup each) share."""
 
     @property
     def block_m(self) -> int:
@@ -82,6 +75,17 @@ class WgmmaConfig:
     @property
     def threads(self) -> int:
         return THREADS
+
+
+@dataclass(frozen=True)
+class WgmmaConfig(OneWarpgroup):
+    """Tuning knobs of the warpgroup kernel (validated where made)."""
+
+    block_n: int = 64  # keys per K/V tile (multiple of 16)
+    blocks_per_sm: int = 2  # launch bound: resident blocks per SM ptxas must allow (caps the registers)
+
+    def __post_init__(self):
+        common.check_fields(self, block_n=(16, 256, 16), blocks_per_sm=(1, None, 1))
 
 
 #: 64-key tiles, two blocks per SM (99 KB of shared memory each at head dim 128): the fastest at head dims 64 and

@@ -60,7 +60,7 @@ V_TRANSPOSES = ("staging", "ldmatrix")
 
 
 @dataclass(frozen=True)
-class Fp8Config:
+class Fp8Config(wgmma.OneWarpgroup):
     """Tuning knobs of the fp8 kernel (validated where made)."""
 
     block_n: int = 128  # keys per K/V tile (a multiple of 32, at most 128: one atom row of V^T)
@@ -73,14 +73,6 @@ class Fp8Config:
         common.check_fields(self, block_n=(32, 128, 32), blocks_per_sm=(1, None, 1))
         if self.v_transpose not in V_TRANSPOSES:
             raise ValueError(f"Fp8Config.v_transpose: expected one of {V_TRANSPOSES}, got {self.v_transpose!r}")
-
-    @property
-    def block_m(self) -> int:
-        return BLOCK_M
-
-    @property
-    def threads(self) -> int:
-        return THREADS
 
 
 DEFAULT_CONFIG = Fp8Config()

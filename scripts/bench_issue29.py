@@ -87,7 +87,7 @@ def part_varlen(args) -> None:
     import torch
 
     import numba_attn
-    from check_variants import median_ms
+    from _timing import median_ms
 
     lengths = varlen_lengths()
     cu = np.r_[0, np.cumsum(lengths)].astype(np.int32)
@@ -144,7 +144,7 @@ def _varlen_diagnostics(args, q, k, v, cu, lengths, heads, head_dim, tdtype, mea
     import torch
 
     import numba_attn
-    from check_variants import median_ms
+    from _timing import median_ms
 
     longest = int(lengths.max())
     flops = causal_flops(heads, head_dim, lengths)
@@ -313,7 +313,7 @@ def part_window(args) -> None:
     import torch
 
     import numba_attn
-    from check_variants import median_ms
+    from _timing import median_ms
 
     n, heads, head_dim, window = WINDOW["seqlen"], WINDOW["heads"], WINDOW["head_dim"], WINDOW["window"]
     left = window[0]

@@ -37,6 +37,7 @@ SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 if SCRIPTS not in sys.path:
     sys.path.insert(0, SCRIPTS)
 
+from _timing import median_ms  # noqa: E402
 from backward_compile import compile_only  # noqa: E402
 
 
@@ -240,22 +241,6 @@ def correctness(args, torch, backends) -> tuple:
 # ---------------------------------------------------------------------------------------------------------------------
 # timing
 # ---------------------------------------------------------------------------------------------------------------------
-def _median_ms(torch, fn, reps):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
-
-
 PEERS = (("flash", "FLASH_ATTENTION"), ("cudnn", "CUDNN_ATTENTION"), ("effic", "EFFICIENT_ATTENTION"))
 
 
@@ -287,7 +272,7 @@ def timing(args, torch, columns) -> None:
                         saved = module.default_config
                         try:
                             _use_config(module, config)
-                            ms = _median_ms(torch, lambda: numba_attn.flash_backward(
+                            ms = median_ms(lambda: numba_attn.flash_backward(
                                 dout, q, k, v, out, lse, causal=causal, backend=backend), args.reps)
                             ours[name] = ms
                             cells.append(f"{flops / ms / 1e9:6.0f} ({ms:6.2f})")
@@ -302,7 +287,7 @@ def timing(args, torch, columns) -> None:
                             qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
                             with sdpa_kernel(getattr(SDPBackend, backend)):
                                 o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-                                peers[label] = _median_ms(torch, lambda: torch.autograd.grad(
+                                peers[label] = median_ms(lambda: torch.autograd.grad(
                                     o, (qq, kk, vv), dout, retain_graph=True), args.reps)
                             cells.append(f"{flops / peers[label] / 1e9:6.0f} ({peers[label]:6.2f})")
                             del o, qq, kk, vv

@@ -32,7 +32,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from check_backward import _median_ms, parse_size, say  # noqa: E402
+from _timing import median_ms  # noqa: E402
+from check_backward import parse_size, say  # noqa: E402
 
 
 def compile_only(configs) -> int:
@@ -294,7 +295,7 @@ def timing(args, torch, variants) -> None:
                     try:
                         if config is not None:
                             tf32.default_config = lambda head_dim=128, _c=config: _c
-                        ms = _median_ms(torch, lambda: numba_attn.flash_backward(
+                        ms = median_ms(lambda: numba_attn.flash_backward(
                             dout, q, k, v, out, lse, causal=causal, **kwargs), reps)
                         ms_of[label] = ms
                         cells.append(f"{flops / ms / 1e9:7.1f} ({ms:6.2f})")
@@ -308,7 +309,7 @@ def timing(args, torch, variants) -> None:
                     qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
                     with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
                         o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-                        theirs = _median_ms(torch, lambda: torch.autograd.grad(o, (qq, kk, vv), dout,
+                        theirs = median_ms(lambda: torch.autograd.grad(o, (qq, kk, vv), dout,
                                                                                retain_graph=True), args.reps)
                     cells.append(f"{flops / theirs / 1e9:7.1f} ({theirs:6.2f})")
                     if "tf32" in ms_of:

@@ -43,8 +43,11 @@ import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for _path in (ROOT, os.path.dirname(os.path.abspath(__file__))):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from _timing import median_ms as _median_ms  # noqa: E402
 
 MODEL_SLACK = 8e-3
 #: the lse bound per row: 1e-4 + LSE_ACCUMULATION * sm_scale * max_j sum_d |q_id k_jd| -- the e4m3 tensor cores add
@@ -184,21 +187,6 @@ def _compare(np, name, out, lse, ref, ref_lse, model, qf, kf, heads, kv_heads, b
     return int(not ok)
 
 
-def _median_ms(torch, np, fn, reps: int) -> float:
-    """The median of ``reps`` calls of ``fn`` between CUDA events, after two untimed calls."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(np.median(times))
-
-
 def timing(args, torch, numba_attn, np) -> int:
     from numba_attn.forward import fp8_vt, wgmma_ws_fp8
 
@@ -208,7 +196,7 @@ def timing(args, torch, numba_attn, np) -> int:
     failures = 0
 
     def median_ms(fn):
-        return _median_ms(torch, np, fn, args.reps)
+        return _median_ms(fn, args.reps)
 
     say("INFO timing: TFLOP/s (ms); B4; fp8 inputs float8_e4m3fn with per-tensor descales, bf16 out")
     for d, heads in ((128, 32), (64, 48)):
@@ -252,7 +240,7 @@ def probe(args, torch, numba_attn, np) -> int:
     from numba_attn.forward import fp8_vt, wgmma_ws_fp8
 
     def event_ms(fn):
-        return _median_ms(torch, np, fn, args.reps)
+        return _median_ms(fn, args.reps)
 
     config = wgmma_ws_fp8.DEFAULT_CONFIG
     d, heads = 128, 32
@@ -284,7 +272,7 @@ def share(args, torch, numba_attn, np) -> int:
     failures = 0
 
     def event_ms(fn, reps):
-        return _median_ms(torch, np, fn, reps)
+        return _median_ms(fn, reps)
 
     def host_us(fn, reps=200):
         for _ in range(5):

@@ -330,21 +330,9 @@ def part_correctness(args) -> int:
 # GPU: timing
 # ---------------------------------------------------------------------------------------------------------------------
 def _time(fn, reps: int) -> float:
-    import numpy as np
-    import torch
+    from _timing import median_ms
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(np.median(times))
+    return median_ms(fn, reps, warmup=3)
 
 
 def _timing_case(b, h, n, d, dtype, reps, with_layer):

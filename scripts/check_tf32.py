@@ -42,8 +42,11 @@ import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for _path in (ROOT, os.path.dirname(os.path.abspath(__file__))):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from _timing import median_ms  # noqa: E402
 
 TOL_3X = 1e-5
 TOL_TF32 = 5e-3
@@ -250,18 +253,8 @@ def part_timing(args):
     say(f"INFO device: {dev.name}; torch {torch.__version__}")
     stream = cuda.default_stream()  # the legacy default stream, torch's default stream too: torch events time both
 
-    def median_ms(fn):
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(args.reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return float(np.median(times))
+    def reps_ms(fn):
+        return median_ms(fn, args.reps, warmup=3)
 
     def efficient():
         try:
@@ -302,7 +295,7 @@ def part_timing(args):
                             flash_tf32.launch(qd, kd, vd, od, lse, False, sm_scale, causal, stream, config=config,
                                               tf32_only=tf32_only)
 
-                        ms = median_ms(ours)
+                        ms = reps_ms(ours)
                         out.fill_(float("nan"))
                         ours()
                         torch.cuda.synchronize()
@@ -311,7 +304,7 @@ def part_timing(args):
                     def simt():
                         flash_simt.launch(qd, kd, vd, od, lse, False, sm_scale, causal, stream)
 
-                    ms = median_ms(simt)
+                    ms = reps_ms(simt)
                     simt()
                     torch.cuda.synchronize()
                     entries.append(("ours simt", ms, err_of(out)))
@@ -323,8 +316,8 @@ def part_timing(args):
                         with efficient():
                             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-                    entries.append(("torch SDPA default", median_ms(sdpa), err_of(sdpa())))
-                    entries.append(("torch SDPA efficient", median_ms(sdpa_efficient), err_of(sdpa_efficient())))
+                    entries.append(("torch SDPA default", reps_ms(sdpa), err_of(sdpa())))
+                    entries.append(("torch SDPA efficient", reps_ms(sdpa_efficient), err_of(sdpa_efficient())))
                     t_torch = min(ms for label, ms, _ in entries if label.startswith("torch"))
                     say(f"INFO timing {name}:")
                     for label, ms, err in entries:
@@ -393,19 +386,6 @@ def part_compare_split(args):
         done = list(pool.map(_warm, *zip(*jobs)))
     say(f"INFO compiled {len(jobs)} kernels in {workers} processes, {time.time() - t0:.0f} s: {'; '.join(done)}")
     stream = cuda.default_stream()
-
-    def median_ms(fn, reps):
-        for _ in range(2):
-            fn()
-        times = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return float(np.median(times))
 
     failed = 0
     ratios = {}

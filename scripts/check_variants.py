@@ -26,8 +26,11 @@ import sys
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for _path in (ROOT, os.path.dirname(os.path.abspath(__file__))):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from _timing import median_ms  # noqa: E402
 
 TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 #: (name, backend, dtype); wgmma only on sm_90
@@ -49,22 +52,6 @@ def rel(got, ref) -> float:
     if np.isnan(got).any():
         return float("inf")
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-
-
-def median_ms(fn, reps: int) -> float:
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def kernels():

@@ -141,7 +141,8 @@ def _specs(kernel, window, softcap, varlen):
                     name = (f"fp8_n{config.block_n}{'_ldm' if config.v_transpose == 'ldmatrix' else ''}_d{d}_"
                             f"{'bf16' if bf16 else 'f16'}{'_perhead' if per_head else ''}"
                             f"{'_scalefirst' if scale_first else ''}")
-                    yield (name, wgmma_fp8._kernel_source(config, d, bf16, scale_first, per_head, **kwargs),
+                    yield (name, wgmma._kernel_source(config, d, bf16, scale_first, fp8=True, per_head=per_head,
+                                                      **kwargs),
                            wgmma_fp8.SIGNATURE.args, (wgmma_fp8.THREADS, config.blocks_per_sm))
     elif kernel == "fp8_ws":
         from numba_attn.forward import wgmma_ws, wgmma_ws_fp8

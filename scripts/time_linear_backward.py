@@ -37,6 +37,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _timing import median_ms  # noqa: E402
+
 DTYPES = ("fp16", "bf16", "fp32")
 
 
@@ -100,17 +102,7 @@ def variants(dtype: str, n: int, q, k, v, g):
 
 
 def _call_ms(fn, reps: int) -> float:
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return median_ms(fn, reps, warmup=0)
 
 
 def _host_ms(fn, reps: int) -> float:

@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numba_attn  # noqa: E402
 import reference  # noqa: E402
+from _timing import median_ms  # noqa: E402
 from numba_attn.linear import launch as linear_chunked  # noqa: E402
 from numba_attn.linear import shared_state  # noqa: E402
 
@@ -44,20 +45,7 @@ VARIANTS = {
 
 
 def _time(fn, reps):
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(np.median(times))
+    return median_ms(fn, reps, warmup=3)
 
 
 def _error(out, ref, heads):

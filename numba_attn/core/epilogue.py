@@ -8,13 +8,13 @@ Only rows below ``seqlen_q`` and columns below ``head_dim`` are written: what li
 from __future__ import annotations
 
 import numpy as np
-from numba import float32
 
 from . import ptx
 from .softmax import log_sum_exp, row_sum
-from .staging import device_function
+from .staging import device_function, inlined_function
 
 _ZERO = np.float32(0.0)
+_ONE = np.float32(1.0)
 
 
 def as_16bit(bf16: bool):
@@ -37,19 +37,19 @@ def as_float32(x0, x1):
     return x0, x1
 
 
-def store_rows(m_tiles: int, o_blocks: int, convert, scaled: bool = False):
+def store_rows(m_tiles: int, o_blocks: int, convert, scaled: bool = False, scale_argument: bool | None = None):
     """``finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post)``: full
     row sums (``softmax.row_sum``), one division per row, ``convert``ed pairs stored to ``out_head[row, col]``; when
     ``lse_now``, lane ``t = 0`` of each row stores ``lse[b, h, row]``. A row that saw no key gives 0 and -inf.
-    ``scaled``: ``finish`` takes one more argument, ``out_scale``, that multiplies every output (the fp8 kernel's V
-    descale)."""
+    ``scaled``: every output is multiplied by one more argument, ``out_scale`` (the fp8 kernels' V descale).
+    ``scale_argument`` (default: ``scaled``): ``finish`` takes ``out_scale`` -- and ignores it when not ``scaled``
+    (the 16-bit forms of kernels whose body also serves 8-bit inputs)."""
     M_TILES = m_tiles
     O_BLOCKS = o_blocks
     store2 = ptx.store2
 
-    @device_function
-    def finish_scaled(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post,
-                      out_scale):
+    @inlined_function
+    def rows(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post, out_scale):
         for mt in range(M_TILES):
             for half in range(2):
                 row = row0 + 16 * mt + 8 * half
@@ -66,30 +66,29 @@ def store_rows(m_tiles: int, o_blocks: int, convert, scaled: bool = False):
                 if lse_now and t == 0 and row < seqlen_q:
                     lse[b, h, row] = log_sum_exp(m_run[2 * mt + half], l_row, post)
 
+    # (``rows`` is inlined into each form in Numba's IR, so each is one function in the module as before: a form
+    # calling another device function would add one, and change the kernels' PTX)
     if scaled:
+        @device_function
+        def finish_scaled(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post,
+                          out_scale):
+            rows(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post, out_scale)
+
         return finish_scaled
 
-    # (the same without the scale, written out: a call of ``finish_scaled`` with 1.0 adds a function to the module
-    # and changes the kernels' PTX)
     @device_function
     def finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post):
-        for mt in range(M_TILES):
-            for half in range(2):
-                row = row0 + 16 * mt + 8 * half
-                l_row = row_sum(l_run[2 * mt + half])
-                inv = float32(1.0) / l_row if l_row > _ZERO else _ZERO
-                if row < seqlen_q:
-                    for ob in range(O_BLOCKS):
-                        col = d_off + 8 * ob + 2 * t
-                        w0, w1 = convert(acc[mt, ob, 2 * half] * inv, acc[mt, ob, 2 * half + 1] * inv)
-                        if col < head_dim:
-                            store2(out_head, row, col, w0)
-                        if col + 1 < head_dim:
-                            store2(out_head, row, col + 1, w1)
-                if lse_now and t == 0 and row < seqlen_q:
-                    lse[b, h, row] = log_sum_exp(m_run[2 * mt + half], l_row, post)
+        rows(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post, _ONE)
 
-    return finish
+    if not scale_argument:
+        return finish
+
+    @inlined_function
+    def finish_unscaled(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post,
+                        out_scale):
+        finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post)
+
+    return finish_unscaled
 
 
 def store_fragments(m_tiles: int, blocks: int, convert):

@@ -31,7 +31,7 @@ from numba import uint32
 
 from ..runtime.device import SIMULATOR, cuda
 from . import ptx
-from .staging import device_function
+from .staging import device_function, inlined_function
 from .swizzled_tiles import swizzled_tile_loader
 
 #: key (within its 16-key group) that column ``c`` (within its 16-column group) of the P V MMA's k dimension holds
@@ -142,6 +142,13 @@ def descaled(per_head: bool):
         return scale_log2, out_scale
 
     return scales
+
+
+@inlined_function
+def no_descale(scale_log2, out_scale, descale_q, descale_k, descale_v, b, h, heads):
+    """``descaled``'s call for 16-bit inputs: both scales as they came. Inlined in Numba's IR, so the 16-bit forms
+    of kernels whose body also serves 8-bit inputs compile as if the call were not there."""
+    return scale_log2, out_scale
 
 
 def v_transposer_swizzled(block_n: int, d_pad: int, threads: int):

@@ -22,7 +22,7 @@ from . import ptx
 from .constants import ACC_INIT, LN2, LOG2E
 from .mask import NO_WINDOW, hidden, hidden_in
 from .scores import cap_post, score_cap
-from .staging import device_function
+from .staging import device_function, inlined_function
 
 _NEG_INF = np.float32(-np.inf)
 _ZERO = np.float32(0.0)
@@ -57,6 +57,26 @@ def softmax_start(m_tiles: int, o_blocks: int):
         clear(acc)
 
     return start
+
+
+def output_rescale(o_blocks: int):
+    """``rescale(acc, alpha)``: the ``(1, o_blocks, 4)`` output accumulator's two rows times the ``alpha`` that
+    ``softmax_update(rescale_output=False)`` gave, skipped when it is 1 in every lane of the warp (a warp vote: after
+    the first tiles no row maximum moves). Inlined in Numba's IR: the kernels compile as with the loop written in."""
+    O_BLOCKS = o_blocks
+    ONE = np.float32(1.0)
+    all_lanes = ptx.all_lanes
+
+    @inlined_function
+    def rescale(acc, alpha):
+        if not all_lanes(alpha[0] == ONE and alpha[1] == ONE):  # warp-uniform
+            for ob in range(O_BLOCKS):
+                acc[0, ob, 0] *= alpha[0]
+                acc[0, ob, 1] *= alpha[0]
+                acc[0, ob, 2] *= alpha[1]
+                acc[0, ob, 3] *= alpha[1]
+
+    return rescale
 
 
 def softcap_scales(sm_scale: float, softcap: float) -> tuple:

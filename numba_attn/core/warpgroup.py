@@ -45,22 +45,17 @@ fragments as they are: ``core.fp8`` permutes the keys instead.
 Shared memory written by ordinary stores or ``cp.async`` must be published to the tensor cores' (async) proxy:
 ``fence_proxy_async`` in every writing thread before the barrier that precedes the MMAs.
 
-Under the simulator the same names are pure-Python twins: they decode the descriptors' strides exactly as above from
-the shared array and exchange register fragments through the block's barrier (every thread of the warpgroup must
-call them the same number of times).
+Under the simulator the same names are pure-Python twins (``_warpgroup_sim``): they decode the descriptors' strides
+exactly as above from the shared array and exchange register fragments through the block's barrier (every thread of
+the warpgroup must call them the same number of times).
 """
 from __future__ import annotations
 
-import threading
 from functools import lru_cache
-
-import numpy as np
 
 from ..runtime.device import SIMULATOR
 from . import ptx
 from .ptx._asm import _is_int, _pointer1, _shared_address, _void_asm
-from .ptx._sim import _sim_group_gather
-from .ptx.convert import e4m3_bits_to_float32
 from .staging import device_function
 
 #: the warpgroup: 4 warps, 64 accumulator rows
@@ -113,6 +108,21 @@ def a_fragments(k_steps: int, bf16: bool):
     return pack
 
 
+def attention_products(block_n: int, d_pad: int, bf16: bool, fp8: bool = False):
+    """``(q_times_k, p_times_v)``: a flash forward's two MMA groups over one warpgroup's 64 query rows, issued
+    without waiting (``wgmma_wait``): ``q_times_k(s, smem, q_offset, k_offset)``, ``S = Q K^T`` of a K-major Q tile
+    and a K-major ``block_n``-row K tile, and ``p_times_v(acc, p, smem, v_offset)``, ``O += P V`` with P in registers
+    and V an MN-major ``block_n``-row tile of ``d_pad`` columns. ``fp8``: e4m3 operands (``bf16`` unused) and, as
+    8-bit MMAs take B K-major only, a ``V^T`` tile (``d_pad`` rows of ``block_n`` keys) in place of V."""
+    if fp8:
+        qk_steps, pv_steps = d_pad // 32, block_n // 32
+        return (wgmma_ss_e4m3(block_n, qk_steps, k_major(ROWS, qk_steps), k_major(block_n, qk_steps), wait=False),
+                wgmma_rs_e4m3(d_pad, pv_steps, k_major(d_pad, pv_steps), wait=False))
+    qk_steps, pv_steps = d_pad // 16, block_n // 16
+    return (wgmma_ss(block_n, qk_steps, bf16, k_major(ROWS, qk_steps), k_major(block_n, qk_steps), wait=False),
+            wgmma_rs(d_pad, pv_steps, bf16, mn_major(block_n, pv_steps), True, wait=False))
+
+
 def _check(n: int, k_steps: int, *layouts):
     if n % 8 or not 8 <= n <= 256:
         raise ValueError(f"wgmma: N must be a multiple of 8 in [8, 256], got {n}")
@@ -122,124 +132,6 @@ def _check(n: int, k_steps: int, *layouts):
         if len(offsets) != k_steps or any(x % 16 for x in (lbo, sbo, *offsets)) or max(lbo, sbo) >= 1 << 18:
             raise ValueError(f"wgmma: a layout needs {k_steps} k-step offsets and 16-byte strides, got "
                              f"{lbo}, {sbo}, {offsets}")
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Simulator twins
-# ---------------------------------------------------------------------------------------------------------------------
-def _sim_values(words: np.ndarray, bf16: bool) -> np.ndarray:
-    words = np.asarray(words, dtype=np.uint16)
-    if bf16:
-        return (words.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return words.view(np.float16).astype(np.float64)
-
-
-def _sim_operand_e4m3(smem, offset: int, rows: int, layout, k_steps: int) -> np.ndarray:
-    """The ``rows x 32 k_steps`` K-major float8 e4m3 operand ([row][k]) a descriptor at element ``offset`` of the
-    uint16 ``smem`` describes (as ``_sim_operand``: 128-byte swizzle, element 0 aligned)."""
-    lbo, sbo, offsets = layout
-    r = np.arange(rows)[:, None]
-    k = np.arange(32)[None, :]
-    within = (r // 8) * sbo + (r % 8) * 128 + k
-    raw = np.asarray(smem).view(np.uint8)
-    slices = [_sim_e4m3(raw[swizzle(2 * int(offset) + offsets[s] + within)]) for s in range(k_steps)]
-    return np.concatenate(slices, axis=1)
-
-
-def _sim_e4m3(codes) -> np.ndarray:
-    return e4m3_bits_to_float32(codes).astype(np.float64)
-
-
-def _sim_gathered_a_e4m3(words, k_steps: int) -> np.ndarray:
-    """The warpgroup's ``64 x 32 k_steps`` e4m3 register A operand from every thread's words (128 rows)."""
-    # [thread, k-step, register, byte] -> A[16 warp + g + 8 (reg % 2)][32 s + 4 t + 16 (reg // 2) + byte]
-    values = _sim_e4m3(np.asarray(words, dtype=np.uint32).view(np.uint8)).reshape(WARPGROUP_THREADS, k_steps, 2, 2,
-                                                                                  4)
-    tid = np.arange(WARPGROUP_THREADS)
-    row, t = 16 * (tid // 32) + tid % 32 // 4, tid % 4
-    a = np.zeros((ROWS, 32 * k_steps))
-    for half in range(2):  # register 2 half + dr
-        for dr in range(2):
-            cols = 32 * np.arange(k_steps)[None, :, None] + 4 * t[:, None, None] + 16 * half + np.arange(4)
-            a[(row + 8 * dr)[:, None, None], cols] = values[:, :, half, dr]
-    return a
-
-
-def _sim_operand(smem, offset: int, rows: int, layout, k_steps: int, trans: bool, bf16: bool) -> np.ndarray:
-    """The ``rows x 16 k_steps`` (K-major: [row][k]) or ``16 k_steps x rows`` (MN-major: [k][n]) operand a
-    descriptor at element ``offset`` of ``smem`` describes, read by the documented canonical layouts with the
-    128-byte swizzle (element 0 of ``smem`` stands for a 1024-byte aligned address)."""
-    lbo, sbo, offsets = layout
-    r = np.arange(rows)[:, None]  # the M / N index
-    k = np.arange(16)[None, :]
-    if trans:  # 64 n contiguous per 128-byte row, k rows 128 bytes apart
-        within = (r // 64) * lbo + (r % 64) * 2 + (k // 8) * sbo + (k % 8) * 128
-    else:  # 64 k contiguous per 128-byte row, rows 128 bytes apart
-        within = (r // 8) * sbo + (r % 8) * 128 + k * 2
-    words = np.asarray(smem).view(np.uint16)
-    slices = [_sim_values(words[swizzle(2 * int(offset) + offsets[s] + within) // 2], bf16) for s in range(k_steps)]
-    out = np.concatenate(slices, axis=1)  # [row][k]
-    return out.T if trans else out
-
-
-def _sim_fragment_rows(tid: int):
-    warp, lane = (tid % WARPGROUP_THREADS) // 32, tid % 32
-    g, t = lane // 4, lane % 4
-    return 16 * warp + g, t
-
-
-@lru_cache(maxsize=None)
-def _sim_c_positions(n: int):
-    """``(rows, cols)``, each ``(128, n / 2)``: where accumulator element ``f`` of warpgroup thread ``tid`` lies."""
-    tid = np.arange(WARPGROUP_THREADS)[:, None]
-    f = np.arange(n // 2)[None, :]
-    row = 16 * (tid // 32) + (tid % 32) // 4 + 8 * ((f % 4) // 2)
-    col = 8 * (f // 4) + 2 * (tid % 4) + f % 2
-    return row, col
-
-
-@lru_cache(maxsize=None)
-def _sim_a_positions(k_steps: int):
-    """``(rows, cols)``, each ``(128, 4 k_steps)``: where the low half of A word ``w`` of thread ``tid`` lies (the
-    high half: the next column)."""
-    tid = np.arange(WARPGROUP_THREADS)[:, None]
-    w = np.arange(4 * k_steps)[None, :]
-    row = 16 * (tid // 32) + (tid % 32) // 4 + 8 * (w % 2)
-    col = 16 * (w // 4) + 2 * (tid % 4) + 8 * ((w % 4) // 2)
-    return row, col
-
-
-def _sim_store(acc, d: np.ndarray, n: int):
-    rows, cols = _sim_c_positions(n)
-    tid = threading.current_thread().thread_id % WARPGROUP_THREADS
-    acc.reshape(-1)[: n // 2] = d[rows[tid], cols[tid]].astype(np.float32)
-
-
-def _sim_gathered_c(frags, n: int) -> np.ndarray:
-    """The warpgroup's ``64 x n`` accumulator from every thread's fragment (``frags``: 128 of them)."""
-    rows, cols = _sim_c_positions(n)
-    d = np.zeros((ROWS, n))
-    d[rows, cols] = np.asarray(frags, dtype=np.float64)
-    return d
-
-
-def _sim_gathered_a(words, k_steps: int, bf16: bool) -> np.ndarray:
-    """The warpgroup's ``64 x 16 k_steps`` register A operand from every thread's words (``words``: 128 rows)."""
-    rows, cols = _sim_a_positions(k_steps)
-    w = np.asarray(words, dtype=np.uint32)
-    halves = [w & 0xFFFF, w >> 16]
-    a = np.zeros((ROWS, 16 * k_steps))
-    for x, half in enumerate(halves):
-        a[rows, cols + x] = _sim_values(half.astype(np.uint16), bf16)
-    return a
-
-
-def _sim_leader_result(compute):
-    """``compute()`` run by the first thread of the warpgroup only, its result handed to all 128 (a block barrier
-    inside): the twins decode whole operands once per warpgroup, not once per thread."""
-    tid = threading.current_thread().thread_id
-    result = compute() if tid % WARPGROUP_THREADS == 0 else None
-    return _sim_group_gather(result, WARPGROUP_THREADS)[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -447,98 +339,6 @@ if not SIMULATOR:
         ``cp.async`` copies) become visible to the tensor cores' reads after the next barrier."""
         return _void_asm("fence.proxy.async.shared::cta;")()
 
-else:
-
-    @lru_cache(maxsize=None)
-    def wgmma_ss(n: int, k_steps: int, bf16: bool, a_layout, b_layout, trans_b: bool = False, wait: bool = True,
-                 trans_a: bool = False, accumulate: bool = False):
-        """Simulator twin of ``wgmma_ss`` (see the GPU version; it completes at once, waiting or not)."""
-        _check(n, k_steps, a_layout, b_layout)
-
-        def mma(acc, smem, a_offset, b_offset):
-            everyone = _sim_group_gather(np.array(acc.reshape(-1)[: n // 2], dtype=np.float64),
-                                         WARPGROUP_THREADS) if accumulate else None
-
-            def product():
-                a = _sim_operand(smem, a_offset, ROWS, a_layout, k_steps, trans_a, bf16)
-                a = a.T if trans_a else a  # [k][m] -> [m][k]
-                b = _sim_operand(smem, b_offset, n, b_layout, k_steps, trans_b, bf16)
-                d = a @ (b if trans_b else b.T)
-                return d + _sim_gathered_c(everyone, n) if accumulate else d
-
-            _sim_store(acc, _sim_leader_result(product), n)  # the warpgroup moves together, as on the GPU
-
-        return mma
-
-    @lru_cache(maxsize=None)
-    def wgmma_rs(n: int, k_steps: int, bf16: bool, b_layout, trans_b: bool = True, wait: bool = True):
-        """Simulator twin of ``wgmma_rs`` (see the GPU version; it completes at once, waiting or not)."""
-        _check(n, k_steps, b_layout)
-
-        def mma(acc, a_regs, smem, b_offset):
-            mine = (np.array(np.asarray(a_regs).reshape(-1)[: 4 * k_steps], dtype=np.uint32),
-                    np.array(acc.reshape(-1)[: n // 2], dtype=np.float64))
-            everyone = _sim_group_gather(mine, WARPGROUP_THREADS)
-
-            def product():
-                a = _sim_gathered_a([x[0] for x in everyone], k_steps, bf16)
-                b = _sim_operand(smem, b_offset, n, b_layout, k_steps, trans_b, bf16)
-                return _sim_gathered_c([x[1] for x in everyone], n) + a @ (b if trans_b else b.T)
-
-            _sim_store(acc, _sim_leader_result(product), n)
-
-        return mma
-
-    @lru_cache(maxsize=None)
-    def wgmma_ss_e4m3(n: int, k_steps: int, a_layout, b_layout, wait: bool = True, accumulate: bool = False):
-        """Simulator twin of ``wgmma_ss_e4m3`` (see the GPU version; it completes at once)."""
-        _check(n, k_steps, a_layout, b_layout)
-
-        def mma(acc, smem, a_offset, b_offset):
-            everyone = _sim_group_gather(np.array(acc.reshape(-1)[: n // 2], dtype=np.float64),
-                                         WARPGROUP_THREADS) if accumulate else None
-
-            def product():
-                a = _sim_operand_e4m3(smem, a_offset, ROWS, a_layout, k_steps)
-                b = _sim_operand_e4m3(smem, b_offset, n, b_layout, k_steps)
-                d = a @ b.T
-                return d + _sim_gathered_c(everyone, n) if accumulate else d
-
-            _sim_store(acc, _sim_leader_result(product), n)
-
-        return mma
-
-    @lru_cache(maxsize=None)
-    def wgmma_rs_e4m3(n: int, k_steps: int, b_layout, wait: bool = True):
-        """Simulator twin of ``wgmma_rs_e4m3`` (see the GPU version; it completes at once)."""
-        _check(n, k_steps, b_layout)
-
-        def mma(acc, a_regs, smem, b_offset):
-            mine = (np.array(np.asarray(a_regs).reshape(-1)[: 4 * k_steps], dtype=np.uint32),
-                    np.array(acc.reshape(-1)[: n // 2], dtype=np.float64))
-            everyone = _sim_group_gather(mine, WARPGROUP_THREADS)
-
-            def product():
-                a = _sim_gathered_a_e4m3([x[0] for x in everyone], k_steps)
-                b = _sim_operand_e4m3(smem, b_offset, n, b_layout, k_steps)
-                return _sim_gathered_c([x[1] for x in everyone], n) + a @ b.T
-
-            _sim_store(acc, _sim_leader_result(product), n)
-
-        return mma
-
-    @lru_cache(maxsize=None)
-    def wgmma_wait(n: int, pending: int):
-        """Simulator twin of ``wgmma_wait``: the twins' MMAs complete when issued."""
-
-        def wait(acc):
-            pass
-
-        return wait
-
-    def fence_proxy_async():
-        pass
-
-    def shared_address(smem):
-        """Simulator twin: element 0 of a shared array stands for an aligned address."""
-        return np.uint32(0)
+else:  # the simulator's pure-Python twins
+    from ._warpgroup_sim import (fence_proxy_async, shared_address, wgmma_rs, wgmma_rs_e4m3,  # noqa: F401
+                                 wgmma_ss, wgmma_ss_e4m3, wgmma_wait)

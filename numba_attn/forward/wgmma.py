@@ -42,12 +42,13 @@ from functools import lru_cache
 import numpy as np
 from numba import float32, uint16, uint32
 
+from ..core import fp8 as fp8_blocks
 from ..core import ptx
 from ..core import warpgroup as wgmma
 from ..core.block_info import QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
 from ..core.epilogue import as_16bit, store_rows
 from ..core.mask import tile_is_partial
-from ..core.softmax import exponent_scale_for, softmax_start, softmax_update
+from ..core.softmax import exponent_scale_for, output_rescale, softmax_start, softmax_update
 from ..core.staging import device_function, kernel_body
 from ..core.swizzled_tiles import swizzled_tile_loader
 from ..runtime.device import SIMULATOR, cuda, kernel_jit
@@ -61,17 +62,11 @@ MIN_COMPUTE_CAPABILITY = (9, 0)
 MAX_HEAD_DIM = 128
 BLOCK_M = wgmma.ROWS
 THREADS = wgmma.WARPGROUP_THREADS
+ONE = np.float32(1.0)
 
 
-@dataclass(frozen=True)
-class WgmmaConfig:
-    """Tuning knobs of the warpgroup kernel (validated where made)."""
-
-    block_n: int = 64  # keys per K/V tile (multiple of 16)
-    blocks_per_sm: int = 2  # launch bound: resident blocks per SM ptxas must allow (caps the registers)
-
-    def __post_init__(self):
-        common.check_fields(self, block_n=(16, 256, 16), blocks_per_sm=(1, None, 1))
+class OneWarpgroup:
+    """What the configurations of this kernel's blocks (16-bit and fp8: one warpgroup each) share."""
 
     @property
     def block_m(self) -> int:
@@ -80,6 +75,17 @@ class WgmmaConfig:
     @property
     def threads(self) -> int:
         return THREADS
+
+
+@dataclass(frozen=True)
+class WgmmaConfig(OneWarpgroup):
+    """Tuning knobs of the warpgroup kernel (validated where made)."""
+
+    block_n: int = 64  # keys per K/V tile (multiple of 16)
+    blocks_per_sm: int = 2  # launch bound: resident blocks per SM ptxas must allow (caps the registers)
+
+    def __post_init__(self):
+        common.check_fields(self, block_n=(16, 256, 16), blocks_per_sm=(1, None, 1))
 
 
 #: 64-key tiles, two blocks per SM (99 KB of shared memory each at head dim 128): the fastest at head dims 64 and
@@ -123,34 +129,58 @@ def tile_loader(rows: int, d_pad: int, threads: int = THREADS):
     return swizzled_tile_loader(rows, d_pad, threads)
 
 
-def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN):
+def _kernel_source(config, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN,
+                   fp8: bool = False, per_head: bool = False, transpose: bool = True):
     """The Python function of one specialisation (not yet jitted); ``variant``: the sliding window and
-    soft-capping (``common.Variant``)."""
+    soft-capping (``common.Variant``). ``fp8``: float8 e4m3 operands (uint8; ``config`` a ``wgmma_fp8.Fp8Config``,
+    not packed) and a bfloat16 (``bf16``) or float16 output, per-head descale arrays read (``per_head``) or not; the
+    kernel then takes ``wgmma_fp8.SIGNATURE`` (``wgmma_fp8``'s docstring: the 8-bit differences). ``transpose=False``
+    (8-bit) is a timing probe only (``scripts/check_fp8.py --part share``): V^T is never written, the results are
+    wrong."""
+    if fp8 and variant.packed:
+        raise ValueError("the fp8 kernel takes no packed sequences")
+    FP8 = fp8
+    TRANSPOSE = fp8 and transpose
     BLOCK_N = config.block_n
-    ATOMS = wgmma.atom_columns(d_pad)
-    Q_TILE = BLOCK_M * 64 * ATOMS  # elements; shared memory: Q tile, then per stage a K tile and a V tile
-    TILE = BLOCK_N * 64 * ATOMS
+    ATOMS = 1 if fp8 else wgmma.atom_columns(d_pad)  # (8-bit rows of up to 128 elements: one atom column)
+    Q_TILE = BLOCK_M * 64 * ATOMS  # elements (uint16); shared memory: Q tile, K tiles, V tiles (8-bit: staged V)
+    TILE = BLOCK_N * 64 * ATOMS  # a K or V tile
+    # stages of V (16-bit: V of tile j - 1 is still read during tile j); 8-bit: of staged V, and of the V^T tiles
+    # P V reads (after the staged ones)
+    V_STAGES = 2 if fp8 else 3
+    PV_OFFSET = V_STAGES * TILE if fp8 else 0
+    PV_TILE = d_pad * 64 if fp8 else TILE
+    K_STEP = 32 if fp8 else 16  # k of one MMA
     S_BLOCKS = BLOCK_N // 8  # n8 blocks of S
-    PV_STEPS = BLOCK_N // 16  # k-steps of O += P V
+    PV_STEPS = BLOCK_N // K_STEP  # k-steps of O += P V
     P_WORDS = 4 * PV_STEPS  # P as the A operand: four 32-bit words per k-step
     O_BLOCKS = d_pad // 8  # n8 blocks of O
     SCALE_FIRST = scale_first
-    QK_STEPS = d_pad // 16
-    q_times_k = wgmma.wgmma_ss(BLOCK_N, QK_STEPS, bf16, wgmma.k_major(BLOCK_M, QK_STEPS),
-                               wgmma.k_major(BLOCK_N, QK_STEPS), wait=False)
-    p_times_v = wgmma.wgmma_rs(d_pad, PV_STEPS, bf16, wgmma.mn_major(BLOCK_N, PV_STEPS), True, wait=False)
+    q_times_k, p_times_v = wgmma.attention_products(BLOCK_N, d_pad, bf16, fp8)
     wait_s = wgmma.wgmma_wait(BLOCK_N, 0)
     wait_one = wgmma.wgmma_wait(BLOCK_N, 1)
     wait_o = wgmma.wgmma_wait(d_pad, 0)
-    all_lanes = ptx.all_lanes
-    ONE = np.float32(1.0)
     shared_address = wgmma.shared_address
     fence_proxy_async = wgmma.fence_proxy_async
-    pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
     commit = ptx.cp_async_commit
     wait_all = ptx.cp_async_wait_all
-    load_q_tile = tile_loader(BLOCK_M, d_pad)
-    load_tile = tile_loader(BLOCK_N, d_pad)
+    if fp8:
+        load_q_tile = swizzled_tile_loader(BLOCK_M, d_pad, THREADS, 1)
+        load_k_tile = swizzled_tile_loader(BLOCK_N, d_pad, THREADS, 1)
+        if config.v_transpose == "staging":
+            load_v_tile = fp8_blocks.staging_loader(BLOCK_N, d_pad, THREADS)
+            transpose_v = fp8_blocks.v_transposer(BLOCK_N, d_pad, THREADS)
+        else:
+            load_v_tile = swizzled_tile_loader(BLOCK_N, d_pad, THREADS, 1)
+            transpose_v = fp8_blocks.v_transposer_swizzled(BLOCK_N, d_pad, THREADS)
+        probabilities = fp8_blocks.probabilities(PV_STEPS)  # P rounded to e4m3 (the keys permuted: ``core.fp8``)
+        scales = fp8_blocks.descaled(per_head)
+    else:
+        load_q_tile = tile_loader(BLOCK_M, d_pad)
+        load_k_tile = load_v_tile = tile_loader(BLOCK_N, d_pad)
+        transpose_v = None  # (never called)
+        probabilities = wgmma.a_fragments(PV_STEPS, bf16)  # P rounded to the input dtype as the A operand
+        scales = fp8_blocks.no_descale
     position = block_position_of(QUERY_MAJOR, BLOCK_M, variant.packed)
     bounds = sequence_bounds_of(variant.packed)
     exponent = exponent_scale_for(variant.softcap)  # the compile-time c log2 e with a cap
@@ -160,43 +190,38 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
     online_softmax = softmax_update(1, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
                                     window=variant.window, softcap=variant.softcap,
                                     precise_tanh=False)
-    finish = store_rows(1, O_BLOCKS, as_16bit(bf16))
+    rescale = output_rescale(O_BLOCKS)
+    finish = store_rows(1, O_BLOCKS, as_16bit(bf16), scaled=fp8, scale_argument=True)
 
     @device_function
     def arrive():
-        """This thread's copies have landed; after the barrier everyone's are there, visible to the tensor cores
-        (and everyone is done with K of tile j - 1 and V of tile j - 2)."""
+        """This thread's copies (and 8-bit: V^T stores) are done; after the barrier everyone's are, visible to the
+        tensor cores (and everyone is done with K of tile j - 1 and V of tile j - 2; 8-bit: the staging of tile j - 1
+        and V^T of tile j - 2)."""
         wait_all()
         fence_proxy_async()  # the landed copies are read through the async proxy
         cuda.syncthreads()
 
     @device_function
     def prefetch(k_head, v_head, smem, k_base, v_base, tid, j, n_tiles, n_first, key_end, head_dim):
-        """Start copying tile ``j + 1`` over K of tile ``j - 1`` and V of tile ``j - 2``."""
+        """Start copying tile ``j + 1`` over K of tile ``j - 1`` and V of tile ``j - 2`` (8-bit: the staging of tile
+        ``j - 1``)."""
         if j + 1 < n_tiles:
             n1 = n_first + (j + 1) * BLOCK_N
-            load_tile(k_head, smem, k_base + ((j + 1) % 2) * TILE, tid, n1, key_end, head_dim)
-            load_tile(v_head, smem, v_base + ((j + 1) % 3) * TILE, tid, n1, key_end, head_dim)
+            load_k_tile(k_head, smem, k_base + ((j + 1) % 2) * TILE, tid, n1, key_end, head_dim)
+            load_v_tile(v_head, smem, v_base + ((j + 1) % V_STAGES) * TILE, tid, n1, key_end, head_dim)
             commit()
 
-    @device_function
-    def probabilities(s, p):
-        """P rounded to the input dtype as the A operand: the C fragments of n8 blocks 2kk, 2kk + 1 are the A
-        fragment of k-step kk."""
-        for kk in range(PV_STEPS):
-            p[4 * kk] = pack(s[0, 2 * kk, 0], s[0, 2 * kk, 1])
-            p[4 * kk + 1] = pack(s[0, 2 * kk, 2], s[0, 2 * kk, 3])
-            p[4 * kk + 2] = pack(s[0, 2 * kk + 1, 0], s[0, 2 * kk + 1, 1])
-            p[4 * kk + 3] = pack(s[0, 2 * kk + 1, 2], s[0, 2 * kk + 1, 3])
-
     @kernel_body
-    def body(q, k, v, out, lse, write_lse, causal, scale_log2, schedule):
+    def body(q, k, v, out, lse, write_lse, causal, scale_log2, schedule, out_scale, descale_q, descale_k, descale_v):
         tid, warp, lane, g, t = lane_position()  # warp w holds rows 16 w + g and 16 w + g + 8 of the block
         # causal: the longest (last) query blocks start first
         b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal, schedule)
         seqlen_q, key_start, key_end, diag_offset = bounds(q, k, b, schedule)
         head_dim = q.shape[3]
         row0 = m0 + 16 * warp + g  # rows of this thread: row0 and row0 + 8
+        # (8-bit: the score scale and the output's factor with a block's per-head descales; else as they came)
+        scale, v_scale = scales(scale_log2, out_scale, descale_q, descale_k, descale_v, b, h, q.shape[1])
 
         smem = cuda.shared.array(0, uint16)
         q_base = ((1024 - shared_address(smem) % 1024) % 1024) // 2  # tiles start 1024-byte aligned
@@ -209,52 +234,65 @@ def _kernel_source(config: WgmmaConfig, d_pad: int, bf16: bool, scale_first: boo
         start(m_run, l_run, acc)
 
         n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
-        post = exponent(scale_log2, SCALE_FIRST)
+        post = exponent(scale, SCALE_FIRST)
 
-        k_base = q_base + Q_TILE  # K: two stages; V: three (V of tile j - 1 is still read during tile j)
+        k_base = q_base + Q_TILE  # K: two stages; V: three (8-bit: two of staged V, then two of V^T)
         v_base = k_base + 2 * TILE
+        pv_base = v_base + PV_OFFSET
         load_q_tile(q_head, smem, q_base, tid, m0, seqlen_q, head_dim)
         if n_tiles > 0:
-            load_tile(k_head, smem, k_base, tid, n_first, key_end, head_dim)
-            load_tile(v_head, smem, v_base, tid, n_first, key_end, head_dim)
+            load_k_tile(k_head, smem, k_base, tid, n_first, key_end, head_dim)
+            load_v_tile(v_head, smem, v_base, tid, n_first, key_end, head_dim)
         commit()
-        if n_tiles > 0:  # tile 0: S_0, its softmax and P_0; O += P_0 V_0 overlaps tile 1's softmax
+        if n_tiles > 0:  # tile 0: S_0 (8-bit: and V^T_0), its softmax and P_0; O += P_0 V_0 overlaps tile 1's softmax
             arrive()
             q_times_k(s, smem, q_base, k_base)
             prefetch(k_head, v_head, smem, k_base, v_base, tid, 0, n_tiles, n_first, key_end, head_dim)
+            if TRANSPOSE:
+                transpose_v(smem, v_base, pv_base, tid)
             wait_s(s)
             online_softmax(s, alpha, m_run, l_run, partial(n_first, m0, key_end, causal, diag_offset), n_first,
-                           row0, t, key_end, causal, diag_offset, scale_log2, post)
+                           row0, t, key_end, causal, diag_offset, scale, post)
             probabilities(s, p)  # O is still zero: nothing to rescale
         for j in range(1, n_tiles):
             n0 = n_first + j * BLOCK_N
             arrive()
             # S_j = Q K_j^T, and behind it O += P_{j-1} V_{j-1}, whose MMAs run under the softmax of S_j; the
-            # next tile's copies are issued while the MMAs run
+            # next tile's copies (8-bit: and the transpose of V_j) are issued while the MMAs run
             q_times_k(s, smem, q_base, k_base + (j % 2) * TILE)
-            p_times_v(acc, p, smem, v_base + ((j - 1) % 3) * TILE)
+            p_times_v(acc, p, smem, pv_base + ((j - 1) % V_STAGES) * PV_TILE)
             prefetch(k_head, v_head, smem, k_base, v_base, tid, j, n_tiles, n_first, key_end, head_dim)
+            if TRANSPOSE:
+                transpose_v(smem, v_base + (j % V_STAGES) * TILE, pv_base + (j % V_STAGES) * PV_TILE, tid)
             wait_one(s)  # groups complete in order: S_j is done, P V may still run
             online_softmax(s, alpha, m_run, l_run, partial(n0, m0, key_end, causal, diag_offset), n0, row0, t,
-                           key_end, causal, diag_offset, scale_log2, post)
+                           key_end, causal, diag_offset, scale, post)
             wait_o(acc)
-            if not all_lanes(alpha[0] == ONE and alpha[1] == ONE):  # warp-uniform; mostly skipped after a while
-                for ob in range(O_BLOCKS):
-                    acc[0, ob, 0] *= alpha[0]
-                    acc[0, ob, 1] *= alpha[0]
-                    acc[0, ob, 2] *= alpha[1]
-                    acc[0, ob, 3] *= alpha[1]
+            rescale(acc, alpha)
             probabilities(s, p)
         if n_tiles > 0:
-            p_times_v(acc, p, smem, v_base + ((n_tiles - 1) % 3) * TILE)
+            if FP8:
+                arrive()  # the last V^T tile's stores, visible to the tensor cores
+            p_times_v(acc, p, smem, pv_base + ((n_tiles - 1) % V_STAGES) * PV_TILE)
             wait_o(acc)
         else:
             wait_all()  # no key to see: only the Q copies are in flight; let them land before the block ends
 
-        # ---- epilogue: O / l in the input dtype, and lse --------------------------------------------------------
-        finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post)
+        # ---- epilogue: O / l (8-bit: times the V descale) in the output dtype, and lse ---------------------------
+        finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post, v_scale)
 
-    return common.entry_kernel(body, variant.packed)
+    if fp8:  # (no schedule: lse stands in, unread)
+        def fp8_kernel(q, k, v, out, lse, write_lse, causal, scale_log2, out_scale, descale_q, descale_k, descale_v):
+            body(q, k, v, out, lse, write_lse, causal, scale_log2, lse, out_scale, descale_q, descale_k, descale_v)
+
+        return fp8_kernel
+
+    # (16-bit: the output's factor is 1, and lse stands in for the descale arrays nothing reads)
+    @kernel_body
+    def sixteen_bit_body(q, k, v, out, lse, write_lse, causal, scale_log2, schedule):
+        body(q, k, v, out, lse, write_lse, causal, scale_log2, schedule, ONE, lse, lse, lse)
+
+    return common.entry_kernel(sixteen_bit_body, variant.packed)
 
 
 @lru_cache(maxsize=None)

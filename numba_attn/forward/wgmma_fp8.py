@@ -7,9 +7,9 @@ once per block): the scores are ``sm_scale * descale_q * descale_k * q.k`` of th
 ``(batch, heads, seqlen, headdim)``, GQA, bottom-right causal mask, sliding window and soft-capping as compile-time
 variants, rows that see no key give 0 and ``lse = -inf``, natural-log lse).
 
-The kernel is ``forward.wgmma``'s with 8-bit operands (one warpgroup = 64 query rows per block; the softmax of tile
-``j`` runs under the MMAs ``O += P_(j-1) V_(j-1)``; ``core.softmax`` and ``core.epilogue`` unchanged). The
-differences, all from the 8-bit MMA (``core.warpgroup``, ``core.fp8``):
+The kernel is ``forward.wgmma``'s, one body (``wgmma._kernel_source(fp8=True)``) with 8-bit operands (one warpgroup =
+64 query rows per block; the softmax of tile ``j`` runs under the MMAs ``O += P_(j-1) V_(j-1)``; ``core.softmax``
+and ``core.epilogue`` unchanged). The differences, all from the 8-bit MMA (``core.warpgroup``, ``core.fp8``):
 
 * k = 32 per MMA: ``d_pad / 32`` MMAs for S, ``block_n / 32`` for P V; a 128-byte atom row holds 128 elements, so a
   tile of up to 128 head-dim columns is one atom column.
@@ -36,28 +36,22 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from numba import float32, types, uint16, uint32
+from numba import types
 
-from ..core import fp8
-from ..core import ptx
-from ..core import warpgroup as wgmma
-from ..core.block_info import QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
-from ..core.epilogue import as_16bit, store_rows
-from ..core.mask import tile_is_partial
-from ..core.softmax import exponent_scale_for, softmax_start, softmax_update
-from ..core.staging import device_function, kernel_body
-from ..core.swizzled_tiles import swizzled_tile_loader
-from ..runtime.device import SIMULATOR, cuda, kernel_jit
+from ..core import warpgroup as wg
+from ..core.block_info import QUERY_MAJOR
+from ..runtime.device import SIMULATOR, kernel_jit
 from ..runtime.launch import launch as device_launch
 from ..runtime.views import restride
 from . import common
+from . import wgmma
 from .common import PLAIN, Variant
 
 MIN_COMPUTE_CAPABILITY = (9, 0)
 #: head dims up to this (padded to a multiple of 32): one 128-byte atom column per row, O beside S in registers
 MAX_HEAD_DIM = 128
-BLOCK_M = wgmma.ROWS
-THREADS = wgmma.WARPGROUP_THREADS
+BLOCK_M = wg.ROWS
+THREADS = wg.WARPGROUP_THREADS
 DTYPE = "float8_e4m3fn"
 OUT_DTYPES = ("bfloat16", "float16")
 
@@ -66,7 +60,7 @@ V_TRANSPOSES = ("staging", "ldmatrix")
 
 
 @dataclass(frozen=True)
-class Fp8Config:
+class Fp8Config(wgmma.OneWarpgroup):
     """Tuning knobs of the fp8 kernel (validated where made)."""
 
     block_n: int = 128  # keys per K/V tile (a multiple of 32, at most 128: one atom row of V^T)
@@ -79,14 +73,6 @@ class Fp8Config:
         common.check_fields(self, block_n=(32, 128, 32), blocks_per_sm=(1, None, 1))
         if self.v_transpose not in V_TRANSPOSES:
             raise ValueError(f"Fp8Config.v_transpose: expected one of {V_TRANSPOSES}, got {self.v_transpose!r}")
-
-    @property
-    def block_m(self) -> int:
-        return BLOCK_M
-
-    @property
-    def threads(self) -> int:
-        return THREADS
 
 
 DEFAULT_CONFIG = Fp8Config()
@@ -119,149 +105,6 @@ def supports(head_dim: int, *arrays) -> bool:
             and common.vector_loads_ok(*arrays))
 
 
-def _kernel_source(config: Fp8Config, d_pad: int, bf16_out: bool, scale_first: bool = False,
-                   per_head: bool = False, variant: Variant = PLAIN, transpose: bool = True):
-    """The Python function of one specialisation (not yet jitted): tiles, padded head dim, output dtype, sign of
-    the scale, per-head descale arrays read or not, and the variant (window, soft-capping; not packed).
-    ``transpose=False`` is a timing probe only (``scripts/check_fp8.py --part share``): V^T is never written, the
-    results are wrong."""
-    TRANSPOSE = transpose
-    if variant.packed:
-        raise ValueError("the fp8 kernel takes no packed sequences")
-    BLOCK_N = config.block_n
-    ROW = 64  # uint16 elements of a 128-byte tile row
-    Q_TILE = BLOCK_M * ROW
-    KV_TILE = BLOCK_N * ROW
-    VT_TILE = d_pad * ROW
-    S_BLOCKS = BLOCK_N // 8
-    PV_STEPS = BLOCK_N // 32
-    P_WORDS = 4 * PV_STEPS
-    O_BLOCKS = d_pad // 8
-    QK_STEPS = d_pad // 32
-    SCALE_FIRST = scale_first
-    q_times_k = wgmma.wgmma_ss_e4m3(BLOCK_N, QK_STEPS, wgmma.k_major(BLOCK_M, QK_STEPS),
-                                    wgmma.k_major(BLOCK_N, QK_STEPS), wait=False)
-    p_times_v = wgmma.wgmma_rs_e4m3(d_pad, PV_STEPS, wgmma.k_major(d_pad, PV_STEPS), wait=False)
-    wait_one = wgmma.wgmma_wait(BLOCK_N, 1)
-    wait_s = wgmma.wgmma_wait(BLOCK_N, 0)
-    wait_o = wgmma.wgmma_wait(d_pad, 0)
-    all_lanes = ptx.all_lanes
-    ONE = np.float32(1.0)
-    shared_address = wgmma.shared_address
-    fence_proxy_async = wgmma.fence_proxy_async
-    commit = ptx.cp_async_commit
-    wait_all = ptx.cp_async_wait_all
-    load_q_tile = swizzled_tile_loader(BLOCK_M, d_pad, THREADS, 1)
-    load_k_tile = swizzled_tile_loader(BLOCK_N, d_pad, THREADS, 1)
-    if config.v_transpose == "staging":
-        load_v_tile = fp8.staging_loader(BLOCK_N, d_pad, THREADS)
-        transpose_v = fp8.v_transposer(BLOCK_N, d_pad, THREADS)
-    else:
-        load_v_tile = swizzled_tile_loader(BLOCK_N, d_pad, THREADS, 1)
-        transpose_v = fp8.v_transposer_swizzled(BLOCK_N, d_pad, THREADS)
-    probabilities = fp8.probabilities(PV_STEPS)
-    scales = fp8.descaled(per_head)
-    position = block_position_of(QUERY_MAJOR, BLOCK_M, False)
-    bounds = sequence_bounds_of(False)
-    exponent = exponent_scale_for(variant.softcap)
-    walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)
-    partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)
-    start = softmax_start(1, O_BLOCKS)
-    online_softmax = softmax_update(1, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
-                                    window=variant.window, softcap=variant.softcap, precise_tanh=False)
-    finish = store_rows(1, O_BLOCKS, as_16bit(bf16_out), scaled=True)
-
-    @device_function
-    def arrive():
-        """This thread's copies and V^T stores are done; after the barrier everyone's are, visible to the tensor
-        cores."""
-        wait_all()
-        fence_proxy_async()
-        cuda.syncthreads()
-
-    @device_function
-    def prefetch(k_head, v_head, smem, k_base, s_base, tid, j, n_tiles, n_first, key_end, head_dim):
-        """Start copying tile ``j + 1`` over K of tile ``j - 1`` and the staging of tile ``j - 1``."""
-        if j + 1 < n_tiles:
-            n1 = n_first + (j + 1) * BLOCK_N
-            load_k_tile(k_head, smem, k_base + ((j + 1) % 2) * KV_TILE, tid, n1, key_end, head_dim)
-            load_v_tile(v_head, smem, s_base + ((j + 1) % 2) * KV_TILE, tid, n1, key_end, head_dim)
-            commit()
-
-    @kernel_body
-    def body(q, k, v, out, lse, write_lse, causal, scale_log2, out_scale, descale_q, descale_k, descale_v):
-        tid, warp, lane, g, t = lane_position()
-        b, h, m0, q_head, k_head, v_head, out_head = position(q, k, v, out, causal, lse)
-        seqlen_q, key_start, key_end, diag_offset = bounds(q, k, b, lse)
-        head_dim = q.shape[3]
-        row0 = m0 + 16 * warp + g
-        scale, v_scale = scales(scale_log2, out_scale, descale_q, descale_k, descale_v, b, h, q.shape[1])
-
-        smem = cuda.shared.array(0, uint16)
-        q_base = ((1024 - shared_address(smem) % 1024) % 1024) // 2
-        s = cuda.local.array((1, S_BLOCKS, 4), float32)
-        acc = cuda.local.array((1, O_BLOCKS, 4), float32)
-        p = cuda.local.array(P_WORDS, uint32)
-        alpha = cuda.local.array(2, float32)
-        m_run = cuda.local.array(2, float32)
-        l_run = cuda.local.array(2, float32)
-        start(m_run, l_run, acc)
-
-        n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
-        post = exponent(scale, SCALE_FIRST)
-
-        k_base = q_base + Q_TILE  # then two stages each of K, V staging and V^T
-        s_base = k_base + 2 * KV_TILE
-        vt_base = s_base + 2 * KV_TILE
-        load_q_tile(q_head, smem, q_base, tid, m0, seqlen_q, head_dim)
-        if n_tiles > 0:
-            load_k_tile(k_head, smem, k_base, tid, n_first, key_end, head_dim)
-            load_v_tile(v_head, smem, s_base, tid, n_first, key_end, head_dim)
-        commit()
-        if n_tiles > 0:  # tile 0: S_0, V^T_0, its softmax and P_0
-            arrive()
-            q_times_k(s, smem, q_base, k_base)
-            prefetch(k_head, v_head, smem, k_base, s_base, tid, 0, n_tiles, n_first, key_end, head_dim)
-            if TRANSPOSE:
-                transpose_v(smem, s_base, vt_base, tid)
-            wait_s(s)
-            online_softmax(s, alpha, m_run, l_run, partial(n_first, m0, key_end, causal, diag_offset), n_first,
-                           row0, t, key_end, causal, diag_offset, scale, post)
-            probabilities(s, p)
-        for j in range(1, n_tiles):
-            n0 = n_first + j * BLOCK_N
-            arrive()
-            q_times_k(s, smem, q_base, k_base + (j % 2) * KV_TILE)
-            p_times_v(acc, p, smem, vt_base + ((j - 1) % 2) * VT_TILE)
-            prefetch(k_head, v_head, smem, k_base, s_base, tid, j, n_tiles, n_first, key_end, head_dim)
-            if TRANSPOSE:
-                transpose_v(smem, s_base + (j % 2) * KV_TILE, vt_base + (j % 2) * VT_TILE, tid)
-            wait_one(s)
-            online_softmax(s, alpha, m_run, l_run, partial(n0, m0, key_end, causal, diag_offset), n0, row0, t,
-                           key_end, causal, diag_offset, scale, post)
-            wait_o(acc)
-            if not all_lanes(alpha[0] == ONE and alpha[1] == ONE):
-                for ob in range(O_BLOCKS):
-                    acc[0, ob, 0] *= alpha[0]
-                    acc[0, ob, 1] *= alpha[0]
-                    acc[0, ob, 2] *= alpha[1]
-                    acc[0, ob, 3] *= alpha[1]
-            probabilities(s, p)
-        if n_tiles > 0:
-            arrive()  # the last V^T tile's stores, visible to the tensor cores
-            p_times_v(acc, p, smem, vt_base + ((n_tiles - 1) % 2) * VT_TILE)
-            wait_o(acc)
-        else:
-            wait_all()
-
-        finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post, v_scale)
-
-    def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, out_scale, descale_q, descale_k, descale_v):
-        body(q, k, v, out, lse, write_lse, causal, scale_log2, out_scale, descale_q, descale_k, descale_v)
-
-    return kernel
-
-
 def _signature() -> types.Signature:
     operand = types.Array(types.uint8, 4, "A")
     descale = types.Array(types.float32, 2, "A")
@@ -276,10 +119,12 @@ SIGNATURE = _signature()
 @lru_cache(maxsize=None)
 def flash_fp8_kernel(config: Fp8Config, head_dim_pad: int, bf16_out: bool, scale_first: bool = False,
                      per_head: bool = False, variant: Variant = PLAIN, transpose: bool = True):
-    """The compiled kernel of one specialisation (``transpose=False``: the timing probe of ``_kernel_source``)."""
+    """The compiled kernel of one specialisation: ``wgmma._kernel_source``'s 8-bit form (``transpose=False``: its
+    timing probe)."""
     if head_dim_pad % 32 or not 32 <= head_dim_pad <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim_pad must be a multiple of 32 in [32, {MAX_HEAD_DIM}], got {head_dim_pad}")
-    source = _kernel_source(config, head_dim_pad, bf16_out, scale_first, per_head, variant, transpose)
+    source = wgmma._kernel_source(config, head_dim_pad, bf16_out, scale_first, variant, fp8=True, per_head=per_head,
+                                  transpose=transpose)
     return kernel_jit((THREADS, config.blocks_per_sm), SIGNATURE)(source)
 
 
@@ -293,30 +138,45 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     factors that take the e4m3 values back to the quantised tensors'. ``window``, ``softcap``: as
     ``wgmma.launch``."""
     config = config or default_config(window, softcap)
-    if out_dtype not in OUT_DTYPES:
-        raise ValueError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype!r}")
+    check_operands(q, k, v, out_dtype)
     batch, heads, seqlen_q, head_dim = q.shape
     if batch * heads == 0 or seqlen_q == 0:
         return
-    for x, name in ((q, "q"), (k, "k"), (v, "v")):
-        if np.dtype(x.dtype) != np.uint8:
-            raise TypeError(f"{name}: expected float8 e4m3 bit patterns (uint8), got {np.dtype(x.dtype)}")
     out = common.bits(out, "out")
     if not supports(head_dim, q, k, v):
         raise ValueError("q, k, v: the fp8 kernel needs headdim % 16 == 0 up to 128, a unit-stride last axis and "
                          f"16-byte aligned rows, on sm_90; got headdim {head_dim}")
-    per_head = descale is not None and not all(isinstance(x, (int, float)) for x in descale)
-    scalars = (1.0, 1.0, 1.0) if descale is None or per_head else tuple(float(x) for x in descale)
     d_pad = padded_head_dim(head_dim)
     nbytes = shared_bytes(config, d_pad)
     common.check_shared_memory(nbytes)
-    scale_log2, scale_first = common.scale_args(sm_scale * scalars[0] * scalars[1], softcap)
+    per_head, scale_log2, scale_first, scalars = scale_arguments(descale, sm_scale, softcap, lse)
     kernel = flash_fp8_kernel(config, d_pad, out_dtype == "bfloat16", scale_first, per_head,
                               Variant.of(bool(causal), window, softcap, False), _transpose)
-    arrays = descale if per_head else (_placeholder(lse),) * 3
     shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, BLOCK_M)
     device_launch(kernel, shape, THREADS, stream, nbytes, q, k, v, out, lse, bool(write_lse), bool(causal),
-                  scale_log2, float(np.float32(scalars[2])), *arrays)
+                  scale_log2, *scalars)
+
+
+def check_operands(q, k, v, out_dtype: str):
+    """ValueError / TypeError, naming the argument, for an output dtype the fp8 kernels do not write or operands that
+    are not e4m3 bit patterns (uint8)."""
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype!r}")
+    for x, name in ((q, "q"), (k, "k"), (v, "v")):
+        if np.dtype(x.dtype) != np.uint8:
+            raise TypeError(f"{name}: expected float8 e4m3 bit patterns (uint8), got {np.dtype(x.dtype)}")
+
+
+def scale_arguments(descale, sm_scale: float, softcap: float | None, lse):
+    """``(per_head, scale_log2, scale_first, scalars)`` of the fp8 kernels' launches (``launch``'s ``descale``):
+    per-tensor factors fold into the score scale (``common.scale_args``) and the output's factor; ``scalars``, the
+    kernel's last four arguments: that factor (float32) and the three per-head descale arrays (per tensor:
+    placeholders never read)."""
+    per_head = descale is not None and not all(isinstance(x, (int, float)) for x in descale)
+    factors = (1.0, 1.0, 1.0) if descale is None or per_head else tuple(float(x) for x in descale)
+    scale_log2, scale_first = common.scale_args(sm_scale * factors[0] * factors[1], softcap)
+    arrays = descale if per_head else (_placeholder(lse),) * 3
+    return per_head, scale_log2, scale_first, (float(np.float32(factors[2])), *arrays)
 
 
 def _placeholder(lse):

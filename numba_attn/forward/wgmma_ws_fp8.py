@@ -100,14 +100,10 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     Numba's allocator). Where a tensor map cannot be had now, and for calls without keys, ``wgmma_fp8.launch`` runs
     the call with its default tiles. ``_probe``: a timing probe (``wgmma_ws._kernel_source``), wrong results."""
     config = config or default_config()
-    if out_dtype not in OUT_DTYPES:
-        raise ValueError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype!r}")
+    wgmma_fp8.check_operands(q, k, v, out_dtype)
     batch, heads, seqlen_q, head_dim = q.shape
     if batch * heads == 0 or seqlen_q == 0:
         return
-    for x, name in ((q, "q"), (k, "k"), (v, "v")):
-        if np.dtype(x.dtype) != np.uint8:
-            raise TypeError(f"{name}: expected float8 e4m3 bit patterns (uint8), got {np.dtype(x.dtype)}")
     fallback = dict(descale=descale, out_dtype=out_dtype, window=window, softcap=softcap)
     if k.shape[2] == 0:  # no key: nothing to copy (and no map of an empty tensor)
         wgmma_fp8.launch(q, k, v, out, lse, write_lse, sm_scale, causal, stream, **fallback)
@@ -128,17 +124,14 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     if None in maps:
         wgmma_fp8.launch(q, k, v, out, lse, write_lse, sm_scale, causal, stream, **fallback)
         return
-    per_head = descale is not None and not all(isinstance(x, (int, float)) for x in descale)
-    scalars = (1.0, 1.0, 1.0) if descale is None or per_head else tuple(float(x) for x in descale)
     nbytes = shared_bytes(config, d_pad, fp8=True)
     common.check_shared_memory(nbytes)
-    scale_log2, scale_first = common.scale_args(sm_scale * scalars[0] * scalars[1], softcap)
+    per_head, scale_log2, scale_first, scalars = wgmma_fp8.scale_arguments(descale, sm_scale, softcap, lse)
     kernel = flash_ws_fp8_kernel(config, d_pad, out_dtype == "bfloat16", scale_first, per_head,
                                  Variant.of(bool(causal), window, softcap), _probe)
-    arrays = descale if per_head else (wgmma_fp8._placeholder(lse),) * 3
     fp8_vt.transpose(v, vt, stream)
     shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m)
     if config.persistent:
         shape = (min(shape[0] * shape[1] * shape[2], multiprocessor_count()), 1, 1)
     device_launch(kernel, shape, config.threads, stream, nbytes, q, k, v, out, lse, bool(write_lse), bool(causal),
-                  scale_log2, *(np.uint64(m) for m in maps), float(np.float32(scalars[2])), *arrays)
+                  scale_log2, *(np.uint64(m) for m in maps), *scalars)

@@ -1,5 +1,5 @@
-"""The float8 e4m3 forward (numba_attn.forward.wgmma_fp8, ``flash_forward`` on float8 inputs) against
-reference.attention_fp8 (the float64 reference of the dequantised inputs) and reference.flash_fp8_model (the same
+"""The float8 e4m3 forward (numba_attn.forward.wgmma_fp8 and, where both kernels take the same checks, the
+warp-specialised wgmma_ws_fp8; ``flash_forward`` on float8 inputs) against reference.attention_fp8 (the float64 reference of the dequantised inputs) and reference.flash_fp8_model (the same
 with the kernel's rounding of P to e4m3 modelled).
 
 Error bounds: the kernel rounds P to e4m3 (3 mantissa bits) for the P V product, as FlashAttention-3 does; against
@@ -13,7 +13,8 @@ that (``check``). The lse: within ``lse_bound`` (the e4m3 MMAs' accumulation kee
   checks.
 * Simulator: the V transposer and the whole kernel at tiny shapes (the warpgroup twins decode the 8-bit operands
   through the documented layouts).
-* ``gpu``: the real kernel over head dims, lengths, GQA, descale kinds, window and softcap, torch tensors.
+* ``gpu``: both kernels (``KERNELS``) over head dims, lengths, GQA, descale kinds, tile configurations, window and
+  softcap; torch tensors. (``test_flash_fp8_ws``: what only the warp-specialised kernel has.)
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import numba_attn
 import reference
 from numba_attn.core import fp8, ptx
 from numba_attn.core.swizzled_tiles import swizzled_tile_loader
-from numba_attn.forward import wgmma_fp8
+from numba_attn.forward import wgmma_fp8, wgmma_ws, wgmma_ws_fp8
 from numba_attn.runtime.device import SIMULATOR, compute_capability, cuda
 
 MODEL_TOLERANCE = {"bfloat16": 8e-3, "float16": 5e-3}  # kernel vs model: the 16-bit output, float32 sums, ex2.approx
@@ -47,6 +48,15 @@ def lse_bound(qf, kf, sm_scale):
     return 1e-4 + LSE_ACCUMULATION * abs(sm_scale) * terms
 POISON = 0x7FC0  # a NaN in bfloat16 and float16 alike (0x7FC0 as float16 is NaN too)
 
+#: the fp8 kernels the shared checks run: their launch, default configuration (of a window and softcap) and the tile
+#: configurations the GPU tests try
+KERNELS = {
+    "wgmma": (wgmma_fp8.launch, wgmma_fp8.default_config,
+              wgmma_fp8.TUNING_CANDIDATES + (wgmma_fp8.Fp8Config(32, 3),)),
+    "wgmma_ws": (wgmma_ws_fp8.launch, lambda window, softcap: wgmma_ws_fp8.default_config(),
+                 wgmma_ws_fp8.TUNING_CANDIDATES + (wgmma_ws.WsConfig(persistent=True),)),
+}
+
 hopper = pytest.mark.skipif(SIMULATOR or compute_capability() < wgmma_fp8.MIN_COMPUTE_CAPABILITY,
                             reason="needs a GPU of compute capability 9.0 (wgmma)")
 simulator_only = pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
@@ -59,15 +69,15 @@ def _to_float(bits, out_dtype):
 
 
 def check(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, *, descale=None, out_dtype="bfloat16",
-          config=None, seed=0, scale=1.5, sm_scale=None, window=None, softcap=None, launch=None):
-    """Launch on e4m3 inputs with a poisoned output wider than headdim; compare with the model and the reference.
-    ``launch``: ``wgmma_fp8.launch`` (default) or another with its arguments (``config`` then required)."""
+          config=None, seed=0, scale=1.5, sm_scale=None, window=None, softcap=None, kernel="wgmma"):
+    """Launch one of ``KERNELS`` on e4m3 inputs with a poisoned output wider than headdim; compare with the model and
+    the reference. ``config``: the kernel's (None: its default)."""
     rng = np.random.default_rng(seed)
     q = reference.encode_e4m3(rng.standard_normal((batch, heads, seqlen_q, head_dim)) * scale)
     k = reference.encode_e4m3(rng.standard_normal((batch, kv_heads, seqlen_k, head_dim)) * scale)
     v = reference.encode_e4m3(rng.standard_normal((batch, kv_heads, seqlen_k, head_dim)))
-    config = config or wgmma_fp8.default_config(window, softcap)
-    launch = launch or wgmma_fp8.launch
+    launch, default_config, _ = KERNELS[kernel]
+    config = config or default_config(window, softcap)
     out_mem = cuda.to_device(np.full((batch, heads, seqlen_q, head_dim + 8), POISON, np.uint16))
     out = out_mem[:, :, :, :head_dim]
     lse = cuda.to_device(np.full((batch, heads, seqlen_q), np.nan, np.float32))
@@ -254,18 +264,24 @@ def wgmma_fp8_swizzle(offset):
     return int(warpgroup.swizzle(offset))
 
 
+_PER_HEAD = (np.float32([[0.5, 2.0]]), np.float32([[0.7]]), np.float32([[1.5]]))
+
+
 @simulator_only
 @pytest.mark.parametrize(
-    "heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale",
+    "kernel, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale",
     [
-        # GQA, Lq < Lk, a tail tile, both stages of K / V^T; per-head descales in both shapes
-        (2, 1, 20, 40, 32, True, (np.float32([[0.5, 2.0]]), np.float32([[0.7]]), np.float32([[1.5]]))),
+        # GQA, Lq < Lk, a tail tile, both stages of K / V^T (wgmma_ws: the two-stage rings wrapped once); per-head
+        # descales in both shapes
+        ("wgmma", 2, 1, 20, 40, 32, True, _PER_HEAD),
+        ("wgmma_ws", 2, 1, 20, 70, 32, True, _PER_HEAD),
         # Lq > Lk: rows that see no key; head dim padded (48 -> 64); per-tensor descales
-        (1, 1, 40, 9, 48, True, (0.5, 0.25, 3.0)),
+        ("wgmma", 1, 1, 40, 9, 48, True, (0.5, 0.25, 3.0)),
+        ("wgmma_ws", 1, 1, 40, 9, 48, True, (0.5, 0.25, 3.0)),
     ],
 )
-def test_simulated_kernel(heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale):
-    check(1, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale=descale)
+def test_simulated_kernel(kernel, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale):
+    check(1, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale=descale, kernel=kernel)
 
 
 @simulator_only
@@ -297,39 +313,44 @@ def test_simulated_flash_forward_torch_and_numpy():
 # -- GPU -------------------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("head_dim", [16, 32, 48, 64, 96, 112, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_head_dims(head_dim, causal):
-    check(2, 4, 2, 300, 300, head_dim, causal, seed=head_dim)
+def test_head_dims(kernel, head_dim, causal):
+    check(2, 4, 2, 300, 300, head_dim, causal, seed=head_dim, kernel=kernel)
 
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("seqlen_q, seqlen_k",
                          [(1, 1), (1, 1000), (63, 65), (65, 63), (1000, 1), (1000, 1000), (130, 64), (70, 0)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_lengths(seqlen_q, seqlen_k, causal):
-    check(1, 2, 1, seqlen_q, seqlen_k, 64, causal, seed=seqlen_q + seqlen_k)
+def test_lengths(kernel, seqlen_q, seqlen_k, causal):
+    check(1, 2, 1, seqlen_q, seqlen_k, 64, causal, seed=seqlen_q + seqlen_k, kernel=kernel)
 
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("config", wgmma_fp8.TUNING_CANDIDATES + (wgmma_fp8.Fp8Config(32, 3),))
+@pytest.mark.parametrize("kernel, config", [(kernel, config) for kernel, (_, _, configs) in KERNELS.items()
+                                            for config in configs])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_tile_configs_descales_and_outputs(config, head_dim):
+def test_tile_configs_descales_and_outputs(kernel, config, head_dim):
     rng = np.random.default_rng(4)
     per_head = (rng.uniform(0.5, 2, (2, 4)).astype(np.float32), rng.uniform(0.5, 2, (2, 2)).astype(np.float32),
                 rng.uniform(0.5, 2, (2, 2)).astype(np.float32))
-    check(2, 4, 2, 1100, 3001, head_dim, True, config=config, descale=per_head, seed=11)
-    check(1, 2, 2, 300, 257, head_dim, False, config=config, descale=(0.3, 2.0, 1.7), out_dtype="float16", seed=12)
+    check(2, 4, 2, 1100, 3001, head_dim, True, config=config, descale=per_head, seed=11, kernel=kernel)
+    check(1, 2, 2, 300, 257, head_dim, False, config=config, descale=(0.3, 2.0, 1.7), out_dtype="float16", seed=12,
+          kernel=kernel)
 
 
 @pytest.mark.gpu
 @hopper
-def test_window_softcap_peaky_and_negative_scale():
-    check(1, 2, 1, 700, 900, 128, True, window=(200, None), softcap=20.0, seed=5)
-    check(1, 2, 2, 500, 500, 64, False, scale=4.0, sm_scale=0.3, seed=6)  # peaked rows: P near 1, error ~5e-3
-    check(1, 2, 1, 200, 230, 64, True, sm_scale=-0.4, seed=7)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_window_softcap_peaky_and_negative_scale(kernel):
+    check(1, 2, 1, 700, 900, 128, True, window=(200, None), softcap=20.0, seed=5, kernel=kernel)
+    check(1, 2, 2, 500, 500, 64, False, scale=4.0, sm_scale=0.3, seed=6, kernel=kernel)  # peaked rows: P near 1
+    check(1, 2, 1, 200, 230, 64, True, sm_scale=-0.4, seed=7, kernel=kernel)
 
 
 @pytest.mark.gpu

@@ -1,14 +1,16 @@
 """The float8 e4m3 forward on the warp-specialised kernel (numba_attn.forward.wgmma_ws_fp8: ``wgmma_ws``'s ``fp8``
 variant) against reference.attention_fp8 and reference.flash_fp8_model, with ``test_flash_fp8.check`` (its error
-bounds and their reasons).
+bounds and their reasons): what only this kernel has. ``test_flash_fp8`` runs the checks both fp8 kernels share
+(simulated kernel; on a GPU head dims, lengths, GQA, descale kinds, tile configurations, window and softcap).
 
 * Always: configurations and shared memory, refused inputs.
 * Simulator: the V^T pre-pass (``forward.fp8_vt``) and the whole kernel at tiny shapes (TMA boxes of 8-bit tiles,
   the consumers' e4m3 MMAs).
-* ``gpu``: head dims, lengths, GQA, descale kinds, tile configurations, window and softcap, ``flash_forward``'s
-  dispatch between this kernel and ``wgmma_fp8``.
+* ``gpu``: agreement with ``wgmma_fp8``, ``flash_forward``'s dispatch between the two kernels, replayed calls.
 """
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 import pytest
@@ -25,8 +27,7 @@ hopper = pytest.mark.skipif(SIMULATOR or compute_capability() < wgmma_ws_fp8.MIN
 simulator_only = pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
 
 
-def check(*args, config=None, **kwargs):
-    return _check(*args, launch=wgmma_ws_fp8.launch, config=config or wgmma_ws_fp8.default_config(), **kwargs)
+check = partial(_check, kernel="wgmma_ws")
 
 
 # -- always ----------------------------------------------------------------------------------------------------------
@@ -83,20 +84,6 @@ def test_simulated_v_transpose_pre_pass(seqlen, head_dim):
 
 
 @simulator_only
-@pytest.mark.parametrize(
-    "heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale",
-    [
-        # GQA, Lq < Lk, a tail tile, the two-stage rings wrapped once; per-head descales in both shapes
-        (2, 1, 20, 70, 32, True, (np.float32([[0.5, 2.0]]), np.float32([[0.7]]), np.float32([[1.5]]))),
-        # Lq > Lk: rows that see no key; head dim padded (48 -> 64); per-tensor descales
-        (1, 1, 40, 9, 48, True, (0.5, 0.25, 3.0)),
-    ],
-)
-def test_simulated_kernel(heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale):
-    check(1, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, descale=descale)
-
-
-@simulator_only
 def test_simulated_key_tiles_over_128():
     # 160-key tiles: V^T in two atom columns (128 + 32 keys), the second tile partial
     config = wgmma_ws.WsConfig(block_n=160)
@@ -140,44 +127,6 @@ def test_simulated_flash_forward_backend(monkeypatch):
 
 
 # -- GPU -------------------------------------------------------------------------------------------------------------
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("head_dim", [16, 32, 48, 64, 96, 112, 128])
-@pytest.mark.parametrize("causal", [False, True])
-def test_head_dims(head_dim, causal):
-    check(2, 4, 2, 300, 300, head_dim, causal, seed=head_dim)
-
-
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("seqlen_q, seqlen_k",
-                         [(1, 1), (1, 1000), (63, 65), (65, 63), (1000, 1), (1000, 1000), (130, 64), (70, 0)])
-@pytest.mark.parametrize("causal", [False, True])
-def test_lengths(seqlen_q, seqlen_k, causal):
-    check(1, 2, 1, seqlen_q, seqlen_k, 64, causal, seed=seqlen_q + seqlen_k)
-
-
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("config", wgmma_ws_fp8.TUNING_CANDIDATES + (
-    wgmma_ws.WsConfig(persistent=True),))
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_tile_configs_descales_and_outputs(config, head_dim):
-    rng = np.random.default_rng(4)
-    per_head = (rng.uniform(0.5, 2, (2, 4)).astype(np.float32), rng.uniform(0.5, 2, (2, 2)).astype(np.float32),
-                rng.uniform(0.5, 2, (2, 2)).astype(np.float32))
-    check(2, 4, 2, 1100, 3001, head_dim, True, config=config, descale=per_head, seed=11)
-    check(1, 2, 2, 300, 257, head_dim, False, config=config, descale=(0.3, 2.0, 1.7), out_dtype="float16", seed=12)
-
-
-@pytest.mark.gpu
-@hopper
-def test_window_softcap_peaky_and_negative_scale():
-    check(1, 2, 1, 700, 900, 128, True, window=(200, None), softcap=20.0, seed=5)
-    check(1, 2, 2, 500, 500, 64, False, scale=4.0, sm_scale=0.3, seed=6)
-    check(1, 2, 1, 200, 230, 64, True, sm_scale=-0.4, seed=7)
-
-
 @pytest.mark.gpu
 @hopper
 def test_same_as_the_wgmma_fp8_kernel_where_tiles_agree():

@@ -1,0 +1,344 @@
+"""The warp-specialised Hopper forward's kernel source (``forward.wgmma_ws``, whose docstring tells the design: the
+producer and its TMA ring, the consumers and their ping-pong, the 8-bit form); ``wgmma_ws`` compiles and launches it.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import float32, uint16, uint32
+
+from ..core import fp8 as fp8_blocks
+from ..core import warpgroup as wgmma
+from ..core.block_info import QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
+from ..core.epilogue import as_16bit, store_rows
+from ..core.mask import tile_is_partial
+from ..core.ptx import tma
+from ..core.softmax import exponent_scale_for, output_rescale, softmax_start, softmax_update
+from ..core.staging import device_function, inlined_function, kernel_body
+from ..runtime.device import cuda
+from .common import PLAIN, Variant
+from .wgmma_ws_config import ROWS, WARPGROUP, WsConfig, vt_atoms
+
+
+def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN,
+                   fp8: bool = False, per_head: bool = False, probe: str | None = None):
+    """The Python function of one specialisation (not yet jitted). ``fp8``: float8 e4m3 operands (uint8) and a
+    bfloat16 (``bf16``) or float16 output, with per-head descale arrays read (``per_head``) or not; the kernel then
+    takes four more arguments (``forward.wgmma_ws_fp8.SIGNATURE``). ``probe`` (a timing probe only, wrong results:
+    ``scripts/check_fp8.py --part probe``): ``"no_softmax"`` leaves the scores as they are (no max, exp, sums),
+    ``"no_pack"`` leaves P's registers unwritten (no conversion to the MMA's A operand)."""
+    if probe not in (None, "no_softmax", "no_pack"):
+        raise ValueError(f"probe: expected None, 'no_softmax' or 'no_pack', got {probe!r}")
+    if variant.packed and config.persistent:
+        raise ValueError("wgmma_ws: packed sequences take one block per schedule entry (persistent=False)")
+    if fp8 and variant.packed:
+        raise ValueError("wgmma_ws fp8: packed sequences are not supported (flash_forward_varlen takes no fp8)")
+    if fp8 and (d_pad % 32 or d_pad > 128 or config.block_n % 32):
+        raise ValueError(f"wgmma_ws fp8: head_dim_pad (up to 128) and block_n must be multiples of 32, got {d_pad}, "
+                         f"{config.block_n}")
+    BLOCK_N = config.block_n
+    STAGES = config.stages
+    PINGPONG = config.pingpong
+    ATOMS = 1 if fp8 else wgmma.atom_columns(d_pad)  # (8-bit rows of up to 128 elements: one atom column)
+    Q_TILE = ROWS * 64 * ATOMS  # elements (uint16) of one consumer's Q tile
+    TILE = BLOCK_N * 64 * ATOMS  # elements of a K or V tile
+    VT_ATOMS = vt_atoms(BLOCK_N)
+    VT_BOX = d_pad * 64  # 8-bit: elements of one box of V^T (d_pad rows of 128 keys)
+    V_TILE = VT_ATOMS * VT_BOX if fp8 else TILE  # elements of a tile of the V ring (8-bit: V^T)
+    CONSUMERS = config.consumers
+    BLOCK_M = config.block_m
+    Q_BYTES = 2 * CONSUMERS * Q_TILE
+    TILE_BYTES = 2 * TILE
+    V_TILE_BYTES = 2 * V_TILE
+    Q_BOX = 64 * ROWS  # elements of one 64-column box of Q (128-byte box rows; 8-bit: one box)
+    KV_BOX = 64 * BLOCK_N
+    K_STEP = 32 if fp8 else 16  # k of one MMA
+    S_BLOCKS = BLOCK_N // 8
+    PV_STEPS = BLOCK_N // K_STEP
+    P_WORDS = 4 * PV_STEPS
+    O_BLOCKS = d_pad // 8
+    SCALE_FIRST = scale_first
+    EMPTY_ARRIVALS = 4 * CONSUMERS  # one per consumer warp
+    PERSISTENT = config.persistent
+    # the mbarriers, 4 elements (8 bytes) each from ``bars``: Q full, Q empty, then per stage of the ring
+    K_FULL, K_EMPTY, V_FULL, V_EMPTY = (4 * (2 + n * STAGES) for n in range(4))
+    PAIR = 2 * WARPGROUP  # threads of a ping-pong barrier: the waiting warpgroup and the one arriving
+    q_times_k, p_times_v = wgmma.attention_products(BLOCK_N, d_pad, bf16, fp8)
+    wait_s = wgmma.wgmma_wait(BLOCK_N, 0)
+    wait_one = wgmma.wgmma_wait(BLOCK_N, 1)
+    wait_o = wgmma.wgmma_wait(d_pad, 0)
+    shared_address = wgmma.shared_address
+    ONE = np.float32(1.0)
+    init, arrive, arrive_tx, wait = tma.mbarrier_init, tma.mbarrier_arrive, tma.mbarrier_arrive_expect_tx, \
+        tma.mbarrier_wait
+    load_box = tma.tma_load_4d
+    acquire = tma.tensormap_acquire
+    elect_one = tma.elect_one
+    bar_sync, bar_arrive = tma.named_barrier_sync, tma.named_barrier_arrive
+    fewer_registers = tma.setmaxnreg_dec(config.producer_registers)
+    more_registers = tma.setmaxnreg_inc(config.consumer_registers)
+    fence_init = tma.fence_mbarrier_init
+    position = block_position_of(QUERY_MAJOR, BLOCK_M, variant.packed)
+    bounds = sequence_bounds_of(variant.packed)
+    exponent = exponent_scale_for(variant.softcap)
+    walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)
+    partial = tile_is_partial(BLOCK_N, ROWS, variant.window)
+    start = softmax_start(1, O_BLOCKS)
+    online_softmax = softmax_update(1, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
+                                    window=variant.window, softcap=variant.softcap, precise_tanh=False)
+    if probe == "no_softmax":
+        @device_function
+        def online_softmax(s, alpha, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2,
+                           post):
+            alpha[0] = ONE
+            alpha[1] = ONE
+    rescale = output_rescale(O_BLOCKS)
+    # (the 16-bit kernel's output has no factor: its finish takes one and drops it)
+    finish = store_rows(1, O_BLOCKS, as_16bit(bf16), scaled=fp8, scale_argument=True)
+
+    if fp8 and per_head:
+        descale = fp8_blocks.descaled(True)
+
+        @inlined_function
+        def scales(scale_log2, post, out_scale, descale_q, descale_k, descale_v, b, h, heads):
+            """A block's (score scale, its exponent scale, output scale): the per-head factors of (b, h) folded in."""
+            scale, v_scale = descale(scale_log2, out_scale, descale_q, descale_k, descale_v, b, h, heads)
+            return scale, exponent(scale, SCALE_FIRST), v_scale
+    else:  # (per tensor: the launch folded the factors into the scalars)
+        @inlined_function
+        def scales(scale_log2, post, out_scale, descale_q, descale_k, descale_v, b, h, heads):
+            return scale_log2, post, out_scale
+
+    @device_function
+    def advance(stage, phase):
+        """The ring's next slot and its phase bit (one division-free step; the phase flips at each wrap)."""
+        stage += 1
+        if stage == STAGES:
+            return 0, phase ^ 1
+        return stage, phase
+
+    @device_function
+    def load_kv(smem, base, tmap, stage, phase, n0, hk, b, full, empty):
+        """A K or V tile into ring slot ``stage`` (its ``phase``-th use), once the consumers have freed it."""
+        wait(smem, empty + 4 * stage, phase ^ 1)  # (the first round passes at once)
+        arrive_tx(smem, full + 4 * stage, TILE_BYTES)
+        for a in range(ATOMS):
+            load_box(smem, base + stage * TILE + a * KV_BOX, tmap, 64 * a, n0, hk, b, full + 4 * stage)
+
+    if fp8:
+        @device_function
+        def load_v(smem, base, tmap, stage, phase, n0, hk, b, full, empty):
+            """8-bit: the V^T tile of keys ``n0 ..`` (all head-dim rows; one box per 128 keys) into ring slot
+            ``stage``, once the consumers have freed it."""
+            wait(smem, empty + 4 * stage, phase ^ 1)
+            arrive_tx(smem, full + 4 * stage, V_TILE_BYTES)
+            for a in range(VT_ATOMS):
+                load_box(smem, base + stage * V_TILE + a * VT_BOX, tmap, n0 + 128 * a, 0, hk, b, full + 4 * stage)
+    else:
+        load_v = load_kv
+
+    @device_function
+    def produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m0, h, hk, b, n_first, n_tiles, stage,
+                phase, qn):
+        """The producer thread, one block of rows: Q (once the consumers are done with the previous block's: its
+        ``qn``-th), K of tile 0, then per tile K of the next and V of this one. Tile 0 goes to ring slot ``stage``
+        (use ``phase``); returns the slot and phase of the next block's tile 0."""
+        wait(smem, bars + 4, (qn & 1) ^ 1)
+        arrive_tx(smem, bars, Q_BYTES)
+        for c in range(CONSUMERS):
+            for a in range(ATOMS):
+                load_box(smem, q_base + c * Q_TILE + a * Q_BOX, q_map, 64 * a, m0 + ROWS * c, h, b, bars)
+        load_kv(smem, k_base, k_map, stage, phase, n_first, hk, b, bars + K_FULL, bars + K_EMPTY)
+        for j in range(n_tiles):
+            v_stage, v_phase = stage, phase  # V of tile j goes where K of tile j went
+            stage, phase = advance(stage, phase)
+            if j + 1 < n_tiles:
+                load_kv(smem, k_base, k_map, stage, phase, n_first + (j + 1) * BLOCK_N, hk, b, bars + K_FULL,
+                        bars + K_EMPTY)
+            load_v(smem, v_base, v_map, v_stage, v_phase, n_first + j * BLOCK_N, hk, b, bars + V_FULL,
+                   bars + V_EMPTY)
+        return stage, phase
+
+    if fp8:
+        probabilities = fp8_blocks.probabilities(PV_STEPS)  # P rounded to e4m3 (the keys permuted: ``core.fp8``)
+    else:
+        probabilities = wgmma.a_fragments(PV_STEPS, bf16)  # P rounded to the input dtype as the A operand
+    if probe == "no_pack":
+        @device_function
+        def probabilities(s, p):
+            pass
+
+    @device_function
+    def consume(smem, q_c, k_base, v_base, bars, c, lane, m_c, row0, t, n_first, n_tiles, stage, phase, qn, key_end,
+                causal, diag_offset, scale_log2, post, out_head, lse, b, h, seqlen_q, head_dim, write_lse, out_scale):
+        """Consumer ``c``'s 64 rows of one block (``qn``: Q copies before; tile 0 in ring slot ``stage``, use
+        ``phase``); returns the slot and phase of the next block's tile 0. ``v_base``: the V ring (8-bit: ``V^T``
+        tiles); ``out_scale``: the output's factor (8-bit: the V descale)."""
+        s = cuda.local.array((1, S_BLOCKS, 4), float32)
+        acc = cuda.local.array((1, O_BLOCKS, 4), float32)
+        p = cuda.local.array(P_WORDS, uint32)
+        alpha = cuda.local.array(2, float32)
+        m_run = cuda.local.array(2, float32)
+        l_run = cuda.local.array(2, float32)
+        start(m_run, l_run, acc)
+        v_stage = stage  # the slot of the V tile the next P V reads
+        v_phase = phase
+        if n_tiles > 0:  # tile 0: S_0, its softmax and P_0
+            wait(smem, bars, qn & 1)
+            wait(smem, bars + K_FULL + 4 * stage, phase)
+            if PINGPONG:
+                bar_sync(1 + c, PAIR)
+            q_times_k(s, smem, q_c, k_base + stage * TILE)
+            if PINGPONG:
+                bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
+            wait_s(s)
+            if lane == 0:
+                arrive(smem, bars + K_EMPTY + 4 * stage)
+            online_softmax(s, alpha, m_run, l_run, partial(n_first, m_c, key_end, causal, diag_offset), n_first,
+                           row0, t, key_end, causal, diag_offset, scale_log2, post)
+            probabilities(s, p)
+            stage, phase = advance(stage, phase)
+        for j in range(1, n_tiles):
+            n0 = n_first + j * BLOCK_N
+            wait(smem, bars + K_FULL + 4 * stage, phase)
+            if PINGPONG:
+                bar_sync(1 + c, PAIR)
+            q_times_k(s, smem, q_c, k_base + stage * TILE)
+            wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
+            p_times_v(acc, p, smem, v_base + v_stage * V_TILE)
+            if PINGPONG:
+                bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
+            wait_one(s)  # S_j is done; P V may still run
+            if lane == 0:
+                arrive(smem, bars + K_EMPTY + 4 * stage)  # K of tile j is free
+            online_softmax(s, alpha, m_run, l_run, partial(n0, m_c, key_end, causal, diag_offset), n0, row0, t,
+                           key_end, causal, diag_offset, scale_log2, post)
+            wait_o(acc)
+            if lane == 0:
+                arrive(smem, bars + V_EMPTY + 4 * v_stage)  # V of tile j - 1 is free
+            rescale(acc, alpha)
+            probabilities(s, p)
+            v_stage, v_phase = advance(v_stage, v_phase)
+            stage, phase = advance(stage, phase)
+        if n_tiles > 0:
+            wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
+            p_times_v(acc, p, smem, v_base + v_stage * V_TILE)
+            wait_o(acc)
+            if lane == 0:
+                arrive(smem, bars + V_EMPTY + 4 * v_stage)
+                arrive(smem, bars + 4)  # Q is free (the producer copies the next block's over it)
+        finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post, out_scale)
+        return stage, phase
+
+    @device_function
+    def tile_of(tile, q, causal):
+        """``(b, h, m0)`` of the persistent loop's ``tile``: heads outer, query blocks inner (so the blocks running
+        at once share a head's K and V in L2), the longest (last) query blocks first under a causal mask."""
+        blocks = (q.shape[2] + BLOCK_M - 1) // BLOCK_M
+        bh = tile // blocks
+        m_block = tile - bh * blocks
+        if causal:
+            m_block = blocks - 1 - m_block
+        return bh // q.shape[1], bh % q.shape[1], m_block * BLOCK_M
+
+    @kernel_body
+    def body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, schedule, out_scale, descale_q,
+             descale_k, descale_v):
+        tid, warp, lane, g, t = lane_position()
+        seqlen_q, key_start, key_end, diag_offset = bounds(q, k, 0, schedule)
+        group = q.shape[1] // k.shape[1]
+        head_dim = q.shape[3]
+        smem = cuda.shared.array(0, uint16)
+        q_base = ((1024 - shared_address(smem) % 1024) % 1024) // 2
+        k_base = q_base + CONSUMERS * Q_TILE
+        v_base = k_base + STAGES * TILE
+        bars = v_base + STAGES * V_TILE  # Q full, Q empty; K full, K empty, V full, V empty per stage
+        if tid == 0:
+            init(smem, bars, 1)
+            init(smem, bars + 4, EMPTY_ARRIVALS)
+            for stage in range(STAGES):
+                init(smem, bars + K_FULL + 4 * stage, 1)
+                init(smem, bars + K_EMPTY + 4 * stage, EMPTY_ARRIVALS)
+                init(smem, bars + V_FULL + 4 * stage, 1)
+                init(smem, bars + V_EMPTY + 4 * stage, EMPTY_ARRIVALS)
+            fence_init()
+        cuda.syncthreads()  # (the last block-wide barrier: the producer's idle warps leave)
+        # (the block loop of the persistent kernel is its own branch: a one-trip loop around the consumer made
+        # ptxas spill 480 bytes at head dim 128)
+        blocks = q.shape[0] * q.shape[1] * ((seqlen_q + BLOCK_M - 1) // BLOCK_M)
+        role = tid // 128
+        if role == 0:
+            fewer_registers()
+            if warp == 0 and elect_one():
+                acquire(q_map)
+                acquire(k_map)
+                acquire(v_map)
+                if PERSISTENT:
+                    stage = 0
+                    phase = 0
+                    qn = 0
+                    for tile in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
+                        b, h, m0 = tile_of(tile, q, causal)
+                        n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
+                        if n_tiles > 0:
+                            stage, phase = produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m0, h,
+                                                   h // group, b, n_first, n_tiles, stage, phase, qn)
+                            qn += 1
+                else:
+                    b1, h1, m1, _, _, _, _ = position(q, k, v, out, causal, schedule)
+                    n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
+                    if n_tiles1 > 0:
+                        produce(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, m1, h1, h1 // group, b1,
+                                n_first1, n_tiles1, 0, 0, 0)
+            return
+
+        more_registers()
+        c = role - 1
+        row = ROWS * c + 16 * (warp - 4 * role) + g  # this thread's first row in the block
+        if PINGPONG and c == CONSUMERS - 1:
+            bar_arrive(1, PAIR)  # consumer 0 issues first
+        post = exponent(scale_log2, SCALE_FIRST)
+        if PERSISTENT:
+            stage = 0
+            phase = 0
+            qn = 0
+            for tile in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
+                b, h, m0 = tile_of(tile, q, causal)
+                n_first, n_tiles = walk_tiles(m0, key_start, key_end, causal, diag_offset)
+                scale, post_b, v_scale = scales(scale_log2, post, out_scale, descale_q, descale_k, descale_v, b, h,
+                                                q.shape[1])
+                stage, phase = consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m0 + ROWS * c,
+                                       m0 + row, t, n_first, n_tiles, stage, phase, qn, key_end, causal, diag_offset,
+                                       scale, post_b, out[b, h], lse, b, h, seqlen_q, head_dim, write_lse, v_scale)
+                if n_tiles > 0:
+                    qn += 1
+        else:
+            b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, schedule)
+            n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
+            scale, post_b, v_scale = scales(scale_log2, post, out_scale, descale_q, descale_k, descale_v, b1, h1,
+                                            q.shape[1])
+            consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m1 + ROWS * c, m1 + row, t, n_first1,
+                    n_tiles1, 0, 0, 0, key_end, causal, diag_offset, scale, post_b, out_head, lse, b1, h1,
+                    seqlen_q, head_dim, write_lse, v_scale)
+        if PINGPONG and c == 0:
+            bar_sync(1, PAIR)  # the last consumer's last arrival: the barriers end as they began
+
+    if fp8:  # (no schedule: unread)
+        def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, out_scale, descale_q,
+                   descale_k, descale_v):
+            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, lse, out_scale, descale_q,
+                 descale_k, descale_v)
+
+        return kernel
+
+    # (16-bit: no factors -- the output's is 1, and lse stands in for the descale arrays nothing reads)
+    if variant.packed:
+        def packed_kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, schedule):
+            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, schedule, ONE, lse, lse, lse)
+
+        return packed_kernel
+
+    def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map):
+        body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, lse, ONE, lse, lse,
+             lse)  # (no schedule: unread)
+
+    return kernel

@@ -21,19 +21,9 @@ from numba_attn.forward import simt as flash_simt
 
 
 def _time(fn, reps=20):
-    import cupy
+    from _timing import median_ms  # (this script's folder is on sys.path when it runs)
 
-    for _ in range(3):
-        fn()
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end))
-    return float(np.median(times))
+    return median_ms(fn, reps, warmup=3)
 
 
 def main():

@@ -36,7 +36,7 @@ class FakeInputs:
         return types.SimpleNamespace(shape=(b, h, nq, d), dtype=dtype), types.SimpleNamespace(shape=(b, h, nk, d)), None
 
 
-def fake_time(tuner, config, key) -> float:
+def fake_time(tuner, config, key, seqlen_q) -> float:
     """The default everywhere but at 16k keys, where the last candidate is twice as fast."""
     index = tuner.candidates.index(config)
     if key.sizes[1] == 16384 and index == len(tuner.candidates) - 1:
@@ -53,11 +53,12 @@ def fake_gpu(script, monkeypatch, tmp_path):
         key = dispatch.tuning_key(q.dtype, d, causal, b, h, nq, k.shape[2])
         tuner = dispatch.FLASH_MMA_TUNER if d > 128 else dispatch.FLASH_WGMMA_TUNER
         calls.append(key.text)
-        return tuner.choose(key, lambda config: fake_time(tuner, config, key), lambda: False)
+        return tuner.choose(key, lambda config: script.fake_time(tuner, config, key, nq), lambda: False)
 
     torch = types.SimpleNamespace(__version__="fake", cuda=types.SimpleNamespace(
         get_device_name=lambda: "fake GPU", synchronize=lambda: None))
     monkeypatch.setattr(script, "Inputs", FakeInputs)
+    monkeypatch.setattr(script, "fake_time", fake_time, raising=False)
     monkeypatch.setattr(numba_attn, "flash_forward", flash_forward)
     monkeypatch.setattr(_autotune, "SIMULATOR", False)
     monkeypatch.setenv(_autotune.ENABLE_ENV, "1")
@@ -81,20 +82,42 @@ def test_tuning_writes_a_valid_table_one_key_at_a_time(script, fake_gpu, tmp_pat
     table = json.loads((tmp_path / "sm00.json").read_text())
     assert table["family"] == "sm00" and table["source"]["device"] == "fake GPU"
     wgmma, mma = table["tuners"]["flash_wgmma"]["entries"], table["tuners"]["flash_mma"]["entries"]
-    per_head_dim = 2 * 7  # causal or not x (3 B4 + 3 B1 + the chunk), all different keys
-    assert len(wgmma) == len(mma) == per_head_dim and len(calls) == 2 * per_head_dim
+    per_head_dim = 2 * 7  # causal or not x (3 B4 + 3 B1 size classes + the chunk)
+    shapes_per_head_dim = 2 * 13  # causal or not x (6 B4 + 6 B1 + the chunk): every shape tunes
+    assert len(wgmma) == len(mma) == per_head_dim and len(calls) == 2 * shapes_per_head_dim
     for text, entry in wgmma.items():
         fast = text.endswith("|16384")
         config = dispatch.FLASH_WGMMA_TUNER.candidates[-1 if fast else 0]
         assert entry["config"] == dataclasses.asdict(config), text
         assert entry["default_over_chosen"] == (2.0 if fast else 1.0)
-        assert len(entry["timings_ms"]) == len(dispatch.FLASH_WGMMA_TUNER.candidates)
-    assert wgmma["float16|64|False|262144|1024"]["shape"] == [4, 48, 1024, 1024, 64]
+        assert entry["worst_loss_pct"] == 0.0
+        assert len(entry["timings_ms"]) == len(entry["shapes"])
+        assert all(len(t) == len(dispatch.FLASH_WGMMA_TUNER.candidates) for t in entry["timings_ms"])
+    assert wgmma["float16|64|False|262144|1024"]["shapes"] == [[4, 48, 512, 512, 64], [4, 48, 1024, 1024, 64]]
     for tuner in dispatch.TUNERS:
         assert _autotune.TunedTable.read(args.out, tuner)[1] == []
     out = capsys.readouterr().out
-    assert "chosen 100.0 % faster" in out and "chosen   0.0 % faster" in out
+    assert "worst loss  0.0 % (default 100.0 %)" in out and "worst loss  0.0 % (default  0.0 %)" in out
     assert not os.path.exists(tmp_path / "user")  # the user's cache is not touched
+
+
+def test_a_key_shared_by_shapes_takes_the_smallest_worst_loss(script, fake_gpu, tmp_path, monkeypatch):
+    """At 512 rows the second candidate is fastest (0.8 against 1.0), elsewhere the first (1.0 against 1.1): where
+    512 shares a key with 1k, the first loses 25 % at 512, the second 10 % at 1k -- the second is written."""
+    torch, _ = fake_gpu
+
+    def conflicting(tuner, config, key, seqlen_q):
+        index = tuner.candidates.index(config)
+        return (0.8 if index == 1 else 1.0 + 0.1 * index) if seqlen_q == 512 else 1.0 + 0.1 * index
+
+    monkeypatch.setattr(script, "fake_time", conflicting)
+    script.run_tune(options(tmp_path, headdims=[64]), torch, "sm00")
+    wgmma = json.loads((tmp_path / "sm00.json").read_text())["tuners"]["flash_wgmma"]["entries"]
+    shared = wgmma["float16|64|False|262144|1024"]  # B4 at 512 and 1k
+    assert shared["config"] == dataclasses.asdict(dispatch.FLASH_WGMMA_TUNER.candidates[1])
+    assert shared["worst_loss_pct"] == 10.0
+    alone = wgmma["float16|64|False|65536|16384"]  # the chunk: 1k rows, its own key
+    assert alone["config"] == dataclasses.asdict(dispatch.FLASH_WGMMA_TUNER.candidates[0])
 
 
 def test_merge_keeps_the_keys_a_run_does_not_tune(script, fake_gpu, tmp_path):
@@ -111,7 +134,7 @@ def test_merge_keeps_the_keys_a_run_does_not_tune(script, fake_gpu, tmp_path):
 def test_time_limit_stops_new_shapes(script, fake_gpu, tmp_path, capsys):
     torch, calls = fake_gpu
     script.run_tune(options(tmp_path, time_limit=-1.0), torch, "sm00")
-    assert calls == [] and "28 shapes not tuned" in capsys.readouterr().out
+    assert calls == [] and "52 shapes not tuned" in capsys.readouterr().out
 
 
 def test_check_passes_on_the_table_of_the_same_times_and_fails_on_a_worse_one(script, fake_gpu, tmp_path, capsys):

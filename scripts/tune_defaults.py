@@ -8,13 +8,13 @@ family (``numba_attn/forward/tuned/sm<major><minor>.json``); ``--check`` compare
 
 Tuning: for each dtype, head dim, causal flag and shape below, one ``flash_forward`` call inside
 ``numba_attn.autotune()`` with an empty temporary ``NUMBA_ATTN_CACHE_DIR`` times every candidate of the kernel that
-the call runs on (``runtime.autotune``: one untimed call that compiles, then the median of ``--reps`` calls between
-CUDA events) -- exactly what a user's tuning does. Shapes (batch, heads, seqlen_q, seqlen_k; heads 48 at head dims
-<= 64, 32 at 96 / 128, 16 at 256): B4 and B1 at N = 512 .. 16k, and B1 with 1k queries against 16k keys (a chunk of
-a long prefill). Several shapes share a tuner key (``dispatch.tuning_key`` without the SM count: size classes are
-powers of 4), and their fastest candidates can differ (e.g. 4 warps at N = 512, 8 at 1k): per key the script writes
-the candidate whose worst loss against each shape's fastest is smallest (ties: the smaller mean loss), the shapes,
-every candidate's time per shape, and prints that worst loss and the default's.
+the call runs on (``runtime.autotune.time_on_stream``: warm-up calls, then the median of ``--reps`` samples of
+back-to-back calls between CUDA events) -- exactly what a user's tuning does. Shapes (batch, heads, seqlen_q,
+seqlen_k; heads 48 at head dims <= 64, 32 at 96 / 128, 16 at 256): B4 and B1 at N = 512 .. 16k, and B1 with 1k queries
+against 16k keys (a chunk of a long prefill). Several shapes share a tuner key (``dispatch.tuning_key`` without the SM
+count: size classes are powers of 4), and their fastest candidates can differ (e.g. 4 warps at N = 512, 8 at 1k): per
+key the script writes the candidate whose worst loss against each shape's fastest is smallest (ties: the smaller mean
+loss), the shapes, every candidate's time per shape, and prints that worst loss and the default's.
 
 ``--check``: for each shape -- the tuned ones, and two whose keys the tuning run does not make (B16 at 1k, B4 at 256:
 the nearest-entry rule) -- with an empty cache each time, the same full tuning, then the table's configuration for
@@ -56,10 +56,10 @@ ABOUT = ("Tile configurations flash_forward uses on GPUs of this family for keys
          "(numba_attn/runtime/autotune.py; docs/design/forward.md, 'How a tile configuration is chosen'). Keys: "
          "dtype|padded head dim|causal|size class of batch*heads*seqlen_q|size class of seqlen_k. A key without an "
          "entry takes the entry with the nearest size classes and the same other fields, else the kernel's "
-         "default. Each entry: the configuration (of the candidates, the one with the smallest worst loss over the key's "
-         "shapes), the shapes it was tuned on (batch, heads, seqlen_q, seqlen_k, head dim), every candidate's median "
-         "ms per shape, the chosen one's worst loss in percent and the default's time over the chosen one's (the "
-         "largest over the shapes). Written by "
+         "default. Each entry: the configuration (of the candidates, the one with the smallest worst loss over the "
+         "key's shapes), the shapes it was tuned on (batch, heads, seqlen_q, seqlen_k, head dim), every "
+         "candidate's median ms per shape, the chosen one's worst loss in percent and the default's time over "
+         "the chosen one's (the largest over the shapes). Written by "
          "scripts/tune_defaults.py; --check compares it with full tuning.")
 
 
@@ -256,7 +256,8 @@ def write_table(args, torch, family, done, seconds):
         "device": torch.cuda.get_device_name(), "sms": multiprocessor_count(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git_commit(), "versions": versions(torch), "reps": _autotune.REPS, "seconds": round(seconds),
-        "timer": "runtime.autotune.time_on_stream: one untimed call, then the median of reps calls between CUDA events",
+        "timer": "runtime.autotune.time_on_stream: warm-up calls, then the median of reps samples of back-to-back "
+                 "calls between CUDA events",
     }
     old = {}
     if args.merge and os.path.exists(args.out):

@@ -7,7 +7,8 @@ causal) and size classes (powers of 4, ``size_class``). ``Autotuner.choose`` tak
 1. the choice tuned on this machine for the exact key, SM count included: in memory, or in the JSON file per tuner
    under ``$NUMBA_ATTN_CACHE_DIR`` (default ``~/.cache/numba_attn``), so it holds for later processes too;
 2. in tuning mode only, for a key with no such choice: like ``triton.autotune``, time every candidate on the call's
-   own inputs (into a scratch output, one untimed call then the median of ``REPS`` between CUDA events), keep the
+   own inputs (into a scratch output; ``time_on_stream``: warm-up calls, then the median of ``REPS`` samples of
+   back-to-back calls between CUDA events, queued behind a short wait so that host latency stays out), keep the
    fastest and store it as in 1. Never while the call's stream is being captured into a CUDA graph (timing
    synchronises): such a call goes on to 3 and the key stays untuned;
 3. the shipped table of the family (``numba_attn/forward/tuned/sm90.json``, written by ``scripts/tune_defaults.py``),
@@ -103,19 +104,54 @@ def size_class(n: int) -> int:
     return 4 ** max(0, math.ceil(math.log(max(1, n), 4)))
 
 
-def time_on_stream(fn: Callable[[], None], stream, reps: int | None = None) -> float:
-    """Median milliseconds of ``fn()`` between CUDA events on ``stream``, after one untimed call (``reps`` timed
-    calls, default ``REPS``)."""
-    fn()
-    times = []
-    for _ in range(REPS if reps is None else reps):
-        start, end = cuda.event(), cuda.event()
-        start.record(stream)
+#: each timed sample runs back-to-back calls for at least this long (ms): short kernels are averaged over a batch
+BATCH_MS = 1.0
+#: before the samples, back-to-back calls for about this long (ms) bring the clocks up for this kernel
+WARM_MS = 5.0
+#: microseconds the GPU waits before each sample, plus per call of its batch: longer than the host takes to enqueue
+HOLD_US, HOLD_US_PER_CALL = 200, 60
+
+
+@functools.cache
+def _hold_kernel():
+    @cuda.jit
+    def hold(microseconds):
+        for _ in range(microseconds):
+            cuda.nanosleep(1000)
+
+    return hold
+
+
+def _hold(stream, microseconds: int) -> None:
+    """Keep ``stream`` busy for about ``microseconds`` so that the host enqueues a sample's calls before the GPU
+    reaches its start event: the time between the events is then the kernels' alone, not the host's launch latency
+    (which, for calls of 0.1 ms, is of the same size and varies)."""
+    _hold_kernel()[1, 1, stream](microseconds)
+
+
+def _sample(fn, stream, calls: int) -> float:
+    start, end = cuda.event(), cuda.event()
+    _hold(stream, HOLD_US + HOLD_US_PER_CALL * calls)
+    start.record(stream)
+    for _ in range(calls):
         fn()
-        end.record(stream)
-        end.synchronize()
-        times.append(cuda.event_elapsed_time(start, end))
-    return float(np.median(times))
+    end.record(stream)
+    end.synchronize()
+    return cuda.event_elapsed_time(start, end) / calls
+
+
+def time_on_stream(fn: Callable[[], None], stream, reps: int | None = None) -> float:
+    """Median milliseconds per call of ``fn()`` on ``stream``: one untimed call (it compiles), about ``WARM_MS`` of
+    untimed back-to-back calls, then ``reps`` samples (default ``REPS``) between CUDA events, each of enough
+    back-to-back calls to last ``BATCH_MS`` and queued behind a short wait kernel (``_hold``). Single calls between
+    events, each started by the host, varied from run to run by more than the candidates differ (clocks, host
+    latency)."""
+    fn()
+    once = max(_sample(fn, stream, 1), 1e-3)
+    calls = max(1, min(64, math.ceil(BATCH_MS / once)))
+    for _ in range(max(0, min(200, math.ceil(WARM_MS / once)) - 1)):
+        fn()
+    return float(np.median([_sample(fn, stream, calls) for _ in range(REPS if reps is None else reps)]))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,10 +43,16 @@ TUNERS = (FLASH_MMA_TUNER, FLASH_WGMMA_TUNER, FLASH_WS_TUNER)
 #: instead of "wgmma" -- the one place to change it. H100, 2026-11-26, fp16, B4: at D128 H32 it ran 1.01-1.35x
 #: "wgmma" at 1k-16k keys, causal or not; at D64 H48 0.69-0.97x (scripts/check_ws.py)
 WS_DEFAULT_HEAD_DIMS = frozenset({128})
-#: ... and only for calls whose rows see at least this many keys on average (seqlen_k, halved when causal): its calls
-#: take the checked path (a tensor map holds its tensor's address, so no replay plan), which at D128 causal 1k made
-#: a call one at a time 0.74x SDPA flash against >= 1.0x for "wgmma" (sweep, H100, 2026-11-26)
+#: ... and only for calls whose longest rows see at least this many keys (``long_rows``): below, "wgmma" was as fast
+#: or faster. Causal 1k counts (its last rows see 1024): there the WS kernel ran 1.14-1.23x "wgmma" once its calls
+#: replayed like the others (sweep, H100, fp16 / bf16 D128 H32 B4, docs/benchmarks.md)
 WS_MIN_KEYS = 1024
+
+
+def long_rows(seqlen_k: int, causal: bool) -> bool:
+    """Whether a dense call's rows are long enough for the warp-specialised kernel (``WS_MIN_KEYS``); bottom-right
+    causal rows end at the last key, so the longest sees ``seqlen_k`` either way."""
+    return seqlen_k >= WS_MIN_KEYS
 
 
 def wgmma_applies(dtype: str, head_dim: int, *arrays) -> bool:
@@ -99,8 +105,8 @@ def backend_for(call, shape, backend, allow_tf32: bool, causal: bool = False) ->
     """The backend that runs this call (``backend`` as the caller passed it; raises where it cannot)."""
     arrays = tuple(call.inputs[name] for name in "qkv")
     wgmma_ok = wgmma_applies(call.dtype, shape.head_dim, *arrays)
-    long_rows = (shape.seqlen_k // 2 if causal else shape.seqlen_k) >= WS_MIN_KEYS
-    ws_ok = backend is None and wgmma_ok and long_rows and ws_applies(call.dtype, shape.head_dim, *arrays)
+    ws_ok = (backend is None and wgmma_ok and long_rows(shape.seqlen_k, causal)
+             and ws_applies(call.dtype, shape.head_dim, *arrays))
     return choose_backend(backend, call.dtype, allow_tf32, wgmma_ok, ws_ok)
 
 

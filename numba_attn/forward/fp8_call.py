@@ -122,8 +122,9 @@ def _descale(call, name: str, value, shape):
 
 def _warp_specialised(backend, shape, causal: bool, inputs) -> bool:
     """Whether the call runs on ``wgmma_ws_fp8``: asked for (where the TMA reads the inputs), or by default on a GPU
-    at ``WS_HEAD_DIMS`` with rows that see at least ``WS_MIN_KEYS`` keys on average (``dispatch.backend_for``'s
-    rule: on shorter rows the single-warpgroup kernel was as fast or faster)."""
+    at ``WS_HEAD_DIMS`` with rows that see at least ``WS_MIN_KEYS`` keys on average (seqlen_k, halved when causal:
+    on shorter rows the single-warpgroup fp8 kernel was as fast or faster; the 16-bit rule, ``dispatch.long_rows``,
+    counts the longest row since its causal 1k calls replayed)."""
     if backend == "wgmma" or not wgmma_ws_fp8.supports(shape.head_dim, *inputs):
         return False
     if backend == "wgmma_ws":

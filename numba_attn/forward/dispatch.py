@@ -43,16 +43,15 @@ TUNERS = (FLASH_MMA_TUNER, FLASH_WGMMA_TUNER, FLASH_WS_TUNER)
 #: instead of "wgmma" -- the one place to change it. H100, 2026-11-26, fp16, B4: at D128 H32 it ran 1.01-1.35x
 #: "wgmma" at 1k-16k keys, causal or not; at D64 H48 0.69-0.97x (scripts/check_ws.py)
 WS_DEFAULT_HEAD_DIMS = frozenset({128})
-#: ... and only for calls whose longest rows see at least this many keys (``long_rows``): below, "wgmma" was as fast
-#: or faster. Causal 1k counts (its last rows see 1024): there the WS kernel ran 1.14-1.23x "wgmma" once its calls
-#: replayed like the others (sweep, H100, fp16 / bf16 D128 H32 B4, docs/benchmarks.md)
-WS_MIN_KEYS = 1024
+#: ... and only for calls whose rows see at least this many keys on average (``long_rows``). At D128 B4 H32 (sweep,
+#: H100, 2026-11-26, fp16 / bf16, one call at a time, WS calls replayed) the WS kernel ran non-causal 512 at
+#: 1.09-1.24x "wgmma" and causal 1k (512 on average) at 1.14-1.23x, but causal 512 (256) at 0.90-0.91x
+WS_MIN_KEYS = 512
 
 
 def long_rows(seqlen_k: int, causal: bool) -> bool:
-    """Whether a dense call's rows are long enough for the warp-specialised kernel (``WS_MIN_KEYS``); bottom-right
-    causal rows end at the last key, so the longest sees ``seqlen_k`` either way."""
-    return seqlen_k >= WS_MIN_KEYS
+    """Whether a dense call's rows see ``WS_MIN_KEYS`` keys on average (bottom-right causal rows: half the keys)."""
+    return (seqlen_k // 2 if causal else seqlen_k) >= WS_MIN_KEYS
 
 
 def wgmma_applies(dtype: str, head_dim: int, *arrays) -> bool:

@@ -1,6 +1,6 @@
 """``flash_forward`` on float8 e4m3 inputs: the argument checks, the descale factors, the launch of ``wgmma_ws_fp8``
 (the warp-specialised kernel: the default on Hopper at the padded head dims of ``WS_HEAD_DIMS`` -- 128 -- for rows
-that see at least ``dispatch.WS_MIN_KEYS`` keys, as for 16-bit inputs; ``backend="wgmma_ws"`` asks for it) or
+that see at least ``WS_MIN_KEYS`` keys on average; ``backend="wgmma_ws"`` asks for it) or
 ``wgmma_fp8`` (elsewhere, ``backend="wgmma"``).
 
 Inputs are torch ``float8_e4m3fn`` tensors, or uint8 arrays of e4m3 bit patterns (NumPy, CuPy, Numba) with
@@ -28,13 +28,16 @@ from ..runtime.device import SIMULATOR, compute_capability, on_device
 from ..runtime.shapes import attention_shape
 from ..runtime.views import lift
 from . import wgmma_fp8, wgmma_ws_fp8
-from .dispatch import WS_MIN_KEYS, check_seqlen_q
+from .dispatch import check_seqlen_q
 
 OUT_DTYPES = ("bfloat16", "float16")
 _FP8_ONLY = ("descale_q", "descale_k", "descale_v", "out_dtype")
 #: padded head dims at which the warp-specialised kernel is the default: 128 (H100, B4, 03:52 UTC 2026-11-26: 0.96-1.29x
 #: our bf16 forward, 1.25-1.58x wgmma_fp8 at 4k-16k); at 64 wgmma_fp8 was faster (333-409 vs 236-335 TFLOP/s)
 WS_HEAD_DIMS = frozenset({128})
+#: ... for rows seeing at least this many keys on average (causal: half the keys); measured at 1k-16k keys only, so
+#: kept at the 16-bit rule's earlier value when that one went down to 512 (``dispatch.WS_MIN_KEYS``)
+WS_MIN_KEYS = 1024
 
 
 def _dtype_of(x) -> str | None:
@@ -122,9 +125,8 @@ def _descale(call, name: str, value, shape):
 
 def _warp_specialised(backend, shape, causal: bool, inputs) -> bool:
     """Whether the call runs on ``wgmma_ws_fp8``: asked for (where the TMA reads the inputs), or by default on a GPU
-    at ``WS_HEAD_DIMS`` with rows that see at least ``WS_MIN_KEYS`` keys on average (seqlen_k, halved when causal:
-    on shorter rows the single-warpgroup fp8 kernel was as fast or faster; the 16-bit rule, ``dispatch.long_rows``,
-    counts the longest row since its causal 1k calls replayed)."""
+    at ``WS_HEAD_DIMS`` with rows that see at least ``WS_MIN_KEYS`` keys on average (seqlen_k, halved when
+    causal)."""
     if backend == "wgmma" or not wgmma_ws_fp8.supports(shape.head_dim, *inputs):
         return False
     if backend == "wgmma_ws":

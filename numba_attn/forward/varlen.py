@@ -51,9 +51,12 @@ from . import wgmma_ws as _wgmma_ws
 #: threads of the planning kernel (a block-wide scan over the sequences, then one entry per thread at a time)
 PLAN_THREADS = 32 if SIMULATOR else 256
 #: padded head dims at which packed sequences take the warp-specialised kernel by default (rows seeing at least
-#: ``dispatch.WS_MIN_KEYS`` keys on average): dense calls take it at 128 only, but on packed sequences it also beat
+#: ``WS_MIN_KEYS`` keys on average): dense calls take it at 128 only, but on packed sequences it also beat
 #: ``wgmma`` at 64 (H100, 2026-11-26 03:31, 16 sequences of 512..16k causal, D64 H32: 263 against 208 TFLOP/s)
 WS_HEAD_DIMS = frozenset({64, 128})
+#: ... for batches whose rows see at least this many keys on average (``mean_keys``); measured at 512..16k-token
+#: sequences, so kept at the dense rule's earlier value when that one went down to 512 (``dispatch.WS_MIN_KEYS``)
+WS_MIN_KEYS = 1024
 
 
 # -- checks ------------------------------------------------------------------------------------------------------------
@@ -271,7 +274,7 @@ def choose(backend, call, views, head_dim: int, offsets, batch: int, causal: boo
     wgmma_ok = _dispatch.wgmma_applies(call.dtype, head_dim, *views)
     ws_ok = (backend is None and wgmma_ok and _wgmma_ws.padded_head_dim(head_dim) in WS_HEAD_DIMS
              and _wgmma_ws.supports(call.dtype, head_dim, *views)
-             and mean_keys(offsets, int(views[1].shape[2]), batch, causal) >= _dispatch.WS_MIN_KEYS)
+             and mean_keys(offsets, int(views[1].shape[2]), batch, causal) >= WS_MIN_KEYS)
     chosen = _dispatch.choose_backend(backend, call.dtype, False, wgmma_ok, ws_ok)
     if chosen == "wgmma_ws" and _wgmma_ws.supports(call.dtype, head_dim, *views) \
             and _wgmma_ws.tensor_maps(*views, _wgmma_ws.default_config(), call.stream) is None:

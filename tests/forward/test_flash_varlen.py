@@ -267,7 +267,7 @@ def test_gpu_varlen_default_dispatch(monkeypatch):
     """backend=None takes the warp-specialised kernel at the padded head dims of ``varlen.WS_HEAD_DIMS`` for rows
     seeing >= WS_MIN_KEYS keys on average, else wgmma; the results agree with the mma kernel's."""
     torch = pytest.importorskip("torch")
-    from numba_attn.forward import dispatch, wgmma, wgmma_ws
+    from numba_attn.forward import wgmma, wgmma_ws
     from numba_attn.runtime.device import compute_capability
 
     if compute_capability() < (9, 0):
@@ -277,7 +277,7 @@ def test_gpu_varlen_default_dispatch(monkeypatch):
         real = module.launch
         monkeypatch.setattr(module, "launch", lambda *a, _real=real, _name=name, **kw: (calls.append(_name),
                                                                                         _real(*a, **kw))[1])
-    long = [4 * dispatch.WS_MIN_KEYS, 2 * dispatch.WS_MIN_KEYS, 100]
+    long = [4 * varlen.WS_MIN_KEYS, 2 * varlen.WS_MIN_KEYS, 100]
     short = [300, 200, 100]
     for head_dim, lengths, device_offsets, expected in ((128, long, False, "wgmma_ws"), (128, long, True, "wgmma_ws"),
                                                         (128, short, False, "wgmma"), (64, long, False, "wgmma_ws"),

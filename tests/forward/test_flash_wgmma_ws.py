@@ -225,9 +225,9 @@ def test_default_dispatch_by_head_dim(monkeypatch):
         monkeypatch.setattr(module, "launch", lambda *a, _real=real, _name=name, **kw: (calls.append(_name),
                                                                                         _real(*a, **kw))[1])
     for head_dim in (64, 128, 120):
-        for seqlen in (300, dispatch.WS_MIN_KEYS - 1, dispatch.WS_MIN_KEYS):  # causal: the last rows see seqlen
+        for seqlen in (300, 2 * dispatch.WS_MIN_KEYS - 2, 2 * dispatch.WS_MIN_KEYS):  # causal: seqlen / 2 on average
             q = torch.randn(1, 2, seqlen, head_dim, device="cuda", dtype=torch.float16)
             numba_attn.flash_forward(q, q, q, causal=True)
             ws = (wgmma_ws.padded_head_dim(head_dim) in dispatch.WS_DEFAULT_HEAD_DIMS
-                  and seqlen >= dispatch.WS_MIN_KEYS)
+                  and seqlen // 2 >= dispatch.WS_MIN_KEYS)
             assert calls[-1] == ("wgmma_ws" if ws else "wgmma"), (head_dim, seqlen, calls)

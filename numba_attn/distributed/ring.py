@@ -70,6 +70,8 @@ import numbers
 import numpy as np
 
 from ..runtime.arguments import ArgumentTypeError, check_flag, check_sm_scale
+from .agreement import check_ranks_agree, pack
+from .agreement import group_rank_and_size as _group_rank_and_size
 
 __all__ = ["LAYOUTS", "ring_attention", "shard", "unshard", "gather"]
 
@@ -188,16 +190,6 @@ def gather(x, layout="contiguous", group=None, dim=2):
     return unshard(parts, layout, dim)
 
 
-def _group_rank_and_size(dist, group):
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("group: torch.distributed is not initialised (call torch.distributed.init_process_group "
-                           "first)")
-    rank = dist.get_rank(group)
-    if rank < 0:
-        raise ValueError("group: this process is not a member of the group")
-    return rank, dist.get_world_size(group)
-
-
 def _check_inputs(torch, q, k, v):
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
@@ -217,6 +209,12 @@ def _check_inputs(torch, q, k, v):
             raise TypeError(f"{name}: dtype {x.dtype} differs from q's {q.dtype}")
         if x.device != q.device:
             raise ValueError(f"{name}: on {x.device}, q on {q.device}")
+
+
+def _check_zigzag(layout: str, length: int, world: int) -> None:
+    if world > 1 and layout == "zigzag" and length % 2:
+        raise ValueError(f"q: zigzag shards hold two chunks (seqlen divisible by 2 * world = {2 * world}), got a "
+                         f"shard of {length} rows")
 
 
 def _blocks(rank: int, source: int, length: int, causal: bool, layout: str):
@@ -282,20 +280,35 @@ def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_l
         Differentiable: with grad mode on and inputs that require grad, the backward runs over the ring too
         (``ring_backward``).
     """
-    from .. import api
-
     torch, dist = _torch()
-    _check_inputs(torch, q, k, v)
-    causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
-    layout = _check_layout(layout, causal)
-    sm_scale = check_sm_scale(sm_scale)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+    try:  # a rank that refuses its arguments still takes part in the cross-rank check (no rank is left waiting)
+        _check_inputs(torch, q, k, v)
+        causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
+        layout = _check_layout(layout, causal)
+        sm_scale = check_sm_scale(sm_scale)
+        if sm_scale is None:
+            sm_scale = 1.0 / math.sqrt(q.shape[-1])
+        differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        values = pack(torch, "ring_attention", q, k, causal, layout, sm_scale, differentiable, LAYOUTS)
+        refused = None
+    except (TypeError, ValueError) as error:
+        values, refused = None, error
+    _, world = check_ranks_agree(torch, dist, group, values, refused, q, LAYOUTS)
+    _check_zigzag(layout, q.shape[2], world)
+    if differentiable:
         from .ring_backward import RingAttention
 
         out, lse = RingAttention().apply(q, k, v, group, causal, sm_scale, layout, backend)
-        return (out, lse) if return_lse else out
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    else:
+        out, lse = _forward(q, k, v, group, causal, sm_scale, layout, backend)
+    return (out, lse) if return_lse else out
+
+
+def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend):
+    """``(out, lse)`` of ``ring_attention`` for checked arguments that every rank agrees on."""
+    from .. import api
+
+    torch, dist = _torch()
     rank, world = _group_rank_and_size(dist, group)
     length = q.shape[2]
 
@@ -304,11 +317,7 @@ def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_l
                                  backend=backend)
 
     if world == 1:  # one rank: both layouts are the identity
-        out, lse = attend(q, k, v, causal)
-        return (out, lse) if return_lse else out
-    if layout == "zigzag" and length % 2:
-        raise ValueError(f"q: zigzag shards hold two chunks (seqlen divisible by 2 * world = {2 * world}), got a "
-                         f"shard of {length} rows")
+        return attend(q, k, v, causal)
 
     def peer(group_rank):
         return group_rank if group is None else dist.get_global_rank(group, group_rank)
@@ -332,5 +341,4 @@ def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_l
             request.wait()
         if side is not None and requests:
             torch.cuda.current_stream(q.device).wait_stream(side)
-    out = out.to(q.dtype)
-    return (out, lse) if return_lse else out
+    return out.to(q.dtype), lse

@@ -20,7 +20,9 @@ from __future__ import annotations
 import math
 
 from ..runtime.arguments import check_flag, check_sm_scale
-from .ring import _blocks, _check_inputs, _check_layout, _exchange, _group_rank_and_size, _torch
+from .agreement import check_ranks_agree, pack
+from .ring import (LAYOUTS, _blocks, _check_inputs, _check_layout, _check_zigzag, _exchange, _group_rank_and_size,
+                   _torch)
 
 __all__ = ["ring_attention_backward", "RingAttention"]
 
@@ -33,21 +35,35 @@ def ring_attention_backward(dout, q, k, v, out, lse, *, group=None, causal=False
     Args as ``ring_attention`` (same group, layout, scale); ``deterministic`` as ``flash_backward``'s. Returns
     tensors of q's, k's and v's shard shapes and dtype; ``dk``, ``dv`` summed over every rank's queries (and over
     each kv head's group of query heads)."""
+    torch, dist = _torch()
+    try:  # as ring_attention: a refusing rank still takes part in the cross-rank check
+        _check_inputs(torch, q, k, v)
+        for name, x in (("dout", dout), ("out", out)):
+            if not isinstance(x, torch.Tensor) or tuple(x.shape) != tuple(q.shape):
+                raise ValueError(f"{name}: expected a torch.Tensor of q's shape {tuple(q.shape)}, got "
+                                 f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
+        if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != tuple(q.shape[:-1]):
+            raise ValueError(f"lse: expected the forward's lse of shape {tuple(q.shape[:-1])}")
+        causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
+        layout = _check_layout(layout, causal)
+        sm_scale = check_sm_scale(sm_scale)
+        if sm_scale is None:
+            sm_scale = 1.0 / math.sqrt(q.shape[-1])
+        values = pack(torch, "ring_attention_backward", q, k, causal, layout, sm_scale, False, LAYOUTS)
+        refused = None
+    except (TypeError, ValueError) as error:
+        values, refused = None, error
+    _, world = check_ranks_agree(torch, dist, group, values, refused, q, LAYOUTS)
+    _check_zigzag(layout, q.shape[2], world)
+    return _backward(dout, q, k, v, out, lse, group, causal, sm_scale, layout, deterministic)
+
+
+def _backward(dout, q, k, v, out, lse, group, causal: bool, sm_scale: float, layout: str, deterministic: bool):
+    """``ring_attention_backward`` for checked arguments that every rank agrees on (autograd calls it directly:
+    the forward checked them)."""
     from .. import api
 
     torch, dist = _torch()
-    _check_inputs(torch, q, k, v)
-    for name, x in (("dout", dout), ("out", out)):
-        if not isinstance(x, torch.Tensor) or tuple(x.shape) != tuple(q.shape):
-            raise ValueError(f"{name}: expected a torch.Tensor of q's shape {tuple(q.shape)}, got "
-                             f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
-    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != tuple(q.shape[:-1]):
-        raise ValueError(f"lse: expected the forward's lse of shape {tuple(q.shape[:-1])}")
-    causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
-    layout = _check_layout(layout, causal)
-    sm_scale = check_sm_scale(sm_scale)
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(q.shape[-1])
     rank, world = _group_rank_and_size(dist, group)
     length = q.shape[2]
     lse = lse.float()
@@ -110,10 +126,9 @@ def _autograd_function():
 
         @staticmethod
         def forward(ctx, q, k, v, group, causal, sm_scale, layout, backend):
-            from .ring import ring_attention
+            from .ring import _forward
 
-            out, lse = ring_attention(q, k, v, group=group, causal=causal, sm_scale=sm_scale, return_lse=True,
-                                      layout=layout, backend=backend)
+            out, lse = _forward(q, k, v, group, causal, sm_scale, layout, backend)  # arguments checked by the caller
             ctx.save_for_backward(q, k, v, out, lse)
             ctx.options = (group, causal, sm_scale, layout)
             ctx.mark_non_differentiable(lse)
@@ -123,9 +138,8 @@ def _autograd_function():
         def backward(ctx, dout, _dlse):
             q, k, v, out, lse = ctx.saved_tensors
             group, causal, sm_scale, layout = ctx.options
-            dq, dk, dv = ring_attention_backward(
-                dout.contiguous(), q, k, v, out, lse, group=group, causal=causal, sm_scale=sm_scale, layout=layout,
-                deterministic=torch.are_deterministic_algorithms_enabled())
+            dq, dk, dv = _backward(dout.contiguous(), q, k, v, out, lse, group, causal, sm_scale, layout,
+                                   torch.are_deterministic_algorithms_enabled())
             return dq, dk, dv, None, None, None, None, None
 
     return _RingAttention

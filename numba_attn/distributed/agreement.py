@@ -1,0 +1,162 @@
+"""Cross-rank agreement of ring attention's arguments: one small all_gather per call, before any transfer.
+
+Ring attention trusts every rank of the group to pass the same shapes, dtype and options. Without a check a rank
+with another shard length, head count or dtype sends messages of another size (gloo / NCCL fail or hang), one with
+another ``causal``, ``layout`` or ``sm_scale`` computes another attention (a silently wrong answer), and one that
+records the backward (grad mode on, an input requiring grad) while another does not waits forever in the
+backward's transfers. :func:`check_ranks_agree` packs what must agree into a few int64 (:func:`pack`),
+all-gathers them over the group and raises the same ``ValueError`` on every rank when they differ, naming the
+argument and each rank's value. A rank whose own arguments failed the local checks (a ``TypeError`` or
+``ValueError``) takes part too, with its refusal marked: it raises its own error and the others a ``ValueError``
+naming that rank and the argument, so that no rank is left waiting in a later collective.
+
+Cost: one all_gather of ``len(FIELDS) + 1`` int64 per call. It runs on the CPU when the group has a CPU backend
+(gloo, or ``"cpu:gloo,cuda:nccl"``), else (NCCL only) on the group's GPU, where reading the result back waits for
+the work already queued on the current stream.
+"""
+from __future__ import annotations
+
+import functools
+import struct
+
+#: what must agree: ``(label, how a value is shown)``; :func:`pack` gives the values in this order. Labels start
+#: with the argument's name (the package's rule for messages).
+FIELDS = (
+    ("call", "call"),
+    ("q: batch (dim 0)", "int"),
+    ("q: heads (dim 1)", "int"),
+    ("k: kv_heads (dim 1)", "int"),
+    ("q: seqlen / world (dim 2, the shard length)", "int"),
+    ("q: headdim (dim 3)", "int"),
+    ("q: dtype", "dtype"),
+    ("q: device type", "device"),
+    ("causal", "bool"),
+    ("layout", "layout"),
+    ("sm_scale", "float"),
+    ("q, k, v: differentiable (grad mode on and an input that requires grad)", "bool"),
+)
+CALLS = ("ring_attention", "ring_attention_backward")
+_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu", "meta")
+#: the arguments a local refusal may name (its message starts with the name): the other ranks name it too
+_ARGUMENTS = ("q", "k", "v", "dout", "out", "lse", "causal", "return_lse", "layout", "sm_scale", "deterministic",
+              "backend")
+
+
+def group_rank_and_size(dist, group):
+    """This process's rank in ``group`` and the group's size; ``RuntimeError`` / ``ValueError`` when there is no
+    initialised group or this process is not in it (raised on every such process alike: no collective waits)."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("group: torch.distributed is not initialised (call torch.distributed.init_process_group "
+                           "first)")
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("group: this process is not a member of the group")
+    return rank, dist.get_world_size(group)
+
+
+@functools.lru_cache(maxsize=None)
+def _dtypes(torch):
+    # every torch dtype, in a fixed order (the same on every rank with the same torch)
+    return tuple(sorted({x for x in vars(torch).values() if isinstance(x, torch.dtype)}, key=str))
+
+
+def _float_bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", x + 0.0))[0]  # + 0.0: -0.0 and 0.0 scale alike
+
+
+def _bits_float(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
+
+
+def pack(torch, call, q, k, causal, layout, sm_scale, differentiable, layouts):
+    """This rank's values of :data:`FIELDS` (ints) for validated arguments; ``sm_scale`` resolved (a float)."""
+    device = q.device.type
+    batch, heads, length, headdim = q.shape
+    return (CALLS.index(call), batch, heads, k.shape[1], length, headdim, _dtypes(torch).index(q.dtype),
+            _DEVICE_TYPES.index(device) if device in _DEVICE_TYPES else len(_DEVICE_TYPES), int(causal),
+            layouts.index(layout), _float_bits(float(sm_scale)), int(differentiable))
+
+
+def _refusal_code(error) -> int:
+    if error is None:
+        return 0
+    name = str(error).split(":", 1)[0]
+    return 1 + (_ARGUMENTS.index(name) if name in _ARGUMENTS else len(_ARGUMENTS))
+
+
+def _device(torch, dist, group, q):
+    """Where the check's all_gather runs: the CPU if the group has a CPU backend (no wait for queued GPU work),
+    else this rank's GPU."""
+    devices = set()
+    for part in str(dist.get_backend(group)).split(","):  # "gloo", "nccl" or "cpu:gloo,cuda:nccl"
+        device, _, name = part.rpartition(":")
+        devices.update([device] if device else dist.Backend.backend_capability.get(name.lower(), ["cpu"]))
+    if "cpu" in devices:
+        return torch.device("cpu")
+    if isinstance(q, torch.Tensor) and q.device.type != "cpu":
+        return q.device
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _show(kind, value, torch, layouts):
+    if kind == "bool":
+        return str(bool(value))
+    if kind == "float":
+        return repr(_bits_float(value))
+    if kind == "call":
+        return CALLS[value]
+    if kind == "layout":
+        return repr(layouts[value])
+    if kind == "dtype":
+        return str(_dtypes(torch)[value]).replace("torch.", "")
+    if kind == "device":
+        return _DEVICE_TYPES[value] if value < len(_DEVICE_TYPES) else "another device type"
+    return str(value)
+
+
+def _who(ranks, values, show) -> str:
+    """``rank 0 has 8, rank 1 has 6``; ranks that agree with each other together (``ranks [0, 2] have 8``)."""
+    holders = {}
+    for rank, value in zip(ranks, values):
+        holders.setdefault(value, []).append(rank)
+    return ", ".join(f"rank {group[0]} has {show(value)}" if len(group) == 1 else
+                     f"ranks {group} have {show(value)}" for value, group in holders.items())
+
+
+def check_ranks_agree(torch, dist, group, values, refused=None, q=None, layouts=()):
+    """Raise the same error on every rank of ``group`` unless all passed the same ``values`` (:func:`pack`; None
+    where this rank refused its arguments, ``refused`` the error it raised). Returns ``(rank, world)``.
+
+    A refusing rank raises ``refused`` itself, after taking part in the all_gather. Ranks are named by their global
+    rank. ``q`` (this rank's query, maybe not a tensor) picks the GPU for NCCL-only groups."""
+    if refused is not None and not (dist.is_available() and dist.is_initialized()):
+        raise refused  # no group, so no rank waits in a collective
+    rank, world = group_rank_and_size(dist, group)
+    if world == 1:
+        if refused is not None:
+            raise refused
+        return rank, world
+    mine = list(values) if refused is None else [0] * len(FIELDS)
+    mine = torch.tensor(mine + [_refusal_code(refused)], dtype=torch.int64, device=_device(torch, dist, group, q))
+    table = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(table, mine, group=group)
+    table = torch.stack(table).cpu().tolist()
+    ranks = list(range(world)) if group is None else [dist.get_global_rank(group, r) for r in range(world)]
+    if refused is not None:
+        raise refused
+    refusals = [(peer, row[-1]) for peer, row in zip(ranks, table) if row[-1]]
+    if refusals:
+        names = [_ARGUMENTS[code - 1] if code <= len(_ARGUMENTS) else "arguments" for _, code in refusals]
+        raise ValueError("; ".join(f"{name}: rank {peer} refused its {name} (its own error says why)"
+                                   for name, (peer, _) in zip(names, refusals))
+                         + ", so every rank of the group refuses the call")
+    problems = []
+    for column, (label, kind) in enumerate(FIELDS):
+        column_values = [row[column] for row in table]
+        if len(set(column_values)) > 1:
+            show = functools.partial(_show, kind, torch=torch, layouts=layouts)
+            problems.append(f"{label} differs across ranks: {_who(ranks, column_values, show)}")
+    if problems:
+        raise ValueError("; ".join(problems) + " (every rank of the group must pass the same shapes, dtype and "
+                         "options)")
+    return rank, world

@@ -7,8 +7,13 @@ of the (rounded) inputs.
 """
 from __future__ import annotations
 
+import datetime
+import json
+import math
 import os
+import re
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -18,7 +23,8 @@ dist = pytest.importorskip("torch.distributed")
 
 import reference  # noqa: E402
 from kernel_checks import TOLERANCE, assert_close_lse, rel_error  # noqa: E402
-from numba_attn.distributed import gather, ring_attention, shard, unshard  # noqa: E402
+from numba_attn.distributed import gather, ring_attention, ring_attention_backward, shard, unshard  # noqa: E402
+from numba_attn.distributed.agreement import _who  # noqa: E402
 from numba_attn.distributed.ring import _merge  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -51,6 +57,19 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _spawn(worker, args, nprocs, timeout):
+    """``torch.multiprocessing.spawn`` with a deadline: ranks still running after ``timeout`` seconds (a hang)
+    are killed and the test fails instead of blocking CI."""
+    context = torch.multiprocessing.spawn(worker, args=args, nprocs=nprocs, join=False)
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=1.0):  # raises if a rank raised
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+            pytest.fail(f"{nprocs} ranks still running after {timeout} s: hung")
 
 
 def _worker(rank, world, port, folder, cases):
@@ -108,7 +127,7 @@ def test_ring_attention_equals_reference(world, tmp_path):
                   "v": rng.standard_normal((1, kv_heads, seqlen, headdim)),
                   "dout": rng.standard_normal((1, heads, seqlen, headdim))}
         np.savez(tmp_path / f"{name}_inputs.npz", **{x: a.astype(dtype) for x, a in arrays.items()})
-    torch.multiprocessing.spawn(_worker, args=(world, _free_port(), str(tmp_path), cases), nprocs=world)
+    _spawn(_worker, (world, _free_port(), str(tmp_path), cases), world, timeout=900)
     for name, dtype, causal, _, _, _, _, _, sm_scale, _ in cases:
         inputs = np.load(tmp_path / f"{name}_inputs.npz")
         result = np.load(tmp_path / f"{name}_result.npz")
@@ -210,6 +229,95 @@ def test_ring_attention_bad_inputs():
     with torch.no_grad():  # grad mode off: requires_grad inputs are fine (nothing to differentiate)
         with pytest.raises(RuntimeError, match="^group"):
             ring_attention(q.requires_grad_(), k, v)
+
+
+#: calls whose arguments differ across the 2 ranks: (name, rank 1's changes, the message every rank raises).
+#: Rank 0 calls ``ring_attention(q, k, v, layout="contiguous")`` on (1, 2, 4, 8) float32 shards, kv_heads 2.
+MISMATCHES = [
+    ("batch", {"batch": 2}, r"^q: batch \(dim 0\) differs across ranks: rank 0 has 1, rank 1 has 2 \(every rank"),
+    ("heads", {"heads": 4}, r"^q: heads \(dim 1\) differs across ranks: rank 0 has 2, rank 1 has 4"),
+    ("kv_heads", {"kv_heads": 1}, r"^k: kv_heads \(dim 1\) differs across ranks: rank 0 has 2, rank 1 has 1"),
+    ("seqlen", {"length": 6}, r"^q: seqlen / world \(dim 2, the shard length\) differs across ranks: rank 0 has 4, "
+                              r"rank 1 has 6"),
+    ("headdim", {"headdim": 16}, r"^q: headdim \(dim 3\) differs across ranks: rank 0 has 8, rank 1 has 16; "
+                                 r"sm_scale differs"),  # the default scale follows the head dim
+    ("dtype", {"dtype": torch.float16}, r"^q: dtype differs across ranks: rank 0 has float32, rank 1 has float16"),
+    ("causal", {"causal": True}, r"^causal differs across ranks: rank 0 has False, rank 1 has True"),
+    ("layout", {"layout": "zigzag"}, r"^layout differs across ranks: rank 0 has 'contiguous', rank 1 has 'zigzag'"),
+    ("sm_scale", {"sm_scale": 0.5}, r"^sm_scale differs across ranks: rank 0 has 0\.35355339059327\d*, rank 1 has "
+                                    r"0\.5"),
+    ("differentiable", {"requires_grad": True}, r"^q, k, v: differentiable \(grad mode on and an input that requires "
+                                                r"grad\) differs across ranks: rank 0 has False, rank 1 has True"),
+    ("call", {"call": "backward"}, r"^call differs across ranks: rank 0 has ring_attention, rank 1 has "
+                                   r"ring_attention_backward"),
+    ("backward_causal", {"call": "backward", "causal": True, "rank0_call": "backward"},
+     r"^causal differs across ranks: rank 0 has False, rank 1 has True"),
+    # rank 1 refuses its own arguments: it raises its error, rank 0 one naming rank 1 and the argument
+    ("refused", {"kv_heads": 3}, r"^k: rank 1 refused its k \(its own error says why\), so every rank"),
+]
+REFUSED_OWN = r"^k: kv_heads \(3\) must divide q's heads \(2\)"
+
+
+def _mismatch_call(changes, rank):
+    """Rank ``rank``'s call of a MISMATCHES case (rank 0 the base call, rank 1 with ``changes``)."""
+    changes = changes if rank == 1 else {"call": changes.get("rank0_call", "forward")}
+    batch, heads, kv_heads = changes.get("batch", 1), changes.get("heads", 2), changes.get("kv_heads", 2)
+    length, headdim, dtype = changes.get("length", 4), changes.get("headdim", 8), changes.get("dtype", torch.float32)
+    q = torch.zeros(batch, heads, length, headdim, dtype=dtype).requires_grad_(changes.get("requires_grad", False))
+    k, v = (torch.zeros(batch, kv_heads, length, headdim, dtype=dtype) for _ in range(2))
+    options = {"causal": changes.get("causal", False), "sm_scale": changes.get("sm_scale"),
+               "layout": changes.get("layout", "contiguous")}
+    if changes.get("call") == "backward":
+        lse = torch.zeros(batch, heads, length)
+        return lambda: ring_attention_backward(q.detach(), q.detach(), k, v, q.detach(), lse, **options)
+    return lambda: ring_attention(q, k, v, **options)
+
+
+def _mismatch_worker(rank, world, port, folder):
+    """Every MISMATCHES case in turn (a rank records what each call raised), then a call whose arguments agree
+    (rank 1 passes the default scale, ``1 / sqrt(headdim)``, explicitly), checked against the reference: the group still works."""
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    # a hang in a collective fails within the timeout instead of waiting 30 minutes
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    raised = {}
+    try:
+        for name, changes, _ in MISMATCHES:
+            try:
+                _mismatch_call(changes, rank)()
+            except Exception as error:  # noqa: BLE001 - recorded, checked by the parent
+                raised[name] = [type(error).__name__, str(error)]
+            else:
+                raised[name] = None
+        rng = np.random.default_rng(11)
+        q, k, v = (torch.from_numpy(rng.standard_normal((1, 1, 8, 8)).astype(np.float32)) for _ in range(3))
+        ref = reference.attention(q.numpy(), k.numpy(), v.numpy())
+        out = ring_attention(*(shard(x, rank, world) for x in (q, k, v)), sm_scale=None if rank == 0 else 1 / math.sqrt(8))
+        raised["agreeing_error"] = rel_error(out, shard(ref, rank, world))
+        dist.barrier()
+    finally:
+        with open(os.path.join(folder, f"rank{rank}.json"), "w") as file:
+            json.dump(raised, file)
+        dist.destroy_process_group()
+
+
+def test_mismatched_ranks_raise_on_every_rank(tmp_path):
+    _spawn(_mismatch_worker, (2, _free_port(), str(tmp_path)), 2, timeout=180)
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    for name, _, message in MISMATCHES:
+        for rank, raised in enumerate(ranks):
+            assert raised[name] is not None, f"{name}: rank {rank} raised nothing"
+            kind, text = raised[name]
+            expected = REFUSED_OWN if (name, rank) == ("refused", 1) else message
+            assert kind == "ValueError" and re.search(expected, text), f"{name}, rank {rank}: {kind}: {text}"
+    for rank, raised in enumerate(ranks):
+        assert raised["agreeing_error"] < TOLERANCE["float32"], (rank, raised["agreeing_error"])
+
+
+def test_who_groups_ranks_by_value():
+    assert _who([0, 1], [4, 6], str) == "rank 0 has 4, rank 1 has 6"
+    assert _who([0, 1, 2, 3], [4, 6, 4, 4], str) == "ranks [0, 2, 3] have 4, rank 1 has 6"
+    assert _who([1, 3], [8, 8], str) == "ranks [1, 3] have 8"
 
 
 def test_merge_equals_reference_combine_lse():

@@ -88,9 +88,11 @@ def _device(torch, dist, group, q):
     """Where the check's all_gather runs: the CPU if the group has a CPU backend (no wait for queued GPU work),
     else this rank's GPU."""
     devices = set()
-    for part in str(dist.get_backend(group)).split(","):  # "gloo", "nccl" or "cpu:gloo,cuda:nccl"
+    for part in str(dist.get_backend(group)).split(","):  # "gloo", "nccl", "cpu:gloo,cuda:nccl" or "undefined"
         device, _, name = part.rpartition(":")
-        devices.update([device] if device else dist.Backend.backend_capability.get(name.lower(), ["cpu"]))
+        # "undefined" (init_process_group without a backend): torch's default map, gloo for the CPU
+        devices.update([device] if device else ["cpu"] if name.lower() == "undefined" else
+                       dist.Backend.backend_capability.get(name.lower(), ["cpu"]))
     if "cpu" in devices:
         return torch.device("cpu")
     if isinstance(q, torch.Tensor) and q.device.type != "cpu":

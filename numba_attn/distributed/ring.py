@@ -55,7 +55,8 @@ Without ``causal`` every block is full and the layout only says how the caller s
 is the same for any order of the keys, and each query row's output is its own).
 
 The default layout is ``"zigzag"`` when ``causal``, else ``"contiguous"``; it must match how the shards were
-made (:func:`shard`). Backward: ``ring_backward.ring_attention_backward`` (the same table, the key/value gradients
+made (:func:`shard`). Every call first checks that all ranks passed the same shapes, dtype and options (one small
+all_gather, ``agreement.py``). Backward: ``ring_backward.ring_attention_backward`` (the same table, the key/value gradients
 travelling with the shards); ``ring_attention`` on inputs that require grad records it for autograd.
 
 Tested on the CPU with gloo (``tests/distributed/test_ring.py``) and on two GPUs with NCCL
@@ -266,7 +267,8 @@ def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_l
         q: this rank's query shard ``(batch, heads, seqlen / world, headdim)``, a torch tensor (float16, float32;
             bfloat16 on GPUs), sharded as ``layout`` says.
         k, v: this rank's key / value shards ``(batch, kv_heads, seqlen / world, headdim)``; ``kv_heads``
-            divides ``heads``. All ranks pass the same shapes.
+            divides ``heads``. All ranks pass the same shapes, dtype and options (checked before any transfer:
+            a ``ValueError`` on every rank otherwise, ``agreement.check_ranks_agree``).
         group: the ``torch.distributed`` process group (initialised by the caller), default the world.
         causal: query ``i`` sees key ``j <= i`` (global positions).
         sm_scale: score scale, default ``1 / sqrt(headdim)``.

@@ -24,7 +24,7 @@ dist = pytest.importorskip("torch.distributed")
 import reference  # noqa: E402
 from kernel_checks import TOLERANCE, assert_close_lse, rel_error  # noqa: E402
 from numba_attn.distributed import gather, ring_attention, ring_attention_backward, shard, unshard  # noqa: E402
-from numba_attn.distributed.agreement import _who  # noqa: E402
+from numba_attn.distributed.agreement import _device, _who  # noqa: E402
 from numba_attn.distributed.ring import _merge  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -318,6 +318,21 @@ def test_who_groups_ranks_by_value():
     assert _who([0, 1], [4, 6], str) == "rank 0 has 4, rank 1 has 6"
     assert _who([0, 1, 2, 3], [4, 6, 4, 4], str) == "ranks [0, 2, 3] have 4, rank 1 has 6"
     assert _who([1, 3], [8, 8], str) == "ranks [1, 3] have 8"
+
+
+@pytest.mark.parametrize("backend, where", [("gloo", "cpu"), ("cpu:gloo,cuda:nccl", "cpu"), ("undefined", "cpu"),
+                                            ("nccl", "meta"), ("cuda:nccl", "meta")])
+def test_check_runs_on_the_cpu_when_the_group_can(backend, where):
+    # the check's all_gather avoids the GPU (and its wait for queued work) unless the group is GPU-only
+    class Dist:
+        Backend = dist.Backend
+
+        @staticmethod
+        def get_backend(group=None):
+            return backend
+
+    q = torch.empty(1, device="meta")  # stands for a GPU tensor: its device is used for GPU-only groups
+    assert _device(torch, Dist, None, q).type == where
 
 
 def test_merge_equals_reference_combine_lse():

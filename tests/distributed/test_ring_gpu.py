@@ -79,6 +79,15 @@ def _worker(rank, world, port, folder):
                          lse=whole_lse.cpu().numpy(), single_out=single_out.float().cpu().numpy(),
                          single_lse=single_lse.cpu().numpy(), **grads,
                          **{x: t.float().cpu().numpy() for x, t in zip("qkv", (q, k, v))})
+        # a rank with another causal: the same ValueError on every rank (the check's all_gather runs on the GPU
+        # for an NCCL-only group), and the group still works after it
+        x = torch.zeros(1, 2, 8, 64, device=device, dtype=torch.float16)
+        try:
+            ring_attention(x, x, x, causal=rank == 1, layout="contiguous")
+        except ValueError as error:
+            assert str(error).startswith("causal differs across ranks"), error
+        else:
+            raise AssertionError(f"rank {rank}: ranks with another causal were accepted")
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -12,12 +12,16 @@ naming that rank and the argument, so that no rank is left waiting in a later co
 
 Cost: one all_gather of ``len(FIELDS) + 1`` int64 per call. It runs on the CPU when the group has a CPU backend
 (gloo, or ``"cpu:gloo,cuda:nccl"``), else (NCCL only) on the group's GPU, where reading the result back waits for
-the work already queued on the current stream.
+the work already queued on the current stream. ``NUMBA_ATTN_RING_CHECK=0`` turns the check off (for callers that
+guarantee agreement and want no host sync; a mismatch may then hang or answer wrongly).
 """
 from __future__ import annotations
 
 import functools
+import os
 import struct
+
+CHECK_ENV = "NUMBA_ATTN_RING_CHECK"
 
 #: what must agree: ``(label, how a value is shown)``; :func:`pack` gives the values in this order. Labels start
 #: with the argument's name (the package's rule for messages).
@@ -125,6 +129,11 @@ def _who(ranks, values, show) -> str:
                      f"ranks {group} have {show(value)}" for value, group in holders.items())
 
 
+def enabled() -> bool:
+    """``NUMBA_ATTN_RING_CHECK`` (default on): whether calls check their ranks' agreement."""
+    return os.environ.get(CHECK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def check_ranks_agree(torch, dist, group, values, refused=None, q=None, layouts=()):
     """Raise the same error on every rank of ``group`` unless all passed the same ``values`` (:func:`pack`; None
     where this rank refused its arguments, ``refused`` the error it raised). Returns ``(rank, world)``.
@@ -134,7 +143,7 @@ def check_ranks_agree(torch, dist, group, values, refused=None, q=None, layouts=
     if refused is not None and not (dist.is_available() and dist.is_initialized()):
         raise refused  # no group, so no rank waits in a collective
     rank, world = group_rank_and_size(dist, group)
-    if world == 1:
+    if world == 1 or not enabled():
         if refused is not None:
             raise refused
         return rank, world

@@ -335,6 +335,44 @@ def test_check_runs_on_the_cpu_when_the_group_can(backend, where):
     assert _device(torch, Dist, None, q).type == where
 
 
+def test_check_off_makes_no_collective(monkeypatch):
+    # NUMBA_ATTN_RING_CHECK=0: the rank and size only, no all_gather (no host sync on NCCL groups)
+    from numba_attn.distributed import agreement
+
+    class Dist:
+        Backend = dist.Backend
+
+        @staticmethod
+        def is_available():
+            return True
+
+        @staticmethod
+        def is_initialized():
+            return True
+
+        @staticmethod
+        def get_rank(group=None):
+            return 1
+
+        @staticmethod
+        def get_world_size(group=None):
+            return 2
+
+        @staticmethod
+        def get_backend(group=None):
+            return "gloo"
+
+        @staticmethod
+        def all_gather(*args, **kwargs):
+            raise AssertionError("all_gather called with the check off")
+
+    monkeypatch.setenv(agreement.CHECK_ENV, "0")
+    assert agreement.check_ranks_agree(torch, Dist, None, (0,) * len(agreement.FIELDS)) == (1, 2)
+    monkeypatch.setenv(agreement.CHECK_ENV, "1")
+    with pytest.raises(AssertionError, match="all_gather called"):
+        agreement.check_ranks_agree(torch, Dist, None, (0,) * len(agreement.FIELDS))
+
+
 def test_merge_equals_reference_combine_lse():
     # running merges of float32 parts (empty rows, a part that reaches no row, one reaching a row alone)
     rng = np.random.default_rng(3)

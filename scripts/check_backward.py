@@ -107,12 +107,14 @@ def precompile(args, backends, columns) -> None:
                 for d in (64, 128):
                     jobs.add((backend, dtype, d, False, name.split(":", 1)[1]))
     start = time.time()
+    say(f"INFO precompiling {len(jobs)} combinations with {args.jobs} processes")
+    # each job's line as it finishes (with the run's clock), so that a slow or stuck one is named: twice a fresh
+    # machine spent a whole call here without a word
     with futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        results = list(pool.map(_warm, sorted(jobs)))
+        pending = {pool.submit(_warm, job): job for job in sorted(jobs)}
+        for done in futures.as_completed(pending):
+            say(f"INFO precompile [{time.time() - start:4.0f} s] {done.result()}")
     say(f"INFO precompiled {len(jobs)} combinations in {time.time() - start:.0f} s with {args.jobs} processes")
-    for line in results:
-        if "Error" in line or "Exception" in line:
-            say(f"INFO precompile {line}")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import reference  # noqa: E402
 from kernel_checks import TOLERANCE, assert_close_lse, rel_error  # noqa: E402
 from numba_attn.distributed import gather, ring_attention, ring_attention_backward, shard, unshard  # noqa: E402
 from numba_attn.distributed.agreement import _device, _who  # noqa: E402
-from numba_attn.distributed.ring import _merge  # noqa: E402
+from numba_attn.distributed.ring import _merge_into  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="needs torch.distributed with gloo")
@@ -384,15 +384,22 @@ def test_merge_equals_reference_combine_lse():
     o_parts[lse_parts == -np.inf] = 0.0
     out, lse = torch.zeros(2, 5, 4), torch.full((2, 5), -np.inf)
     for o, l in zip(o_parts, lse_parts):
-        out, lse = _merge(out, lse, torch.from_numpy(o), torch.from_numpy(l))
+        _merge_into(out, lse, torch.from_numpy(o), torch.from_numpy(l))
     ref_out, ref_lse = reference.combine_lse(o_parts, lse_parts)
     assert rel_error(out, ref_out) < 1e-6
     assert_close_lse(lse, ref_lse, tol=1e-6)
     assert torch.equal(out[0, 0], torch.zeros(4)) and torch.isneginf(lse[0, 0])
     # NaN and +inf part lse make the row NaN, as reference.combine_lse
     for bad in (np.nan, np.inf):
-        merged, merged_lse = _merge(out, lse, torch.zeros(2, 5, 4), torch.full((2, 5), bad))
+        merged, merged_lse = out.clone(), lse.clone()
+        _merge_into(merged, merged_lse, torch.zeros(2, 5, 4), torch.full((2, 5), bad))
         assert torch.isnan(merged).all() and torch.isnan(merged_lse).all()
+    # a float16 part (as flash_forward returns it) is read as it is, into the float32 accumulator
+    half = torch.from_numpy(o_parts[0]).half()
+    merged, merged_lse = torch.zeros(2, 5, 4), torch.full((2, 5), -np.inf)
+    _merge_into(merged, merged_lse, half, torch.from_numpy(lse_parts[0]))
+    reached = torch.from_numpy(np.isfinite(lse_parts[0]))
+    assert merged.dtype == torch.float32 and torch.equal(merged[reached], half.float()[reached])
 
 
 class _FakeRing:

@@ -96,6 +96,13 @@ def _check_layout(layout, causal: bool) -> str:
     return layout
 
 
+def _check_options(q, causal: bool, layout, sm_scale) -> tuple:
+    """``(layout, sm_scale)`` checked, with their defaults (zigzag when causal; ``1 / sqrt(headdim)``)."""
+    layout = _check_layout(layout, causal)
+    sm_scale = check_sm_scale(sm_scale)
+    return layout, 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+
+
 def _check_int(value, name: str, low: int, high: int | None = None) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise ArgumentTypeError(f"{name}: expected an int, got {value!r}")
@@ -289,10 +296,7 @@ def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_l
     try:  # a rank that refuses its arguments still takes part in the cross-rank check (no rank is left waiting)
         _check_inputs(torch, q, k, v)
         causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
-        layout = _check_layout(layout, causal)
-        sm_scale = check_sm_scale(sm_scale)
-        if sm_scale is None:
-            sm_scale = 1.0 / math.sqrt(q.shape[-1])
+        layout, sm_scale = _check_options(q, causal, layout, sm_scale)
         differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
         values = pack(torch, "ring_attention", q, k, causal, layout, sm_scale, differentiable, LAYOUTS)
         refused = None

@@ -17,11 +17,9 @@ rank its own gradients), ``world - 1`` key/value messages.
 """
 from __future__ import annotations
 
-import math
-
-from ..runtime.arguments import check_flag, check_sm_scale
+from ..runtime.arguments import check_flag
 from .agreement import check_ranks_agree, pack
-from .ring import (LAYOUTS, _blocks, _check_inputs, _check_layout, _check_zigzag, _exchange, _group_rank_and_size,
+from .ring import (LAYOUTS, _blocks, _check_inputs, _check_options, _check_zigzag, _exchange, _group_rank_and_size,
                    _torch)
 
 __all__ = ["ring_attention_backward", "RingAttention"]
@@ -45,10 +43,7 @@ def ring_attention_backward(dout, q, k, v, out, lse, *, group=None, causal=False
         if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != tuple(q.shape[:-1]):
             raise ValueError(f"lse: expected the forward's lse of shape {tuple(q.shape[:-1])}")
         causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
-        layout = _check_layout(layout, causal)
-        sm_scale = check_sm_scale(sm_scale)
-        if sm_scale is None:
-            sm_scale = 1.0 / math.sqrt(q.shape[-1])
+        layout, sm_scale = _check_options(q, causal, layout, sm_scale)
         values = pack(torch, "ring_attention_backward", q, k, causal, layout, sm_scale, False, LAYOUTS)
         refused = None
     except (TypeError, ValueError) as error:

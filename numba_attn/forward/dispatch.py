@@ -49,9 +49,10 @@ WS_DEFAULT_HEAD_DIMS = frozenset({128})
 WS_MIN_KEYS = 512
 
 
-def long_rows(seqlen_k: int, causal: bool) -> bool:
-    """Whether a dense call's rows see ``WS_MIN_KEYS`` keys on average (bottom-right causal rows: half the keys)."""
-    return (seqlen_k // 2 if causal else seqlen_k) >= WS_MIN_KEYS
+def long_rows(seqlen_k: int, causal: bool, min_keys: int = WS_MIN_KEYS) -> bool:
+    """Whether a dense call's rows see ``min_keys`` keys on average (bottom-right causal rows: half the keys); fp8
+    calls pass their own threshold (``fp8_call.WS_MIN_KEYS``)."""
+    return (seqlen_k // 2 if causal else seqlen_k) >= min_keys
 
 
 def wgmma_applies(dtype: str, head_dim: int, *arrays) -> bool:

@@ -28,7 +28,7 @@ from ..runtime.device import SIMULATOR, compute_capability, on_device
 from ..runtime.shapes import attention_shape
 from ..runtime.views import lift
 from . import wgmma_fp8, wgmma_ws_fp8
-from .dispatch import check_seqlen_q
+from .dispatch import check_seqlen_q, long_rows
 
 OUT_DTYPES = ("bfloat16", "float16")
 _FP8_ONLY = ("descale_q", "descale_k", "descale_v", "out_dtype")
@@ -131,8 +131,8 @@ def _warp_specialised(backend, shape, causal: bool, inputs) -> bool:
         return False
     if backend == "wgmma_ws":
         return True
-    long_rows = (shape.seqlen_k // 2 if causal else shape.seqlen_k) >= WS_MIN_KEYS
-    return not SIMULATOR and long_rows and wgmma_ws_fp8.padded_head_dim(shape.head_dim) in WS_HEAD_DIMS
+    return (not SIMULATOR and long_rows(shape.seqlen_k, causal, WS_MIN_KEYS)
+            and wgmma_ws_fp8.padded_head_dim(shape.head_dim) in WS_HEAD_DIMS)
 
 
 def run(q, k, v, *, causal, sm_scale, return_lse, out, backend, allow_tf32, window, softcap, descale_q, descale_k,

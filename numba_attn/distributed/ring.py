@@ -56,8 +56,8 @@ is the same for any order of the keys, and each query row's output is its own).
 
 The default layout is ``"zigzag"`` when ``causal``, else ``"contiguous"``; it must match how the shards were
 made (:func:`shard`). Every call first checks that all ranks passed the same shapes, dtype and options (one small
-all_gather, ``agreement.py``). Backward: ``ring_backward.ring_attention_backward`` (the same table, the key/value gradients
-travelling with the shards); ``ring_attention`` on inputs that require grad records it for autograd.
+all_gather, ``agreement.py``). Backward: ``ring_backward.ring_attention_backward`` (the same table, the key/value
+gradients travelling with the shards); ``ring_attention`` on inputs that require grad records it for autograd.
 
 Tested on the CPU with gloo (``tests/distributed/test_ring.py``) and on two GPUs with NCCL
 (``tests/distributed/test_ring_gpu.py``); scaling and the comparison with torch's context parallel in

@@ -4,11 +4,12 @@ Rows and keys are positions in their sequences. A row sees the keys below ``key_
 when ``causal``, only those on or below the bottom-right aligned diagonal: query ``i`` sees keys ``j <= i +
 diag_offset``, ``diag_offset = seqlen_k - seqlen_q`` (a row that sees no key gives 0 and ``lse = -inf``).
 
-Kernels ask four questions, all answered here: is this element hidden (``hidden``), may a whole key tile skip the
-per-element test (``tile_is_partial``), where do the keys a block of rows sees end (``visible_end``, for the
-block's key range in ``block_info``), and -- the backward's key blocks -- where do the rows that see a key begin
-(``first_row``; under a window also where they end: ``visible_rows``). The masks are monotone -- a key hidden from a row is hidden from every earlier
-row, and so is every later key -- so one corner of a tile answers for the whole tile.
+Kernels ask five questions, all answered here: is this element hidden (``hidden``), may a whole key tile skip the
+per-element test (``tile_is_partial``; which tiles of a walk may: ``plain_tiles``), where do the keys a block of
+rows sees end (``visible_end``, for the block's key range in ``block_info``), and -- the backward's key blocks --
+where do the rows that see a key begin (``first_row``; under a window also where they end: ``visible_rows``). The
+masks are monotone -- a key hidden from a row is hidden from every earlier row, and so is every later key --
+so one corner of a tile answers for the whole tile.
 
 Sliding windows (``window=(left, right)``, as ``reference._masks``): query ``i`` sees keys ``i + diag_offset - left
 <= j <= i + diag_offset + right``; with ``causal`` the right side is ``min(right, 0)``. A window is a compile-time
@@ -149,6 +150,39 @@ def tile_is_partial(block_n: int, block_m: int = 0, window=NO_WINDOW):
         return crosses
 
     return partial_windowed
+
+
+def plain_tiles(block_n: int, block_m: int = 0, window=NO_WINDOW):
+    """``plain(n_first, n_tiles, m0, key_end, causal, diag_offset) -> (first, end)``: the key tiles ``j`` of a walk
+    (tile ``j`` starts at key ``n_first + j * block_n``; ``0 <= j < n_tiles``) that ``tile_is_partial`` passes for
+    rows ``m0 .. m0 + block_m - 1`` are exactly ``first <= j < end`` (none when ``first >= end``): the masks are
+    monotone, so the partial tiles sit at the two ends of a walk. A kernel runs that range in a loop of its own
+    whose softmax has no mask code: given the per-tile flag, ptxas predicated the mask's per-element compares into
+    every tile (a third of the warp-specialised forward's instructions, all predicated off). ``block_m`` is needed
+    with a left side only."""
+    left, right = _check_sides(window)
+    if left != UNBOUNDED and block_m < 1:
+        raise ValueError("plain_tiles: a window's left side needs block_m")
+    BLOCK_N = block_n
+    LAST_ROW = block_m - 1
+    HAS_LEFT, LEFT = left != UNBOUNDED, left
+    HAS_RIGHT, RIGHT = right != UNBOUNDED, right
+
+    @device_function
+    def plain(n_first, n_tiles, m0, key_end, causal, diag_offset):
+        # tile j ends at or below key_end when n_first + (j + 1) * BLOCK_N <= key_end; floor division, so a
+        # negative numerator gives a negative bound (clamped to 0)
+        end = min(n_tiles, max(0, (key_end - n_first) // BLOCK_N))
+        if causal:  # its last key on or below the first row's diagonal
+            end = min(end, max(0, (m0 + diag_offset + 1 - n_first) // BLOCK_N))
+        if HAS_RIGHT:
+            end = min(end, max(0, (m0 + diag_offset + RIGHT + 1 - n_first) // BLOCK_N))
+        first = 0
+        if HAS_LEFT:  # its first key seen by the last row: j >= ceil((that row's left edge - n_first) / BLOCK_N)
+            first = max(0, -((n_first - (m0 + LAST_ROW + diag_offset - LEFT)) // BLOCK_N))
+        return first, end
+
+    return plain
 
 
 def visible_end_in(window=NO_WINDOW):

@@ -10,7 +10,7 @@ from ..core import fp8 as fp8_blocks
 from ..core import warpgroup as wgmma
 from ..core.block_info import QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
 from ..core.epilogue import as_16bit, store_rows
-from ..core.mask import tile_is_partial
+from ..core.mask import UNBOUNDED, plain_tiles, tile_is_partial
 from ..core.ptx import tma
 from ..core.softmax import exponent_scale_for, output_rescale, softmax_start, softmax_update
 from ..core.staging import device_function, inlined_function, kernel_body
@@ -82,6 +82,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     exponent = exponent_scale_for(variant.softcap)
     walk_tiles = key_tile_walk(BLOCK_M, BLOCK_N, variant.window)
     partial = tile_is_partial(BLOCK_N, ROWS, variant.window)
+    plain = plain_tiles(BLOCK_N, ROWS, variant.window)
+    LEFT_SIDE = variant.window[0] != UNBOUNDED
     start = softmax_start(1, O_BLOCKS)
     online_softmax = softmax_update(1, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
                                     window=variant.window, softcap=variant.softcap, precise_tanh=False)
@@ -168,6 +170,34 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             pass
 
     @device_function
+    def tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, needs_mask, row0, t,
+             key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase):
+        """One key tile after the first: S of this tile (K in ring slot ``stage``), P V of the previous one (V in
+        slot ``v_stage``) under its softmax; returns the next slots and phases. (Called with a constant
+        ``needs_mask=False`` for the tiles ``plain`` finds, its inlined copy has no mask code.)"""
+        wait(smem, bars + K_FULL + 4 * stage, phase)
+        if PINGPONG:
+            bar_sync(1 + c, PAIR)
+        q_times_k(s, smem, q_c, k_base + stage * TILE)
+        wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
+        p_times_v(acc, p, smem, v_base + v_stage * V_TILE)
+        if PINGPONG:
+            bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
+        wait_one(s)  # S_j is done; P V may still run
+        if lane == 0:
+            arrive(smem, bars + K_EMPTY + 4 * stage)  # K of tile j is free
+        online_softmax(s, alpha, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2,
+                       post)
+        wait_o(acc)
+        if lane == 0:
+            arrive(smem, bars + V_EMPTY + 4 * v_stage)  # V of tile j - 1 is free
+        rescale(acc, alpha)
+        probabilities(s, p)
+        v_stage, v_phase = advance(v_stage, v_phase)
+        stage, phase = advance(stage, phase)
+        return stage, phase, v_stage, v_phase
+
+    @device_function
     def consume(smem, q_c, k_base, v_base, bars, c, lane, m_c, row0, t, n_first, n_tiles, stage, phase, qn, key_end,
                 causal, diag_offset, scale_log2, post, out_head, lse, b, h, seqlen_q, head_dim, write_lse, out_scale):
         """Consumer ``c``'s 64 rows of one block (``qn``: Q copies before; tile 0 in ring slot ``stage``, use
@@ -197,28 +227,27 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                            row0, t, key_end, causal, diag_offset, scale_log2, post)
             probabilities(s, p)
             stage, phase = advance(stage, phase)
-        for j in range(1, n_tiles):
+        # the tiles no mask touches run in a loop of their own, with no mask code in its softmax
+        first, end = plain(n_first, n_tiles, m_c, key_end, causal, diag_offset)
+        first = max(first, 1)  # (tile 0 is done)
+        end = max(end, first)
+        if LEFT_SIDE:  # (only a window's left side leaves partial tiles before them)
+            for j in range(1, first):
+                n0 = n_first + j * BLOCK_N
+                stage, phase, v_stage, v_phase = tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars,
+                                                      c, lane, n0, partial(n0, m_c, key_end, causal, diag_offset),
+                                                      row0, t, key_end, causal, diag_offset, scale_log2, post, stage,
+                                                      phase, v_stage, v_phase)
+        for j in range(first, end):
+            stage, phase, v_stage, v_phase = tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c,
+                                                  lane, n_first + j * BLOCK_N, False, row0, t, key_end, causal,
+                                                  diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
+        for j in range(end, n_tiles):
             n0 = n_first + j * BLOCK_N
-            wait(smem, bars + K_FULL + 4 * stage, phase)
-            if PINGPONG:
-                bar_sync(1 + c, PAIR)
-            q_times_k(s, smem, q_c, k_base + stage * TILE)
-            wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
-            p_times_v(acc, p, smem, v_base + v_stage * V_TILE)
-            if PINGPONG:
-                bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
-            wait_one(s)  # S_j is done; P V may still run
-            if lane == 0:
-                arrive(smem, bars + K_EMPTY + 4 * stage)  # K of tile j is free
-            online_softmax(s, alpha, m_run, l_run, partial(n0, m_c, key_end, causal, diag_offset), n0, row0, t,
-                           key_end, causal, diag_offset, scale_log2, post)
-            wait_o(acc)
-            if lane == 0:
-                arrive(smem, bars + V_EMPTY + 4 * v_stage)  # V of tile j - 1 is free
-            rescale(acc, alpha)
-            probabilities(s, p)
-            v_stage, v_phase = advance(v_stage, v_phase)
-            stage, phase = advance(stage, phase)
+            stage, phase, v_stage, v_phase = tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c,
+                                                  lane, n0, partial(n0, m_c, key_end, causal, diag_offset), row0, t,
+                                                  key_end, causal, diag_offset, scale_log2, post, stage, phase,
+                                                  v_stage, v_phase)
         if n_tiles > 0:
             wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
             p_times_v(acc, p, smem, v_base + v_stage * V_TILE)

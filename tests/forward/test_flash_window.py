@@ -153,6 +153,27 @@ def test_block_range_skips_tiles_outside_the_window(window, causal, seqlen_q, se
         assert visited_total <= 3 * (seqlen_q // BLOCK_M)
 
 
+@pytest.mark.parametrize("window", WINDOWS + [(None, None), (0, None), (None, 0), (17, 3)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("block_n,block_m", [(8, 8), (16, 4), (5, 3)])
+@pytest.mark.skipif(not numba_attn.SIMULATOR, reason="calls the device functions from Python: simulator only")
+def test_plain_tiles_are_the_tiles_no_mask_touches(window, causal, block_n, block_m):
+    """``plain_tiles`` gives exactly the tiles of a walk that ``tile_is_partial`` passes, for walks starting
+    anywhere (packed sequences start at any key), any number of tiles, rows and key ends."""
+    sides = mask.window_sides(window, causal)
+    partial = mask.tile_is_partial(block_n, block_m, sides)
+    plain = mask.plain_tiles(block_n, block_m, sides)
+    for key_end in (0, 1, 29, 40):
+        for diag in (-9, 0, 11):
+            for m0 in range(-3, 40, 7):
+                for n_first in (0, 3, 16, 37):
+                    for n_tiles in (0, 1, 4, 9):
+                        first, end = plain(n_first, n_tiles, m0, key_end, causal, diag)
+                        expect = [j for j in range(n_tiles)
+                                  if not partial(n_first + j * block_n, m0, key_end, causal, diag)]
+                        assert list(range(first, end)) == expect, (key_end, diag, m0, n_first, n_tiles)
+
+
 def test_window_sides():
     assert mask.window_sides(None, False) == mask.NO_WINDOW
     assert mask.window_sides((None, None), True) == mask.NO_WINDOW

@@ -39,9 +39,10 @@ BACKENDS = ("simt", "mma", "tf32", "wgmma", "wgmma_ws")
 #: whether ``backend=None`` takes "wgmma" where it applies (sm_90, float16 / bfloat16, head dim <= 128, rows in
 #: aligned 16-byte pieces): measured 1.0-1.2x "mma" on an H100 (docs/design/backward.md), so on
 WGMMA_BY_DEFAULT = True
-#: up to this padded head dim ``backend=None`` takes "wgmma_ws" instead of "wgmma" (its TMA copies and dQ writer warp:
-#: 1.08-1.23x "wgmma" at head dim 64, a tie at 128 on an H100, bf16, 2026-11-26 03:28)
-WS_MAX_HEAD_DIM = 64
+#: up to this padded head dim ``backend=None`` takes "wgmma_ws" instead of "wgmma" (its TMA copies and dQ writer warp;
+#: with the key blocks of a head side by side in the grid, 1.23-1.39x "wgmma" at head dim 128 and a tie at 64 on an
+#: H100, docs/design/backward.md)
+WS_MAX_HEAD_DIM = 128
 
 
 def choose_backend(backend, dtype: str, head_dim: int, allow_tf32: bool = False) -> str:
@@ -107,6 +108,9 @@ def run(call, args: BackwardArgs, backend: str, deterministic: bool, allow_tf32:
     if backend in ("wgmma", "wgmma_ws") and not _wgmma.supports(call.dtype, args.q.shape[3], args.q, args.k, args.v,
                                                                 args.dout):
         backend = "mma"  # rows that do not copy in aligned 16-byte pieces: the element-wise loaders of "mma"
+    if backend == "wgmma_ws" and not _wgmma_ws.supports(call.dtype, args.q.shape[3], args.q, args.k, args.v,
+                                                        args.dout):
+        backend = "wgmma"  # arrays no tensor map can describe: the cp.async copies of "wgmma"
     if backend in ("wgmma", "wgmma_ws"):
         _run_wgmma(call, args, deterministic, backend)
         return

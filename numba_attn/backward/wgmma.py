@@ -7,7 +7,7 @@ bottom-right causal mask, rows with ``lse = -inf`` contribute nothing, ``stats``
 inputs whose rows copy in aligned 16-byte pieces and padded head dims up to ``MAX_HEAD_DIM`` (``supports``), and the
 dispatch gives the rest, and the deterministic ``dq`` (``mma.launch_dq``), to ``backward.mma``.
 
-Work split, grid ``(batch * kv_heads, key blocks)``
+Work split, grid ``(key blocks, kv_heads, batch)``
     A block is ``warpgroups`` warpgroups (128 threads each) and ``block_n = 64 warpgroups`` keys; warpgroup ``w``
     owns keys ``64 w .. 64 w + 63``, the M dimension of its products. K and V of the block stay in shared memory,
     ``dK`` and ``dV`` (64 x d_pad float32 per warpgroup) in registers. The block streams the query tiles of
@@ -45,7 +45,7 @@ import numpy as np
 from numba import types
 
 from ..core import dq_tile
-from ..core.block_info import HEAD_MAJOR, grid
+from ..core.block_info import QUERY_MAJOR, grid
 from ..core.constants import LOG2E
 from ..forward import common
 from ..runtime.device import SIMULATOR, kernel_jit, max_shared_per_block
@@ -139,7 +139,8 @@ class WgmmaBackwardConfig:
 #: GPU tiles by padded head dim (``scripts/check_backward.py --wgmma-configs`` compares them): 128 keys (two
 #: warpgroups) per block, 64-row query tiles, as FlashAttention-3 at head dim 128, dQ by one bulk reduction per tile
 #: (210 KB of shared memory at 128): 0.99-1.14x the per-thread reductions on an H100 (bf16, 2026-11-26 03:28). Up to
-#: head dim 64 the dispatch takes ``wgmma_ws`` instead (``dispatch.WS_MAX_HEAD_DIM``); this is its fallback there.
+#: head dim 128 the dispatch takes ``wgmma_ws`` instead (``dispatch.WS_MAX_HEAD_DIM``); this is its fallback for
+#: arrays no tensor map describes.
 GPU_CONFIG_64 = WgmmaBackwardConfig(dq_bulk=True)
 GPU_CONFIG_128 = GPU_CONFIG_64
 GPU_CANDIDATES = {
@@ -238,7 +239,9 @@ def launch_dkdv(q, k, v, dout, stats, dq_acc, dk, dv, sm_scale: float, causal: b
     nbytes = config.shared_bytes(d_pad)
     common.check_shared_memory(nbytes)
     kernel = key_block_kernel(config, d_pad, dtype == "bfloat16", atomic)
-    shape = grid(HEAD_MAJOR, batch, kv_heads, seqlen_k, config.block_n)
+    # (key blocks, kv heads, batch): with the heads on x, the blocks resident at once each added into another
+    # head's dQ, and the accumulator went back and forth to DRAM (77 % of its bandwidth, H100, D128 4k)
+    shape = grid(QUERY_MAJOR, batch, kv_heads, seqlen_k, config.block_n)
     # without atomics the kernel never touches dq_acc: the float32 stats stand in (one compiled type)
     device_launch(kernel, shape, config.threads, stream, nbytes, q, k, v, dout, stats, dq_acc if atomic else stats,
                   dk, dv, bool(causal), np.float32(sm_scale * LOG2E), np.float32(sm_scale))

@@ -31,7 +31,7 @@ import numpy as np
 from numba import types
 
 from ..core import dq_tile
-from ..core.block_info import HEAD_MAJOR, grid
+from ..core.block_info import QUERY_MAJOR, grid
 from ..core.constants import LOG2E
 from ..forward import common
 from ..runtime import tensor_map
@@ -113,7 +113,7 @@ class WsBackwardConfig:
 
 #: two consumers (128-key blocks), 64-row tiles, two stages, 24 / 240 registers: FlashAttention-3's shape at head
 #: dim 128; dQ by one bulk reduction per tile from one staging tile (194 KB of shared memory at 128, 114 KB at 64).
-#: The dispatch's default up to head dim 64: 1.08-1.23x ``wgmma`` there on an H100 (bf16, 2026-11-26 03:28)
+#: The dispatch's default up to head dim 128 (docs/design/backward.md)
 DEFAULT_CONFIG = WsBackwardConfig()
 GPU_CANDIDATES = {
     "ws2": DEFAULT_CONFIG,
@@ -194,7 +194,9 @@ def launch_dkdv(q, k, v, dout, stats, dq_acc, dk, dv, sm_scale: float, causal: b
     if atomic and config.dq_tiled:
         dq_tile.check_accumulator(dq_acc, q.shape[2], config.block_m, d_pad)
     kernel = key_block_kernel(config, d_pad, dtype == "bfloat16", atomic)
-    shape = grid(HEAD_MAJOR, batch, kv_heads, seqlen_k, config.block_n)
+    # (key blocks, kv heads, batch): with the heads on x, the blocks resident at once each added into another
+    # head's dQ, and the accumulator went back and forth to DRAM (77 % of its bandwidth, H100, D128 4k)
+    shape = grid(QUERY_MAJOR, batch, kv_heads, seqlen_k, config.block_n)
     device_launch(kernel, shape, config.threads, stream, nbytes, q, k, v, dout, stats, dq_acc if atomic else stats,
                   dk, dv, bool(causal), np.float32(sm_scale * LOG2E), np.float32(sm_scale),
                   *(np.uint64(m) for m in maps))

@@ -12,7 +12,7 @@ from numba import float32, uint16, uint32
 
 from ..core import ptx
 from ..core import warpgroup as wg
-from ..core.block_info import HEAD_MAJOR, block_position, lane_position, query_tiles_start, sequence_bounds
+from ..core.block_info import QUERY_MAJOR, block_position, lane_position, query_tiles_start, sequence_bounds
 from ..core.epilogue import add_fragments, as_16bit, store_fragments
 from ..core.gradients import packed_probabilities_and_grads, probabilities_then_grads
 from ..core.mask import tile_is_partial
@@ -117,7 +117,9 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
     flush_dq = tile_flusher(BLOCK_M, d_pad, config.dq_evict_last)
     wait_read = bulk_wait_read1 if DQ_BUFS == 2 else bulk_wait_read
     store_word = ptx.store1
-    position = block_position(HEAD_MAJOR, BLOCK_N)
+    # key blocks on the grid's x (the launch's ``QUERY_MAJOR`` grid): the blocks resident at once share a few
+    # heads, whose Q, dO and float32 dQ accumulator stay in L2
+    position = block_position(QUERY_MAJOR, BLOCK_N)
     first_tile = query_tiles_start(BLOCK_M)
     partial = tile_is_partial(KEYS)
     clear_acc = fragment_clear(1, D_BLOCKS)

@@ -14,10 +14,10 @@ so one corner of a tile answers for the whole tile.
 Sliding windows (``window=(left, right)``, as ``reference._masks``): query ``i`` sees keys ``i + diag_offset - left
 <= j <= i + diag_offset + right``; with ``causal`` the right side is ``min(right, 0)``. A window is a compile-time
 pair of sides (``window_sides``: ints, ``UNBOUNDED`` for an open side) given to the builders ``hidden_in``,
-``tile_is_partial``, ``visible_start`` / ``visible_end_in`` and ``visible_rows``, which return a device function specialised to it; for
-``NO_WINDOW`` they return the causal-only functions above unchanged, so kernels built without a window compile to
-the code they always did. The left edge adds a clause: a tile is partial when its first key is hidden from the
-block's last row, and a block's keys begin at ``visible_start``.
+``tile_is_partial``, ``plain_tiles``, ``visible_start`` / ``visible_end_in`` and ``visible_rows``, which return a
+device function specialised to it; for ``NO_WINDOW`` they return the causal-only functions above unchanged, so
+kernels built without a window compile to the code they always did. The left edge adds a clause: a tile is
+partial when its first key is hidden from the block's last row, and a block's keys begin at ``visible_start``.
 """
 from __future__ import annotations
 

@@ -153,7 +153,8 @@ def test_backend_choice():
     from numba_attn.backward import wgmma
 
     hopper = not numba_attn.SIMULATOR and dispatch.WGMMA_BY_DEFAULT and wgmma.supports("bfloat16", 64)
-    assert dispatch.choose_backend(None, "bfloat16", 64) == ("wgmma_ws" if hopper else "mma")  # (wgmma above 64)
+    assert dispatch.choose_backend(None, "bfloat16", 64) == ("wgmma_ws" if hopper else "mma")
+    assert dispatch.choose_backend(None, "bfloat16", 128) == ("wgmma_ws" if hopper else "mma")
     assert dispatch.choose_backend(None, "float32", 64) == ("simt" if numba_attn.SIMULATOR else "tf32")
     # under the simulator float16 stays on the (much faster there) SIMT kernels unless "mma" is asked for
     assert dispatch.choose_backend(None, "float16", 64) == ("simt" if numba_attn.SIMULATOR else

@@ -79,8 +79,8 @@ def test_backend_choice_and_config():
     elif compute_capability() >= backward_wgmma.MIN_COMPUTE_CAPABILITY:  # the measured defaults on sm_90
         assert dispatch.choose_backend(None, "bfloat16", 64) == "wgmma_ws"
         assert dispatch.choose_backend(None, "float16", 32) == "wgmma_ws"
-        assert dispatch.choose_backend(None, "bfloat16", 128) == "wgmma"
-        assert dispatch.choose_backend(None, "float16", 96) == "wgmma"
+        assert dispatch.choose_backend(None, "bfloat16", 128) == "wgmma_ws"
+        assert dispatch.choose_backend(None, "float16", 96) == "wgmma_ws"
         assert backward_wgmma.default_config(128).dq_tiled and backward_wgmma_ws.default_config(64).dq_tiled
     with pytest.raises(ValueError, match="'wgmma' takes float16 or bfloat16 with headdim <= 128"):
         dispatch.choose_backend("wgmma", "float16", 160)

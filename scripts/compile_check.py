@@ -70,8 +70,18 @@ def backward_cases():
     for zero in (False, True):
         config = preprocess.GPU_CONFIG
         for dtype in (types.float16, f32):
+            # (out, dout, delta as the unread lse, delta, dq_acc or out)
             cases.append((f"preprocess_{dtype}_zero{int(zero)}", preprocess.preprocess_kernel(config, zero),
-                          (arr4(dtype), arr4(dtype), arr3, arr4(f32)), (config.threads_x * config.threads_y, 1)))
+                          (arr4(dtype), arr4(dtype), arr3, arr3, arr4(f32) if zero else arr4(dtype)),
+                          (config.threads_x * config.threads_y, 1)))
+    config = preprocess.GPU_VECTOR_CONFIG  # 16-byte rows, stats for the tensor-core kernels: (out, dout, lse, stats, dq)
+    for bf16 in (False, True):
+        for zero in (False, True):
+            u16 = arr4(types.uint16)
+            cases.append((f"preprocess_vector_{'bf16' if bf16 else 'f16'}_zero{int(zero)}",
+                          preprocess.preprocess_kernel(config, zero, bf16, True, True),
+                          (u16, u16, arr3, arr4(f32), arr4(f32) if zero else u16),
+                          (config.threads_x * config.threads_y, 1)))
     tx, ty = convert.GPU_BLOCK
     cases.append(("convert_f16", convert.convert_kernel(tx, ty), (arr4(f32), arr4(types.float16)), (tx * ty, 1)))
     for config in simt.GPU_CONFIGS:

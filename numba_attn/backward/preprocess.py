@@ -3,7 +3,9 @@ preprocessing), and, where ``dq`` is accumulated with atomics, the float32 accum
 
 Grid ``(batch * heads, ceil(rows / threads_y))``; thread ``(ty, tx)`` sums columns ``tx + threads_x j`` of row
 ``ty`` of its block, the partial sums meet in shared memory and are added in a fixed order (the result does not
-depend on timing).
+depend on timing). 16-bit rows in aligned 16-byte pieces (``vector_rows``) take 16-byte loads instead, thread ``tx``
+the 8 columns from ``8 (tx + threads_x j)``: element by element the kernel was bound by its instructions (an H100 ran
+it at 2.4x the time of cuDNN's). A contiguous accumulator is zeroed by a memset on the stream.
 
 Two outputs: ``delta`` ``(batch, heads, seqlen_q)`` (the SIMT kernels), or, for the tensor-core kernels, ``stats``:
 per row the pair ``(lse log2(e), D)``, float32, rows padded to a whole number of tiles, stored as ``(batch, heads,
@@ -25,8 +27,9 @@ from ..core.block_info import HEAD_MAJOR, block_position, grid
 from ..core.constants import LOG2E
 from ..core.staging import device_function, tile_loader
 from ..forward import common
-from ..runtime.device import SIMULATOR, cuda, kernel_jit
+from ..runtime.device import SIMULATOR, DeviceView, cuda, kernel_jit
 from ..runtime.launch import launch as device_launch
+from ..runtime.launch import stream_handle, zero_words_async
 
 
 @dataclass(frozen=True)
@@ -45,9 +48,14 @@ class PreprocessConfig:
 
 GPU_CONFIG = PreprocessConfig()
 SIMULATOR_CONFIG = PreprocessConfig(threads_x=4, threads_y=4)
+#: 16-byte loads: 8 threads cover 64 columns of a row, 32 rows per block
+GPU_VECTOR_CONFIG = PreprocessConfig(threads_x=8, threads_y=32)
+SIMULATOR_VECTOR_CONFIG = PreprocessConfig(threads_x=2, threads_y=4)
 
 
-def default_config() -> PreprocessConfig:
+def default_config(vector: bool = False) -> PreprocessConfig:
+    if vector:
+        return SIMULATOR_VECTOR_CONFIG if SIMULATOR else GPU_VECTOR_CONFIG
     return SIMULATOR_CONFIG if SIMULATOR else GPU_CONFIG
 
 
@@ -56,12 +64,17 @@ _LOG2E = np.float32(LOG2E)
 
 
 @lru_cache(maxsize=None)
-def preprocess_kernel(config: PreprocessConfig, zero_dq: bool, bf16: bool = False, stats: bool = False):
+def preprocess_kernel(config: PreprocessConfig, zero_dq: bool, bf16: bool = False, stats: bool = False,
+                      vector: bool = False):
     """``kernel(out, dout, lse, delta, dq_acc)``; ``zero_dq``: also set ``dq_acc`` (float32, q's shape, or wider or
     longer: padded columns and rows, ``core.dq_tile``) to 0, whole; ``bf16``: ``out`` and ``dout`` are bfloat16 bit
     patterns (uint16); ``stats``: ``delta`` is the ``stats`` array of the module docstring (``lse`` is read only
-    then)."""
+    then); ``vector``: ``out`` and ``dout`` are uint16 (float16 or bfloat16 bits, as ``bf16`` says) whose rows load
+    in 16-byte pieces (``vector_rows``)."""
     TX, TY = config.threads_x, config.threads_y
+    VECTOR = vector
+    load8 = ptx.load_u16x8
+    half_to_float = ptx.half_to_float
     PARTS = TX * TY  # a shared array's size must be a constant of the closure, not an expression of two
     ZERO_DQ = zero_dq
     STATS = stats
@@ -82,7 +95,18 @@ def preprocess_kernel(config: PreprocessConfig, zero_dq: bool, bf16: bool = Fals
         rows = delta.shape[2] * 2 if STATS else seqlen_q
         row = m0 + ty
         part = float32(0.0)
-        if row < seqlen_q:
+        if VECTOR and row < seqlen_q:
+            for c in range(8 * tx, head_dim, 8 * TX):
+                a = load8(do_head, row, c)
+                o = load8(out_head, row, c)
+                for n in range(4):
+                    if BF16:
+                        part += bf16_to_float(a[n]) * bf16_to_float(o[n])
+                        part += bf16_to_float(a[n] >> 16) * bf16_to_float(o[n] >> 16)
+                    else:
+                        part += half_to_float(a[n]) * half_to_float(o[n])
+                        part += half_to_float(a[n] >> 16) * half_to_float(o[n] >> 16)
+        elif row < seqlen_q:
             for d in range(tx, head_dim, TX):
                 if BF16:
                     part += bf16_to_float(do_head[row, d]) * bf16_to_float(out_head[row, d])
@@ -120,16 +144,57 @@ def launch(out, dout, delta, dq_acc, stream, config: PreprocessConfig | None = N
     seqlen_q)``) ``delta`` is the ``stats`` array ``(batch, heads, padded_rows / 2, 4)`` of the module docstring
     instead."""
     batch, heads, seqlen_q, _ = out.shape
-    config = config or default_config()
+    vector = config is None and vector_rows(out, dout)
+    config = config or default_config(vector)
+    if vector:  # (float16 read as its bits, as bfloat16 already is)
+        out, dout = _bits(out), _bits(dout)
     zero_dq = dq_acc is not None
+    if zero_dq and not SIMULATOR:
+        view = DeviceView.of(dq_acc)
+        if _contiguous(view):  # one memset on the stream, no stores in the kernel
+            zero_words_async(view.ptr, view.size, stream_handle(stream))
+            zero_dq = False
     stats = lse is not None
-    kernel = preprocess_kernel(config, zero_dq, bool(bf16), stats)
+    kernel = preprocess_kernel(config, zero_dq, bool(bf16), stats, vector)
     rows = 2 * delta.shape[2] if stats else seqlen_q
     if zero_dq:
         rows = max(rows, dq_acc.shape[2])
     shape = grid(HEAD_MAJOR, batch, heads, rows, config.threads_y)
     device_launch(kernel, shape, (config.threads_x, config.threads_y), stream, 0, out, dout,
                   lse if stats else delta, delta, dq_acc if zero_dq else out)
+
+
+def vector_rows(*arrays) -> bool:
+    """Whether every array (4-D, 2-byte elements) has contiguous rows of whole 16-byte pieces from 16-byte aligned
+    addresses: what the kernel's 16-byte loads need."""
+    for x in arrays:
+        if SIMULATOR:
+            x = np.asarray(x)
+            ptr, strides, itemsize = x.ctypes.data, x.strides, x.itemsize
+        else:
+            view = DeviceView.of(x)
+            ptr, strides, itemsize = view.ptr, view.strides, view.dtype.itemsize
+        if itemsize != 2 or strides[3] != 2 or x.shape[3] % 8 or ptr % 16:
+            return False
+        if any(stride % 16 for stride, n in zip(strides[:3], x.shape[:3]) if n > 1):
+            return False
+    return True
+
+
+def _bits(x):
+    """``x`` (float16 or uint16) as uint16."""
+    if SIMULATOR:
+        return np.asarray(x).view(np.uint16)  # (read only: a copy would do)
+    return DeviceView.of(x).view(np.uint16)
+
+
+def _contiguous(view) -> bool:
+    step = view.dtype.itemsize
+    for n, stride in zip(reversed(view.shape), reversed(view.strides)):
+        if n > 1 and stride != step:
+            return False
+        step *= n
+    return True
 
 
 def stats_loader(threads: int, block_m: int, packed: bool):

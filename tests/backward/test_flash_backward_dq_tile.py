@@ -22,6 +22,7 @@ import numba_attn
 import reference
 from kernel_checks import TOLERANCE, rel_error
 from numba_attn.backward import convert, preprocess
+from numba_attn.core.ptx import bf16_bits_to_float32, float32_to_bf16_bits
 from numba_attn.backward import wgmma as backward_wgmma
 from numba_attn.backward import wgmma_ws as backward_wgmma_ws
 from numba_attn.core import dq_tile
@@ -91,6 +92,35 @@ def test_preprocess_zeroes_the_padded_accumulator():
     dq_acc = np.full((1, 1, 16, 32), np.nan, np.float32)  # rows and columns past q's
     preprocess.launch(out, out, stats, dq_acc, 0, lse=np.zeros((1, 1, 5), np.float32))
     np.testing.assert_array_equal(dq_acc, 0.0)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="host arrays: simulator only")
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("head_dim,vector", [(24, True), (64, True), (20, False)])
+def test_preprocess_stats_with_and_without_16_byte_loads(bf16, head_dim, vector):
+    """``D = rowsum(dout * out)`` and ``lse log2 e`` per row, equal to float64 whichever loads the rows take (16-byte
+    pieces where the rows allow them, ``vector_rows``; element by element otherwise), poisoned stats first; rows
+    past q's and a row that sees no key give ``(+inf, 0)``."""
+    rng = np.random.default_rng(head_dim)
+    shape = (2, 3, 7, head_dim)
+    out, dout = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    if bf16:
+        out_in, dout_in = float32_to_bf16_bits(out), float32_to_bf16_bits(dout)
+        out64, dout64 = (bf16_bits_to_float32(x).astype(np.float64) for x in (out_in, dout_in))
+    else:
+        out_in, dout_in = out.astype(np.float16), dout.astype(np.float16)
+        out64, dout64 = out_in.astype(np.float64), dout_in.astype(np.float64)
+    assert preprocess.vector_rows(out_in, dout_in) == vector
+    lse = rng.standard_normal(shape[:3]).astype(np.float32)
+    lse[1, 2, 3] = -np.inf  # a row that sees no key
+    stats = np.full((2, 3, 4, 4), np.nan, np.float32)  # 8 rows: one past q's
+    preprocess.launch(out_in, dout_in, stats, None, 0, bf16=bf16, lse=lse)
+    pairs = stats.reshape(2, 3, 8, 2)
+    expect_d = (out64 * dout64).sum(-1)
+    np.testing.assert_allclose(pairs[:, :, :7, 1], expect_d, rtol=1e-5, atol=1e-5)
+    expect_lse = np.where(np.isneginf(lse), np.inf, lse.astype(np.float64) * np.log2(np.e))
+    np.testing.assert_allclose(pairs[:, :, :7, 0], expect_lse, rtol=1e-6)
+    np.testing.assert_array_equal(pairs[:, :, 7], np.broadcast_to([np.inf, 0.0], (2, 3, 2)))
 
 
 # (backend, dtype, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, tiles: SIMULATOR_CONFIG changes)

@@ -41,12 +41,21 @@ TUNERS = (FLASH_MMA_TUNER, FLASH_WGMMA_TUNER, FLASH_WS_TUNER)
 
 #: padded head dims (multiples of 16) at which ``flash_forward``'s default on Hopper is the warp-specialised kernel
 #: instead of "wgmma" -- the one place to change it. H100, 2026-11-26, fp16, B4: at D128 H32 it ran 1.01-1.35x
-#: "wgmma" at 1k-16k keys, causal or not; at D64 H48 0.69-0.97x (scripts/check_ws.py)
-WS_DEFAULT_HEAD_DIMS = frozenset({128})
+#: "wgmma" at 1k-16k keys, causal or not; at D64 H48 only for long rows (``WS_MIN_KEYS_AT``)
+WS_DEFAULT_HEAD_DIMS = frozenset({64, 128})
 #: ... and only for calls whose rows see at least this many keys on average (``long_rows``). At D128 B4 H32 (sweep,
 #: H100, 2026-11-26, fp16 / bf16, one call at a time, WS calls replayed) the WS kernel ran non-causal 512 at
 #: 1.09-1.24x "wgmma" and causal 1k (512 on average) at 1.14-1.23x, but causal 512 (256) at 0.90-0.91x
 WS_MIN_KEYS = 512
+#: padded head dims with a threshold of their own. D64 B4 H48, once whole tiles ran without mask code (sweep, H100,
+#: 2026-11-26 12:20): WS against "wgmma" non-causal 4k 1.05-1.10x, 16k 1.02x, causal 16k (8k on average) 1.15x,
+#: but causal 4k (2k) 0.98x, 2k and 1k 0.75-0.98x. With this rule (13:12): 1.12-1.21x "wgmma" at 4k-16k keys per row
+WS_MIN_KEYS_AT = {64: 4096}
+
+
+def ws_min_keys(head_dim_pad: int) -> int:
+    """The keys per row on average from which the WS kernel is the default at this padded head dim."""
+    return WS_MIN_KEYS_AT.get(head_dim_pad, WS_MIN_KEYS)
 
 
 def long_rows(seqlen_k: int, causal: bool, min_keys: int = WS_MIN_KEYS) -> bool:
@@ -105,7 +114,8 @@ def backend_for(call, shape, backend, allow_tf32: bool, causal: bool = False) ->
     """The backend that runs this call (``backend`` as the caller passed it; raises where it cannot)."""
     arrays = tuple(call.inputs[name] for name in "qkv")
     wgmma_ok = wgmma_applies(call.dtype, shape.head_dim, *arrays)
-    ws_ok = (backend is None and wgmma_ok and long_rows(shape.seqlen_k, causal)
+    ws_ok = (backend is None and wgmma_ok
+             and long_rows(shape.seqlen_k, causal, ws_min_keys(_flash_ws.padded_head_dim(shape.head_dim)))
              and ws_applies(call.dtype, shape.head_dim, *arrays))
     return choose_backend(backend, call.dtype, allow_tf32, wgmma_ok, ws_ok)
 

@@ -155,7 +155,7 @@ def tile_is_partial(block_n: int, block_m: int = 0, window=NO_WINDOW):
 def plain_tiles(block_n: int, block_m: int = 0, window=NO_WINDOW):
     """``plain(n_first, n_tiles, m0, key_end, causal, diag_offset) -> (first, end)``: the key tiles ``j`` of a walk
     (tile ``j`` starts at key ``n_first + j * block_n``; ``0 <= j < n_tiles``) that ``tile_is_partial`` passes for
-    rows ``m0 .. m0 + block_m - 1`` are exactly ``first <= j < end`` (none when ``first >= end``): the masks are
+    rows ``m0 .. m0 + block_m - 1`` are exactly ``first <= j < end``, ``0 <= first <= end <= n_tiles``: the masks are
     monotone, so the partial tiles sit at the two ends of a walk. A kernel runs that range in a loop of its own
     whose softmax has no mask code: given the per-tile flag, ptxas predicated the mask's per-element compares into
     every tile (a third of the warp-specialised forward's instructions, all predicated off). ``block_m`` is needed
@@ -179,8 +179,9 @@ def plain_tiles(block_n: int, block_m: int = 0, window=NO_WINDOW):
             end = min(end, max(0, (m0 + diag_offset + RIGHT + 1 - n_first) // BLOCK_N))
         first = 0
         if HAS_LEFT:  # its first key seen by the last row: j >= ceil((that row's left edge - n_first) / BLOCK_N)
-            first = max(0, -((n_first - (m0 + LAST_ROW + diag_offset - LEFT)) // BLOCK_N))
-        return first, end
+            first = min(n_tiles, max(0, -((n_first - (m0 + LAST_ROW + diag_offset - LEFT)) // BLOCK_N)))
+        # (never past the walk: a kernel's loop up to ``first`` would wait for tiles that never come)
+        return first, max(end, first)
 
     return plain
 

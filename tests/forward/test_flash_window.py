@@ -169,6 +169,7 @@ def test_plain_tiles_are_the_tiles_no_mask_touches(window, causal, block_n, bloc
                 for n_first in (0, 3, 16, 37):
                     for n_tiles in (0, 1, 4, 9):
                         first, end = plain(n_first, n_tiles, m0, key_end, causal, diag)
+                        assert 0 <= first <= end <= n_tiles  # (a kernel loops up to first and from end)
                         expect = [j for j in range(n_tiles)
                                   if not partial(n_first + j * block_n, m0, key_end, causal, diag)]
                         assert list(range(first, end)) == expect, (key_end, diag, m0, n_first, n_tiles)

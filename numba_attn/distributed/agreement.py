@@ -134,6 +134,19 @@ def enabled() -> bool:
     return os.environ.get(CHECK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def checked_on_every_rank(torch, dist, group, q, layouts, check):
+    """``check()`` -> ``(values, result)``: an entry's own argument checks (``values`` from :func:`pack`). Runs them,
+    then :func:`check_ranks_agree`; a rank whose check raises still takes part, so no rank is left waiting. Returns
+    ``(result, world)``."""
+    try:
+        values, result = check()
+        refused = None
+    except (TypeError, ValueError) as error:
+        values, result, refused = None, None, error
+    _, world = check_ranks_agree(torch, dist, group, values, refused, q, layouts)
+    return result, world
+
+
 def check_ranks_agree(torch, dist, group, values, refused=None, q=None, layouts=()):
     """Raise the same error on every rank of ``group`` unless all passed the same ``values`` (:func:`pack`; None
     where this rank refused its arguments, ``refused`` the error it raised). Returns ``(rank, world)``.

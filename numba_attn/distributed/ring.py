@@ -71,7 +71,7 @@ import numbers
 import numpy as np
 
 from ..runtime.arguments import ArgumentTypeError, check_flag, check_sm_scale
-from .agreement import check_ranks_agree, pack
+from .agreement import checked_on_every_rank, pack
 from .agreement import group_rank_and_size as _group_rank_and_size
 
 __all__ = ["LAYOUTS", "ring_attention", "shard", "unshard", "gather"]
@@ -293,16 +293,17 @@ def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_l
         (``ring_backward``).
     """
     torch, dist = _torch()
-    try:  # a rank that refuses its arguments still takes part in the cross-rank check (no rank is left waiting)
+
+    def check():
         _check_inputs(torch, q, k, v)
-        causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
-        layout, sm_scale = _check_options(q, causal, layout, sm_scale)
+        flags = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
+        options = _check_options(q, flags[0], layout, sm_scale)
         differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-        values = pack(torch, "ring_attention", q, k, causal, layout, sm_scale, differentiable, LAYOUTS)
-        refused = None
-    except (TypeError, ValueError) as error:
-        values, refused = None, error
-    _, world = check_ranks_agree(torch, dist, group, values, refused, q, LAYOUTS)
+        values = pack(torch, "ring_attention", q, k, flags[0], *options, differentiable, LAYOUTS)
+        return values, (*flags, *options, differentiable)
+
+    (causal, return_lse, layout, sm_scale, differentiable), world = checked_on_every_rank(torch, dist, group, q,
+                                                                                          LAYOUTS, check)
     _check_zigzag(layout, q.shape[2], world)
     if differentiable:
         from .ring_backward import RingAttention

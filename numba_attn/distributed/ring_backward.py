@@ -18,7 +18,7 @@ rank its own gradients), ``world - 1`` key/value messages.
 from __future__ import annotations
 
 from ..runtime.arguments import check_flag
-from .agreement import check_ranks_agree, pack
+from .agreement import checked_on_every_rank, pack
 from .ring import (LAYOUTS, _blocks, _check_inputs, _check_options, _check_zigzag, _exchange, _group_rank_and_size,
                    _torch)
 
@@ -34,7 +34,8 @@ def ring_attention_backward(dout, q, k, v, out, lse, *, group=None, causal=False
     tensors of q's, k's and v's shard shapes and dtype; ``dk``, ``dv`` summed over every rank's queries (and over
     each kv head's group of query heads)."""
     torch, dist = _torch()
-    try:  # as ring_attention: a refusing rank still takes part in the cross-rank check
+
+    def check():  # (as ring_attention's, run on every rank by checked_on_every_rank)
         _check_inputs(torch, q, k, v)
         for name, x in (("dout", dout), ("out", out)):
             if not isinstance(x, torch.Tensor) or tuple(x.shape) != tuple(q.shape):
@@ -42,13 +43,11 @@ def ring_attention_backward(dout, q, k, v, out, lse, *, group=None, causal=False
                                  f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
         if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != tuple(q.shape[:-1]):
             raise ValueError(f"lse: expected the forward's lse of shape {tuple(q.shape[:-1])}")
-        causal, deterministic = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
-        layout, sm_scale = _check_options(q, causal, layout, sm_scale)
-        values = pack(torch, "ring_attention_backward", q, k, causal, layout, sm_scale, False, LAYOUTS)
-        refused = None
-    except (TypeError, ValueError) as error:
-        values, refused = None, error
-    _, world = check_ranks_agree(torch, dist, group, values, refused, q, LAYOUTS)
+        flags = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
+        options = _check_options(q, flags[0], layout, sm_scale)
+        return pack(torch, "ring_attention_backward", q, k, flags[0], *options, False, LAYOUTS), (*flags, *options)
+
+    (causal, deterministic, layout, sm_scale), world = checked_on_every_rank(torch, dist, group, q, LAYOUTS, check)
     _check_zigzag(layout, q.shape[2], world)
     return _backward(dout, q, k, v, out, lse, group, causal, sm_scale, layout, deterministic)
 

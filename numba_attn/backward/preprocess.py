@@ -147,7 +147,7 @@ def launch(out, dout, delta, dq_acc, stream, config: PreprocessConfig | None = N
     vector = config is None and vector_rows(out, dout)
     config = config or default_config(vector)
     if vector:  # (float16 read as its bits, as bfloat16 already is)
-        out, dout = _bits(out), _bits(dout)
+        out, dout = common.bits(out, "out"), common.bits(dout, "dout")
     zero_dq = dq_acc is not None
     if zero_dq and not SIMULATOR:
         view = DeviceView.of(dq_acc)
@@ -165,27 +165,8 @@ def launch(out, dout, delta, dq_acc, stream, config: PreprocessConfig | None = N
 
 
 def vector_rows(*arrays) -> bool:
-    """Whether every array (4-D, 2-byte elements) has contiguous rows of whole 16-byte pieces from 16-byte aligned
-    addresses: what the kernel's 16-byte loads need."""
-    for x in arrays:
-        if SIMULATOR:
-            x = np.asarray(x)
-            ptr, strides, itemsize = x.ctypes.data, x.strides, x.itemsize
-        else:
-            view = DeviceView.of(x)
-            ptr, strides, itemsize = view.ptr, view.strides, view.dtype.itemsize
-        if itemsize != 2 or strides[3] != 2 or x.shape[3] % 8 or ptr % 16:
-            return False
-        if any(stride % 16 for stride, n in zip(strides[:3], x.shape[:3]) if n > 1):
-            return False
-    return True
-
-
-def _bits(x):
-    """``x`` (float16 or uint16) as uint16."""
-    if SIMULATOR:
-        return np.asarray(x).view(np.uint16)  # (read only: a copy would do)
-    return DeviceView.of(x).view(np.uint16)
+    """Whether the 16-byte loads can read these arrays: 16-bit elements, rows in aligned 16-byte pieces."""
+    return all(np.dtype(x.dtype).itemsize == 2 for x in arrays) and common.vector_loads_ok(*arrays)
 
 
 def _contiguous(view) -> bool:

@@ -12,12 +12,19 @@ Sweeps (``--sweeps``):
   (untimed) and the backward alone is timed (SDPA: ``torch.autograd.grad`` with the graph retained); the check
   compares ``dq`` (a row's depends on that row only, so the slice is exact). Metric: TFLOP/s with FLOPs = 2.5 times
   the forward's (five products of its size instead of two), halved for causal.
+* ``flash_fwdbwd`` (``--direction fwdbwd``) -- one training step of the layer per timed call: the forward and
+  then the backward on its output (numba_attn and SDPA with torch tensors: ``torch.autograd.grad`` through the
+  differentiable forward). Metric: TFLOP/s with FLOPs = 3.5 times the forward's; ``dq`` checked.
 * ``decode`` -- ``numba_attn.flash_decode`` (one query row against a long KV cache) vs torch SDPA and the Triton
   kernel, plain multi-head and grouped-query. Metric: GB/s = bytes of K and V read plus q read and out written, per
   second, and its percentage of the device-to-device copy bandwidth measured in the same run (read + written
   bytes of a 1 GiB buffer copy).
 * ``linear`` -- ``numba_attn.causal_dot_product`` vs flash-linear-attention's chunked and fused-recurrent kernels
   (``scale=1``, ``normalize=False``: the same unnormalised causal sum). Metric: ms only.
+* ``linear_bwd`` / ``linear_fwdbwd`` (``--sweeps linear --direction backward`` / ``fwdbwd``) --
+  ``numba_attn.causal_dot_product_backward`` vs the backward of fla's kernels through autograd (a forward recorded
+  when prepared, timed alone), and forward plus backward in one call. Metric: ms; ``dq`` checked against
+  ``reference.causal_dot_product_backward_chunked``.
 
 How each (case, provider) pair is measured:
 

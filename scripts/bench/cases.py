@@ -9,9 +9,12 @@ if TYPE_CHECKING:  # annotations only: cli and environment import this module
     from .cli import Options
     from .environment import Env
 
-SWEEPS = ("flash", "flash_bwd", "decode", "linear")
-#: what ``--sweeps`` runs when not given (``--direction`` swaps or adds ``flash_bwd`` for ``flash``)
+SWEEPS = ("flash", "flash_bwd", "flash_fwdbwd", "decode", "linear", "linear_bwd", "linear_fwdbwd")
+#: what ``--sweeps`` runs when not given (``--direction`` swaps or adds the ``_bwd`` / ``_fwdbwd`` sweeps of
+#: ``flash`` and ``linear``)
 DEFAULT_SWEEPS = ("flash", "decode", "linear")
+#: sweeps whose inputs include the output's gradient ``dout`` and whose providers return ``dq``
+GRADIENT_SWEEPS = ("flash_bwd", "flash_fwdbwd", "linear_bwd", "linear_fwdbwd")
 
 #: dtype name -> its short form in labels and tolerance keys
 SHORT = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16"}
@@ -75,7 +78,7 @@ class Case:
             "k": (b, hk, self.seqlen_k, self.head_dim),
             "v": (b, hk, self.seqlen_k, self.value_dim),
         }
-        if self.sweep == "flash_bwd":
+        if self.sweep in GRADIENT_SWEEPS:
             shapes["dout"] = self.out_shape()
         return shapes
 
@@ -106,6 +109,15 @@ def flash_backward_cases(o: Options):
         yield case
 
 
+def flash_forward_backward_cases(o: Options):
+    """The flash grid, timed as one training step of the layer: the forward (with ``lse``) and then the backward
+    on its output. FLOPs 3.5 times the forward's (2 + 5 products)."""
+    for case in flash_cases(o):
+        case.sweep = "flash_fwdbwd"
+        case.flops *= 3.5
+        yield case
+
+
 def decode_cases(o: Options):
     h, d = o.decode_heads, o.decode_headdim
     for dtype in o.decode_dtypes:
@@ -129,7 +141,19 @@ def linear_cases(o: Options):
             yield Case("linear", config, dtype, n, o.linear_batch, h, h, n, n, e, e, True)
 
 
-CASES = {"flash": flash_cases, "flash_bwd": flash_backward_cases, "decode": decode_cases, "linear": linear_cases}
+def linear_gradient_cases(sweep: str):
+    """The linear grid as the backward alone (``linear_bwd``) or forward and backward (``linear_fwdbwd``): ms only."""
+    def cases(o: Options):
+        for case in linear_cases(o):
+            case.sweep = sweep
+            yield case
+
+    return cases
+
+
+CASES = {"flash": flash_cases, "flash_bwd": flash_backward_cases, "flash_fwdbwd": flash_forward_backward_cases,
+         "decode": decode_cases, "linear": linear_cases, "linear_bwd": linear_gradient_cases("linear_bwd"),
+         "linear_fwdbwd": linear_gradient_cases("linear_fwdbwd")}
 
 
 def make_inputs(env: Env, case: Case, seed: int) -> dict:

@@ -36,8 +36,9 @@ def check_slice(case: Case, rows: int) -> CheckSlice:
 
 
 def reference_output(case: Case, inputs: dict, sl: CheckSlice) -> np.ndarray:
-    """float64 reference for the slice: ``reference.attention`` / ``reference.causal_dot_product``; for the backward
-    (``flash_bwd``) the slice of ``dq`` from ``reference.attention_backward`` (backward providers return ``dq``)."""
+    """float64 reference for the slice: ``reference.attention`` / ``reference.causal_dot_product``; for the gradient
+    sweeps (``*_bwd``, ``*_fwdbwd``) the slice of ``dq`` from ``reference.attention_backward`` /
+    ``reference.causal_dot_product_backward_chunked`` (their providers return ``dq``)."""
     group = case.heads // case.kv_heads
     kv_heads = [h // group for h in sl.heads]
     q = to_numpy(inputs["q"][0][sl.heads])
@@ -46,10 +47,15 @@ def reference_output(case: Case, inputs: dict, sl: CheckSlice) -> np.ndarray:
     if case.sweep == "linear":
         out = reference.causal_dot_product(q, k, v, method="chunked", chunk_size=256)
         return out[:, case.seqlen_q - sl.rows:]
+    if case.sweep in ("linear_bwd", "linear_fwdbwd"):
+        # dq_i = S_i dout_i needs every key up to i: the chunked reference over the whole sequence, then the slice
+        dout = to_numpy(inputs["dout"][0][sl.heads])
+        dq = reference.causal_dot_product_backward_chunked(dout, q, k, v, chunk_size=256)[0]
+        return dq[:, case.seqlen_q - sl.rows:]
     # The last rows of a bottom-right-aligned causal problem against all keys are themselves a bottom-right-aligned
     # causal problem: the reference on the slice is exact.
     q = q[:, case.seqlen_q - sl.rows:]
-    if case.sweep == "flash_bwd":
+    if case.sweep in ("flash_bwd", "flash_fwdbwd"):
         # dq of a row depends on that row alone (and on every key): the slice's dq is exact too
         dout = to_numpy(inputs["dout"][0][sl.heads])[:, case.seqlen_q - sl.rows:]
         return reference.attention_backward(dout[None], q[None], k[None], v[None], causal=case.causal)[0][0]

@@ -40,6 +40,25 @@ def _dtype(text: str) -> str:
         raise ValueError(f"unknown dtype {text!r} (fp16, fp32, bf16)") from None
 
 
+#: --direction name -> the suffix of its sweep (forward: the plain flash / linear sweep)
+DIRECTION_SUFFIX = {"forward": "", "backward": "_bwd", "fwdbwd": "_fwdbwd"}
+
+
+def _directions(text: str) -> list:
+    names = []
+    for item in (t.strip().lower() for t in text.split(",") if t.strip()):
+        expanded = {"both": ["forward", "backward"], "all": list(DIRECTION_SUFFIX)}.get(item, [item])
+        for name in expanded:
+            if name not in DIRECTION_SUFFIX:
+                raise argparse.ArgumentTypeError(
+                    f"--direction: unknown {name!r} (forward, backward, fwdbwd, both, all)")
+            if name not in names:
+                names.append(name)
+    if not names:
+        raise argparse.ArgumentTypeError("--direction: empty")
+    return names
+
+
 def _flash_config(text: str) -> tuple[int, int]:
     d, h = text.lower().replace("x", ":").split(":")
     return int(d), int(h)
@@ -70,6 +89,7 @@ examples:
   python scripts/sweep.py --sweeps flash --dtypes fp16,bf16 --seqlens 2k,8k --providers numba,triton,flash
   python scripts/sweep.py --sweeps decode --decode-kv-heads 8 --decode-lengths 16k,128k
   python scripts/sweep.py --sweeps flash --direction backward --seqlens 2k,4k,8k --providers numba,flash,cudnn
+  python scripts/sweep.py --sweeps linear --direction backward,fwdbwd --dtypes fp16,bf16,fp32
 """
 
 
@@ -85,10 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = p.add_argument
     add("--sweeps", type=_list(str), default=list(DEFAULT_SWEEPS),
-        help="sweeps to run: flash, flash_bwd (the backward), decode, linear [flash,decode,linear]")
-    add("--direction", choices=("forward", "backward", "both"), default="forward",
-        help="flash attention: time the forward (flash_forward), the backward (flash_backward vs the SDPA "
-             "backends' backward, FLOPs 2.5x the forward's; the sweep named flash_bwd) or both [forward]")
+        help="sweeps to run: flash, decode, linear (and by name flash_bwd, flash_fwdbwd, linear_bwd, "
+             "linear_fwdbwd; see --direction) [flash,decode,linear]")
+    add("--direction", type=_directions, default=["forward"],
+        help="for the flash and linear sweeps, comma-separated: forward (flash_forward / causal_dot_product), "
+             "backward (the backward alone on a recorded forward: sweeps flash_bwd, linear_bwd; flash FLOPs "
+             "2.5x the forward's), fwdbwd (forward then backward in one timed call: flash_fwdbwd, linear_fwdbwd; "
+             "flash FLOPs 3.5x); both = forward,backward; all = the three [forward]")
     add("--quick", action="store_true",
         help="smoke-test grid: flash N=1k,4k with D=128 H=32; decode Lk=4k,16k; linear N=1k,4k fp16; 10 reps")
     add("--seqlens", type=_list(parse_size), help="flash and linear sequence lengths [1k,2k,4k,8k,16k]")
@@ -178,10 +201,11 @@ def resolve_options(args: argparse.Namespace, simulator: bool) -> Options:
     if unknown:
         raise SystemExit(f"--sweeps: unknown {unknown}; choose from {','.join(SWEEPS)}")
     sweeps = list(args.sweeps)
-    if "flash" in sweeps and args.direction != "forward":
-        sweeps += ["flash_bwd"]
-        if args.direction == "backward":
-            sweeps.remove("flash")
+    for base in ("flash", "linear"):
+        if base in sweeps:
+            sweeps += [base + DIRECTION_SUFFIX[d] for d in args.direction if d != "forward"]
+            if "forward" not in args.direction:
+                sweeps.remove(base)
     configs = g["flash_configs"]
     if args.flash_configs:
         configs = args.flash_configs

@@ -82,16 +82,57 @@ def _backward_backends() -> tuple:
     return BACKENDS
 
 
+def _with_grad(x: dict, env: Env) -> tuple:
+    """q, k, v as leaves that require grad (torch: the timed call goes through autograd, as in training), or as
+    they are for the other array libraries (the forward and backward functions called one after the other)."""
+    if env.kind != "torch":
+        return x["q"], x["k"], x["v"]
+    return tuple(x[n].detach().requires_grad_() for n in ("q", "k", "v"))
+
+
+def _forward_backward(case: Case, x: dict, env: Env, linear: bool):
+    """The timed call of ``flash_fwdbwd`` / ``linear_fwdbwd``: forward, then the gradients of q, k, v from ``dout``
+    (torch: ``torch.autograd.grad`` through numba_attn's custom ops; otherwise the two public functions)."""
+    q, k, v = _with_grad(x, env)
+    dout = x["dout"]
+    if env.kind == "torch":
+        import torch
+
+        forward = numba_attn.causal_dot_product if linear else (
+            lambda q, k, v: numba_attn.flash_forward(q, k, v, causal=case.causal))
+        return lambda: torch.autograd.grad(forward(q, k, v), (q, k, v), dout)
+    if linear:
+        return lambda: (numba_attn.causal_dot_product(q, k, v), numba_attn.causal_dot_product_backward(
+            dout, q, k, v))[1]
+
+    def step():
+        out, lse = numba_attn.flash_forward(q, k, v, causal=case.causal, return_lse=True)
+        return numba_attn.flash_backward(dout, q, k, v, out, lse, causal=case.causal)
+
+    return step
+
+
 def numba_attn_providers(sweep: str) -> dict:
     """``numba_attn`` (default dispatch), ``numba_attn[<backend>]`` for each backend the function offers, and
     ``numba_attn[tf32]`` (float32 inputs in one tf32 term) where it offers ``allow_tf32`` (``numba_attn[tf32x1]`` where
-    "tf32" is a backend's name: the backward's). The backward
-    (``flash_bwd``) times ``flash_backward`` on the ``out`` and ``lse`` of one ``flash_forward`` call made when the
-    provider is prepared (not timed), and returns ``dq`` for the check."""
+    "tf32" is a backend's name: the backward's). The backwards (``flash_bwd``, ``linear_bwd``) time
+    ``flash_backward`` on the ``out`` and ``lse`` of one ``flash_forward`` call made when the provider is prepared
+    (not timed), and ``causal_dot_product_backward``; they return ``dq`` for the check. The forward-and-backward
+    sweeps (``*_fwdbwd``) time the default dispatch only, through autograd for torch tensors."""
     fn = {"flash": numba_attn.flash_forward, "flash_bwd": numba_attn.flash_backward,
-          "decode": numba_attn.flash_decode, "linear": numba_attn.causal_dot_product}[sweep]
+          "flash_fwdbwd": numba_attn.flash_forward, "decode": numba_attn.flash_decode,
+          "linear": numba_attn.causal_dot_product, "linear_bwd": numba_attn.causal_dot_product_backward,
+          "linear_fwdbwd": numba_attn.causal_dot_product}[sweep]
+    if sweep.endswith("_fwdbwd"):
+        def prepare_step(case, x, env):
+            return Prepared(_forward_backward(case, x, env, linear=sweep == "linear_fwdbwd"),
+                            post=lambda grads: grads[0])
+
+        note = f"numba_attn.{fn.__name__} + its backward (torch: through autograd)"
+        return {OURS: Provider(prepare_step, ours=True, note=note)}
     names = {"flash": getattr(numba_attn, "BACKENDS", ("simt", "mma")), "flash_bwd": _backward_backends(),
-             "linear": getattr(numba_attn, "LINEAR_BACKENDS", ())}.get(sweep, ())
+             "linear": getattr(numba_attn, "LINEAR_BACKENDS", ()),
+             "linear_bwd": getattr(numba_attn, "LINEAR_BACKENDS", ())}.get(sweep, ())
     variants = [(backend, {} if backend is None else {"backend": backend}) for backend in _backend_variants(fn, names)]
     # (the backward has a backend named "tf32" -- float32 as 3xTF32 --: its one-term variant is "tf32x1")
     tf32_variant = "tf32x1" if "tf32" in names else "tf32"
@@ -107,6 +148,8 @@ def numba_attn_providers(sweep: str) -> dict:
                 out, lse = numba_attn.flash_forward(x["q"], x["k"], x["v"], causal=case.causal, return_lse=True)
                 return Prepared(lambda: fn(x["dout"], x["q"], x["k"], x["v"], out, lse, causal=case.causal, **kwargs),
                                 post=lambda grads: grads[0])
+            if sweep == "linear_bwd":
+                return Prepared(lambda: fn(x["dout"], x["q"], x["k"], x["v"], **kwargs), post=lambda grads: grads[0])
             return Prepared(lambda: fn(x["q"], x["k"], x["v"], **kwargs))
 
         name = OURS if variant is None else f"{OURS}[{variant}]"

@@ -37,8 +37,15 @@ METRIC_TEXT = {
     "flash_bwd": "backward: cell = median ms / TFLOP/s (FLOPs = 2.5 * 4*B*H*N*N*D, halved for causal); dq checked",
     "decode": "cell = median ms / GB/s (K, V, q read + out written) (% of device copy bandwidth); tables marked "
               "(CUDA graph replays): the same calls captured in a CUDA graph, ms per call",
+    "flash_fwdbwd": "forward + backward in one call: cell = median ms / TFLOP/s (FLOPs = 3.5 * 4*B*H*N*N*D, halved "
+                    "for causal); dq checked",
     "linear": "cell = median ms",
+    "linear_bwd": "backward: cell = median ms; dq checked",
+    "linear_fwdbwd": "forward + backward in one call: cell = median ms; dq checked",
 }
+
+#: the sweeps whose rate is TFLOP/s
+FLOP_SWEEPS = ("flash", "flash_bwd", "flash_fwdbwd")
 
 
 def short_num(x: float) -> str:
@@ -54,7 +61,7 @@ def _cell(r: dict, prefix: str = "") -> str:
     ms = r[prefix + "ms"]
     if ms is None:
         return "-"
-    if r["sweep"] in ("flash", "flash_bwd") and r["tflops"] is not None and not prefix:
+    if r["sweep"] in FLOP_SWEEPS and r["tflops"] is not None and not prefix:
         return f"{ms:.3f} / {short_num(r['tflops'])}"
     if r["sweep"] == "decode" and r[prefix + "gbs"] is not None:
         pct = f" ({r[prefix + 'pct_copy_bw']:.0f}%)" if r[prefix + "pct_copy_bw"] is not None else ""
@@ -209,8 +216,8 @@ def write_plot(path: str, rows: list, sweep: str, meta: dict) -> str | None:
         import matplotlib.pyplot as plt
     except Exception as exc:  # noqa: BLE001
         return f"no plot ({type(exc).__name__}: {exc})"
-    metric, ylabel = {"flash": ("tflops", "TFLOP/s"), "flash_bwd": ("tflops", "TFLOP/s"), "decode": ("gbs", "GB/s"),
-                      "linear": ("ms", "ms")}[sweep]
+    metric, ylabel = ("tflops", "TFLOP/s") if sweep in FLOP_SWEEPS else ("gbs", "GB/s") if sweep == "decode" else (
+        "ms", "ms")
     sweep_rows = [r for r in rows if r["sweep"] == sweep]
     panels = list(dict.fromkeys((r["config"], r["dtype"]) for r in sweep_rows))
     if not panels:
@@ -236,7 +243,7 @@ def write_plot(path: str, rows: list, sweep: str, meta: dict) -> str | None:
         if sweep == "decode" and meta.get("copy_bandwidth_gbs"):
             ax.axhline(meta["copy_bandwidth_gbs"], color="gray", linestyle=":", label="device copy")
         ax.set_xscale("log", base=2)
-        if sweep == "linear":
+        if sweep.startswith("linear"):
             ax.set_yscale("log")
         sizes = sorted({r["size"] for r in panel})
         ax.set_xticks(sizes)
@@ -256,7 +263,7 @@ def write_plot(path: str, rows: list, sweep: str, meta: dict) -> str | None:
     return None
 
 
-#: every file the sweep may write in --out (at most 8, as promised)
+#: every file the sweep may write in --out (the three result files and one plot per sweep)
 OUTPUT_FILES = ("results.csv", "results.json", "results.md") + tuple(f"{s}.png" for s in SWEEPS)
 
 

@@ -254,3 +254,24 @@ def test_backward_direction(sweep, tmp_path):
     assert [(r["sweep"], r["provider"], r["status"]) for r in rows] == [("flash_bwd", "numba_attn", "ok")]
     assert rows[0]["flops"] == 2.5 * 4 * 16 * 16 * 16 * 0.5
     assert rows[0]["rel_err"] <= rows[0]["tol"]
+
+
+def test_gradient_directions(sweep, tmp_path):
+    """``--direction backward,fwdbwd`` on flash and linear: the backward alone and forward + backward in one call,
+    ``dq`` checked against the float64 reference; flash FLOPs 2.5 and 3.5 times the forward's."""
+    args = ["--sweeps", "flash,linear", "--direction", "backward,fwdbwd", "--seqlens", "16", "--flash-configs",
+            "16:1", "--batch", "1", "--linear-heads", "1", "--linear-dim", "16", "--dtypes", "fp32", "--causal",
+            "causal", "--reps", "1", "--warmup", "0", "--budget", "0.2", "--no-plot", "--providers", "=numba_attn",
+            "--out", str(tmp_path)]
+    rows = sweep.main(args)["rows"]
+    assert [(r["sweep"], r["status"]) for r in rows] == [
+        ("flash_bwd", "ok"), ("flash_fwdbwd", "ok"), ("linear_bwd", "ok"), ("linear_fwdbwd", "ok")]
+    flops = {r["sweep"]: r["flops"] for r in rows}
+    assert flops["flash_bwd"] == 2.5 * 4 * 16 * 16 * 16 * 0.5 and flops["flash_fwdbwd"] == 3.5 * 4 * 16 * 16 * 16 * 0.5
+    assert all(r["rel_err"] <= r["tol"] for r in rows)
+
+
+@pytest.mark.parametrize("text", ["sideways", "forward,up", ""])
+def test_direction_rejects_unknown_names(sweep, text):
+    with pytest.raises(SystemExit):
+        sweep.main(["--direction", text, "--no-plot", "--out", "/nonexistent-never-written"])

@@ -89,10 +89,12 @@ def version() -> str:
 # The sweep's plug-in hook (bench/peers/__init__.py)
 # --------------------------------------------------------------------------------------------------------------------
 def providers(opts) -> dict:
-    """``fla-chunk`` and ``fla-fused-recurrent`` for the linear sweep (the chunked kernel runs float32 as TF32)."""
+    """``fla-chunk`` and ``fla-fused-recurrent`` for the linear sweep (the chunked kernel runs float32 as TF32); for
+    ``linear_bwd`` the backward of a forward recorded when prepared (``torch.autograd.grad`` with the graph
+    retained), for ``linear_fwdbwd`` forward and backward in one call; both return ``dq`` for the check."""
     from ..providers import Prepared, Provider, torch_only  # the sweep's, not the wrappers'
 
-    linear = {}
+    groups = {"linear": {}, "linear_bwd": {}, "linear_fwdbwd": {}}
     for name, kernel in KERNELS.items():
 
         def prep(case, x, env, kernel=kernel):
@@ -105,9 +107,26 @@ def providers(opts) -> dict:
 
             return Prepared(lambda: kernel(q, k, v), post=from_fla_layout, context=no_grad)
 
+        def prep_backward(case, x, env, kernel=kernel):
+            q, k, v, dout = (to_fla_layout(x[n]) for n in ("q", "k", "v", "dout"))
+            q, k, v = (t.detach().requires_grad_() for t in (q, k, v))  # the shared inputs stay untouched
+            out = kernel(q, k, v)
+            return Prepared(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
+                            post=lambda grads: from_fla_layout(grads[0]))
+
+        def prep_step(case, x, env, kernel=kernel):
+            q, k, v, dout = (to_fla_layout(x[n]) for n in ("q", "k", "v", "dout"))
+            q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+            return Prepared(lambda: torch.autograd.grad(kernel(q, k, v), (q, k, v), dout),
+                            post=lambda grads: from_fla_layout(grads[0]))
+
         tf32 = ("float32",) if name == "chunk" else ()
-        note = f"fla {name}_linear_attn(scale=1, normalize=False), (B,T,H,D) inputs prepared outside timing"
+        layout = "(B,T,H,D) inputs prepared outside timing"
         if EINOPS_STUBBED:
-            note += "; einops missing, stubbed for fla's import"
-        linear[f"fla-{name}"] = Provider(prep, check=torch_only, tf32_dtypes=tf32, note=note)
-    return {"linear": linear}
+            layout += "; einops missing, stubbed for fla's import"
+        label = f"fla {name}_linear_attn(scale=1, normalize=False)"
+        for sweep, prepare, what in (("linear", prep, ""), ("linear_bwd", prep_backward, " backward"),
+                                     ("linear_fwdbwd", prep_step, " forward + backward")):
+            groups[sweep][f"fla-{name}"] = Provider(prepare, check=torch_only, tf32_dtypes=tf32,
+                                                    note=f"{label}{what}, {layout}")
+    return groups

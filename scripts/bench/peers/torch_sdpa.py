@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["BACKENDS", "backend_context", "attention", "backward_prepared", "decode", "providers"]
+__all__ = ["BACKENDS", "backend_context", "attention", "backward_prepared", "forward_backward", "decode", "providers"]
 
 #: provider suffix -> SDPBackend member name
 BACKENDS = {
@@ -78,12 +78,27 @@ def backward_prepared(q, k, v, dout, causal: bool, name: str):
     return (lambda: torch.autograd.grad(out, (qq, kk, vv), dout, retain_graph=True)), (lambda grads: grads[0])
 
 
+def forward_backward(q, k, v, dout, causal: bool, name: str):
+    """The timed call of ``flash_fwdbwd``: the forward with backend ``name`` forced, then ``(dq, dk, dv)`` by
+    ``torch.autograd.grad`` (the graph freed as in a training step)."""
+    qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
+    backend = getattr(SDPBackend, BACKENDS[name])
+
+    def step():
+        with sdpa_kernel(backend):
+            out = attention(qq, kk, vv, causal)
+        return torch.autograd.grad(out, (qq, kk, vv), dout)
+
+    return step
+
+
 def providers(opts) -> dict:
-    """``torch-sdpa-<backend>`` for flash, flash_bwd (the backward of a forward recorded when prepared) and decode,
-    one per forced backend (math: flash and flash_bwd only, within the budget)."""
+    """``torch-sdpa-<backend>`` for flash, flash_bwd (the backward of a forward recorded when prepared), flash_fwdbwd
+    (forward and backward in one call) and decode, one per forced backend (math: not for decode, and within the
+    budget)."""
     from ..providers import Prepared, Provider, all_checks, naive_check, torch_only  # the sweep's, not the wrappers'
 
-    flash, flash_bwd, decode_ = {}, {}, {}
+    flash, flash_bwd, flash_fwdbwd, decode_ = {}, {}, {}, {}
     for backend in BACKENDS:
         context = backend_context(backend)
 
@@ -97,13 +112,19 @@ def providers(opts) -> dict:
             fn, post = backward_prepared(x["q"], x["k"], x["v"], x["dout"], case.causal, backend)
             return Prepared(fn, post=post)
 
+        def prep_step(case, x, env, backend=backend):
+            step = forward_backward(x["q"], x["k"], x["v"], x["dout"], case.causal, backend)
+            return Prepared(step, post=lambda grads: grads[0])
+
         check = torch_only
         if backend == "math":
             check = all_checks(torch_only, naive_check(opts.naive_mem_bytes))
         flash[f"torch-sdpa-{backend}"] = Provider(prep_flash, check=check, note=f"SDPA, {backend} backend forced")
         flash_bwd[f"torch-sdpa-{backend}"] = Provider(
             prep_backward, check=check, note=f"SDPA backward ({backend} backend forced for the recorded forward)")
+        flash_fwdbwd[f"torch-sdpa-{backend}"] = Provider(
+            prep_step, check=check, note=f"SDPA forward + backward through autograd ({backend} backend forced)")
         if backend != "math":
             decode_[f"torch-sdpa-{backend}"] = Provider(
                 prep_decode, check=torch_only, note=f"SDPA, {backend} backend forced, GQA heads packed as rows")
-    return {"flash": flash, "flash_bwd": flash_bwd, "decode": decode_}
+    return {"flash": flash, "flash_bwd": flash_bwd, "flash_fwdbwd": flash_fwdbwd, "decode": decode_}

@@ -4,7 +4,7 @@ Same interface as ``simt`` (views ``(batch, heads, seqlen, headdim)``, any strid
 bottom-right causal mask, rows with ``lse = -inf`` contribute nothing), but the per-row statistics come from
 ``preprocess`` as ``stats`` (``(lse log2(e), D)`` pairs, padded rows) and 16-bit arrays travel as uint16 bit views.
 
-Key-block kernel (``key_block_kernel``), grid ``(batch * kv_heads, key blocks)``
+Key-block kernel (``key_block_kernel``), grid ``(key blocks, kv_heads, batch)``
     ``warps`` warps, warp ``w`` owning keys ``16 key_tiles w ..`` of the block's ``block_n``; K and V of the block
     stay in shared memory, ``dK`` and ``dV`` in registers. The block streams the query tiles that see its keys (causal:
     from ``block_info.query_tiles_start``), for every query head of the kv head's group in one flat walk, so the
@@ -45,7 +45,7 @@ from functools import lru_cache
 import numpy as np
 from numba import types
 
-from ..core.block_info import HEAD_MAJOR, QUERY_MAJOR
+from ..core.block_info import QUERY_MAJOR
 from ..forward import common
 from ..forward.common import PLAIN, Variant
 from ..runtime.device import SIMULATOR, kernel_jit, max_shared_per_block
@@ -253,7 +253,7 @@ def launch_dkdv(q, k, v, dout, stats, dq_acc, dk, dv, sm_scale: float, causal: b
     atomic = dq_acc is not None
     vector_red = atomic and not SIMULATOR and common.runs_here(VECTOR_RED_CAPABILITY)
     vector = common.vector_loads_ok(q, k, v, dout)
-    shape = common.launch_grid(HEAD_MAJOR, batch, kv_heads, seqlen_k, config.block_n, schedule)
+    shape = common.launch_grid(QUERY_MAJOR, batch, kv_heads, seqlen_k, config.block_n, schedule)
     variant = Variant.of(bool(causal), window, softcap, schedule is not None)
     scale, _ = common.scale_args(sm_scale, softcap)  # (applied inside the exponent: either sign)
     extra = () if schedule is None else (schedule,)

@@ -12,7 +12,7 @@ import numpy as np
 from numba import float32, uint16, uint32
 
 from ..core import ptx
-from ..core.block_info import (HEAD_MAJOR, QUERY_MAJOR, block_position_of, key_block_bounds_of, key_tile_walk,
+from ..core.block_info import (QUERY_MAJOR, block_position_of, key_block_bounds_of, key_tile_walk,
                                lane_position, query_tile_range, sequence_bounds_of)
 from ..core.epilogue import add_fragments, as_16bit, store_fragments
 from ..core.gradients import probabilities_and_grads
@@ -128,7 +128,7 @@ def key_block_source(config, d_pad: int, bf16: bool, vector_loads: bool, want_dv
     load_keys = tile_loader(threads, ROW, d_pad, BLOCK_N, np.uint16, vector_loads)
     load_rows = tile_loader(threads, ROW, d_pad, BLOCK_M, np.uint16, vector_loads)
     load_stats = stats_loader(threads, BLOCK_M, variant.packed)
-    position = block_position_of(HEAD_MAJOR, BLOCK_N, variant.packed)
+    position = block_position_of(QUERY_MAJOR, BLOCK_N, variant.packed)
     bounds = key_block_bounds_of(variant.packed)
     query_range = query_tile_range(BLOCK_M, BLOCK_N, variant.window)
     partial = tile_is_partial(BLOCK_N, BLOCK_M, variant.window)

@@ -16,7 +16,7 @@ Accuracy
     with float32 atomics.
 
 Work split (as ``mma``; its docstring has the walk)
-    Key-block kernel, grid ``(batch * kv_heads, key blocks)``: ``warps`` warps of ``16 key_tiles`` keys each; K and V
+    Key-block kernel, grid ``(key blocks, kv_heads, batch)``: ``warps`` warps of ``16 key_tiles`` keys each; K and V
     of the block resident in shared memory, ``dK`` and ``dV`` in registers; the query tiles of every query head of the
     group streamed with ``cp.async`` (Q, dO, stats; ``stages`` deep). Per tile and warp: ``S^T = K Q^T`` and ``dP^T =
     V dO^T`` (A: K / V row pairs; B: Q / dO row pairs), ``P^T`` and ``dS^T`` (``core.gradients``), split once into
@@ -47,7 +47,7 @@ from functools import lru_cache
 import numpy as np
 from numba import types
 
-from ..core.block_info import HEAD_MAJOR, QUERY_MAJOR, grid
+from ..core.block_info import QUERY_MAJOR, grid
 from ..core.constants import LOG2E
 from ..core.tf32 import swizzled_row_words
 from ..forward import common
@@ -221,7 +221,7 @@ def launch_dkdv(q, k, v, dout, stats, dq_acc, dk, dv, sm_scale: float, causal: b
     atomic = dq_acc is not None
     vector_red = atomic and not SIMULATOR and common.runs_here(VECTOR_RED_CAPABILITY)
     vector = common.vector_loads_ok(q, k, v, dout)
-    shape = grid(HEAD_MAJOR, batch, kv_heads, seqlen_k, config.block_n)
+    shape = grid(QUERY_MAJOR, batch, kv_heads, seqlen_k, config.block_n)
     for want_dv, want_dk in key_block_passes(config, d_pad):
         shared_bytes = config.key_shared_bytes(d_pad, want_dk, atomic and want_dk)
         common.check_shared_memory(shared_bytes)

@@ -14,7 +14,7 @@ import numpy as np
 from numba import float32, uint32
 
 from ..core import ptx
-from ..core.block_info import (HEAD_MAJOR, QUERY_MAJOR, block_position, key_tiles, lane_position,
+from ..core.block_info import (QUERY_MAJOR, block_position, key_tiles, lane_position,
                                query_tiles_start, sequence_bounds)
 from ..core.epilogue import add_fragments, as_float32, store_fragments
 from ..core.gradients import probabilities_and_grads
@@ -130,7 +130,7 @@ def key_block_source(config, d_pad: int, tf32_only: bool, vector_loads: bool, wa
     load_keys = tile_loader(threads, ROW, d_pad, BLOCK_N, np.float32, vector_loads, swizzle="fragments")
     load_rows = tile_loader(threads, ROW, d_pad, BLOCK_M, np.float32, vector_loads, swizzle="fragments")
     load_stats = tile_loader(threads, 4, 4, BLOCK_M // 2, np.float32, True)
-    position = block_position(HEAD_MAJOR, BLOCK_N)
+    position = block_position(QUERY_MAJOR, BLOCK_N)
     first_tile = query_tiles_start(BLOCK_M)
     partial = tile_is_partial(BLOCK_N)
     clear_st = fragment_clear(KT, Q_BLOCKS)

@@ -19,7 +19,8 @@ key/value shards travel around the ring, rank ``r`` sending to ``r + 1`` and rec
 running merge in torch float32 after each step rather than one ``numba_attn.combine_lse`` over all parts at the
 end: the result is the same convex combination (each step rounds the float32 accumulator once, ~1e-7 relative,
 far below the float32 tolerance of 1e-5), it keeps one output-sized accumulator instead of ``world`` parts, and it
-needs no extra kernel launch. It follows ``reference.combine_lse``'s rules: a part with ``lse = -inf`` has weight
+needs no extra kernel launch. The first step (the own shard, every row) is copied into the accumulator rather
+than merged with an empty one. It follows ``reference.combine_lse``'s rules: a part with ``lse = -inf`` has weight
 0, a row that no part reaches gives 0 and ``-inf`` (never NaN), a NaN or ``+inf`` lse makes the row NaN. The
 partials come back from ``flash_forward`` in the inputs' dtype (float16 partials carry one float16 rounding each),
 are read as they are and merged in float32, and the result is cast to the inputs' dtype once at the end; ``lse`` is
@@ -335,8 +336,8 @@ def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend
     send_to, receive_from = peer((rank + 1) % world), peer((rank - 1) % world)
     buffers = [torch.stack((k, v)), None]  # k and v travel together: one message per step
     side = torch.cuda.Stream(device=q.device) if q.is_cuda else None
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float32, device=q.device)
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     for step in range(world):
         current = buffers[step % 2]
         requests = []
@@ -346,7 +347,11 @@ def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend
             requests = _exchange(torch, dist, current, buffers[(step + 1) % 2], send_to, receive_from, group, side)
         for rows, keys, part_causal in _blocks(rank, (rank - step) % world, length, causal, layout):
             part_out, part_lse = attend(q[:, :, rows], current[0][:, :, keys], current[1][:, :, keys], part_causal)
-            _merge_into(out[:, :, rows], lse[:, :, rows], part_out, part_lse)
+            if step == 0:  # the own shard, every row (``_blocks``): the first part is the accumulator
+                out.copy_(part_out)
+                lse.copy_(part_lse)
+            else:
+                _merge_into(out[:, :, rows], lse[:, :, rows], part_out, part_lse)
         for request in requests:
             request.wait()
         if side is not None and requests:

@@ -27,7 +27,10 @@ The ops, registered once, when this module is first imported (on first use):
 
 (a ``window`` travels as ``[left, right]`` with -1 for an unbounded side), each with a fake (meta) implementation, so that ``torch.compile`` traces them without running kernels, and each
 backward registered as its forward's autograd formula. The public functions take this path by themselves for torch
-tensors when grad mode is on and one of their tensors requires grad (``api``); a model calling them compiles with
+tensors when grad mode is on and one of their tensors requires grad (``api``): the ops themselves inside a
+``torch.compile`` trace, and in eager mode a ``torch.autograd.Function`` per forward op with the same formula that
+calls the implementations directly (``_with_autograd``: torch's custom-op dispatch costs more host time than the
+launches); a model calling them compiles with
 ``torch.compile(fullgraph=True)`` without a graph break. :func:`flash_attention` is the same as a plain
 differentiable function. ``flash_forward``'s backward is ``flash_backward``'s default choice
 (``numba_attn/backward/``: tensor cores on sm_80+, float32 as 3xTF32) with the forward's ``allow_tf32``;
@@ -103,8 +106,61 @@ def _window(argument):
     return None if argument is None else tuple(None if side < 0 else int(side) for side in argument)
 
 
+#: op name -> its Python implementation, which the eager autograd functions call directly
+_IMPLS = {}
+#: forward op name -> a ``torch.autograd.Function`` with the op's autograd formula, for eager calls
+_EAGER = {}
+
+
+def _custom_op(name: str, schema: str):
+    """``torch.library.custom_op`` for ``numba_attn::name`` that also keeps the implementation in ``_IMPLS``."""
+    def register(fn):
+        _IMPLS[name] = fn
+        return torch.library.custom_op(f"numba_attn::{name}", mutates_args=(), schema=schema)(fn)
+
+    return register
+
+
+def _dispatched(name: str):
+    """Calls op ``name`` through torch's dispatcher (what ``torch.compile`` records)."""
+    return lambda *args: getattr(torch.ops.numba_attn, name)(*args)
+
+
+def _direct(name: str):
+    """Calls op ``name``'s implementation without the dispatcher (eager autograd)."""
+    return lambda *args: _IMPLS[name](*args)
+
+
+def _with_autograd(op, name: str, setup_context, make_backward) -> None:
+    """The autograd formula ``setup_context`` / ``make_backward(call)`` of forward op ``name``, twice: registered on
+    the op, its backward op called through the dispatcher (traced by ``torch.compile``), and as an eager
+    ``torch.autograd.Function`` that calls both implementations directly: in eager mode the custom-op dispatcher
+    (its schema and aliasing checks) costs more host time per call than the kernels' own launch path."""
+    op.register_autograd(make_backward(_dispatched), setup_context=setup_context)
+    eager_backward = make_backward(_direct)
+
+    def forward(*args):
+        return _IMPLS[name](*args)
+
+    def backward(ctx, *grads):
+        return eager_backward(ctx, *grads)
+
+    # (made by type(): autograd names the graph node after the class, Eager_<op>Backward)
+    _EAGER[name] = type(f"Eager_{name}", (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(backward)})
+
+
+def _differentiable(name: str):
+    """Forward op ``name`` as autograd should record it: the op itself inside a ``torch.compile`` trace, else the
+    eager function (the same formula)."""
+    if torch.compiler.is_compiling():
+        return getattr(ops(), name)
+    return _EAGER[name].apply
+
+
 def _register() -> SimpleNamespace:
-    @torch.library.custom_op("numba_attn::flash_forward", mutates_args=(), schema=_FORWARD_SCHEMA)
+    @_custom_op("flash_forward", _FORWARD_SCHEMA)
     def flash_forward(q, k, v, causal, sm_scale, backend, allow_tf32, window=None, softcap=None):
         # detached: the call must not come back here through api.flash_forward's autograd check
         return _api.flash_forward(q.detach(), k.detach(), v.detach(), causal=causal, sm_scale=sm_scale,
@@ -116,7 +172,7 @@ def _register() -> SimpleNamespace:
         _check_ranks(q, k, v)
         return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
-    @torch.library.custom_op("numba_attn::flash_backward", mutates_args=(), schema=_BACKWARD_SCHEMA)
+    @_custom_op("flash_backward", _BACKWARD_SCHEMA)
     def flash_backward(dout, q, k, v, out, lse, causal, sm_scale, deterministic, allow_tf32, window=None,
                        softcap=None):
         return _api.flash_backward(dout.detach(), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
@@ -137,16 +193,21 @@ def _register() -> SimpleNamespace:
         ctx.window, ctx.softcap = window, softcap
         ctx.mark_non_differentiable(lse)
 
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = torch.ops.numba_attn.flash_backward(dout, q, k, v, out, lse, ctx.causal, ctx.sm_scale,
-                                                          torch.are_deterministic_algorithms_enabled(),
-                                                          ctx.allow_tf32, ctx.window, ctx.softcap)
-        need = ctx.needs_input_grad
-        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None, None, None,
-                None, None)
+    def make_backward(call):
+        flash_backward_op = call("flash_backward")
 
-    flash_forward.register_autograd(backward, setup_context=setup_context)
+        def backward(ctx, dout, _dlse):
+            q, k, v, out, lse = ctx.saved_tensors
+            dq, dk, dv = flash_backward_op(dout, q, k, v, out, lse, ctx.causal, ctx.sm_scale,
+                                           torch.are_deterministic_algorithms_enabled(), ctx.allow_tf32, ctx.window,
+                                           ctx.softcap)
+            need = ctx.needs_input_grad
+            return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None, None,
+                    None, None, None)
+
+        return backward
+
+    _with_autograd(flash_forward, "flash_forward", setup_context, make_backward)
     _register_varlen()
     _register_linear()
     names = ("flash_forward", "flash_backward", "flash_forward_varlen", "flash_backward_varlen", "causal_dot_product",
@@ -157,7 +218,7 @@ def _register() -> SimpleNamespace:
 def _register_varlen() -> None:
     """``flash_forward_varlen`` / ``flash_backward_varlen`` as ops, and the first's autograd formula."""
 
-    @torch.library.custom_op("numba_attn::flash_forward_varlen", mutates_args=(), schema=_VARLEN_SCHEMA)
+    @_custom_op("flash_forward_varlen", _VARLEN_SCHEMA)
     def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, window, softcap, backend):
         return _api.flash_forward_varlen(q.detach(), k.detach(), v.detach(), cu_q, cu_k, max_seqlen_q=max_q,
                                          max_seqlen_k=max_k, causal=causal, sm_scale=sm_scale, window=_window(window),
@@ -167,7 +228,7 @@ def _register_varlen() -> None:
     def _(q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, window, softcap, backend):
         return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
-    @torch.library.custom_op("numba_attn::flash_backward_varlen", mutates_args=(), schema=_VARLEN_BACKWARD_SCHEMA)
+    @_custom_op("flash_backward_varlen", _VARLEN_BACKWARD_SCHEMA)
     def backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, sm_scale, window, softcap,
                         deterministic):
         return _api.flash_backward_varlen(dout.detach(), q.detach(), k.detach(), v.detach(), out.detach(),
@@ -186,14 +247,19 @@ def _register_varlen() -> None:
         ctx.options = (max_q, max_k, causal, sm_scale, window, softcap)
         ctx.mark_non_differentiable(lse)
 
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = torch.ops.numba_attn.flash_backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.options,
-                                                                 torch.are_deterministic_algorithms_enabled())
-        need = ctx.needs_input_grad
-        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + (None,) * 9
+    def make_backward(call):
+        backward_op = call("flash_backward_varlen")
 
-    forward_varlen.register_autograd(backward, setup_context=setup_context)
+        def backward(ctx, dout, _dlse):
+            q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+            dq, dk, dv = backward_op(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.options,
+                                     torch.are_deterministic_algorithms_enabled())
+            need = ctx.needs_input_grad
+            return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + (None,) * 9
+
+        return backward
+
+    _with_autograd(forward_varlen, "flash_forward_varlen", setup_context, make_backward)
 
 
 def _empty_float32(like):
@@ -208,7 +274,7 @@ def _state_shape(q, v):
 def _register_linear() -> None:
     """The linear functions' ops and their autograd formulas."""
 
-    @torch.library.custom_op("numba_attn::causal_dot_product", mutates_args=(), schema=_CDP_SCHEMA)
+    @_custom_op("causal_dot_product", _CDP_SCHEMA)
     def causal_dot_product(q, k, v, initial_state, return_state, allow_tf32, backend):
         result = _api.causal_dot_product(q.detach(), k.detach(), v.detach(),
                                          initial_state=None if initial_state is None else initial_state.detach(),
@@ -221,8 +287,7 @@ def _register_linear() -> None:
         final = q.new_empty(_state_shape(q, v), dtype=torch.float32) if return_state else _empty_float32(q)
         return q.new_empty(v.shape), final
 
-    @torch.library.custom_op("numba_attn::causal_dot_product_backward", mutates_args=(),
-                             schema=_CDP_BACKWARD_SCHEMA)
+    @_custom_op("causal_dot_product_backward", _CDP_BACKWARD_SCHEMA)
     def causal_dot_product_backward(dout, q, k, v, initial_state, dstate, allow_tf32, backend):
         states = {name: None if x is None else x.detach()
                   for name, x in (("initial_state", initial_state), ("dstate", dstate))}
@@ -244,18 +309,22 @@ def _register_linear() -> None:
         if not return_state:
             ctx.mark_non_differentiable(output[1])
 
-    def cdp_backward(ctx, dout, dfinal):
-        q, k, v, initial_state = ctx.saved_tensors
-        dstate = dfinal if ctx.return_state else None
-        dq, dk, dv, dinit = torch.ops.numba_attn.causal_dot_product_backward(
-            dout, q, k, v, initial_state, dstate, ctx.allow_tf32, ctx.backend)
-        need = ctx.needs_input_grad
-        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
-                dinit if need[3] else None, None, None, None)
+    def make_cdp_backward(call):
+        backward_op = call("causal_dot_product_backward")
 
-    causal_dot_product.register_autograd(cdp_backward, setup_context=cdp_setup_context)
+        def cdp_backward(ctx, dout, dfinal):
+            q, k, v, initial_state = ctx.saved_tensors
+            dstate = dfinal if ctx.return_state else None
+            dq, dk, dv, dinit = backward_op(dout, q, k, v, initial_state, dstate, ctx.allow_tf32, ctx.backend)
+            need = ctx.needs_input_grad
+            return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
+                    dinit if need[3] else None, None, None, None)
 
-    @torch.library.custom_op("numba_attn::linear_attention", mutates_args=(), schema=_LINEAR_SCHEMA)
+        return cdp_backward
+
+    _with_autograd(causal_dot_product, "causal_dot_product", cdp_setup_context, make_cdp_backward)
+
+    @_custom_op("linear_attention", _LINEAR_SCHEMA)
     def linear_attention(q, k, v, causal, eps, allow_tf32, backend):
         return _api.linear_attention(q.detach(), k.detach(), v.detach(), causal=causal, eps=eps,
                                      allow_tf32=allow_tf32, backend=backend)
@@ -265,8 +334,7 @@ def _register_linear() -> None:
         _check_ranks(q, k, v)
         return q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
 
-    @torch.library.custom_op("numba_attn::linear_attention_backward", mutates_args=(),
-                             schema=_LINEAR_BACKWARD_SCHEMA)
+    @_custom_op("linear_attention_backward", _LINEAR_BACKWARD_SCHEMA)
     def linear_attention_backward(dout, q, k, v, causal, eps, allow_tf32, backend):
         return _api.linear_attention_backward(dout.detach(), q.detach(), k.detach(), v.detach(), causal=causal,
                                               eps=eps, allow_tf32=allow_tf32, backend=backend)
@@ -281,14 +349,18 @@ def _register_linear() -> None:
         ctx.save_for_backward(q, k, v)
         ctx.causal, ctx.eps, ctx.allow_tf32, ctx.backend = causal, eps, allow_tf32, backend
 
-    def linear_backward(ctx, dout):
-        q, k, v = ctx.saved_tensors
-        dq, dk, dv = torch.ops.numba_attn.linear_attention_backward(dout, q, k, v, ctx.causal, ctx.eps,
-                                                                    ctx.allow_tf32, ctx.backend)
-        need = ctx.needs_input_grad
-        return dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None, None, None
+    def make_linear_backward(call):
+        backward_op = call("linear_attention_backward")
 
-    linear_attention.register_autograd(linear_backward, setup_context=linear_setup_context)
+        def linear_backward(ctx, dout):
+            q, k, v = ctx.saved_tensors
+            dq, dk, dv = backward_op(dout, q, k, v, ctx.causal, ctx.eps, ctx.allow_tf32, ctx.backend)
+            need = ctx.needs_input_grad
+            return dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None, None, None
+
+        return linear_backward
+
+    _with_autograd(linear_attention, "linear_attention", linear_setup_context, make_linear_backward)
 
 
 def _check_ranks(q, k, v) -> None:
@@ -308,22 +380,23 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, window=None, softcap=N
 
 def varlen_with_grad(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale, window,
                      softcap, return_lse, out, backend):
-    """``api.flash_forward_varlen`` (arguments checked there) for torch tensors of which one requires grad: through
-    the custom op while grad mode is on; None when it is off (the caller takes the plain path)."""
+    """``api.flash_forward_varlen`` (arguments checked there) for torch tensors of which one requires grad: recorded
+    by autograd while grad mode is on (as :func:`forward_with_grad`); None when it is off (the plain path)."""
     if not torch.is_grad_enabled():
         return None
     if out is not None:
         raise ValueError("out: cannot be used when q, k or v requires grad; drop out=, or detach the inputs")
     offsets = [x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x)) for x in (cu_seqlens_q,
                                                                                               cu_seqlens_k)]
-    result, lse = ops().flash_forward_varlen(q, k, v, *offsets, max_seqlen_q, max_seqlen_k, causal, sm_scale,
-                                             window_argument(window), softcap, backend)
+    result, lse = _differentiable("flash_forward_varlen")(q, k, v, *offsets, max_seqlen_q, max_seqlen_k, causal,
+                                                          sm_scale, window_argument(window), softcap, backend)
     return (result, lse) if return_lse else result
 
 
 def forward_with_grad(q, k, v, causal, sm_scale, return_lse, out, backend, allow_tf32, window=None, softcap=None):
-    """``api.flash_forward`` for torch tensors of which one requires grad: through the custom op while grad mode is
-    on, so autograd records it; None when grad mode is off (the caller takes the plain path)."""
+    """``api.flash_forward`` for torch tensors of which one requires grad: recorded by autograd while grad mode is on
+    (``_differentiable``: the custom op inside ``torch.compile``, its eager twin otherwise); None when grad mode is
+    off (the caller takes the plain path)."""
     if not torch.is_grad_enabled():
         return None
     if out is not None:
@@ -331,19 +404,21 @@ def forward_with_grad(q, k, v, causal, sm_scale, return_lse, out, backend, allow
                          "differentiated); drop out=, or detach the inputs / use torch.no_grad()")
     causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
     sm_scale, backend = check_sm_scale(sm_scale), check_backend(backend, BACKENDS)
-    result, lse = ops().flash_forward(q, k, v, causal, sm_scale, backend, check_flag(allow_tf32, "allow_tf32"),
-                                      window_argument(window), softcap)
+    result, lse = _differentiable("flash_forward")(q, k, v, causal, sm_scale, backend,
+                                                   check_flag(allow_tf32, "allow_tf32"), window_argument(window),
+                                                   softcap)
     return (result, lse) if return_lse else result
 
 
 def causal_dot_product_with_grad(q, k, v, initial_state, return_state, allow_tf32, backend):
-    """``api.causal_dot_product`` for torch tensors of which one requires grad: through the custom op while grad mode
-    is on; None when it is off (the caller takes the plain path)."""
+    """``api.causal_dot_product`` for torch tensors of which one requires grad: recorded by autograd while grad mode
+    is on (as :func:`forward_with_grad`); None when it is off (the caller takes the plain path)."""
     if not torch.is_grad_enabled():
         return None
     return_state = check_flag(return_state, "return_state")
-    out, final = ops().causal_dot_product(q, k, v, initial_state, return_state, check_flag(allow_tf32, "allow_tf32"),
-                                          check_backend(backend, LINEAR_BACKENDS))
+    out, final = _differentiable("causal_dot_product")(q, k, v, initial_state, return_state,
+                                                       check_flag(allow_tf32, "allow_tf32"),
+                                                       check_backend(backend, LINEAR_BACKENDS))
     return (out, final) if return_state else out
 
 
@@ -352,8 +427,9 @@ def linear_attention_with_grad(q, k, v, causal, eps, allow_tf32, backend):
     :func:`causal_dot_product_with_grad`)."""
     if not torch.is_grad_enabled():
         return None
-    return ops().linear_attention(q, k, v, check_flag(causal, "causal"), check_eps(eps),
-                                  check_flag(allow_tf32, "allow_tf32"), check_backend(backend, LINEAR_BACKENDS))
+    return _differentiable("linear_attention")(q, k, v, check_flag(causal, "causal"), check_eps(eps),
+                                               check_flag(allow_tf32, "allow_tf32"),
+                                               check_backend(backend, LINEAR_BACKENDS))
 
 
 _register_once()

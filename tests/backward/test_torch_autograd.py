@@ -139,6 +139,21 @@ def test_opcheck_forward_and_backward():
     torch.library.opcheck(ops().flash_forward, (q, k, v, True, None, None, False, [2, -1], 3.0))
 
 
+def test_eager_calls_record_the_same_formula_without_the_dispatcher():
+    """In eager mode autograd records the op's eager twin (the implementations called directly), whose gradients
+    are the custom op's own, bit for bit."""
+    from numba_attn.torch_ops import ops
+
+    (q, k, v), dout = _inputs(6, 2, 1, 6, 7, 8, "float32")
+    out = numba_attn.flash_forward(q, k, v, causal=True)
+    assert type(out.grad_fn).__name__.startswith("Eager_flash_forward")
+    eager = torch.autograd.grad(out, (q, k, v), dout)
+    op_out = ops().flash_forward(q, k, v, True, None, None, False)[0]
+    assert "Eager" not in type(op_out.grad_fn).__name__
+    for got, want in zip(eager, torch.autograd.grad(op_out, (q, k, v), dout)):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_deterministic_follows_torch(monkeypatch, deterministic):
     from numba_attn import torch_ops

@@ -139,16 +139,19 @@ def _with_autograd(op, name: str, setup_context, make_backward) -> None:
     op.register_autograd(make_backward(_dispatched), setup_context=setup_context)
     eager_backward = make_backward(_direct)
 
-    def forward(*args):
-        return _IMPLS[name](*args)
+    def forward(ctx, *args):
+        # (the formula's setup_context called here: a Function with a setup_context of its own binds its
+        # arguments through inspect.signature on every call)
+        output = _IMPLS[name](*args)
+        setup_context(ctx, args, output)
+        return output
 
     def backward(ctx, *grads):
         return eager_backward(ctx, *grads)
 
     # (made by type(): autograd names the graph node after the class, Eager_<op>Backward)
     _EAGER[name] = type(f"Eager_{name}", (torch.autograd.Function,), {
-        "forward": staticmethod(forward), "setup_context": staticmethod(setup_context),
-        "backward": staticmethod(backward)})
+        "forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
 def _differentiable(name: str):

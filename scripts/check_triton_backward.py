@@ -25,6 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import median_ms  # noqa: E402
+
 _PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench", "peers", "triton_flash.py")
 _spec = importlib.util.spec_from_file_location("triton_flash", _PATH)  # by path: no numba_attn import needed
 tf = importlib.util.module_from_spec(_spec)
@@ -106,21 +109,6 @@ def correctness() -> int:
         torch.cuda.empty_cache()
     print(f"{len(CASES) - failed} passed, {failed} failed", flush=True)
     return failed
-
-
-def median_ms(fn, reps, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def timing(dtype, seqlen, reps):

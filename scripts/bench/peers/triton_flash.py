@@ -69,7 +69,19 @@ _TILES = (
     (16, 128, 4, 3),
     (16, 128, 8, 2),
 )
-_CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in _TILES]
+
+
+def _configs(tiles) -> list:
+    """``triton.Config`` per ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``."""
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in tiles]
+
+
+def _smallest(configs):
+    """The configuration with the smallest tile: what is left when none is estimated to fit."""
+    return [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+
+
+_CONFIGS = _configs(_TILES)
 
 _SHARED_MEMORY_BYTES = 220 * 1024  # an H100 block may use up to 227 KiB
 _MAX_ACC_REGISTERS = 128  # float32 accumulator words per thread beyond which a tile would spill
@@ -104,7 +116,7 @@ def _prune_configs(configs, named_args, **kwargs):
 
     kept = [c for c in configs if fits(c) and suits(c)]
     if not kept:
-        kept = [c for c in configs if fits(c)] or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+        kept = [c for c in configs if fits(c)] or _smallest(configs)
     return kept
 
 
@@ -311,8 +323,8 @@ _DQ_TILES = (
     (64, 32, 4, 3),
     (32, 32, 4, 2),
 )
-_DKDV_CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in _DKDV_TILES]
-_DQ_CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in _DQ_TILES]
+_DKDV_CONFIGS = _configs(_DKDV_TILES)
+_DQ_CONFIGS = _configs(_DQ_TILES)
 _MAX_BWD_REGISTERS = 192  # float32 accumulator + score-tile words per thread beyond which a tile would spill
 
 
@@ -336,8 +348,7 @@ def _prune_backward(held: str):
             words = (accumulators * bh * head_dim + 2 * tile) // (32 * cfg.num_warps)
             return shared <= _SHARED_MEMORY_BYTES and words <= _MAX_BWD_REGISTERS
 
-        kept = [c for c in configs if fits(c)]
-        return kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+        return [c for c in configs if fits(c)] or _smallest(configs)
 
     return prune
 

@@ -92,7 +92,7 @@ def _with_grad(x: dict, env: Env) -> tuple:
 
 def _forward_backward(case: Case, x: dict, env: Env, linear: bool):
     """The timed call of ``flash_fwdbwd`` / ``linear_fwdbwd``: forward, then the gradients of q, k, v from ``dout``
-    (torch: ``torch.autograd.grad`` through numba_attn's custom ops; otherwise the two public functions)."""
+    (torch: ``torch.autograd.grad`` through the differentiable forward; otherwise the two public functions)."""
     q, k, v = _with_grad(x, env)
     dout = x["dout"]
     if env.kind == "torch":

@@ -1,4 +1,4 @@
-"""GPU check of the Triton FlashAttention-2 backward peer (``flash_backward`` in scripts/bench/peers/triton_flash.py).
+"""GPU check of the Triton FlashAttention-2 backward peer (``flash_backward`` in scripts/bench/peers/triton_flash_backward.py).
 
     python3 scripts/check_triton_backward.py                 # correctness, then timing
     python3 scripts/check_triton_backward.py --skip-timing
@@ -16,7 +16,6 @@ timing       B=4 H=32 D=128 N=--seqlen, non-causal and causal: median of --reps 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
 import sys
@@ -26,12 +25,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _timing import median_ms  # noqa: E402
-
-_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench", "peers", "triton_flash.py")
-_spec = importlib.util.spec_from_file_location("triton_flash", _PATH)  # by path: no numba_attn import needed
-tf = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tf)
+from bench.peers import triton_flash_backward as tf  # noqa: E402  (flash_forward with lse, flash_backward)
 
 DEVICE = "cuda"
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}

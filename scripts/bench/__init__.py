@@ -8,7 +8,7 @@ Sweeps (``--sweeps``):
   configuration. Metric: TFLOP/s with FLOPs = 4 * B * H * Lq * Lk * D (two matrix products), **halved for causal**
   (the masked half is not counted, whatever a kernel actually computes).
 * ``flash_bwd`` (``--sweeps flash --direction backward`` or ``both``) -- ``numba_attn.flash_backward`` vs the
-  backward of torch SDPA's forced backends and of our Triton FlashAttention-2 backward (``peers/triton_flash.py``)
+  backward of torch SDPA's forced backends and of our Triton FlashAttention-2 backward (``peers/triton_flash_backward.py``)
   on the flash grid: each provider records one forward when prepared
   (untimed) and the backward alone is timed (SDPA: ``torch.autograd.grad`` with the graph retained); the check
   compares ``dq`` (a row's depends on that row only, so the slice is exact). Metric: TFLOP/s with FLOPs = 2.5 times

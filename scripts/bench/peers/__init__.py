@@ -4,8 +4,8 @@ Each module wraps one outside implementation behind a small function on ``(batch
 imports its library at the top, so importing the module is the availability test (see :func:`load`):
 
 * ``torch_sdpa``   -- ``torch.nn.functional.scaled_dot_product_attention`` with one backend forced at a time;
-* ``triton_flash`` -- our own FlashAttention-2 in Triton, forward and backward (online softmax, exp2, causal tile
-  skipping, autotuned tiles);
+* ``triton_flash`` -- our own FlashAttention-2 forward in Triton (online softmax, exp2, causal tile skipping,
+  autotuned tiles), and ``triton_flash_backward`` its backward (dK/dV and dQ kernels, autotuned);
 * ``naive``        -- materialised attention / causal dot product for NumPy or CuPy;
 * ``fla_linear``   -- flash-linear-attention's chunked and fused-recurrent linear attention.
 
@@ -22,7 +22,8 @@ import pkgutil
 __all__ = ["PEERS", "plugins", "load"]
 
 #: label (as reported when unavailable) -> module, in the order their providers join the tables
-PEERS = {"torch-sdpa": "torch_sdpa", "triton-fa2": "triton_flash", "cupy-naive": "naive", "fla": "fla_linear"}
+PEERS = {"torch-sdpa": "torch_sdpa", "triton-fa2": "triton_flash", "triton-fa2-backward": "triton_flash_backward",
+         "cupy-naive": "naive", "fla": "fla_linear"}
 
 
 def plugins() -> dict:

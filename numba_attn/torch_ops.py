@@ -137,7 +137,6 @@ def _with_autograd(op, name: str, setup_context, make_backward) -> None:
     ``torch.autograd.Function`` that calls both implementations directly: in eager mode the custom-op dispatcher
     (its schema and aliasing checks) costs more host time per call than the kernels' own launch path."""
     op.register_autograd(make_backward(_dispatched), setup_context=setup_context)
-    eager_backward = make_backward(_direct)
 
     def forward(ctx, *args):
         # (the formula's setup_context called here: a Function with a setup_context of its own binds its
@@ -146,12 +145,9 @@ def _with_autograd(op, name: str, setup_context, make_backward) -> None:
         setup_context(ctx, args, output)
         return output
 
-    def backward(ctx, *grads):
-        return eager_backward(ctx, *grads)
-
     # (made by type(): autograd names the graph node after the class, Eager_<op>Backward)
     _EAGER[name] = type(f"Eager_{name}", (torch.autograd.Function,), {
-        "forward": staticmethod(forward), "backward": staticmethod(backward)})
+        "forward": staticmethod(forward), "backward": staticmethod(make_backward(_direct))})
 
 
 def _differentiable(name: str):

@@ -21,7 +21,8 @@ Sweeps (``--sweeps``):
   second, and its percentage of the device-to-device copy bandwidth measured in the same run (read + written
   bytes of a 1 GiB buffer copy).
 * ``linear`` -- ``numba_attn.causal_dot_product`` vs flash-linear-attention's chunked and fused-recurrent kernels
-  (``scale=1``, ``normalize=False``: the same unnormalised causal sum). Metric: ms only.
+  (``scale=1``, ``normalize=False``: the same unnormalised causal sum); fla's chunked kernel runs float32 in TF32,
+  ``fla-chunk[tf32x3]`` (float32 only) compiles it with Triton's 3xTF32 products, float32's precision. Metric: ms only.
 * ``linear_bwd`` / ``linear_fwdbwd`` (``--sweeps linear --direction backward`` / ``fwdbwd``) --
   ``numba_attn.causal_dot_product_backward`` vs the backward of fla's kernels through autograd (a forward recorded
   when prepared, timed alone), and forward plus backward in one call. Metric: ms; ``dq`` checked against

@@ -26,7 +26,7 @@ elements: the 8 row addresses of an ``ldmatrix`` fall in 8 different bank groups
 No mask but the end of the keys: one query row sees every key under the bottom-right causal mask, and several rows
 come here only without one (``decode.launch.grouped_views``). Rows that see no key (an empty split) give 0 and
 ``lse = -inf``. KV-cache options (``decode.kvcache``; ``_kernel_source``): per-row lengths, pages
-(``staging.paged_tile_loader``), a window's left side (the one query position's), soft-capped scores
+(``staging.paged_kv_loader``), a window's left side (the one query position's), soft-capped scores
 (``softmax_step(softcap=True)``).
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ from ..core.softmax import softmax_step
 from ..forward import common
 from ..core.block_info import cache_length
 from ..core.mask import visible_start
-from ..core.staging import device_function, inlined_function, paged_tile_loader, tile_loader
+from ..core.staging import device_function, inlined_function, paged_kv_loader, tile_loader
 from .kvcache import KvOptions
 
 
@@ -253,8 +253,7 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
     HAS_LEFT = kv.has_left
     row_length = cache_length(kv.ragged, kv.paged)
     first_visible = visible_start(kv.window)
-    load_paged = paged_tile_loader(THREADS, ROW, D_PAD, BLOCK_N, np.uint16, vector_loads,
-                                   l2_prefetch=config.l2_prefetch)
+    load_paged = paged_kv_loader(THREADS, ROW, D_PAD, BLOCK_N, np.uint16, vector_loads, l2_prefetch=config.l2_prefetch)
     online_softmax = softmax_step(S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=True, softcap=SOFTCAP)
 
     @device_function
@@ -366,9 +365,8 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
             if ahead < n_tiles:
                 n_ahead = key_start + ahead * BLOCK_N
                 if PAGED:
-                    load_paged(k, table, b, hk, smem, Q_TILE + ahead * STAGE, tid, n_ahead, key_end, 0, head_dim)
-                    load_paged(v, table, b, hk, smem, Q_TILE + ahead * STAGE + TILE, tid, n_ahead, key_end, 0,
-                               head_dim)
+                    load_paged(k, v, table, b, hk, smem, Q_TILE + ahead * STAGE, Q_TILE + ahead * STAGE + TILE, tid,
+                               n_ahead, key_end, 0, head_dim)
                 else:
                     load_tile(k_head, smem, Q_TILE + ahead * STAGE, tid, n_ahead, key_end, 0, head_dim)
                     load_tile(v_head, smem, Q_TILE + ahead * STAGE + TILE, tid, n_ahead, key_end, 0, head_dim)
@@ -413,8 +411,7 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
                 if n_next >= 0:
                     nxt = Q_TILE + ((i + 1) % 2) * STAGE
                     if PAGED:
-                        load_paged(k, table, b, hk, smem, nxt, tid, n_next, key_end, 0, head_dim)
-                        load_paged(v, table, b, hk, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
+                        load_paged(k, v, table, b, hk, smem, nxt, nxt + TILE, tid, n_next, key_end, 0, head_dim)
                     else:
                         load_tile(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
                         load_tile(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
@@ -441,8 +438,7 @@ def _kernel_source(layout: _Layout, bf16: bool, vector_loads: bool, scale_first:
                     nxt = Q_TILE + ((j + STAGES - 1) % STAGES) * STAGE
                     n_next = n0 + (STAGES - 1) * BLOCK_N
                     if PAGED:
-                        load_paged(k, table, b, hk, smem, nxt, tid, n_next, key_end, 0, head_dim)
-                        load_paged(v, table, b, hk, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)
+                        load_paged(k, v, table, b, hk, smem, nxt, nxt + TILE, tid, n_next, key_end, 0, head_dim)
                     else:
                         load_tile(k_head, smem, nxt, tid, n_next, key_end, 0, head_dim)
                         load_tile(v_head, smem, nxt + TILE, tid, n_next, key_end, 0, head_dim)

@@ -30,15 +30,51 @@ class CheckSlice:
         return x[0][self.heads][:, x.shape[2] - self.rows:]
 
 
-def check_slice(case: Case, rows: int) -> CheckSlice:
+@dataclass(frozen=True)
+class PackedSlice:
+    """Packed sequences (varlen): ``heads`` (first and last) of the query rows ``rows`` (``(start, end)`` ranges:
+    the last rows of the first and the last sequence, against all their keys, ``keys``)."""
+
+    heads: list
+    rows: tuple
+    keys: tuple
+
+    def of(self, x) -> np.ndarray:
+        """The slice of a ``(total_tokens, heads, dim)`` array, the ranges concatenated, as float64 NumPy."""
+        return np.concatenate([to_numpy(x[a:b][:, self.heads]) for a, b in self.rows])
+
+
+def check_slice(case: Case, rows: int) -> CheckSlice | PackedSlice:
     heads = sorted({0, case.heads - 1})
+    if case.sweep == "varlen":
+        # the first and the last packed sequence: both ends of the buffer, and the last one follows every other
+        # sequence (a kernel that let it see their keys, or a causal mask across sequences, shows there)
+        cu = np.concatenate([[0], np.cumsum(case.lengths)])
+        seqs = sorted({0, len(case.lengths) - 1})
+        ranges = tuple((int(cu[s + 1]) - min(rows, case.lengths[s]), int(cu[s + 1])) for s in seqs)
+        return PackedSlice(heads, ranges, tuple((int(cu[s]), int(cu[s + 1])) for s in seqs))
     return CheckSlice(heads, min(rows, case.seqlen_q))
 
 
-def reference_output(case: Case, inputs: dict, sl: CheckSlice) -> np.ndarray:
-    """float64 reference for the slice: ``reference.attention`` / ``reference.causal_dot_product``; for the gradient
-    sweeps (``*_bwd``, ``*_fwdbwd``) the slice of ``dq`` from ``reference.attention_backward`` /
-    ``reference.causal_dot_product_backward_chunked`` (their providers return ``dq``)."""
+def _varlen_reference(case: Case, inputs: dict, sl: PackedSlice) -> np.ndarray:
+    """``reference.attention_varlen`` of the sliced sequences: their last rows against all their keys are an exact
+    sub-problem (bottom-right alignment within each sequence)."""
+    kv_heads = [h // (case.heads // case.kv_heads) for h in sl.heads]
+    q = np.concatenate([to_numpy(inputs["q"][a:b][:, sl.heads]) for a, b in sl.rows])
+    k, v = (np.concatenate([to_numpy(inputs[n][a:b][:, kv_heads]) for a, b in sl.keys]) for n in ("k", "v"))
+    cu_q = np.concatenate([[0], np.cumsum([b - a for a, b in sl.rows])])
+    cu_k = np.concatenate([[0], np.cumsum([b - a for a, b in sl.keys])])
+    return reference.attention_varlen(q, k, v, cu_q, cu_k, causal=case.causal)
+
+
+def reference_output(case: Case, inputs: dict, sl: CheckSlice | PackedSlice) -> np.ndarray:
+    """float64 reference for the slice: ``reference.attention`` (window: with ``window=(W, 0)``) /
+    ``reference.causal_dot_product`` / ``reference.attention_varlen`` / ``reference.attention_with_kvcache`` (paged:
+    batch row 0 of the dense cache, whose keys the pages hold); for the gradient sweeps (``*_bwd``, ``*_fwdbwd``) the
+    slice of ``dq`` from ``reference.attention_backward`` / ``reference.causal_dot_product_backward_chunked`` (their
+    providers return ``dq``)."""
+    if case.sweep == "varlen":
+        return _varlen_reference(case, inputs, sl)
     group = case.heads // case.kv_heads
     kv_heads = [h // group for h in sl.heads]
     q = to_numpy(inputs["q"][0][sl.heads])
@@ -59,7 +95,15 @@ def reference_output(case: Case, inputs: dict, sl: CheckSlice) -> np.ndarray:
         # dq of a row depends on that row alone (and on every key): the slice's dq is exact too
         dout = to_numpy(inputs["dout"][0][sl.heads])[:, case.seqlen_q - sl.rows:]
         return reference.attention_backward(dout[None], q[None], k[None], v[None], causal=case.causal)[0][0]
-    return reference.attention(q[None], k[None], v[None], causal=case.causal)[0]
+    if case.sweep == "paged":
+        lengths = np.array([case.lengths[0] if case.lengths else case.seqlen_k])
+        return reference.attention_with_kvcache(q[None], k[None], v[None], cache_seqlens=lengths)[0]
+    if case.window:
+        # keys before the window of the first checked row are never seen: the reference on the rest is exact
+        first = max(0, case.seqlen_k - sl.rows - case.window)
+        k, v = k[:, first:], v[:, first:]
+    window = (case.window, 0) if case.window else None
+    return reference.attention(q[None], k[None], v[None], causal=case.causal, window=window)[0]
 
 
 def rel_error(out: np.ndarray, ref: np.ndarray) -> float:

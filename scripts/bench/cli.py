@@ -59,6 +59,23 @@ def _directions(text: str) -> list:
     return names
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _size_positive(text: str) -> int:
+    try:
+        value = parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cannot parse {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a size >= 1, got {text!r}")
+    return value
+
+
 def _flash_config(text: str) -> tuple[int, int]:
     d, h = text.lower().replace("x", ":").split(":")
     return int(d), int(h)
@@ -79,9 +96,21 @@ def _tolerances(text: str) -> dict:
 _EPILOG = """\
 modes (defaults in [brackets] are the full grid's):
   full       the grid above: roughly 10-20 minutes on an H100 (an estimate), much of it compiling
-  --quick    flash D=128 H=32 N=1k,4k; decode Lk=4k,16k; linear fp16 N=1k,4k; 10 reps, 0.5 s per case
+  --quick    flash D=128 H=32 N=1k,4k; decode Lk=4k,16k; linear fp16 N=1k,4k; 10 reps, 0.5 s per case;
+             varlen 16 seqs; paged pages 16,64,256 full and ragged; window W=1k (so N=4k only)
   simulator  no GPU: flash D=16 H=1 B=1 N=16,32 fp32; decode H=2 Hkv=2,1 D=16 Lk=32,64; linear E=M=16
-             N=16,32; numba_attn vs a NumPy naive peer, perf_counter timing (checks the pipeline, not speed)
+             N=16,32; varlen 2 seqs; paged pages 16, ragged rows; window W=8; numba_attn vs a NumPy naive
+             peer, perf_counter timing (checks the pipeline, not speed)
+
+real-batch sweeps (asked by name; not in the default list):
+  varlen     flash_forward_varlen on --varlen-seqs packed sequences of (2i+1)N/n tokens for each --seqlens N
+             (mean N), the flash grid's D:H, dtypes and --causal; vs FlexAttention (document mask, compiled) and
+             SDPA on jagged nested tensors; TFLOP/s on the real tokens
+  paged      flash_decode on the decode grid with the cache in pages of each --page-sizes value (shuffled pages,
+             device block_table) vs the same keys in a dense cache; --paged-rows full (every row at L keys)
+             and/or ragged (L/2..L keys, device cache_seqlens); GB/s, % of copy, CUDA graphs as decode
+  window     flash_forward(causal=True, window=(W, 0)), W = --window, on the flash grid's N > W vs FlexAttention
+             (sliding-window mask) and the full causal call; TFLOP/s on the visible pairs
 
 examples:
   python scripts/sweep.py                              # everything installed, full grid
@@ -90,6 +119,9 @@ examples:
   python scripts/sweep.py --sweeps decode --decode-kv-heads 8 --decode-lengths 16k,128k
   python scripts/sweep.py --sweeps flash --direction backward --seqlens 2k,4k,8k --providers numba,flash,cudnn
   python scripts/sweep.py --sweeps linear --direction backward,fwdbwd --dtypes fp16,bf16,fp32
+  python scripts/sweep.py --sweeps varlen --seqlens 1k,4k --varlen-seqs 16 --causal causal --dtypes fp16,bf16
+  python scripts/sweep.py --sweeps paged --decode-lengths 16k,64k --page-sizes 16,64,256 --paged-rows both
+  python scripts/sweep.py --sweeps window --seqlens 16k,64k --window 4k --flash-configs 128:16
 """
 
 
@@ -105,22 +137,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = p.add_argument
     add("--sweeps", type=_list(str), default=list(DEFAULT_SWEEPS),
-        help="sweeps to run: flash, decode, linear (and by name flash_bwd, flash_fwdbwd, linear_bwd, "
-             "linear_fwdbwd; see --direction) [flash,decode,linear]")
+        help="sweeps to run: flash, decode, linear, varlen, paged, window (and by name flash_bwd, flash_fwdbwd, "
+             "linear_bwd, linear_fwdbwd; see --direction) [flash,decode,linear]")
     add("--direction", type=_directions, default=["forward"],
         help="for the flash and linear sweeps, comma-separated: forward (flash_forward / causal_dot_product), "
              "backward (the backward alone on a recorded forward: sweeps flash_bwd, linear_bwd; flash FLOPs "
              "2.5x the forward's), fwdbwd (forward then backward in one timed call: flash_fwdbwd, linear_fwdbwd; "
              "flash FLOPs 3.5x); both = forward,backward; all = the three [forward]")
     add("--quick", action="store_true",
-        help="smoke-test grid: flash N=1k,4k with D=128 H=32; decode Lk=4k,16k; linear N=1k,4k fp16; 10 reps")
-    add("--seqlens", type=_list(parse_size), help="flash and linear sequence lengths [1k,2k,4k,8k,16k]")
+        help="smoke-test grid: flash N=1k,4k with D=128 H=32; decode Lk=4k,16k; linear N=1k,4k fp16; window "
+             "W=1k; 10 reps")
+    add("--seqlens", type=_list(parse_size),
+        help="flash, linear and window sequence lengths; varlen: the mean length of its sequences [1k,2k,4k,8k,16k]")
     add("--dtypes", type=_list(_dtype),
         help="dtypes for every sweep: fp16, fp32, bf16 [flash, decode: fp16; linear: fp16,fp32]")
     add("--providers", type=_list(str),
         help="keep only providers whose name contains one of these substrings (e.g. numba,triton); =name keeps "
              "exactly that provider (e.g. =numba_attn for the default dispatch alone)")
-    add("--batch", type=int, help="batch size for every sweep [flash 4, decode 8, linear 4]")
+    add("--batch", type=int,
+        help="batch size for every sweep but varlen (--varlen-seqs) [flash, window 4; decode, paged 8; linear 4]")
     add("--flash-configs", type=_list(_flash_config),
         help="flash (headdim:heads) configurations [64:48,128:32]")
     add("--headdims", type=_list(int), help="flash head dims, paired with --heads (alternative to --flash-configs)")
@@ -130,14 +165,22 @@ def build_parser() -> argparse.ArgumentParser:
     add("--decode-heads", type=int, help="decode query heads [32]")
     add("--decode-kv-heads", type=_list(int), help="decode KV head counts, one case each [32,4]")
     add("--decode-headdim", type=int, help="decode head dim [128]")
+    add("--varlen-seqs", type=_positive, help="varlen: packed sequences per batch, (2i+1)N/n tokens each [16]")
+    add("--page-sizes", type=_list(_positive), help="paged: page sizes, a provider each [16,64,256]")
+    add("--paged-rows", choices=("full", "ragged", "both"),
+        help="paged: every row holding the whole cache, rows holding L/2..L keys (device cache_seqlens), or both "
+             "[both; simulator: ragged]")
+    add("--window", type=_size_positive,
+        help="window: the left window W of window=(W, 0); sizes N <= W are skipped [4k; --quick 1k]")
     add("--linear-heads", type=int, help="linear heads [8]")
     add("--linear-dim", type=int, help="linear feature and value dim E = M [64]")
     add("--reps", type=int, help="timed calls per case and provider, at most [30]")
     add("--warmup", type=int, help="untimed calls before timing [3]")
     add("--budget", type=float, help="seconds of timed calls per case and provider; cuts --reps down [2.0]")
     add("--rotate", type=int, help="fresh random input sets rotated between calls [3]")
-    add("--graph-sweeps", type=_list(str), default=["decode"],
-        help="sweeps whose calls are also timed as CUDA graph replays (torch arrays; 'none': no graphs) [decode]")
+    add("--graph-sweeps", type=_list(str), default=["decode", "paged"],
+        help="sweeps whose calls are also timed as CUDA graph replays (torch arrays; 'none': no graphs) "
+             "[decode,paged]")
     add("--graph-steps", type=int, default=20, help="calls captured in one CUDA graph [20]")
     add("--graph-replays", type=int, default=15, help="timed replays of the graph; the median counts [15]")
     add("--check-rows", type=int, default=128,
@@ -177,6 +220,10 @@ class Options:
     linear_heads: int
     linear_dim: int
     linear_dtypes: list
+    varlen_seqs: int
+    page_sizes: list
+    paged_rows: list  # "full" and / or "ragged"
+    window: int
     reps: int
     warmup: int
     budget: float
@@ -239,6 +286,10 @@ def resolve_options(args: argparse.Namespace, simulator: bool) -> Options:
         linear_heads=pick("linear_heads", "linear_heads"),
         linear_dim=pick("linear_dim", "linear_dim"),
         linear_dtypes=pick("dtypes", "linear_dtypes"),
+        varlen_seqs=pick("varlen_seqs", "varlen_seqs"),
+        page_sizes=pick("page_sizes", "page_sizes"),
+        paged_rows={"both": ["full", "ragged"], None: g["paged_rows"]}.get(args.paged_rows, [args.paged_rows]),
+        window=pick("window", "window"),
         reps=max(1, pick("reps", "reps")),
         warmup=max(0, pick("warmup", "warmup")),
         budget=pick("budget", "budget"),

@@ -47,6 +47,10 @@ class Env:
             raise TypeError("NumPy has no bfloat16")
         return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32).astype(dtype)
 
+    def from_numpy(self, array: np.ndarray):
+        """A host array (offsets, page tables) where the inputs live: on the device for the GPU environments."""
+        return array
+
     def active(self):
         """Context in which every provider runs (the shared stream on a GPU)."""
         return contextlib.nullcontext()
@@ -127,6 +131,9 @@ class TorchEnv(GpuEnv):
         gen = self.torch.Generator(device=self.device).manual_seed(seed)
         return self.torch.randn(shape, dtype=getattr(self.torch, dtype), device=self.device, generator=gen)
 
+    def from_numpy(self, array: np.ndarray):
+        return self.torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
     @contextlib.contextmanager
     def active(self):
         with contextlib.ExitStack() as stack:
@@ -177,6 +184,9 @@ class CupyEnv(GpuEnv):
             raise TypeError("CuPy has no bfloat16 (install torch to sweep bf16)")
         rs = self.cupy.random.RandomState(seed)
         return rs.standard_normal(shape, dtype=self.cupy.float32).astype(dtype)
+
+    def from_numpy(self, array: np.ndarray):
+        return self.cupy.asarray(array)
 
     def active(self):
         return self.stream

@@ -50,15 +50,17 @@ def main(argv: list | None = None, *, extra_providers: dict | None = None) -> di
         "git_commit": git_commit(), "versions": versions(), "timer": env.timer, "options": asdict(opts),
         "copy_bandwidth_gbs": None, "unavailable_peers": unavailable,
         "providers": {s: {n: p.note for n, p in registry.get(s, {}).items()} for s in opts.sweeps},
-        "flops": "flash: 4*B*H*Lq*Lk*D, halved for causal; flash_bwd: 2.5 times that",
-        "bytes": "decode: K and V read + q read + out written",
-        "correctness": f"batch 0, heads first and last, last {opts.check_rows} query rows vs float64 reference",
+        "flops": "flash: 4*B*H*Lq*Lk*D, halved for causal; flash_bwd: 2.5 times that; varlen: 4*H*D*sum(L_i^2), "
+                 "halved for causal; window: 4*B*H*D*sum_i(min(i, W) + 1) (numba_attn[causal]: as flash causal)",
+        "bytes": "decode, paged: K and V read (paged ragged: the keys each row holds) + q read + out written",
+        "correctness": f"batch 0, heads first and last, last {opts.check_rows} query rows vs float64 reference "
+                       "(varlen: the last rows of the first and last packed sequences)",
     }
     rows: list = []
     files: list = []
     try:
         with env.active():
-            if "decode" in opts.sweeps and not env.simulator:
+            if {"decode", "paged"} & set(opts.sweeps) and not env.simulator:
                 try:
                     meta["copy_bandwidth_gbs"] = env.copy_bandwidth()
                 except Exception as exc:  # noqa: BLE001

@@ -42,6 +42,10 @@ class Provider:
     into a ``Prepared`` call; it runs outside the timed region, so layout changes made there are not timed.
     ``check(case, env)`` returns a reason to skip the case before anything is allocated (or None).
     ``tf32_dtypes``: input dtypes the provider computes with TF32 tensor cores (they get the ``tf32`` bound).
+    ``baseline``: the sweep's own reference point (window: the full causal call; paged: the dense cache), neither a
+    peer nor compared with them: the other numba_attn providers' rates are divided by its rate.
+    ``variant(case)``: the case it computes when that is not the swept one (window's full causal call): its
+    reference, FLOPs and bytes are that case's; its row stays in the swept case's table.
     """
 
     prepare: Callable[[Case, dict, Env], Prepared]
@@ -50,6 +54,8 @@ class Provider:
     tf32_dtypes: tuple = ()
     note: str = ""
     graphs: bool = True  # its calls launch on the current torch stream, so a CUDA graph capture takes them
+    baseline: bool = False
+    variant: Callable[[Case], Case] | None = None
 
 
 def _backend_variants(fn, names) -> list:
@@ -191,7 +197,10 @@ def all_checks(*checks):
 def build_registry(env: Env, opts: Options) -> tuple[dict, dict]:
     """``({sweep: {name: Provider}}, {peer: reason unavailable})`` for this environment; numba_attn first, then each
     peer plug-in's ``providers(opts)`` in ``peers.plugins()`` order."""
-    registry = {s: numba_attn_providers(s) for s in SWEEPS}
+    from . import batches  # (it builds on this module)
+
+    registry = {s: numba_attn_providers(s) for s in SWEEPS if s not in batches.SWEEPS}
+    registry.update(batches.providers(opts))
     unavailable = {}
 
     def merge(groups: dict):
@@ -202,6 +211,8 @@ def build_registry(env: Env, opts: Options) -> tuple[dict, dict]:
         from .peers import naive
 
         merge(naive.numpy_providers())
+        gpu_peers = ", ".join(label for label in peers.plugins() if label != "cupy-naive")
+        unavailable["GPU peers"] = f"not run under the simulator ({gpu_peers})"
         return registry, unavailable
     for label, module in peers.plugins().items():
         mod, reason = peers.load(module)

@@ -13,8 +13,16 @@ if TYPE_CHECKING:
     from .cli import Options
 
 
+def _rate(r: dict, prefix: str) -> float | None:
+    """The row's rate for its timer: GB/s where bytes are counted, else TFLOP/s (queued calls only)."""
+    if r[prefix + "gbs"] is not None:
+        return r[prefix + "gbs"]
+    return None if prefix else r["tflops"]
+
+
 def add_comparisons(rows: list, copy_gbs: float | None):
-    """Fill ``best_peer`` / ``vs_best_peer`` (time / best peer's time) and ``pct_copy_bw`` for every row."""
+    """Fill ``best_peer`` / ``vs_best_peer`` (time / best peer's time), ``vs_baseline`` (rate / the baseline
+    provider's rate: TFLOP/s or GB/s, each counted on its own work) and ``pct_copy_bw`` for every row."""
     groups = {}
     for r in rows:
         groups.setdefault((r["sweep"], r["config"], r["dtype"], r["size"]), []).append(r)
@@ -23,11 +31,14 @@ def add_comparisons(rows: list, copy_gbs: float | None):
             ms = prefix + "ms" if prefix else "ms"
             peers_ok = [r for r in group if not r["ours"] and r["status"] == "ok" and r[ms] is not None]
             best = min(peers_ok, key=lambda r: r[ms]) if peers_ok else None
+            base = next((r for r in group if r.get("baseline") and r["status"] == "ok" and _rate(r, prefix)), None)
             for r in group:
                 if best is not None:
                     r[prefix + "best_peer"] = best["provider"]
                     if r["status"] == "ok" and r[ms] is not None:
                         r[prefix + "vs_best_peer"] = r[ms] / best[ms]
+                if base is not None and r is not base and r["status"] == "ok" and _rate(r, prefix) is not None:
+                    r[prefix + "vs_baseline"] = _rate(r, prefix) / _rate(base, prefix)
                 if copy_gbs and r[prefix + "gbs"] is not None:
                     r[prefix + "pct_copy_bw"] = 100.0 * r[prefix + "gbs"] / copy_gbs
 
@@ -42,10 +53,22 @@ METRIC_TEXT = {
     "linear": "cell = median ms",
     "linear_bwd": "backward: cell = median ms; dq checked",
     "linear_fwdbwd": "forward + backward in one call: cell = median ms; dq checked",
+    "varlen": "packed sequences of mixed lengths, size = their mean N (n sequences of (2i + 1) N / n tokens): cell = "
+              "median ms / TFLOP/s on the real tokens (FLOPs = 4*H*D*sum(L_i^2), halved for causal); the last rows "
+              "of the first and last sequences checked",
+    "paged": "the decode grid, the cache in pages (numba_attn[paged<size>], shuffled pages) and dense (numba_attn, "
+             "the baseline); 'ragged': row b holds L/2 + b*L/(2B) keys: cell = median ms / GB/s (K, V of the held "
+             "keys + q read + out written) (% of device copy bandwidth); '<ours> / numba_attn rate' = GB/s over the "
+             "dense cache's (> 1: faster); tables marked (CUDA graph replays): the calls in a CUDA graph, ms per call",
+    "window": "causal with the window (W, 0) (row i sees min(i, W) + 1 keys), sizes N > W: cell = median ms / "
+              "TFLOP/s on the visible pairs (FLOPs = 4*B*H*D*pairs); numba_attn[causal], the baseline, is the full "
+              "causal call on the same inputs (FLOPs 4*B*H*N*N*D/2); '<ours> / numba_attn[causal] rate' = TFLOP/s "
+              "over its TFLOP/s (> 1: higher rate)",
 }
 
-#: the sweeps whose rate is TFLOP/s
-FLOP_SWEEPS = ("flash", "flash_bwd", "flash_fwdbwd")
+#: the sweeps whose rate is TFLOP/s, and those whose rate is GB/s
+FLOP_SWEEPS = ("flash", "flash_bwd", "flash_fwdbwd", "varlen", "window")
+BYTE_SWEEPS = ("decode", "paged")
 
 
 def short_num(x: float) -> str:
@@ -63,7 +86,7 @@ def _cell(r: dict, prefix: str = "") -> str:
         return "-"
     if r["sweep"] in FLOP_SWEEPS and r["tflops"] is not None and not prefix:
         return f"{ms:.3f} / {short_num(r['tflops'])}"
-    if r["sweep"] == "decode" and r[prefix + "gbs"] is not None:
+    if r["sweep"] in BYTE_SWEEPS and r[prefix + "gbs"] is not None:
         pct = f" ({r[prefix + 'pct_copy_bw']:.0f}%)" if r[prefix + "pct_copy_bw"] is not None else ""
         return f"{ms:.3f} / {short_num(r[prefix + 'gbs'])}{pct}"
     return f"{ms:.3f}"
@@ -71,8 +94,8 @@ def _cell(r: dict, prefix: str = "") -> str:
 
 def pivot_tables(rows: list, sweep: str) -> list:
     """``[(title, header, body)]``, one per (config, dtype) and timer (queued calls; CUDA graph replays where
-    measured): a row per size, a column per provider, and numba_attn's time over the best peer's for each
-    numba_attn provider."""
+    measured): a row per size, a column per provider, and for each numba_attn provider its time over the best peer's
+    (where the table has peers) and its rate over the baseline's (where it has a baseline)."""
     sweep_rows = [r for r in rows if r["sweep"] == sweep]
     tables = []
     groups = {}
@@ -80,8 +103,11 @@ def pivot_tables(rows: list, sweep: str) -> list:
         groups.setdefault((r["config"], r["dtype"]), []).append(r)
     for (config, dtype), group in groups.items():
         providers = list(dict.fromkeys(r["provider"] for r in group))
-        ours = [p for p in providers if any(r["ours"] for r in group if r["provider"] == p)]
-        header = ["size"] + providers + [f"{p} / best peer" for p in ours] + ["best peer"]
+        baselines = list(dict.fromkeys(r["provider"] for r in group if r.get("baseline")))
+        ours = [p for p in providers if p not in baselines and any(r["ours"] for r in group if r["provider"] == p)]
+        peers = any(not r["ours"] for r in group)  # (the paged tables have none: no best-peer columns)
+        header = (["size"] + providers + [f"{p} / best peer" for p in ours if peers]
+                  + [f"{p} / {b} rate" for b in baselines for p in ours] + ["best peer"] * peers)
         for prefix, timer in (("", ""), ("graph_", " (CUDA graph replays)")):
             if prefix and not any(r["graph_ms"] is not None for r in group):
                 continue
@@ -90,11 +116,13 @@ def pivot_tables(rows: list, sweep: str) -> list:
                 by_provider = {r["provider"]: r for r in group if r["size"] == size}
                 line = [size_label(size)] + [_cell(by_provider[p], prefix) if p in by_provider else ""
                                              for p in providers]
-                for p in ours:
-                    ratio = by_provider.get(p, {}).get(prefix + "vs_best_peer")
-                    line.append(f"{ratio:.2f}x" if ratio is not None else "-")
-                best = next((r[prefix + "best_peer"] for r in by_provider.values() if r[prefix + "best_peer"]), "")
-                line.append(best or "-")
+                for key in ("vs_best_peer",) * peers + ("vs_baseline",) * len(baselines):
+                    for p in ours:
+                        ratio = by_provider.get(p, {}).get(prefix + key)
+                        line.append(f"{ratio:.2f}x" if ratio is not None else "-")
+                if peers:
+                    best = next((r[prefix + "best_peer"] for r in by_provider.values() if r[prefix + "best_peer"]), "")
+                    line.append(best or "-")
                 body.append(line)
             tables.append((f"{sweep}: {config}, {dtype}{timer}", header, body))
     return tables
@@ -216,7 +244,7 @@ def write_plot(path: str, rows: list, sweep: str, meta: dict) -> str | None:
         import matplotlib.pyplot as plt
     except Exception as exc:  # noqa: BLE001
         return f"no plot ({type(exc).__name__}: {exc})"
-    metric, ylabel = ("tflops", "TFLOP/s") if sweep in FLOP_SWEEPS else ("gbs", "GB/s") if sweep == "decode" else (
+    metric, ylabel = ("tflops", "TFLOP/s") if sweep in FLOP_SWEEPS else ("gbs", "GB/s") if sweep in BYTE_SWEEPS else (
         "ms", "ms")
     sweep_rows = [r for r in rows if r["sweep"] == sweep]
     panels = list(dict.fromkeys((r["config"], r["dtype"]) for r in sweep_rows))
@@ -233,14 +261,15 @@ def write_plot(path: str, rows: list, sweep: str, meta: dict) -> str | None:
             if not pts:
                 continue
             ours = any(r["ours"] for r in panel if r["provider"] == name)
+            base = any(r.get("baseline") for r in panel if r["provider"] == name)  # (our reference point)
             line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name,
-                            linewidth=2.5 if ours else 1.2, linestyle="-" if ours else "--")
+                            linewidth=2.5 if ours else 1.2, linestyle="-." if base else "-" if ours else "--")
             graph_pts = sorted((r["size"], r["graph_" + metric]) for r in panel if r["provider"] == name
                                and r["status"] == "ok" and r.get("graph_" + metric) is not None)
             if graph_pts:
                 ax.plot([p[0] for p in graph_pts], [p[1] for p in graph_pts], marker="x", color=line.get_color(),
                         label=f"{name} (graph)", linewidth=1.0 if ours else 0.8, linestyle=":")
-        if sweep == "decode" and meta.get("copy_bandwidth_gbs"):
+        if sweep in BYTE_SWEEPS and meta.get("copy_bandwidth_gbs"):
             ax.axhline(meta["copy_bandwidth_gbs"], color="gray", linestyle=":", label="device copy")
         ax.set_xscale("log", base=2)
         if sweep.startswith("linear"):
@@ -249,7 +278,8 @@ def write_plot(path: str, rows: list, sweep: str, meta: dict) -> str | None:
         ax.set_xticks(sizes)
         ax.set_xticklabels([size_label(s) for s in sizes])
         ax.set_title(f"{config}, {dtype}", fontsize=10)
-        ax.set_xlabel("KV length" if sweep == "decode" else "sequence length")
+        ax.set_xlabel({"decode": "KV length", "paged": "KV length", "varlen": "mean sequence length"}.get(
+            sweep, "sequence length"))
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 
 from .cases import Case, make_inputs
-from .checks import CheckSlice, check_slice, reference_output, rel_error, tolerance_for
+from .checks import CheckSlice, PackedSlice, check_slice, reference_output, rel_error, tolerance_for
 from .cli import Options
 from .environment import Env, to_numpy
 from .providers import Provider
@@ -32,10 +32,11 @@ def _row(case: Case, name: str, provider: Provider, **fields) -> dict:
         "ours": provider.ours, "status": "skip", "reason": "", "rel_err": None, "tol_key": "", "tol": None,
         "ms": None, "ms_min": None, "reps": 0, "tflops": None, "gbs": None, "pct_copy_bw": None,
         "vs_best_peer": None, "best_peer": "", "graph_ms": None, "graph_gbs": None, "graph_pct_copy_bw": None,
-        "graph_vs_best_peer": None, "graph_best_peer": "", "batch": case.batch, "heads": case.heads,
+        "graph_vs_best_peer": None, "graph_best_peer": "", "baseline": provider.baseline, "vs_baseline": None,
+        "graph_vs_baseline": None, "batch": case.batch, "heads": case.heads,
         "kv_heads": case.kv_heads, "seqlen_q": case.seqlen_q, "seqlen_k": case.seqlen_k,
         "head_dim": case.head_dim, "value_dim": case.value_dim, "causal": case.causal, "flops": case.flops,
-        "bytes": case.nbytes,
+        "bytes": case.nbytes, "lengths": ",".join(str(n) for n in case.lengths), "window": case.window,
     }
     row.update(fields)
     return row
@@ -61,11 +62,15 @@ def _progress(case: Case, name: str, row: dict):
     print(f"{head} {text}", flush=True)
 
 
-def run_provider(case: Case, name: str, provider: Provider, input_sets: list, ref: np.ndarray, sl: CheckSlice,
-                 env: Env, opts: Options) -> dict:
-    """Check one provider on one case and, if it is correct, time it. Never raises (except KeyboardInterrupt)."""
+def run_provider(case: Case, name: str, provider: Provider, input_sets: list, ref: np.ndarray,
+                 sl: CheckSlice | PackedSlice, env: Env, opts: Options) -> dict:
+    """Check one provider on one case and, if it is correct, time it. Never raises (except KeyboardInterrupt).
+
+    A provider with a ``variant`` computes another case on the same inputs: its reference, FLOPs and bytes are the
+    variant's (computed here), its row the swept case's."""
     tol_key, tol = tolerance_for(case, provider, opts.tolerances)
-    base = dict(tol_key=tol_key, tol=tol)
+    own = provider.variant(case) if provider.variant else case
+    base = dict(tol_key=tol_key, tol=tol, flops=own.flops, bytes=own.nbytes)
     try:
         reason = provider.check(case, env)
     except Exception as exc:  # noqa: BLE001
@@ -79,13 +84,15 @@ def run_provider(case: Case, name: str, provider: Provider, input_sets: list, re
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
+                if own is not case:
+                    ref = reference_output(own, input_sets[0], sl)
                 first = provider.prepare(case, input_sets[0], env)
                 prepared.append(first)
                 with first.context():
                     out = first.post(first.fn())
                 env.sync()
-                if tuple(out.shape) != case.out_shape():
-                    raise ValueError(f"output shape {tuple(out.shape)}, expected {case.out_shape()}")
+                if tuple(out.shape) != own.out_shape():
+                    raise ValueError(f"output shape {tuple(out.shape)}, expected {own.out_shape()}")
                 got = to_numpy(sl.of(out))
                 del out
             except KeyboardInterrupt:
@@ -116,7 +123,7 @@ def run_provider(case: Case, name: str, provider: Provider, input_sets: list, re
                                                      opts.graph_replays)
                     if graph_ms is not None:
                         graph = dict(graph_ms=graph_ms,
-                                     graph_gbs=case.nbytes / (graph_ms * 1e-3) / 1e9 if case.nbytes else None)
+                                     graph_gbs=own.nbytes / (graph_ms * 1e-3) / 1e9 if own.nbytes else None)
                 except KeyboardInterrupt:
                     raise
                 except Exception as exc:  # noqa: BLE001
@@ -126,8 +133,8 @@ def run_provider(case: Case, name: str, provider: Provider, input_sets: list, re
         seconds = timing.median_ms * 1e-3
         return _row(
             case, name, provider, status="ok", rel_err=err, ms=timing.median_ms, ms_min=timing.min_ms,
-            reps=timing.reps, tflops=case.flops / seconds / 1e12 if case.flops else None,
-            gbs=case.nbytes / seconds / 1e9 if case.nbytes else None, **base, **graph,
+            reps=timing.reps, tflops=own.flops / seconds / 1e12 if own.flops else None,
+            gbs=own.nbytes / seconds / 1e9 if own.nbytes else None, **base, **graph,
         )
     finally:
         prepared.clear()

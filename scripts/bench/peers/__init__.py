@@ -7,7 +7,10 @@ imports its library at the top, so importing the module is the availability test
 * ``triton_flash`` -- our own FlashAttention-2 forward in Triton (online softmax, exp2, causal tile skipping,
   autotuned tiles), and ``triton_flash_backward`` its backward (dK/dV and dQ kernels, autotuned);
 * ``naive``        -- materialised attention / causal dot product for NumPy or CuPy;
-* ``fla_linear``   -- flash-linear-attention's chunked and fused-recurrent linear attention.
+* ``fla_linear``   -- flash-linear-attention's chunked and fused-recurrent linear attention;
+* ``torch_flex``   -- FlexAttention, compiled, with a document(-causal) block mask over packed sequences (varlen)
+  and a sliding-window one (window);
+* ``torch_nested`` -- SDPA on jagged nested tensors (varlen), one backend forced at a time.
 
 Each also ends with ``providers(opts) -> {sweep: {name: Provider}}`` (``bench.providers.Provider``), which the
 registry (``bench.providers.build_registry``) calls on a GPU; a module that fails to import, or whose
@@ -23,7 +26,7 @@ __all__ = ["PEERS", "plugins", "load"]
 
 #: label (as reported when unavailable) -> module, in the order their providers join the tables
 PEERS = {"torch-sdpa": "torch_sdpa", "triton-fa2": "triton_flash", "triton-fa2-backward": "triton_flash_backward",
-         "cupy-naive": "naive", "fla": "fla_linear"}
+         "cupy-naive": "naive", "fla": "fla_linear", "torch-flex": "torch_flex", "torch-nested": "torch_nested"}
 
 
 def plugins() -> dict:

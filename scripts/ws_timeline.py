@@ -1,0 +1,176 @@
+"""Where a block of the warp-specialised forward spends its time: per-phase timestamps of every block, on a GPU.
+
+    python scripts/ws_timeline.py [--seqlen 16384] [--heads 16] [--windows 512,4096,none]
+
+A diagnostic, not the kernel: it rewrites ``forward/wgmma_ws_kernel.py``'s source text so that one thread of each
+consumer warpgroup (and the producer thread) reads ``%globaltimer`` after each phase of a block and writes it into
+``lse`` (the launch passes ``write_lse=False``, so nothing else writes there), compiles that copy, and launches it
+through ``wgmma_ws.launch`` on causal bf16 inputs ``(1, heads, seqlen, 128)`` with the default configuration. Per
+call it prints the median over blocks of each consumer phase -- Q landed, K of tile 0 landed, tile 0 (S, its softmax,
+P) done, the other tiles done, the last P V done, the epilogue (``finish``) done -- and the median gap between one
+block's end and the next block's start on the same SM. The edits are anchored on exact lines of the kernel source and
+fail loudly when it changes. Timestamps are the low 24 bits of the nanosecond timer (exact in float32; unwrapped
+modulo 2^24).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+#: the intrinsics the rewritten source uses (GPU only)
+TIMER_SOURCE = '''
+from llvmlite import ir as _ir
+from numba import float32 as _f32, types as _types, uint64 as _u64
+from numba.cuda.extending import intrinsic as _intrinsic
+
+
+@_intrinsic
+def _gtimer(typingctx):
+    def codegen(context, builder, sig, args):
+        asm = _ir.InlineAsm(_ir.FunctionType(_ir.IntType(64), []), "mov.u64 $0, %globaltimer;", "=l",
+                            side_effect=True)
+        return builder.call(asm, [])
+    return _types.uint64(), codegen
+
+
+@_intrinsic
+def _smid(typingctx):
+    def codegen(context, builder, sig, args):
+        asm = _ir.InlineAsm(_ir.FunctionType(_ir.IntType(32), []), "mov.u32 $0, %smid;", "=r", side_effect=True)
+        return builder.call(asm, [])
+    return _types.uint32(), codegen
+'''
+#: slots in lse[b, h, m0 + slot] of a block starting at row m0: consumer c 16 c + phase, producer 32 / 33, SM 40
+PHASES = ("start", "Q landed", "K0 landed", "tile 0 done", "other tiles done", "last P V done", "finish done")
+_CONSUMER = ("\n{ind}if row0 == m_c and lane == 0:"
+             "\n{ind}    lse[b, h, m_c - ROWS * c + 16 * c + {k}] = _f32(_gtimer() & _u64(0xFFFFFF))")
+_TIMER = "_f32(_gtimer() & _u64(0xFFFFFF))"
+
+
+def _stamped(ind: str, k: int) -> str:
+    return _CONSUMER.format(ind=ind, k=k)
+
+
+def _lines(*lines: str) -> str:
+    return "\n".join(lines)
+
+
+def rewritten_source(src: str) -> str:
+    """The kernel module's source with the timestamps written in (AssertionError where an anchor moved)."""
+    i12, i16, i20 = " " * 12, " " * 16, " " * 20
+    k_full = _lines(i12 + "wait(smem, bars + K_FULL + 4 * stage, phase)", i12 + "if PINGPONG:",
+                    i16 + "bar_sync(1 + c, PAIR)", i12 + "q_times_k")
+    last_pv = _lines(i12 + "wait_o(acc)", i12 + "if lane == 0:", i16 + "arrive(smem, bars + V_EMPTY + 4 * v_stage)",
+                     i16 + "arrive(smem, bars + 4)")
+    own_position = i12 + "b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, schedule)\n"
+    producer_position = i20 + "b1, h1, m1, _, _, _, _ = position(q, k, v, out, causal, schedule)\n"
+    produced = _lines(" " * 32 + "n_first1, n_tiles1, 0, 0, 0)", i12 + "return")
+    edits = [
+        ("from ..runtime.device import cuda\n", "from ..runtime.device import cuda\n" + TIMER_SOURCE),
+        (i12 + "wait(smem, bars, qn & 1)\n", i12 + "wait(smem, bars, qn & 1)" + _stamped(i12, 1) + "\n"),
+        (k_full, k_full.replace("phase)\n", "phase)" + _stamped(i12, 2) + "\n", 1)),
+        (_lines(i12 + "probabilities(s, p)", i12 + "stage, phase = advance(stage, phase)"),
+         _lines(i12 + "probabilities(s, p)" + _stamped(i12, 3), i12 + "stage, phase = advance(stage, phase)")),
+        (_lines(" " * 8 + "if n_tiles > 0:", i12 + "wait(smem, bars + V_FULL + 4 * v_stage, v_phase)"),
+         _lines(_stamped(" " * 8, 4)[1:], " " * 8 + "if n_tiles > 0:",
+                i12 + "wait(smem, bars + V_FULL + 4 * v_stage, v_phase)")),
+        (last_pv, last_pv.replace("wait_o(acc)", "wait_o(acc)" + _stamped(i12, 5), 1)),
+        (_lines("post, out_scale)", " " * 8 + "return stage, phase"),
+         _lines("post, out_scale)" + _stamped(" " * 8, 6), " " * 8 + "return stage, phase")),
+        (own_position, own_position + i12 + "if warp % 4 == 0 and lane == 0:\n"
+         + i16 + f"lse[b1, h1, m1 + 16 * c] = {_TIMER}\n"),
+        (producer_position, producer_position + i20 + f"lse[b1, h1, m1 + 32] = {_TIMER}\n"
+         + i20 + "lse[b1, h1, m1 + 40] = _f32(_smid())\n"),
+        (produced, produced.replace("0, 0, 0)\n", f"0, 0, 0)\n{i20}lse[b1, h1, m1 + 33] = {_TIMER}\n", 1)),
+    ]
+    for old, new in edits:
+        assert src.count(old) == 1, f"anchor not found once in wgmma_ws_kernel.py: {old[:60]!r}"
+        src = src.replace(old, new)
+    return src
+
+
+def timeline_module():
+    """The rewritten kernel module, imported as a module of ``numba_attn.forward`` (its relative imports hold)."""
+    path = os.path.join(ROOT, "numba_attn", "forward", "wgmma_ws_kernel.py")
+    with open(path) as f:
+        src = rewritten_source(f.read())
+    tmp = tempfile.NamedTemporaryFile("w", suffix="_ws_timeline.py", delete=False)
+    tmp.write(src)
+    tmp.close()
+    spec = importlib.util.spec_from_file_location("numba_attn.forward._ws_timeline", tmp.name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def summarise(stamps, say=print) -> None:
+    """Medians over blocks of ``stamps`` ``(blocks, 48)`` (float32 low 24 bits of ns)."""
+    import numpy as np
+
+    def span(a: int, b: int):
+        return ((stamps[:, b] - stamps[:, a]) % (1 << 24)) / 1000.0
+
+    for c in (0, 1):
+        parts = [f"{PHASES[k]} +{np.median(span(16 * c + k - 1, 16 * c + k)):.2f}" for k in range(1, len(PHASES))]
+        say(f"  consumer {c} (us after the previous phase): " + ", ".join(parts)
+            + f"; block {np.median(span(16 * c, 16 * c + 6)):.2f} us")
+    sm = stamps[:, 40].astype(int)
+    start, end = stamps[:, 32], np.maximum(stamps[:, 6], stamps[:, 22])
+    gaps = []
+    for s in np.unique(sm):
+        order = np.where(sm == s)[0]
+        order = order[np.argsort(start[order])]
+        gaps += [((start[j] - end[i]) % (1 << 24)) / 1000.0 for i, j in zip(order[:-1], order[1:])]
+    gaps = [g for g in gaps if g < 1000]  # (blocks of another wrap of the timer)
+    say(f"  gap from a block's end to the next block's start on one SM: median {np.median(gaps):.2f} us")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seqlen", type=int, default=16384)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--windows", default="512,4096,none", help="left window sides; 'none': plain causal")
+    args = parser.parse_args(argv)
+    import torch
+    from numba import cuda
+
+    from numba_attn.forward import wgmma_ws
+    from numba_attn.runtime.device import kernel_jit
+
+    timeline = timeline_module()
+
+    def stamped_kernel(config, head_dim_pad, bf16, scale_first=False, variant=wgmma_ws.PLAIN, **options):
+        source = timeline._kernel_source(config, head_dim_pad, bf16, scale_first, variant, **options)
+        return kernel_jit((config.threads, 1), wgmma_ws.SIGNATURE)(source)
+
+    wgmma_ws.flash_ws_kernel = stamped_kernel  # (this process only)
+    n, heads, d = args.seqlen, args.heads, 128
+    q, k, v = (torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = torch.empty_like(q)
+
+    def bits(x):
+        return cuda.as_cuda_array(x.view(torch.int16))
+
+    for text in args.windows.split(","):
+        w = None if text.strip().lower() == "none" else int(text)
+        lse = torch.full((1, heads, n), float("nan"), device="cuda", dtype=torch.float32)
+        for _ in range(3):  # (compiles on the first)
+            wgmma_ws.launch(bits(q), bits(k), bits(v), bits(out), cuda.as_cuda_array(lse), False, d ** -0.5, True,
+                            cuda.default_stream(), config=wgmma_ws.DEFAULT_CONFIG, dtype="bfloat16",
+                            window=(w, 0) if w else None)
+        torch.cuda.synchronize()
+        rows = wgmma_ws.DEFAULT_CONFIG.block_m
+        stamps = lse.cpu().numpy()[0].reshape(heads, n // rows, rows)[:, :, :48].reshape(-1, 48)
+        print(f"causal, window {w}, L{n} H{heads} D{d} bf16: {len(stamps)} blocks", flush=True)
+        summarise(stamps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,7 @@
 """Write the normalised sm_90 PTX of the forward kernels' specialisations, offline (no GPU needed).
 
     CUDA_HOME=/usr/local/cuda-13.0 NUMBA_ENABLE_CUDASIM=0 python scripts/forward_ptx.py DIR [--kernels simt,mma]
-        [--window L R] [--softcap C] [--varlen]
+        [--window L R] [--softcap C] [--varlen] [--store elements|pairs|tma]
     diff -r DIR_BEFORE DIR_AFTER        # two trees' kernels: identical files, identical code
 
 Kernels ``simt``, ``mma`` (float16 / bfloat16 ``mma.sync``), ``tf32`` (float32 3xTF32 and plain tf32), ``wgmma``
@@ -11,7 +11,8 @@ Kernels ``simt``, ``mma`` (float16 / bfloat16 ``mma.sync``), ``tf32`` (float32 3
 tiles, both input dtypes, and the variants that change its code: causal and not for ``simt`` (a compile-time flag
 there), a scale <= 0 for the others. Without options the plain kernels (no window, no soft-capping, dense batches:
 what kernels compiled before these existed); ``--window`` (``none`` for an unbounded side), ``--softcap`` and
-``--varlen`` (packed sequences) build those specialisations instead. The kernels are compiled as the launches type them (the SIMT
+``--varlen`` (packed sequences) build those specialisations instead; ``--store`` picks how ``wgmma_ws`` writes its
+output (``wgmma_ws_kernel.STORES``; default "elements", the kernel as it was before the others). The kernels are compiled as the launches type them (the SIMT
 kernel's argument types are built here; the others have fixed signatures). Mangled names are normalised as
 ``scripts/ptx_dump.py`` does, and so are the numbers Numba gives dynamic shared arrays; ``index.txt`` lists each specialisation's hash and instruction count.
 """
@@ -44,7 +45,7 @@ def _variant_kwargs(window, softcap, varlen, causal):
     return {"variant": Variant(**options)}
 
 
-def _specs(kernel, window, softcap, varlen):
+def _specs(kernel, window, softcap, varlen, store="elements"):
     """``(name, py_func, argtypes, launch_bounds)`` of each specialisation of ``kernel``."""
     from numba import types
 
@@ -124,7 +125,7 @@ def _specs(kernel, window, softcap, varlen):
                                                       (scale_first and (bf16 or softcap is not None))):
                             continue
                         yield (f"wgmma_ws_{tag}_d{d}_{'bf16' if bf16 else 'f16'}{'_scalefirst' if scale_first else ''}",
-                               wgmma_ws._kernel_source(config, d, bf16, scale_first, **kwargs),
+                               wgmma_ws._kernel_source(config, d, bf16, scale_first, store=store, **kwargs),
                                (wgmma_ws.PACKED_SIGNATURE if varlen else wgmma_ws.SIGNATURE).args,
                                (config.threads, 1))
     elif kernel == "fp8":
@@ -193,6 +194,7 @@ def main() -> int:
     parser.add_argument("--window", nargs=2, metavar=("LEFT", "RIGHT"))
     parser.add_argument("--softcap", type=float)
     parser.add_argument("--varlen", action="store_true")
+    parser.add_argument("--store", default="elements", help="wgmma_ws: how the output is written")
     parser.add_argument("--ptxas", action="store_true", help="also assemble each for sm_90a: registers and spills")
     args = parser.parse_args()
     import numba_attn  # noqa: F401  (decides simulator or not before numba.cuda is imported)
@@ -213,7 +215,7 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     lines = []
     for kernel in args.kernels.split(","):
-        for name, py_func, argtypes, launch_bounds in _specs(kernel, window, args.softcap, args.varlen):
+        for name, py_func, argtypes, launch_bounds in _specs(kernel, window, args.softcap, args.varlen, args.store):
             t0 = time.time()
             ptx, _ = cuda.compile_ptx(py_func, argtypes, cc=(9, 0), launch_bounds=launch_bounds)
             # (dynamic shared arrays are numbered in the order the process built them)

@@ -1,14 +1,16 @@
 """Where a block of the warp-specialised forward spends its time: per-phase timestamps of every block, on a GPU.
 
-    python scripts/ws_timeline.py [--seqlen 16384] [--heads 16] [--windows 512,4096,none]
+    python scripts/ws_timeline.py [--seqlen 16384] [--heads 16] [--windows 512,4096,none] [--stores tma,elements]
 
 A diagnostic, not the kernel: it rewrites ``forward/wgmma_ws_kernel.py``'s source text so that one thread of each
 consumer warpgroup (and the producer thread) reads ``%globaltimer`` after each phase of a block and writes it into
 ``lse`` (the launch passes ``write_lse=False``, so nothing else writes there), compiles that copy, and launches it
 through ``wgmma_ws.launch`` on causal bf16 inputs ``(1, heads, seqlen, 128)`` with the default configuration. Per
 call it prints the median over blocks of each consumer phase -- Q landed, K of tile 0 landed, tile 0 (S, its softmax,
-P) done, the other tiles done, the last P V done, the epilogue (``finish``) done -- and the median gap between one
-block's end and the next block's start on the same SM. The edits are anchored on exact lines of the kernel source and
+P) done, the other tiles done, the last P V done, the epilogue done (with the TMA store: once the unit has read the
+staged tile) -- and the median gap between one block's end and the next block's start on the same SM, for each
+way of storing the output named in ``--stores`` (``wgmma_ws_kernel.STORES``; "tma" where the launcher would take
+it). The edits are anchored on exact lines of the kernel source and
 fail loudly when it changes. Timestamps are the low 24 bits of the nanosecond timer (exact in float32; unwrapped
 modulo 2^24).
 """
@@ -66,8 +68,7 @@ def rewritten_source(src: str) -> str:
     i12, i16, i20 = " " * 12, " " * 16, " " * 20
     k_full = _lines(i12 + "wait(smem, bars + K_FULL + 4 * stage, phase)", i12 + "if PINGPONG:",
                     i16 + "bar_sync(1 + c, PAIR)", i12 + "q_times_k")
-    last_pv = _lines(i12 + "wait_o(acc)", i12 + "if lane == 0:", i16 + "arrive(smem, bars + V_EMPTY + 4 * v_stage)",
-                     i16 + "arrive(smem, bars + 4)")
+    last_pv = _lines(i12 + "wait_o(acc)", i12 + "if lane == 0:", i16 + "arrive(smem, bars + V_EMPTY + 4 * v_stage)")
     own_position = i12 + "b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, schedule)\n"
     producer_position = i20 + "b1, h1, m1, _, _, _, _ = position(q, k, v, out, causal, schedule)\n"
     produced = _lines(" " * 32 + "n_first1, n_tiles1, 0, 0, 0)", i12 + "return")
@@ -136,6 +137,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seqlen", type=int, default=16384)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--windows", default="512,4096,none", help="left window sides; 'none': plain causal")
+    parser.add_argument("--stores", default="tma,elements", help="ways of storing the output (wgmma_ws_kernel.STORES)")
     args = parser.parse_args(argv)
     import torch
     from numba import cuda
@@ -145,8 +147,8 @@ def main(argv=None) -> int:
 
     timeline = timeline_module()
 
-    def stamped_kernel(config, head_dim_pad, bf16, scale_first=False, variant=wgmma_ws.PLAIN, **options):
-        source = timeline._kernel_source(config, head_dim_pad, bf16, scale_first, variant, **options)
+    def stamped_kernel(config, head_dim_pad, bf16, scale_first=False, variant=wgmma_ws.PLAIN, store="elements"):
+        source = timeline._kernel_source(config, head_dim_pad, bf16, scale_first, variant, store=store)
         return kernel_jit((config.threads, 1), wgmma_ws.SIGNATURE)(source)
 
     wgmma_ws.flash_ws_kernel = stamped_kernel  # (this process only)
@@ -157,7 +159,10 @@ def main(argv=None) -> int:
     def bits(x):
         return cuda.as_cuda_array(x.view(torch.int16))
 
-    for text in args.windows.split(","):
+    chosen = wgmma_ws.output_store
+    for store, text in [(s, t) for s in args.stores.split(",") for t in args.windows.split(",")]:
+        # (the TMA store needs the output's map: the launcher's own choice, which must then be "tma")
+        wgmma_ws.output_store = chosen if store == "tma" else (lambda out, packed, stream, store=store: (store, 0))
         w = None if text.strip().lower() == "none" else int(text)
         lse = torch.full((1, heads, n), float("nan"), device="cuda", dtype=torch.float32)
         for _ in range(3):  # (compiles on the first)
@@ -167,7 +172,7 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         rows = wgmma_ws.DEFAULT_CONFIG.block_m
         stamps = lse.cpu().numpy()[0].reshape(heads, n // rows, rows)[:, :, :48].reshape(-1, 48)
-        print(f"causal, window {w}, L{n} H{heads} D{d} bf16: {len(stamps)} blocks", flush=True)
+        print(f"store {store}, causal, window {w}, L{n} H{heads} D{d} bf16: {len(stamps)} blocks", flush=True)
         summarise(stamps)
     return 0
 

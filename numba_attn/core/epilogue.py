@@ -37,19 +37,18 @@ def as_float32(x0, x1):
     return x0, x1
 
 
-def store_rows(m_tiles: int, o_blocks: int, convert, scaled: bool = False, scale_argument: bool | None = None):
-    """``finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post)``: full
-    row sums (``softmax.row_sum``), one division per row, ``convert``ed pairs stored to ``out_head[row, col]``; when
-    ``lse_now``, lane ``t = 0`` of each row stores ``lse[b, h, row]``. A row that saw no key gives 0 and -inf.
-    ``scaled``: every output is multiplied by one more argument, ``out_scale`` (the fp8 kernels' V descale).
-    ``scale_argument`` (default: ``scaled``): ``finish`` takes ``out_scale`` -- and ignores it when not ``scaled``
-    (the 16-bit forms of kernels whose body also serves 8-bit inputs)."""
+def _normalised_rows(m_tiles: int, o_blocks: int, put):
+    """``rows(acc, m_run, l_run, dst, base, lse, b, h, row0, r0, t, d_off, seqlen_q, head_dim, lse_now, post,
+    out_scale)``: each row's outputs divided by its full sum (``softmax.row_sum``) and scaled, handed in pairs to
+    ``put(dst, base, row, r, col, x0, x1, head_dim)`` (``row`` the row in the sequence, ``r`` its place in a staged
+    tile, ``r0`` this lane's first) for rows below ``seqlen_q``; lane ``t = 0`` of each row stores its lse when
+    ``lse_now``. A row that saw no key gives 0 and -inf."""
     M_TILES = m_tiles
     O_BLOCKS = o_blocks
-    store2 = ptx.store2
 
     @inlined_function
-    def rows(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post, out_scale):
+    def rows(acc, m_run, l_run, dst, base, lse, b, h, row0, r0, t, d_off, seqlen_q, head_dim, lse_now, post,
+             out_scale):
         for mt in range(M_TILES):
             for half in range(2):
                 row = row0 + 16 * mt + 8 * half
@@ -57,14 +56,41 @@ def store_rows(m_tiles: int, o_blocks: int, convert, scaled: bool = False, scale
                 inv = out_scale / l_row if l_row > _ZERO else _ZERO
                 if row < seqlen_q:
                     for ob in range(O_BLOCKS):
-                        col = d_off + 8 * ob + 2 * t
-                        w0, w1 = convert(acc[mt, ob, 2 * half] * inv, acc[mt, ob, 2 * half + 1] * inv)
-                        if col < head_dim:
-                            store2(out_head, row, col, w0)
-                        if col + 1 < head_dim:
-                            store2(out_head, row, col + 1, w1)
+                        put(dst, base, row, r0 + 16 * mt + 8 * half, d_off + 8 * ob + 2 * t,
+                            acc[mt, ob, 2 * half] * inv, acc[mt, ob, 2 * half + 1] * inv, head_dim)
                 if lse_now and t == 0 and row < seqlen_q:
                     lse[b, h, row] = log_sum_exp(m_run[2 * mt + half], l_row, post)
+
+    return rows
+
+
+def store_rows(m_tiles: int, o_blocks: int, convert, scaled: bool = False, scale_argument: bool | None = None,
+               pairs: bool = False):
+    """``finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post)``: full
+    row sums (``softmax.row_sum``), one division per row, ``convert``ed pairs stored to ``out_head[row, col]``; when
+    ``lse_now``, lane ``t = 0`` of each row stores ``lse[b, h, row]``. A row that saw no key gives 0 and -inf.
+    ``scaled``: every output is multiplied by one more argument, ``out_scale`` (the fp8 kernels' V descale).
+    ``scale_argument`` (default: ``scaled``): ``finish`` takes ``out_scale`` -- and ignores it when not ``scaled``
+    (the 16-bit forms of kernels whose body also serves 8-bit inputs). ``pairs``: each lane's two columns in one
+    store of twice the width (``out_head``'s rows in aligned pairs: ``runtime.views.rows_in_pieces(out, 2)``; an
+    even ``head_dim``) instead of two."""
+    PAIRS = pairs
+    store2 = ptx.store2
+    store_pair = ptx.store_pair
+
+    @inlined_function
+    def put(out_head, base, row, r, col, x0, x1, head_dim):
+        w0, w1 = convert(x0, x1)
+        if PAIRS:
+            if col < head_dim:
+                store_pair(out_head, row, col, w0, w1)
+        else:
+            if col < head_dim:
+                store2(out_head, row, col, w0)
+            if col + 1 < head_dim:
+                store2(out_head, row, col + 1, w1)
+
+    rows = _normalised_rows(m_tiles, o_blocks, put)
 
     # (``rows`` is inlined into each form in Numba's IR, so each is one function in the module as before: a form
     # calling another device function would add one, and change the kernels' PTX)
@@ -72,13 +98,14 @@ def store_rows(m_tiles: int, o_blocks: int, convert, scaled: bool = False, scale
         @device_function
         def finish_scaled(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post,
                           out_scale):
-            rows(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post, out_scale)
+            rows(acc, m_run, l_run, out_head, 0, lse, b, h, row0, 0, t, d_off, seqlen_q, head_dim, lse_now, post,
+                 out_scale)
 
         return finish_scaled
 
     @device_function
     def finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post):
-        rows(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post, _ONE)
+        rows(acc, m_run, l_run, out_head, 0, lse, b, h, row0, 0, t, d_off, seqlen_q, head_dim, lse_now, post, _ONE)
 
     if not scale_argument:
         return finish
@@ -89,6 +116,34 @@ def store_rows(m_tiles: int, o_blocks: int, convert, scaled: bool = False, scale
         finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, d_off, seqlen_q, head_dim, lse_now, post)
 
     return finish_unscaled
+
+
+def stage_rows(o_blocks: int, bf16: bool, box_rows: int):
+    """``stage(acc, m_run, l_run, smem, tile, lse, b, h, row0, r0, t, seqlen_q, lse_now, post, out_scale)``: as
+    ``store_rows(1, o_blocks, as_16bit(bf16), scaled=True)``'s ``finish``, but the rows go to a staged tile of
+    16-bit elements in shared memory, ``smem[tile:]`` (1024-byte aligned), laid out as the TMA loads one (and
+    ``ptx.bulk.tma_store_4d`` stores one): boxes of ``box_rows`` rows by 64 columns, 128 bytes a row, 16-byte
+    pieces swizzled (``warpgroup.swizzle``); row ``r0`` of the tile is this lane's first (``row0`` in the
+    sequence). Each lane writes one 4-byte pair at a time: the swizzle puts a warp's eight rows of one 8-column
+    block in eight different 16-byte pieces, so the 32 lanes hit 32 different banks. Only rows below ``seqlen_q``
+    are written (the TMA store clips the rest); the lse as ``store_rows``. (Stored straight from the fragments, each
+    warp store touches eight rows: ``docs/design`` has what that cost the warp-specialised forward.)"""
+    BOX = 64 * box_rows  # elements of one 64-column box
+    pack = ptx.pack_bf16x2 if bf16 else ptx.pack_half2
+    store_word = ptx.store_u16x2
+
+    @inlined_function
+    def put(smem, tile, row, r, col, x0, x1, head_dim):
+        byte = 2 * (r * 64 + (col & 63))
+        store_word(smem, tile + (col >> 6) * BOX + ((byte ^ (((byte >> 7) & 7) << 4)) >> 1), pack(x0, x1))
+
+    rows = _normalised_rows(1, o_blocks, put)
+
+    @device_function
+    def stage(acc, m_run, l_run, smem, tile, lse, b, h, row0, r0, t, seqlen_q, lse_now, post, out_scale):
+        rows(acc, m_run, l_run, smem, tile, lse, b, h, row0, r0, t, 0, seqlen_q, 0, lse_now, post, out_scale)
+
+    return stage
 
 
 def store_fragments(m_tiles: int, blocks: int, convert):

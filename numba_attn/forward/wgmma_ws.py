@@ -42,6 +42,18 @@ writes with ``CU_TENSOR_MAP_SWIZZLE_128B`` -- one 64-column box per atom column;
 Tensor maps (``runtime.tensor_map``) travel as 64-bit addresses of maps in global memory, one per tensor and box;
 the producer acquires them (``tensormap_acquire``) before its first copy.
 
+Epilogue (``output_store`` picks it per call)
+    Dense calls whose output the TMA can write: each consumer, once all its warps are past their last ``Q K^T``,
+    writes its normalised rows into its own Q tile in the swizzled layout (``epilogue.stage_rows``: one
+    conflict-free 4-byte store per column pair), fences them for the async proxy, meets its warps at named barrier
+    ``3 + c``, and one thread stores the tile with one TMA store per 64-column box (``ptx.bulk.tma_store_4d``; rows
+    past the sequence and columns past headdim are clipped by the unit), waits until the unit has read it and only
+    then frees Q (the "Q empty" mbarrier then counts one arrival per consumer). A warp's stores straight from the
+    MMA fragments touch eight rows each -- 64 partial-sector stores per lane for a 64 x 128 tile -- and took a
+    block's consumers longer than a short key walk (``docs/design``). Packed sequences (whose Q tiles' last rows
+    belong to the next sequence) and outputs the TMA cannot write store from the registers, in 4-byte pairs where
+    the rows are aligned to them.
+
 float8 e4m3 inputs (``fp8=True``, launched by ``forward.wgmma_ws_fp8``)
     The same pipeline on 8-bit tiles (one 128-byte box per row: head dims up to 128 are one atom column) and
     ``k32.e4m3`` MMAs, P rounded to e4m3 in registers (``core.fp8.probabilities``). 8-bit MMAs take B K-major only,
@@ -61,6 +73,7 @@ from ..core.block_info import QUERY_MAJOR
 from ..runtime import tensor_map
 from ..runtime.device import kernel_jit, multiprocessor_count
 from ..runtime.launch import launch as device_launch
+from ..runtime.views import rows_in_pieces
 from . import common
 from . import wgmma as flash_wgmma
 from .common import PLAIN, Variant
@@ -80,20 +93,34 @@ def supports(dtype: str, head_dim: int, *arrays) -> bool:
             and common.runs_here(MIN_COMPUTE_CAPABILITY) and all(tensor_map.tma_layout_ok(x) for x in arrays))
 
 
-SIGNATURE = types.void(*common.kernel_signature(uint16).args, types.uint64, types.uint64, types.uint64)
-#: the packed-sequence kernel's: the int32 schedule last (``forward.varlen``)
-PACKED_SIGNATURE = types.void(*SIGNATURE.args, types.Array(types.int32, 1, "A"))
+_MAPS = (types.uint64,) * 3
+#: the dense kernel's: the maps of Q, K, V and the output (its TMA store)
+SIGNATURE = types.void(*common.kernel_signature(uint16).args, *_MAPS, types.uint64)
+#: the packed-sequence kernel's: Q, K, V's maps, the int32 schedule last (``forward.varlen``)
+PACKED_SIGNATURE = types.void(*common.kernel_signature(uint16).args, *_MAPS, types.Array(types.int32, 1, "A"))
 
 
 @lru_cache(maxsize=None)
 def flash_ws_kernel(config: WsConfig, head_dim_pad: int, bf16: bool, scale_first: bool = False,
-                    variant: Variant = PLAIN):
+                    variant: Variant = PLAIN, store: str = "elements"):
     """The compiled kernel of one specialisation, with launch bounds of one 384-thread block per SM (so that ptxas
-    knows the registers at entry and honours ``setmaxnreg``)."""
+    knows the registers at entry and honours ``setmaxnreg``); ``store``: how it writes the output
+    (``wgmma_ws_kernel.STORES``)."""
     if head_dim_pad % 16 or not 16 <= head_dim_pad <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, {MAX_HEAD_DIM}], got {head_dim_pad}")
     signature = PACKED_SIGNATURE if variant.packed else SIGNATURE
-    return kernel_jit((config.threads, 1), signature)(_kernel_source(config, head_dim_pad, bf16, scale_first, variant))
+    return kernel_jit((config.threads, 1), signature)(_kernel_source(config, head_dim_pad, bf16, scale_first, variant,
+                                                                     store=store))
+
+
+def output_store(out, packed: bool, stream) -> tuple:
+    """``(store, map address)`` for the output ``out``: "tma" and its map (64-row boxes, as Q's) for dense calls
+    where the TMA can write it, else "pairs" where its rows are in aligned pairs, else "elements" (map 0)."""
+    if not packed and tensor_map.tma_layout_ok(out):
+        address = tensor_map.tensor_map_address(out, ROWS, stream)
+        if address is not None:
+            return "tma", address
+    return ("pairs" if rows_in_pieces(out, 2) else "elements"), 0
 
 
 def tensor_maps(q, k, v, config: WsConfig, stream):
@@ -144,11 +171,12 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     common.check_shared_memory(nbytes)
     scale_log2, scale_first = common.scale_args(sm_scale, softcap)
     packed = schedule is not None
+    store, o_map = output_store(out, packed, stream)
     kernel = flash_ws_kernel(config, d_pad, dtype == "bfloat16", scale_first,
-                             Variant.of(bool(causal), window, softcap, packed))
+                             Variant.of(bool(causal), window, softcap, packed), store)
     shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m, schedule)
     if config.persistent:  # one block per SM (or per query block, when there are fewer)
         shape = (min(shape[0] * shape[1] * shape[2], multiprocessor_count()), 1, 1)
-    extra = (schedule,) if packed else ()
+    extra = (schedule,) if packed else (np.uint64(o_map),)
     device_launch(kernel, shape, config.threads, stream, nbytes, q, k, v, out, lse, bool(write_lse), bool(causal),
                   scale_log2, *(np.uint64(m) for m in maps), *extra)

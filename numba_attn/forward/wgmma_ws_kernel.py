@@ -9,25 +9,35 @@ from numba import float32, uint16, uint32
 from ..core import fp8 as fp8_blocks
 from ..core import warpgroup as wgmma
 from ..core.block_info import QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
-from ..core.epilogue import as_16bit, store_rows
+from ..core.epilogue import as_16bit, stage_rows, store_rows
 from ..core.mask import UNBOUNDED, plain_tiles, tile_is_partial
-from ..core.ptx import tma
+from ..core.ptx import bulk, tma
 from ..core.softmax import exponent_scale_for, output_rescale, softmax_start, softmax_update
 from ..core.staging import device_function, inlined_function, kernel_body
 from ..runtime.device import cuda
 from .common import PLAIN, Variant
 from .wgmma_ws_config import ROWS, WARPGROUP, WsConfig, vt_atoms
 
+#: how the kernel writes its output: "elements" (2-byte stores), "pairs" (4-byte stores: rows in aligned pairs) or
+#: "tma" (staged in the consumer's Q tile, then one TMA store per 64-column box: ``out`` needs a tensor map)
+STORES = ("elements", "pairs", "tma")
+
 
 def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN,
-                   fp8: bool = False, per_head: bool = False, probe: str | None = None):
+                   fp8: bool = False, per_head: bool = False, probe: str | None = None, store: str = "elements"):
     """The Python function of one specialisation (not yet jitted). ``fp8``: float8 e4m3 operands (uint8) and a
     bfloat16 (``bf16``) or float16 output, with per-head descale arrays read (``per_head``) or not; the kernel then
     takes four more arguments (``forward.wgmma_ws_fp8.SIGNATURE``). ``probe`` (a timing probe only, wrong results:
     ``scripts/check_fp8.py --part probe``): ``"no_softmax"`` leaves the scores as they are (no max, exp, sums),
-    ``"no_pack"`` leaves P's registers unwritten (no conversion to the MMA's A operand)."""
+    ``"no_pack"`` leaves P's registers unwritten (no conversion to the MMA's A operand). ``store``: one of ``STORES``
+    ("tma": the kernel takes the output's tensor map after V's; not for fp8 or packed sequences, whose Q tiles are
+    too small and whose rows past a sequence's end belong to the next)."""
     if probe not in (None, "no_softmax", "no_pack"):
         raise ValueError(f"probe: expected None, 'no_softmax' or 'no_pack', got {probe!r}")
+    if store not in STORES:
+        raise ValueError(f"store: expected one of {STORES}, got {store!r}")
+    if store == "tma" and (fp8 or variant.packed):
+        raise ValueError("wgmma_ws: the TMA store takes 16-bit, dense calls (store='pairs' or 'elements')")
     if variant.packed and config.persistent:
         raise ValueError("wgmma_ws: packed sequences take one block per schedule entry (persistent=False)")
     if fp8 and variant.packed:
@@ -57,6 +67,10 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     P_WORDS = 4 * PV_STEPS
     O_BLOCKS = d_pad // 8
     SCALE_FIRST = scale_first
+    TMA_STORE = store == "tma"
+    # Q is free again when every consumer warp has arrived -- with the TMA store, once each consumer's store has
+    # read its tile (one arrival per consumer)
+    Q_EMPTY_ARRIVALS = CONSUMERS if TMA_STORE else 4 * CONSUMERS
     EMPTY_ARRIVALS = 4 * CONSUMERS  # one per consumer warp
     PERSISTENT = config.persistent
     # the mbarriers, 4 elements (8 bytes) each from ``bars``: Q full, Q empty, then per stage of the ring
@@ -95,7 +109,12 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             alpha[1] = ONE
     rescale = output_rescale(O_BLOCKS)
     # (the 16-bit kernel's output has no factor: its finish takes one and drops it)
-    finish = store_rows(1, O_BLOCKS, as_16bit(bf16), scaled=fp8, scale_argument=True)
+    finish = store_rows(1, O_BLOCKS, as_16bit(bf16), scaled=fp8, scale_argument=True, pairs=store == "pairs")
+    stage_out = stage_rows(O_BLOCKS, bf16, ROWS)
+    fence_async = wgmma.fence_proxy_async
+    store_box = bulk.tma_store_4d
+    commit, wait_read = bulk.bulk_commit, bulk.bulk_wait_read
+    EPILOGUE = 3  # named barriers 3 + c: consumer c's warps (1 + c: the ping-pong's)
 
     if fp8 and per_head:
         descale = fp8_blocks.descaled(True)
@@ -198,11 +217,30 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         return stage, phase, v_stage, v_phase
 
     @device_function
+    def store_staged(acc, m_run, l_run, smem, q_c, bars, c, lane, m_c, row0, t, o_map, lse, b, h, seqlen_q,
+                     write_lse, post, out_scale):
+        """Consumer ``c``'s output through its Q tile (free: every warp is past its last S = Q K^T) and the TMA;
+        one thread stores, waits until the unit has read the tile, and frees Q for the producer."""
+        bar_sync(EPILOGUE + c, WARPGROUP)
+        stage_out(acc, m_run, l_run, smem, q_c, lse, b, h, row0, row0 - m_c, t, seqlen_q, write_lse, post,
+                  out_scale)
+        fence_async()  # (the tile's writes, visible to the TMA unit)
+        bar_sync(EPILOGUE + c, WARPGROUP)
+        if lane == 0 and row0 == m_c:
+            for a in range(ATOMS):
+                store_box(smem, q_c + a * Q_BOX, o_map, 64 * a, m_c, h, b)
+            commit()
+            wait_read()
+            arrive(smem, bars + 4)  # Q is free
+
+    @device_function
     def consume(smem, q_c, k_base, v_base, bars, c, lane, m_c, row0, t, n_first, n_tiles, stage, phase, qn, key_end,
-                causal, diag_offset, scale_log2, post, out_head, lse, b, h, seqlen_q, head_dim, write_lse, out_scale):
+                causal, diag_offset, scale_log2, post, out_head, lse, b, h, seqlen_q, head_dim, write_lse, out_scale,
+                o_map):
         """Consumer ``c``'s 64 rows of one block (``qn``: Q copies before; tile 0 in ring slot ``stage``, use
         ``phase``); returns the slot and phase of the next block's tile 0. ``v_base``: the V ring (8-bit: ``V^T``
-        tiles); ``out_scale``: the output's factor (8-bit: the V descale)."""
+        tiles); ``out_scale``: the output's factor (8-bit: the V descale); ``o_map``: the output's tensor map (the
+        TMA store)."""
         s = cuda.local.array((1, S_BLOCKS, 4), float32)
         acc = cuda.local.array((1, O_BLOCKS, 4), float32)
         p = cuda.local.array(P_WORDS, uint32)
@@ -254,8 +292,13 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             wait_o(acc)
             if lane == 0:
                 arrive(smem, bars + V_EMPTY + 4 * v_stage)
-                arrive(smem, bars + 4)  # Q is free (the producer copies the next block's over it)
-        finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post, out_scale)
+                if not TMA_STORE:
+                    arrive(smem, bars + 4)  # Q is free (the producer copies the next block's over it)
+        if TMA_STORE and n_tiles > 0:  # (without a tile Q was not copied: the producer may be writing the next)
+            store_staged(acc, m_run, l_run, smem, q_c, bars, c, lane, m_c, row0, t, o_map, lse, b, h, seqlen_q,
+                         write_lse, post, out_scale)
+        else:
+            finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post, out_scale)
         return stage, phase
 
     @device_function
@@ -270,8 +313,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         return bh // q.shape[1], bh % q.shape[1], m_block * BLOCK_M
 
     @kernel_body
-    def body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, schedule, out_scale, descale_q,
-             descale_k, descale_v):
+    def body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, o_map, schedule, out_scale,
+             descale_q, descale_k, descale_v):
         tid, warp, lane, g, t = lane_position()
         seqlen_q, key_start, key_end, diag_offset = bounds(q, k, 0, schedule)
         group = q.shape[1] // k.shape[1]
@@ -283,7 +326,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         bars = v_base + STAGES * V_TILE  # Q full, Q empty; K full, K empty, V full, V empty per stage
         if tid == 0:
             init(smem, bars, 1)
-            init(smem, bars + 4, EMPTY_ARRIVALS)
+            init(smem, bars + 4, Q_EMPTY_ARRIVALS)
             for stage in range(STAGES):
                 init(smem, bars + K_FULL + 4 * stage, 1)
                 init(smem, bars + K_EMPTY + 4 * stage, EMPTY_ARRIVALS)
@@ -323,6 +366,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         more_registers()
         c = role - 1
         row = ROWS * c + 16 * (warp - 4 * role) + g  # this thread's first row in the block
+        if TMA_STORE and lane == 0 and row == ROWS * c:
+            acquire(o_map)
         if PINGPONG and c == CONSUMERS - 1:
             bar_arrive(1, PAIR)  # consumer 0 issues first
         post = exponent(scale_log2, SCALE_FIRST)
@@ -337,7 +382,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                                                 q.shape[1])
                 stage, phase = consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m0 + ROWS * c,
                                        m0 + row, t, n_first, n_tiles, stage, phase, qn, key_end, causal, diag_offset,
-                                       scale, post_b, out[b, h], lse, b, h, seqlen_q, head_dim, write_lse, v_scale)
+                                       scale, post_b, out[b, h], lse, b, h, seqlen_q, head_dim, write_lse, v_scale,
+                                       o_map)
                 if n_tiles > 0:
                     qn += 1
         else:
@@ -347,27 +393,28 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                                             q.shape[1])
             consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m1 + ROWS * c, m1 + row, t, n_first1,
                     n_tiles1, 0, 0, 0, key_end, causal, diag_offset, scale, post_b, out_head, lse, b1, h1,
-                    seqlen_q, head_dim, write_lse, v_scale)
+                    seqlen_q, head_dim, write_lse, v_scale, o_map)
         if PINGPONG and c == 0:
             bar_sync(1, PAIR)  # the last consumer's last arrival: the barriers end as they began
 
-    if fp8:  # (no schedule: unread)
+    if fp8:  # (no schedule, no output map: unread)
         def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, out_scale, descale_q,
                    descale_k, descale_v):
-            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, lse, out_scale, descale_q,
-                 descale_k, descale_v)
+            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, q_map, lse, out_scale,
+                 descale_q, descale_k, descale_v)
 
         return kernel
 
     # (16-bit: no factors -- the output's is 1, and lse stands in for the descale arrays nothing reads)
-    if variant.packed:
+    if variant.packed:  # (no output map: unread)
         def packed_kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, schedule):
-            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, schedule, ONE, lse, lse, lse)
+            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, q_map, schedule, ONE, lse,
+                 lse, lse)
 
         return packed_kernel
 
-    def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map):
-        body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, lse, ONE, lse, lse,
-             lse)  # (no schedule: unread)
+    def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, o_map):
+        body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, o_map, lse, ONE, lse, lse,
+             lse)  # (no schedule: unread; o_map: read by the TMA store only)
 
     return kernel

@@ -45,7 +45,8 @@ def _from_bits(bits, dtype):
 
 
 def _check(dtype, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, layout="contig", config=None,
-           seed=0, scale=1.0, sm_scale=None, bits_dtype=np.uint16, q_layout=None, launch=flash_mma.launch):
+           seed=0, scale=1.0, sm_scale=None, bits_dtype=np.uint16, q_layout=None, launch=flash_mma.launch,
+           out_pad=5):
     rng = np.random.default_rng(seed)
 
     def make(h, length, s):
@@ -56,8 +57,9 @@ def _check(dtype, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, 
     q, k, v = (device_view_in_layout(x, lay) for x, lay in ((qb, q_layout or layout), (kb, layout), (vb, layout)))
     if bits_dtype != np.uint16:
         q, k, v = (x.view(bits_dtype) for x in (q, k, v))
-    # a poisoned output buffer wider than headdim: the kernel must write [..., :D] and nothing else
-    out_mem = cuda.to_device(np.full((batch, heads, seqlen_q, head_dim + 5), POISON[dtype], np.uint16))
+    # a poisoned output buffer wider than headdim (by ``out_pad``; 5: rows aligned to no vector store): the kernel
+    # must write [..., :D] and nothing else
+    out_mem = cuda.to_device(np.full((batch, heads, seqlen_q, head_dim + out_pad), POISON[dtype], np.uint16))
     out = out_mem[:, :, :, :head_dim]
     lse = cuda.to_device(np.full((batch, heads, seqlen_q), np.nan, np.float32))
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale

@@ -27,8 +27,27 @@ hopper = pytest.mark.skipif(SIMULATOR or compute_capability() < wgmma_ws.MIN_COM
                             reason="needs a GPU of compute capability 9.0 (wgmma, TMA)")
 
 
-def check(*args, config=None, **kwargs):
-    _check(*args, launch=wgmma_ws.launch, config=config, **kwargs)
+#: ``_check``'s padding of the output's rows for each way of storing it: rows of 16-byte multiples take the TMA
+#: store, of 4-byte multiples the pair stores, others element by element
+OUT_PAD = {"tma": 8, "pairs": 6, "elements": 5}
+
+
+def check(*args, config=None, store="tma", **kwargs):
+    """``_check`` on ``wgmma_ws.launch``, asserting that the launcher stores the output the way ``store`` says (the
+    head dims here are multiples of 8, so the padding of ``OUT_PAD`` decides it)."""
+    chosen = []
+    real = wgmma_ws.output_store
+
+    def spy(out, packed, stream):
+        chosen.append(real(out, packed, stream))
+        return chosen[-1]
+
+    wgmma_ws.output_store = spy
+    try:
+        _check(*args, launch=wgmma_ws.launch, config=config, out_pad=OUT_PAD[store], **kwargs)
+    finally:
+        wgmma_ws.output_store = real
+    assert all(way == store for way, _ in chosen), chosen
 
 
 # -- always --------------------------------------------------------------------------------------------------------
@@ -98,7 +117,33 @@ def test_simulated_kernel_equals_reference(dtype, heads, kv_heads, seqlen_q, seq
 
 @pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
 def test_simulated_no_keys():
-    check("float16", 1, 1, 1, 3, 0, 16, False, config=TINY)
+    check("float16", 1, 1, 1, 3, 0, 16, False, config=TINY, store="elements")  # (no keys: the wgmma kernel's call)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
+@pytest.mark.parametrize("store", ["pairs", "elements"])
+def test_simulated_register_stores(store):
+    # Lq > Lk: consumer 0's rows see no key; the tail block's rows past seqlen_q are not written
+    check("bfloat16", 1, 1, 1, 70, 9, 24, True, config=TINY, store=store)
+
+
+def test_tma_store_clips_rows_and_columns_past_the_output():
+    """The simulated TMA store writes the box's part inside the tensor only (a tail block's rows, the padded head
+    dim's columns) and only at the wait that covers it."""
+    from numba_attn.core.ptx import bulk, tma
+
+    out = np.full((1, 1, 5, 24), 7, np.uint16)
+    handle = tma.sim_register_map(tma.SimTensorMap(out, (64, 4, 1, 1), 128))
+    smem = np.zeros(64 * 4, np.uint16)
+    offsets = np.arange(256)
+    box = np.arange(256, dtype=np.uint16).reshape(4, 64)  # row r, column c = 64 r + c (before the swizzle)
+    smem[(offsets * 2 ^ (((offsets * 2 >> 7) & 7) << 4)) // 2] = box.reshape(-1)
+    bulk._sim_tma_store(smem, 0, handle, 0, 2, 0, 0)  # rows 2..5 of a tensor of 5 rows
+    assert np.all(out == 7)  # (not before the wait)
+    bulk._sim_commit()
+    bulk._sim_wait_read0()
+    np.testing.assert_array_equal(out[0, 0, 2:], box[:3, :24])
+    assert np.all(out[0, 0, :2] == 7)
 
 
 # -- GPU -----------------------------------------------------------------------------------------------------------
@@ -129,6 +174,15 @@ def test_unequal_lengths_and_gqa(seqlen_q, seqlen_k, causal):
 @pytest.mark.parametrize("head_dim", [8, 16, 40, 72, 80, 96, 112])
 def test_padded_head_dims(head_dim):
     check("float16", 1, 2, 1, 300, 300, head_dim, True, seed=head_dim)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("store", ["pairs", "elements"])
+@pytest.mark.parametrize("config", [wgmma_ws.DEFAULT_CONFIG, wgmma_ws.WsConfig(persistent=True)])
+def test_register_stores(store, config):
+    check("bfloat16", 1, 3, 1, 333, 290, 128, True, config=config, store=store, seed=5)
+    check("float16", 2, 2, 2, 1000, 1000, 80, False, config=config, store=store, seed=6)
 
 
 @pytest.mark.gpu
@@ -181,9 +235,12 @@ def test_flash_forward_backend_maps_cache_and_fallback(monkeypatch):
     maps = tensor_map.maps_for()
     got, lse = numba_attn.flash_forward(q, k, v, causal=True, return_lse=True, backend="wgmma_ws")
     uploads = maps.uploads
-    again = numba_attn.flash_forward(q, k, v, causal=True, backend="wgmma_ws")
-    assert maps.uploads == uploads  # the same tensors: no new map
-    for x in (got, again):
+    again = numba_attn.flash_forward(q, k, v, causal=True, backend="wgmma_ws", out=got)
+    assert maps.uploads == uploads  # the same tensors, the same output: no new map
+    fresh = torch.empty_like(got)
+    numba_attn.flash_forward(q, k, v, causal=True, backend="wgmma_ws", out=fresh)
+    assert maps.uploads == uploads + 1  # a new output: its map (the TMA store's) only
+    for x in (got, again, fresh):
         assert ((x.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
     assert torch.allclose(lse, ref_lse, atol=1e-3, rtol=0)
     # the driver refusing a map: the call still runs, on wgmma

@@ -1,6 +1,7 @@
 """Bulk copies of contiguous bytes from global to shared memory (``cp.async.bulk``, sm_90), completing on an mbarrier
 of ``tma`` -- for small row-major tiles that need no tensor map (the backward's per-row statistics) -- and bulk
-reductions back (``bulk_reduce_add_f32``: the backward's float32 ``dQ`` tiles, ``core.dq_tile``).
+reductions back (``bulk_reduce_add_f32``: the backward's float32 ``dQ`` tiles, ``core.dq_tile``), and TMA stores of
+swizzled tiles through a tensor map (``tma_store_4d``: the forward's output, ``core.epilogue.stage_rows``).
 
 ``bulk_load_f32(smem, dst, arr, i, nbytes, bar)``: copy ``nbytes`` (a multiple of 16) starting at ``arr[i, 0]`` of
 a 2-D float32 array (rows contiguous with each other over the copied span; 16-byte aligned) to ``smem[dst:]`` (a
@@ -10,7 +11,7 @@ a 2-D float32 array (rows contiguous with each other over the copied span; 16-by
     cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], nbytes, [bar];
 
 The simulator twin copies at once and completes the bytes on the simulated barrier. The twins of the bulk
-reductions keep each thread's groups and carry a group out only at the wait that covers it (the latest moment the
+reductions and of the TMA store keep each thread's groups and carry a group out only at the wait that covers it (the latest moment the
 hardware may read its source), so a source written again too early, or a group never waited for, shows.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from numba import types
 
 from ._asm import (_I32, _i32, _is_1d, _is_2d, _is_int, _pointer, _pointer1, _shared_address, _void_asm,
                    simulated_by)
-from .tma import _sim_complete_tx
+from .tma import _sim_complete_tx, sim_tma_store_now
 
 _I64 = ir.IntType(64)
 
@@ -71,7 +72,7 @@ def _sim_bulk_group():
 def _sim_bulk_reduce_add_f32(arr, i, smem, src, nbytes):
     # deferred to the latest moment the hardware may read the source (the wait that covers its group): a staging
     # tile written again too early, or a group never waited for, shows in the result
-    _sim_bulk_group()[0].append((arr, i, smem, src, nbytes))
+    _sim_bulk_group()[0].append((_sim_bulk_reduce_now, (arr, i, smem, src, nbytes)))
 
 
 def _sim_bulk_reduce_now(arr, i, smem, src, nbytes):
@@ -138,6 +139,36 @@ def bulk_reduce_add_f32_evict_last(typingctx, arr, i, smem, src, nbytes):
         typingctx, arr, i, smem, src, nbytes)
 
 
+def _sim_tma_store(smem, src, tensor_map, *coords):
+    _sim_bulk_group()[0].append((sim_tma_store_now, (smem, src, tensor_map) + coords))
+
+
+@simulated_by(_sim_tma_store)
+def tma_store_4d(typingctx, smem, src, tensor_map, c0, c1, c2, c3):
+    """(smem, src, tensor_map, c0, c1, c2, c3): the TMA unit stores the box at ``smem[src:]`` (laid out as
+    ``tma.tma_load_4d`` leaves one: 128-byte swizzled, ``src`` 1024-byte aligned) to the box of the rank-4 tensor
+    map at ``(c0, c1, c2, c3)``; elements outside the tensor are not written. Before it, the writers of the box
+    ``fence_proxy_async`` and meet at a barrier; the copy joins this thread's bulk group (``bulk_commit``;
+    ``bulk_wait_read`` before the box is written again or the block exits)::
+
+        cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [tensor_map, {c0, c1, c2, c3}], [src];"""
+    if not (_is_1d(smem) and smem.dtype == types.uint16 and _is_int(src, tensor_map, c0, c1, c2, c3)):
+        return None
+    sig = types.void(smem, src, tensor_map, c0, c1, c2, c3)
+    text = "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [$0, {$2, $3, $4, $5}], [$1];"
+
+    def codegen(context, builder, sig, args):
+        src_addr = _shared_address(builder, _pointer1(context, builder, sig.args[0], args[0], sig.args[1], args[1]))
+        tmap = context.cast(builder, args[2], sig.args[2], types.uint64)
+        coords = [_i32(context, builder, a, t) for a, t in zip(args[3:], sig.args[3:])]
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I64, _I32] + [_I32] * 4), text,
+                           "l,r,r,r,r,r,~{memory}", side_effect=True)
+        builder.call(asm, [tmap, src_addr] + coords)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def _sim_commit():
     issued, groups = _sim_bulk_group()
     groups.append(list(issued))
@@ -147,8 +178,8 @@ def _sim_commit():
 def _sim_wait_read(pending: int):
     groups = _sim_bulk_group()[1]
     while len(groups) > pending:
-        for op in groups.pop(0):
-            _sim_bulk_reduce_now(*op)
+        for op, args in groups.pop(0):
+            op(*args)
 
 
 def _sim_wait_read0():

@@ -153,16 +153,14 @@ def _sim_nothing(*args):
     pass
 
 
-def _sim_tma_load(smem, dst, tensor_map, *coords_and_bar):
-    """Copy the box at ``coords`` (innermost first) into ``smem[dst:]`` (zeros outside the tensor; swizzled), then
-    complete its bytes on the barrier."""
-    *coords, bar = coords_and_bar
+def _sim_box(tensor_map, coords):
+    """(array as uint16, box slices into it, slices of the box that lie inside, the box's shape outermost first,
+    its words' offsets in shared memory from the box's start) of the box at ``coords`` (innermost first)."""
     desc = _SIM_MAPS[int(tensor_map)]
     array = np.asarray(desc.array).view(np.uint16)
     rank = len(desc.box)
     if array.ndim != rank or len(coords) != rank:
-        raise ValueError(f"simulator: a rank-{rank} tensor map read with {len(coords)} coordinates")
-    box = np.zeros(tuple(reversed(desc.box)), np.uint16)  # outermost first, as the array's axes
+        raise ValueError(f"simulator: a rank-{rank} tensor map used with {len(coords)} coordinates")
     src, put = [], []
     for axis in range(rank):
         c, n, size = int(coords[rank - 1 - axis]), desc.box[rank - 1 - axis], array.shape[axis]
@@ -173,19 +171,32 @@ def _sim_tma_load(smem, dst, tensor_map, *coords_and_bar):
         lo, hi = max(c, 0), min(c + n, size)
         src.append(slice(lo, max(lo, hi)))
         put.append(slice(lo - c, lo - c + max(0, hi - lo)))
-    box[tuple(put)] = array[tuple(src)]
-    flat = box.reshape(-1)
-    words = np.asarray(smem).view(np.uint16)
-    row_words = desc.box[0]
+    shape = tuple(reversed(desc.box))
+    offsets = np.arange(int(np.prod(shape)))
     if desc.swizzle == 128:
-        if row_words != 64:
+        if desc.box[0] != 64:
             raise ValueError("simulator: the 128-byte swizzle needs boxes 64 16-bit elements wide")
-        offsets = np.arange(flat.size) * 2
-        offsets = offsets ^ (((offsets >> 7) & 7) << 4)
-        words[int(dst) + offsets // 2] = flat
-    else:
-        words[int(dst):int(dst) + flat.size] = flat
-    _sim_complete_tx(smem, bar, 2 * flat.size)
+        offsets = (offsets * 2 ^ (((offsets * 2 >> 7) & 7) << 4)) // 2
+    return array, tuple(src), tuple(put), shape, offsets
+
+
+def _sim_tma_load(smem, dst, tensor_map, *coords_and_bar):
+    """Copy the box at ``coords`` (innermost first) into ``smem[dst:]`` (zeros outside the tensor; swizzled), then
+    complete its bytes on the barrier."""
+    *coords, bar = coords_and_bar
+    array, src, put, shape, offsets = _sim_box(tensor_map, coords)
+    box = np.zeros(shape, np.uint16)  # outermost first, as the array's axes
+    box[put] = array[src]
+    np.asarray(smem).view(np.uint16)[int(dst) + offsets] = box.reshape(-1)
+    _sim_complete_tx(smem, bar, 2 * box.size)
+
+
+def sim_tma_store_now(smem, src, tensor_map, *coords):
+    """The simulated store of ``smem[src:]`` (swizzled) to the box at ``coords``: only its part inside the tensor
+    (``core.ptx.bulk.tma_store_4d``'s twin carries it out at the wait that covers it)."""
+    array, dst, put, shape, offsets = _sim_box(tensor_map, coords)
+    box = np.asarray(smem).view(np.uint16)[int(src) + offsets].reshape(shape)
+    array[dst] = box[put]
 
 
 def _sim_named_sync(barrier_id, count):

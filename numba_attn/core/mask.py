@@ -4,7 +4,8 @@ Rows and keys are positions in their sequences. A row sees the keys below ``key_
 when ``causal``, only those on or below the bottom-right aligned diagonal: query ``i`` sees keys ``j <= i +
 diag_offset``, ``diag_offset = seqlen_k - seqlen_q`` (a row that sees no key gives 0 and ``lse = -inf``).
 
-Kernels ask five questions, all answered here: is this element hidden (``hidden``), may a whole key tile skip the
+Kernels ask five questions, all answered here: is this element hidden (``hidden``; for a whole row of a tile at once:
+the keys it sees, ``visible_keys_in``), may a whole key tile skip the
 per-element test (``tile_is_partial``; which tiles of a walk may: ``plain_tiles``), where do the keys a block of
 rows sees end (``visible_end``, for the block's key range in ``block_info``), and -- the backward's key blocks --
 where do the rows that see a key begin (``first_row``; under a window also where they end: ``visible_rows``). The
@@ -114,6 +115,35 @@ def hidden_in(window=NO_WINDOW):
         return False
 
     return hidden_windowed
+
+
+#: ``visible_keys``' lower bound for a row without a left side (below every key: keys are positions >= 0)
+NO_LOWER_BOUND = -(1 << 30)
+
+
+def visible_keys_in(window=NO_WINDOW):
+    """``keys(row, key_end, causal, diag_offset) -> (lo, hi)``: query ``row`` sees exactly the keys ``lo <= key <
+    hi`` -- ``hidden_in(window)`` is ``not lo <= key < hi`` (``lo`` is ``NO_LOWER_BOUND`` without a left side; ``hi
+    <= lo`` when it sees none). A kernel that masks a tile row by row computes the two bounds once per row, not the
+    clauses per element (``softmax.softmax_step``)."""
+    left, right = _check_sides(window)
+    HAS_LEFT, LEFT = left != UNBOUNDED, left
+    HAS_RIGHT, RIGHT = right != UNBOUNDED, right
+    LOWEST = NO_LOWER_BOUND
+
+    @device_function
+    def keys(row, key_end, causal, diag_offset):
+        hi = key_end
+        if causal:
+            hi = min(hi, row + diag_offset + 1)
+        if HAS_RIGHT:
+            hi = min(hi, row + diag_offset + RIGHT + 1)
+        lo = LOWEST
+        if HAS_LEFT:
+            lo = row + diag_offset - LEFT
+        return lo, hi
+
+    return keys
 
 
 def tile_is_partial(block_n: int, block_m: int = 0, window=NO_WINDOW):

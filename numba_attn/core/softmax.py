@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import float32
+from numba import float32, int32
 
 from . import ptx
 from .constants import ACC_INIT, LN2, LOG2E
-from .mask import NO_WINDOW, hidden, hidden_in
+from .mask import NO_WINDOW, UNBOUNDED, visible_keys_in
 from .scores import cap_post, score_cap
 from .staging import device_function, inlined_function
 
@@ -156,7 +156,8 @@ def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output
     one key tile's online-softmax update of m-tile ``mt`` (base 2), for ``s_blocks`` n8 blocks of scores.
 
     Masks the keys ``mask.hidden_in(window)`` names (past ``key_end``; above the diagonal when ``causal``; outside
-    the compile-time sliding ``window``) -- only when ``needs_mask`` (``mask.tile_is_partial``). The running max is kept in the scores' units; ``P = exp2(s * post
+    the compile-time sliding ``window``), by the bounds ``mask.visible_keys_in`` gives each row (two 32-bit compares
+    per element) -- only when ``needs_mask`` (``mask.tile_is_partial``). The running max is kept in the scores' units; ``P = exp2(s * post
     - m * post)`` replaces ``s`` in place, so a positive scale folds into the exponent's FFMA (``scale_first``: the
     scores are multiplied by ``scale_log2`` first, for a scale <= 0, which does not commute with max; then
     ``post = 1``). The row sums in ``l_run`` are rescaled by ``alpha = exp2((m_old - m_new) * post)`` and grown.
@@ -182,7 +183,9 @@ def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output
     SCALE_FIRST = scale_first and not CAPPED
     RESCALE = rescale_output
     cap = score_cap(softcap, precise_tanh)
-    hidden = hidden_in(window)
+    visible = visible_keys_in(window)
+    LOWER = window[0] != UNBOUNDED  # (without a left side only the upper bound is tested)
+    SPAN = 1 << 20  # bounds relative to a lane's first key, clamped: 32-bit compares with constants
     NEG_INF = _NEG_INF
     ZERO = _ZERO
     exp2 = ptx.exp2_approx
@@ -192,6 +195,17 @@ def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output
     def step(s, out, m_run, l_run, mt, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post):
         mx_0 = NEG_INF
         mx_1 = NEG_INF
+        # the keys each of the lane's two rows sees, as columns of the lane's first key n0 + 2t: element (nb, e) is
+        # column 8 nb + e % 2 (``mask.visible_keys_in``)
+        lo_0 = lo_1 = hi_0 = hi_1 = int32(0)
+        if needs_mask:
+            first = n0 + 2 * t
+            lo, hi = visible(row0 + 16 * mt, key_end, causal, diag_offset)
+            lo_0 = int32(min(max(lo - first, -SPAN), SPAN))
+            hi_0 = int32(min(max(hi - first, -SPAN), SPAN))
+            lo, hi = visible(row0 + 16 * mt + 8, key_end, causal, diag_offset)
+            lo_1 = int32(min(max(lo - first, -SPAN), SPAN))
+            hi_1 = int32(min(max(hi - first, -SPAN), SPAN))
         for nb in range(S_BLOCKS):
             for e in range(4):
                 x = s[mt, nb, e]
@@ -200,9 +214,13 @@ def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output
                 if CAPPED:
                     x = cap(x, scale_log2)
                 if needs_mask:
-                    key = n0 + 8 * nb + 2 * t + e % 2
-                    if hidden(key, row0 + 16 * mt + 8 * (e // 2), key_end, causal, diag_offset):
-                        x = NEG_INF
+                    col = int32(8 * nb + e % 2)
+                    if e < 2:
+                        if col >= hi_0 or (LOWER and col < lo_0):
+                            x = NEG_INF
+                    else:
+                        if col >= hi_1 or (LOWER and col < lo_1):
+                            x = NEG_INF
                 s[mt, nb, e] = x
             mx_0 = max(mx_0, max(s[mt, nb, 0], s[mt, nb, 1]))
             mx_1 = max(mx_1, max(s[mt, nb, 2], s[mt, nb, 3]))

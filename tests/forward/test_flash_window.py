@@ -175,6 +175,23 @@ def test_plain_tiles_are_the_tiles_no_mask_touches(window, causal, block_n, bloc
                         assert list(range(first, end)) == expect, (key_end, diag, m0, n_first, n_tiles)
 
 
+@pytest.mark.parametrize("window", WINDOWS + [(None, None), (0, None), (None, 0), (17, 3)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.skipif(not numba_attn.SIMULATOR, reason="calls the device functions from Python: simulator only")
+def test_visible_keys_are_the_keys_hidden_does_not_hide(window, causal):
+    """``visible_keys_in``' row bounds (what the softmax masks by) say exactly what ``hidden_in`` says per key."""
+    sides = mask.window_sides(window, causal)
+    visible = mask.visible_keys_in(sides)
+    hidden = mask.hidden_in(sides)
+    for key_end in (0, 1, 29):
+        for diag in (-9, 0, 11):
+            for row in range(-3, 40, 5):
+                lo, hi = visible(row, key_end, causal, diag)
+                assert lo == mask.NO_LOWER_BOUND or sides[0] != mask.UNBOUNDED
+                for key in range(-2, 45):
+                    assert (lo <= key < hi) == (not hidden(key, row, key_end, causal, diag)), (row, key, lo, hi)
+
+
 def test_window_sides():
     assert mask.window_sides(None, False) == mask.NO_WINDOW
     assert mask.window_sides((None, None), True) == mask.NO_WINDOW

@@ -68,11 +68,15 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     O_BLOCKS = d_pad // 8
     SCALE_FIRST = scale_first
     TMA_STORE = store == "tma"
-    # Q is free again when every consumer warp has arrived -- with the TMA store, once each consumer's store has
-    # read its tile (one arrival per consumer)
-    Q_EMPTY_ARRIVALS = CONSUMERS if TMA_STORE else 4 * CONSUMERS
-    EMPTY_ARRIVALS = 4 * CONSUMERS  # one per consumer warp
     PERSISTENT = config.persistent
+    # the persistent 16-bit kernel stages its output in tiles of its own (``shared_bytes``), so that Q is free as
+    # soon as the last S is done: the producer copies the next block's Q during the last P V and the epilogue
+    STAGING_TILES = PERSISTENT and not fp8
+    OWN_STAGING = TMA_STORE and STAGING_TILES
+    # Q is free again when every consumer warp has arrived -- with the TMA store through Q, once each consumer's
+    # store has read its tile (one arrival per consumer)
+    Q_EMPTY_ARRIVALS = CONSUMERS if TMA_STORE and not OWN_STAGING else 4 * CONSUMERS
+    EMPTY_ARRIVALS = 4 * CONSUMERS  # one per consumer warp
     # the mbarriers, 4 elements (8 bytes) each from ``bars``: Q full, Q empty, then per stage of the ring
     K_FULL, K_EMPTY, V_FULL, V_EMPTY = (4 * (2 + n * STAGES) for n in range(4))
     PAIR = 2 * WARPGROUP  # threads of a ping-pong barrier: the waiting warpgroup and the one arriving
@@ -217,30 +221,36 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         return stage, phase, v_stage, v_phase
 
     @device_function
-    def store_staged(acc, m_run, l_run, smem, q_c, bars, c, lane, m_c, row0, t, o_map, lse, b, h, seqlen_q,
+    def store_staged(acc, m_run, l_run, smem, tile, bars, c, lane, m_c, row0, t, o_map, lse, b, h, seqlen_q,
                      write_lse, post, out_scale):
-        """Consumer ``c``'s output through its Q tile (free: every warp is past its last S = Q K^T) and the TMA;
-        one thread stores, waits until the unit has read the tile, and frees Q for the producer."""
+        """Consumer ``c``'s output through shared ``tile`` and the TMA, one thread storing. ``tile``: its Q tile
+        (free: every warp is past its last S = Q K^T), which the storing thread frees for the producer once the
+        unit has read it; or (``OWN_STAGING``) its own staging tile, which that thread makes sure the previous
+        block's store has read before anyone writes it."""
+        storer = lane == 0 and row0 == m_c
+        if OWN_STAGING and storer:
+            wait_read()
         bar_sync(EPILOGUE + c, WARPGROUP)
-        stage_out(acc, m_run, l_run, smem, q_c, lse, b, h, row0, row0 - m_c, t, seqlen_q, write_lse, post,
+        stage_out(acc, m_run, l_run, smem, tile, lse, b, h, row0, row0 - m_c, t, seqlen_q, write_lse, post,
                   out_scale)
         fence_async()  # (the tile's writes, visible to the TMA unit)
         bar_sync(EPILOGUE + c, WARPGROUP)
-        if lane == 0 and row0 == m_c:
+        if storer:
             for a in range(ATOMS):
-                store_box(smem, q_c + a * Q_BOX, o_map, 64 * a, m_c, h, b)
+                store_box(smem, tile + a * Q_BOX, o_map, 64 * a, m_c, h, b)
             commit()
-            wait_read()
-            arrive(smem, bars + 4)  # Q is free
+            if not OWN_STAGING:
+                wait_read()
+                arrive(smem, bars + 4)  # Q is free
 
     @device_function
     def consume(smem, q_c, k_base, v_base, bars, c, lane, m_c, row0, t, n_first, n_tiles, stage, phase, qn, key_end,
                 causal, diag_offset, scale_log2, post, out_head, lse, b, h, seqlen_q, head_dim, write_lse, out_scale,
-                o_map):
+                o_map, o_c):
         """Consumer ``c``'s 64 rows of one block (``qn``: Q copies before; tile 0 in ring slot ``stage``, use
         ``phase``); returns the slot and phase of the next block's tile 0. ``v_base``: the V ring (8-bit: ``V^T``
         tiles); ``out_scale``: the output's factor (8-bit: the V descale); ``o_map``: the output's tensor map (the
-        TMA store)."""
+        TMA store); ``o_c``: its staging tile (``OWN_STAGING``)."""
         s = cuda.local.array((1, S_BLOCKS, 4), float32)
         acc = cuda.local.array((1, O_BLOCKS, 4), float32)
         p = cuda.local.array(P_WORDS, uint32)
@@ -286,6 +296,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                                                   lane, n0, partial(n0, m_c, key_end, causal, diag_offset), row0, t,
                                                   key_end, causal, diag_offset, scale_log2, post, stage, phase,
                                                   v_stage, v_phase)
+        if OWN_STAGING and n_tiles > 0 and lane == 0:
+            arrive(smem, bars + 4)  # Q is free: this warp's last S is done
         if n_tiles > 0:
             wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
             p_times_v(acc, p, smem, v_base + v_stage * V_TILE)
@@ -295,8 +307,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                 if not TMA_STORE:
                     arrive(smem, bars + 4)  # Q is free (the producer copies the next block's over it)
         if TMA_STORE and n_tiles > 0:  # (without a tile Q was not copied: the producer may be writing the next)
-            store_staged(acc, m_run, l_run, smem, q_c, bars, c, lane, m_c, row0, t, o_map, lse, b, h, seqlen_q,
-                         write_lse, post, out_scale)
+            store_staged(acc, m_run, l_run, smem, o_c if OWN_STAGING else q_c, bars, c, lane, m_c, row0, t, o_map,
+                         lse, b, h, seqlen_q, write_lse, post, out_scale)
         else:
             finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post, out_scale)
         return stage, phase
@@ -323,7 +335,9 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         q_base = ((1024 - shared_address(smem) % 1024) % 1024) // 2
         k_base = q_base + CONSUMERS * Q_TILE
         v_base = k_base + STAGES * TILE
-        bars = v_base + STAGES * V_TILE  # Q full, Q empty; K full, K empty, V full, V empty per stage
+        o_base = v_base + STAGES * V_TILE  # (persistent, 16-bit: the consumers' staging tiles)
+        bars = o_base + (CONSUMERS * Q_TILE if STAGING_TILES else 0)
+        # (bars: Q full, Q empty; K full, K empty, V full, V empty per stage)
         if tid == 0:
             init(smem, bars, 1)
             init(smem, bars + 4, Q_EMPTY_ARRIVALS)
@@ -383,9 +397,11 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                 stage, phase = consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m0 + ROWS * c,
                                        m0 + row, t, n_first, n_tiles, stage, phase, qn, key_end, causal, diag_offset,
                                        scale, post_b, out[b, h], lse, b, h, seqlen_q, head_dim, write_lse, v_scale,
-                                       o_map)
+                                       o_map, o_base + c * Q_TILE)
                 if n_tiles > 0:
                     qn += 1
+            if OWN_STAGING and lane == 0 and row == ROWS * c:
+                wait_read()  # (the last store has read its tile before the block's shared memory goes)
         else:
             b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, schedule)
             n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
@@ -393,7 +409,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                                             q.shape[1])
             consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m1 + ROWS * c, m1 + row, t, n_first1,
                     n_tiles1, 0, 0, 0, key_end, causal, diag_offset, scale, post_b, out_head, lse, b1, h1,
-                    seqlen_q, head_dim, write_lse, v_scale, o_map)
+                    seqlen_q, head_dim, write_lse, v_scale, o_map, o_base + c * Q_TILE)
         if PINGPONG and c == 0:
             bar_sync(1, PAIR)  # the last consumer's last arrival: the barriers end as they began
 

@@ -17,9 +17,11 @@ decode   ``flash_decode`` of one token per row, B8 H32 D128 fp16, MHA (32 kv hea
          real keys (target >= 85 % of the copy).
 window   ``flash_forward`` causal on one 64k sequence (H16 D128, fp16 / bf16) with ``window=(4096, 0)`` against the
          full causal call: TFLOP/s counted on the visible (in-window) pairs against the dense kernel's causal
-         TFLOP/s (target >= 0.9x); ``ROUNDS`` alternating rounds, each call timed after ``WARM_S`` of its own
-         calls (timed right after a compile or after the other call, the short windowed call ran on clocks set
-         for another load: 0.80-0.93x on one H100 in one session, by the order of the timings alone).
+         TFLOP/s, and -- the issue's measure, which judges the row -- the same ratio counted on the tiles each call
+         computes (edge and diagonal tiles whole, both with the windowed call's tiles; target >= 0.9x).
+         ``ROUNDS`` alternating rounds, each call timed after ``WARM_S`` of its own calls (timed right after a
+         compile or after the other call, the short windowed call ran on clocks set for another load: 0.80-0.93x
+         on one H100 in one session, by the order of the timings alone).
 
 ``--diagnose`` adds INFO rows: varlen with host offsets (the schedule sorted by work), then on each Hopper kernel
 (``backend="wgmma"`` / ``"wgmma_ws"``), 16 packed sequences of the mean length against the dense batch, and the dense kernels on the packed / paged layouts' memory order ((B, L, H, D):
@@ -315,6 +317,29 @@ def _paged(k, v, page: int, rng):
     return pages[0], pages[1], table
 
 
+def launched_tiles(call) -> tuple:
+    """``(block_m, block_n)`` of the configuration ``call`` launches the warp-specialised forward with (its tiles:
+    the window target counts the work of the tiles computed)."""
+    from numba_attn.forward import wgmma_ws
+
+    seen = []
+    real = wgmma_ws.launch
+
+    def spy(*args, config=None, **kwargs):
+        chosen = config or wgmma_ws.default_config()
+        seen.append((chosen.block_m, chosen.block_n))
+        return real(*args, config=config, **kwargs)
+
+    wgmma_ws.launch = spy
+    try:
+        call()
+    finally:
+        wgmma_ws.launch = real
+    if not seen:
+        raise RuntimeError("the windowed call did not take the wgmma_ws kernel")
+    return seen[-1]
+
+
 def part_window(args) -> None:
     import torch
 
@@ -346,16 +371,24 @@ def part_window(args) -> None:
 
             # alternating rounds, each call timed on the clocks its own load settles at (a short call timed right
             # after a compile, or after the long dense call, ran on clocks set for another load)
+            tiles = launched_tiles(window_call)
             rounds = [(timed(dense_call), timed(window_call)) for _ in range(ROUNDS)]
             dense_ms = float(np.median([d for d, _ in rounds]))
             win_ms = float(np.median([w for _, w in rounds]))
             dense = causal_flops(heads, head_dim, [n]) / dense_ms / 1e9
             ours = 4.0 * heads * head_dim * visible / win_ms / 1e9
             ratio = ours / dense
-            emit(judged(ratio, TARGETS["window_vs_dense"]), "window", label,
-                 f"{ours:6.1f} TFLOP/s in-window ({win_ms:.2f} ms) vs dense causal {dense:6.1f} ({dense_ms:.2f} ms): "
-                 f"{ratio:.2f}x (>= {TARGETS['window_vs_dense']})", tflops=ours, ms=win_ms, dense_tflops=dense,
-                 dense_ms=dense_ms, ratio=ratio, dtype=dtype)
+            # the issue's measure: the work of the tiles the call computes (edge tiles whole), against the dense
+            # call's tiles likewise (its diagonal tiles whole; counted with the same tiles)
+            (block_m, block_n) = tiles
+            win_tiles = sum(-(-(min(n, m0 + block_m) - max(0, m0 - left)) // block_n) for m0 in range(0, n, block_m))
+            dense_tiles = sum(-(-min(n, m0 + block_m) // block_n) for m0 in range(0, n, block_m))
+            tile_ratio = (win_tiles / win_ms) / (dense_tiles / dense_ms)
+            emit(judged(tile_ratio, TARGETS["window_vs_dense"]), "window", label,
+                 f"{ours:6.1f} TFLOP/s on visible pairs ({win_ms:.2f} ms) vs dense causal {dense:6.1f} ({dense_ms:.2f} "
+                 f"ms): {ratio:.3f}x; on computed {block_m}x{block_n} tiles: {tile_ratio:.3f}x "
+                 f"(>= {TARGETS['window_vs_dense']})", tflops=ours, ms=win_ms, dense_tflops=dense, dense_ms=dense_ms,
+                 ratio=ratio, tile_ratio=tile_ratio, block_m=block_m, block_n=block_n, dtype=dtype)
             del q, k, v
             torch.cuda.empty_cache()
         except Exception as exc:  # noqa: BLE001

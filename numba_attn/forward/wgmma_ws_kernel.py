@@ -19,7 +19,8 @@ from .common import PLAIN, Variant
 from .wgmma_ws_config import ROWS, WARPGROUP, WsConfig, vt_atoms
 
 #: how the kernel writes its output: "elements" (2-byte stores), "pairs" (4-byte stores: rows in aligned pairs) or
-#: "tma" (staged in the consumer's Q tile, then one TMA store per 64-column box: ``out`` needs a tensor map)
+#: "tma" (staged in the consumer's Q tile -- persistent: a staging tile of its own -- then one TMA store per
+#: 64-column box: ``out`` needs a tensor map)
 STORES = ("elements", "pairs", "tma")
 
 

@@ -252,6 +252,34 @@ def test_flash_forward_backend_maps_cache_and_fallback(monkeypatch):
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("persistent", [False, True])
+def test_tma_store_into_strided_outputs(monkeypatch, persistent):
+    """``out=`` views the TMA can write (rows of a (B, N, H, D) buffer; rows padded to 16-byte multiples) take the
+    TMA store; the padding and the other rows' memory stay as they were."""
+    torch = pytest.importorskip("torch")
+    config = wgmma_ws.WsConfig(persistent=persistent)
+    tuned = dispatch._tuned_config
+    monkeypatch.setattr(dispatch, "_tuned_config",
+                        lambda tuner, *a, **k: config if tuner is dispatch.FLASH_WS_TUNER else tuned(tuner, *a, **k))
+    chosen = []
+    real = wgmma_ws.output_store
+    monkeypatch.setattr(wgmma_ws, "output_store", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    q = torch.randn(2, 4, 333, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    ref = numba_attn.flash_forward(q, k, v, causal=True, backend="wgmma")
+    poison = -7.0
+    blhd = torch.full((2, 333, 4, 128), poison, device="cuda", dtype=torch.bfloat16)
+    padded = torch.full((2, 4, 333, 136), poison, device="cuda", dtype=torch.bfloat16)
+    for memory, out in ((blhd, blhd.permute(0, 2, 1, 3)), (padded, padded[..., :128])):
+        got = numba_attn.flash_forward(q, k, v, causal=True, backend="wgmma_ws", out=out)
+        assert chosen[-1][0] == "tma", chosen[-1]
+        assert ((got.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+        if memory is padded:
+            assert bool((padded[..., 128:] == poison).all()), "wrote past headdim"
+
+
+@pytest.mark.gpu
+@hopper
 def test_cuda_graph_capture():
     torch = pytest.importorskip("torch")
     q = torch.randn(1, 4, 500, 128, device="cuda", dtype=torch.float16)

@@ -12,6 +12,10 @@ import numpy as np
 from . import ptx
 from .softmax import log_sum_exp, row_sum
 from .staging import device_function, inlined_function
+from .warpgroup import swizzle
+
+#: ``warpgroup.swizzle`` in device code: the byte offset of a 128-byte-swizzled tile
+swizzled = device_function(swizzle)
 
 _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)
@@ -134,8 +138,7 @@ def stage_rows(o_blocks: int, bf16: bool, box_rows: int):
 
     @inlined_function
     def put(smem, tile, row, r, col, x0, x1, head_dim):
-        byte = 2 * (r * 64 + (col & 63))
-        store_word(smem, tile + (col >> 6) * BOX + ((byte ^ (((byte >> 7) & 7) << 4)) >> 1), pack(x0, x1))
+        store_word(smem, tile + (col >> 6) * BOX + (swizzled(2 * (r * 64 + (col & 63))) >> 1), pack(x0, x1))
 
     rows = _normalised_rows(1, o_blocks, put)
 

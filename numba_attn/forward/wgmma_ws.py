@@ -48,7 +48,10 @@ Epilogue (``output_store`` picks it per call)
     conflict-free 4-byte store per column pair), fences them for the async proxy, meets its warps at named barrier
     ``3 + c``, and one thread stores the tile with one TMA store per 64-column box (``ptx.bulk.tma_store_4d``; rows
     past the sequence and columns past headdim are clipped by the unit), waits until the unit has read it and only
-    then frees Q (the "Q empty" mbarrier then counts one arrival per consumer). A warp's stores straight from the
+    then frees Q (the "Q empty" mbarrier then counts one arrival per consumer). The persistent kernel stages in
+    tiles of its own instead (``shared_bytes``): its warps free Q after their last ``Q K^T``, so the next block's Q
+    is copied during the last ``P V`` and the epilogue, and the storing thread waits for the unit's read only before
+    it stages again. A warp's stores straight from the
     MMA fragments touch eight rows each -- 64 partial-sector stores per lane for a 64 x 128 tile -- and took a
     block's consumers longer than a short key walk (``docs/design``). Packed sequences (whose Q tiles' last rows
     belong to the next sequence) and outputs the TMA cannot write store from the registers, in 4-byte pairs where

@@ -131,13 +131,13 @@ def test_tma_store_clips_rows_and_columns_past_the_output():
     """The simulated TMA store writes the box's part inside the tensor only (a tail block's rows, the padded head
     dim's columns) and only at the wait that covers it."""
     from numba_attn.core.ptx import bulk, tma
+    from numba_attn.core.warpgroup import swizzle
 
     out = np.full((1, 1, 5, 24), 7, np.uint16)
     handle = tma.sim_register_map(tma.SimTensorMap(out, (64, 4, 1, 1), 128))
     smem = np.zeros(64 * 4, np.uint16)
-    offsets = np.arange(256)
     box = np.arange(256, dtype=np.uint16).reshape(4, 64)  # row r, column c = 64 r + c (before the swizzle)
-    smem[(offsets * 2 ^ (((offsets * 2 >> 7) & 7) << 4)) // 2] = box.reshape(-1)
+    smem[swizzle(2 * np.arange(256)) // 2] = box.reshape(-1)
     bulk._sim_tma_store(smem, 0, handle, 0, 2, 0, 0)  # rows 2..5 of a tensor of 5 rows
     assert np.all(out == 7)  # (not before the wait)
     bulk._sim_commit()

@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -32,21 +34,23 @@ hopper = pytest.mark.skipif(SIMULATOR or compute_capability() < wgmma_ws.MIN_COM
 OUT_PAD = {"tma": 8, "pairs": 6, "elements": 5}
 
 
+@contextlib.contextmanager
+def stores_chosen():
+    """The launcher's ``(store, map)`` choices made inside, in order."""
+    chosen = []
+    real = wgmma_ws.output_store
+    wgmma_ws.output_store = lambda *args: chosen.append(real(*args)) or chosen[-1]
+    try:
+        yield chosen
+    finally:
+        wgmma_ws.output_store = real
+
+
 def check(*args, config=None, store="tma", **kwargs):
     """``_check`` on ``wgmma_ws.launch``, asserting that the launcher stores the output the way ``store`` says (the
     head dims here are multiples of 8, so the padding of ``OUT_PAD`` decides it)."""
-    chosen = []
-    real = wgmma_ws.output_store
-
-    def spy(out, packed, stream):
-        chosen.append(real(out, packed, stream))
-        return chosen[-1]
-
-    wgmma_ws.output_store = spy
-    try:
+    with stores_chosen() as chosen:
         _check(*args, launch=wgmma_ws.launch, config=config, out_pad=OUT_PAD[store], **kwargs)
-    finally:
-        wgmma_ws.output_store = real
     assert all(way == store for way, _ in chosen), chosen
 
 
@@ -261,9 +265,6 @@ def test_tma_store_into_strided_outputs(monkeypatch, persistent):
     tuned = dispatch._tuned_config
     monkeypatch.setattr(dispatch, "_tuned_config",
                         lambda tuner, *a, **k: config if tuner is dispatch.FLASH_WS_TUNER else tuned(tuner, *a, **k))
-    chosen = []
-    real = wgmma_ws.output_store
-    monkeypatch.setattr(wgmma_ws, "output_store", lambda *a: chosen.append(real(*a)) or chosen[-1])
     q = torch.randn(2, 4, 333, 128, device="cuda", dtype=torch.bfloat16)
     k, v = torch.randn_like(q), torch.randn_like(q)
     ref = numba_attn.flash_forward(q, k, v, causal=True, backend="wgmma")
@@ -271,8 +272,9 @@ def test_tma_store_into_strided_outputs(monkeypatch, persistent):
     blhd = torch.full((2, 333, 4, 128), poison, device="cuda", dtype=torch.bfloat16)
     padded = torch.full((2, 4, 333, 136), poison, device="cuda", dtype=torch.bfloat16)
     for memory, out in ((blhd, blhd.permute(0, 2, 1, 3)), (padded, padded[..., :128])):
-        got = numba_attn.flash_forward(q, k, v, causal=True, backend="wgmma_ws", out=out)
-        assert chosen[-1][0] == "tma", chosen[-1]
+        with stores_chosen() as chosen:
+            got = numba_attn.flash_forward(q, k, v, causal=True, backend="wgmma_ws", out=out)
+        assert chosen and chosen[-1][0] == "tma", chosen
         assert ((got.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
         if memory is padded:
             assert bool((padded[..., 128:] == poison).all()), "wrote past headdim"

@@ -11,8 +11,10 @@ argument and each rank's value. A rank whose own arguments failed the local chec
 naming that rank and the argument, so that no rank is left waiting in a later collective.
 
 Cost: one all_gather of ``len(FIELDS) + 1`` int64 per call. It runs on the CPU when the group has a CPU backend
-(gloo, or ``"cpu:gloo,cuda:nccl"``), else (NCCL only) on the group's GPU, where reading the result back waits for
-the work already queued on the current stream. ``NUMBA_ATTN_RING_CHECK=0`` turns the check off (for callers that
+(gloo, or ``"cpu:gloo,cuda:nccl"``), else (NCCL only) on the group's GPU, on a stream of its own (reading the
+result back waits for the gather, not for the caller's queued work). ``ring_attention`` defers reading it
+(``deferred``) until its first kernel, which needs no other rank, is queued: the check's host time then runs
+beside that kernel instead of before it. ``NUMBA_ATTN_RING_CHECK=0`` turns the check off (for callers that
 guarantee agreement and want no host sync; a mismatch may then hang or answer wrongly).
 """
 from __future__ import annotations
@@ -134,16 +136,22 @@ def enabled() -> bool:
     return os.environ.get(CHECK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def checked_on_every_rank(torch, dist, group, q, layouts, check):
+def checked_on_every_rank(torch, dist, group, q, layouts, check, deferred=False):
     """``check()`` -> ``(values, result)``: an entry's own argument checks (``values`` from :func:`pack`). Runs them,
-    then :func:`check_ranks_agree`; a rank whose check raises still takes part, so no rank is left waiting. Returns
-    ``(result, world)``."""
+    then the agreement check (:func:`start_agreement`); a rank whose check raises still takes part, so no rank is
+    left waiting. Returns ``(result, world)``; with ``deferred``, ``(result, world, finish)``: the all_gather is
+    issued but not read, and ``finish()`` reads it and raises where the ranks disagree. It must be called before
+    anything another rank takes part in (a transfer); work of this rank alone may run before it (a rank that
+    refused its own arguments raises at once)."""
     try:
         values, result = check()
         refused = None
     except (TypeError, ValueError) as error:
         values, result, refused = None, None, error
-    _, world = check_ranks_agree(torch, dist, group, values, refused, q, layouts)
+    _, world, finish = start_agreement(torch, dist, group, values, refused, q, layouts)
+    if deferred:
+        return result, world, finish
+    finish()
     return result, world
 
 
@@ -153,19 +161,65 @@ def check_ranks_agree(torch, dist, group, values, refused=None, q=None, layouts=
 
     A refusing rank raises ``refused`` itself, after taking part in the all_gather. Ranks are named by their global
     rank. ``q`` (this rank's query, maybe not a tensor) picks the GPU for NCCL-only groups."""
+    rank, world, finish = start_agreement(torch, dist, group, values, refused, q, layouts)
+    finish()
+    return rank, world
+
+
+def _nothing() -> None:
+    pass
+
+
+@functools.lru_cache(maxsize=None)
+def _check_stream(torch, device_index: int):
+    """A stream of the check's own on this GPU: its all_gather waits for no work queued on the caller's stream."""
+    return torch.cuda.Stream(device=device_index)
+
+
+def start_agreement(torch, dist, group, values, refused=None, q=None, layouts=()):
+    """:func:`check_ranks_agree` in two halves: issues the all_gather (on a GPU, on a stream of its own, so that it
+    does not wait for the caller's queued work; on the CPU asynchronously) and returns ``(rank, world, finish)``;
+    ``finish()`` reads the gathered table and raises. A rank that refused its arguments finishes at once."""
     if refused is not None and not (dist.is_available() and dist.is_initialized()):
         raise refused  # no group, so no rank waits in a collective
     rank, world = group_rank_and_size(dist, group)
     if world == 1 or not enabled():
         if refused is not None:
             raise refused
-        return rank, world
-    mine = list(values) if refused is None else [0] * len(FIELDS)
-    mine = torch.tensor(mine + [_refusal_code(refused)], dtype=torch.int64, device=_device(torch, dist, group, q))
-    table = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(table, mine, group=group)
-    table = torch.stack(table).cpu().tolist()
+        return rank, world, _nothing
+    mine = (list(values) if refused is None else [0] * len(FIELDS)) + [_refusal_code(refused)]
+    device = _device(torch, dist, group, q)
+    if device.type == "cuda":
+        stream = _check_stream(torch, device.index if device.index is not None else torch.cuda.current_device())
+        with torch.cuda.stream(stream):
+            gathered = torch.tensor(mine, dtype=torch.int64, device=device)
+            table = [torch.empty_like(gathered) for _ in range(world)]
+            dist.all_gather(table, gathered, group=group)
+
+        def read():
+            with torch.cuda.stream(stream):
+                return torch.stack(table).cpu().tolist()
+    else:
+        gathered = torch.tensor(mine, dtype=torch.int64, device=device)
+        table = [torch.empty_like(gathered) for _ in range(world)]
+        work = dist.all_gather(table, gathered, group=group, async_op=True)
+
+        def read():
+            work.wait()
+            return torch.stack(table).tolist()
     ranks = list(range(world)) if group is None else [dist.get_global_rank(group, r) for r in range(world)]
+
+    def finish():
+        _judge(read(), ranks, refused, torch, layouts)
+
+    if refused is not None:
+        finish()  # (raises)
+    return rank, world, finish
+
+
+def _judge(table, ranks, refused, torch, layouts) -> None:
+    """Raise this rank's own refusal, else the same ``ValueError`` as every other rank where the gathered ``table``
+    (a row per rank) shows a refusal or values that differ."""
     if refused is not None:
         raise refused
     refusals = [(peer, row[-1]) for peer, row in zip(ranks, table) if row[-1]]
@@ -183,4 +237,3 @@ def check_ranks_agree(torch, dist, group, values, refused=None, q=None, layouts=
     if problems:
         raise ValueError("; ".join(problems) + " (every rank of the group must pass the same shapes, dtype and "
                          "options)")
-    return rank, world

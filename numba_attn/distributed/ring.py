@@ -9,7 +9,8 @@ key/value shards travel around the ring, rank ``r`` sending to ``r + 1`` and rec
    batched with ``batch_isend_irecv``; on CUDA tensors on a side stream, so it overlaps the kernel),
 2. ``numba_attn.flash_forward(q_rows, k_keys, v_keys, return_lse=True)`` runs on the current shard (or the part
    of it the mask lets through, below),
-3. its partial output and lse are merged into the running float32 ``(out, lse)`` (:func:`_merge_into`), and
+3. its partial output and lse are merged into the running ``(out, lse)`` (``merge.merge_into``, one kernel, for CUDA
+   tensors; :func:`_merge_into`, torch ops, for CPU tensors), and
 4. the transfer is waited for.
 
 ``k`` and ``v`` travel stacked in one buffer (one message per step); two buffers alternate.
@@ -24,7 +25,10 @@ than merged with an empty one. It follows ``reference.combine_lse``'s rules: a p
 0, a row that no part reaches gives 0 and ``-inf`` (never NaN), a NaN or ``+inf`` lse makes the row NaN. The
 partials come back from ``flash_forward`` in the inputs' dtype (float16 partials carry one float16 rounding each),
 are read as they are and merged in float32, and the result is cast to the inputs' dtype once at the end; ``lse`` is
-float32.
+float32. On CUDA tensors each merge is one kernel (``merge.py``: the accumulator row and the part read once, the
+merged row written once); there the first part stays in the inputs' dtype until the first merge widens it to
+float32, and the last merge writes the inputs' dtype itself (the final cast fused into it; rows it does not cover
+are cast by a copy). ``NUMBA_ATTN_RING_MERGE=torch`` selects the torch ops instead (A/B timing).
 
 **Causal masking.** With ``causal=True`` the whole sequence is causal (query ``i`` sees key ``j <= i``, global
 positions). Split into chunks, a (query chunk, key chunk) pair is *full* when the key chunk comes first,
@@ -258,11 +262,16 @@ def _merge_into(out, lse, part_out, part_lse) -> None:
     lse.copy_(base + torch.log(total))  # log(0) = -inf: still no key
 
 
-def _exchange(torch, dist, send, receive, send_to, receive_from, group, side):
+def _exchange(torch, dist, send, receive, send_to, receive_from, group, side, ready=None):
+    """Issue ``isend(send)`` to the next rank and ``irecv(receive)`` from the previous one (on GPUs on ``side``,
+    after the current stream's work so far, or after the event ``ready`` only)."""
     ops = [dist.P2POp(dist.isend, send, send_to, group), dist.P2POp(dist.irecv, receive, receive_from, group)]
     if side is None:
         return dist.batch_isend_irecv(ops)
-    side.wait_stream(torch.cuda.current_stream(send.device))  # the shard (and the receive buffer) are ready
+    if ready is None:
+        side.wait_stream(torch.cuda.current_stream(send.device))  # the shard (and the receive buffer) are ready
+    else:
+        side.wait_event(ready)
     with torch.cuda.stream(side):
         requests = dist.batch_isend_irecv(ops)
     send.record_stream(side)
@@ -303,20 +312,27 @@ def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_l
         values = pack(torch, "ring_attention", q, k, flags[0], *options, differentiable, LAYOUTS)
         return values, (*flags, *options, differentiable)
 
-    (causal, return_lse, layout, sm_scale, differentiable), world = checked_on_every_rank(torch, dist, group, q,
-                                                                                          LAYOUTS, check)
-    _check_zigzag(layout, q.shape[2], world)
+    # (the ranks' agreement is read only once the first kernel, on this rank's own shard, is queued: ``_forward``)
+    (causal, return_lse, layout, sm_scale, differentiable), world, agreed = checked_on_every_rank(
+        torch, dist, group, q, LAYOUTS, check, deferred=True)
+    try:
+        _check_zigzag(layout, q.shape[2], world)
+    except ValueError:
+        agreed()  # (a disagreement on the length says more, and every rank raises it)
+        raise
     if differentiable:
         from .ring_backward import RingAttention
 
-        out, lse = RingAttention().apply(q, k, v, group, causal, sm_scale, layout, backend)
+        out, lse = RingAttention().apply(q, k, v, group, causal, sm_scale, layout, backend, agreed)
     else:
-        out, lse = _forward(q, k, v, group, causal, sm_scale, layout, backend)
+        out, lse = _forward(q, k, v, group, causal, sm_scale, layout, backend, agreed)
     return (out, lse) if return_lse else out
 
 
-def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend):
-    """``(out, lse)`` of ``ring_attention`` for checked arguments that every rank agrees on."""
+def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend, agreed=None):
+    """``(out, lse)`` of ``ring_attention`` for checked arguments. ``agreed()`` (``agreement.start_agreement``'s
+    ``finish``) raises unless every rank passed the same ones: called after the own shard's kernel is queued and
+    before the first transfer."""
     from .. import api
 
     torch, dist = _torch()
@@ -328,6 +344,8 @@ def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend
                                  backend=backend)
 
     if world == 1:  # one rank: both layouts are the identity
+        if agreed is not None:
+            agreed()
         return attend(q, k, v, causal)
 
     def peer(group_rank):
@@ -336,24 +354,106 @@ def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend
     send_to, receive_from = peer((rank + 1) % world), peer((rank - 1) % world)
     buffers = [torch.stack((k, v)), None]  # k and v travel together: one message per step
     side = torch.cuda.Stream(device=q.device) if q.is_cuda else None
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    # the last step that merges a part (later ones may be masked): its merge writes q's dtype
+    merging = [step for step in range(1, world) if _blocks(rank, (rank - step) % world, length, causal, layout)]
+    last_merge = merging[-1] if merging else 0
+    accumulator = (_KernelAccumulator if _merge_kernel_applies(q) else _TorchAccumulator)(torch, q)
+    buffers[1] = torch.empty_like(buffers[0])
+    stacked = None
+    if side is not None:  # (step 1's transfer needs the stacked shard, not the own shard's kernel)
+        stacked = torch.cuda.Event()
+        stacked.record(torch.cuda.current_stream(q.device))
+    requests = []
     for step in range(world):
         current = buffers[step % 2]
-        requests = []
-        if step < world - 1:  # issue the next shard's transfer before computing on this one
-            if buffers[(step + 1) % 2] is None:
-                buffers[(step + 1) % 2] = torch.empty_like(current)
-            requests = _exchange(torch, dist, current, buffers[(step + 1) % 2], send_to, receive_from, group, side)
-        for rows, keys, part_causal in _blocks(rank, (rank - step) % world, length, causal, layout):
-            part_out, part_lse = attend(q[:, :, rows], current[0][:, :, keys], current[1][:, :, keys], part_causal)
+        blocks = _blocks(rank, (rank - step) % world, length, causal, layout)
+        parts = [(rows, attend(q[:, :, rows], current[0][:, :, keys], current[1][:, :, keys], part_causal))
+                 for rows, keys, part_causal in blocks]
+        if step == 0:  # the ranks agree (else every rank raises here, before any transfer): step 1's shard
+            if agreed is not None:
+                agreed()
+            requests = _exchange(torch, dist, buffers[0], buffers[1], send_to, receive_from, group, side, stacked)
+        if step + 1 < world:
+            # the next shard, then its onward transfer issued before this step's merges: on GPUs the transfer
+            # can start while the merges run, before the next step's attention kernel fills the SMs (issued at the
+            # step's start, beside the attention kernel, the next step often waited for it: docs/design)
+            _wait(torch, q, side, requests)
+            requests = (_exchange(torch, dist, buffers[(step + 1) % 2], current, send_to, receive_from, group, side)
+                        if step + 2 < world else [])
+        for index, (rows, (part_out, part_lse)) in enumerate(parts):
             if step == 0:  # the own shard, every row (``_blocks``): the first part is the accumulator
-                out.copy_(part_out)
-                lse.copy_(part_lse)
+                accumulator.first(part_out, part_lse)
             else:
-                _merge_into(out[:, :, rows], lse[:, :, rows], part_out, part_lse)
-        for request in requests:
-            request.wait()
-        if side is not None and requests:
-            torch.cuda.current_stream(q.device).wait_stream(side)
-    return out.to(q.dtype), lse
+                accumulator.merge(rows, part_out, part_lse, step == last_merge and index == len(parts) - 1)
+    return accumulator.result()
+
+
+def _wait(torch, q, side, requests) -> None:
+    """The current stream (GPU; the host on CPUs) waits for ``requests``, transfers issued on ``side``."""
+    for request in requests:
+        request.wait()
+    if side is not None and requests:
+        torch.cuda.current_stream(q.device).wait_stream(side)
+
+
+def _merge_kernel_applies(q) -> bool:
+    """Whether ``_forward`` merges with the kernel of ``merge.py``: CUDA tensors, unless ``NUMBA_ATTN_RING_MERGE`` is
+    ``torch`` (CPU tensors, as in the gloo tests, always merge with torch ops)."""
+    from .merge import merge_choice
+
+    return merge_choice() == "kernel" and q.is_cuda
+
+
+class _TorchAccumulator:
+    """The running ``(out, lse)`` in torch float32: the first part copied in, :func:`_merge_into` per step, one cast to
+    q's dtype at the end."""
+
+    def __init__(self, torch, q):
+        self.dtype = q.dtype
+        self.out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        self.lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+
+    def first(self, part_out, part_lse) -> None:
+        self.out.copy_(part_out)
+        self.lse.copy_(part_lse)
+
+    def merge(self, rows, part_out, part_lse, last: bool) -> None:
+        _merge_into(self.out[:, :, rows], self.lse[:, :, rows], part_out, part_lse)
+
+    def result(self):
+        return self.out.to(self.dtype), self.lse
+
+
+class _KernelAccumulator:
+    """The running ``(out, lse)`` merged by ``merge.merge_into``, one kernel per merge. The first part (q's dtype, a
+    fresh output of ``flash_forward``) is the accumulator as it comes; the first merge before the last widens it to
+    float32 (the part read once, the float32 rows written once), later ones merge in place, and the last merge writes
+    q's dtype (in place into the first part when no merge came between; else into a new array: the final cast fused
+    into it). Rows a merge does not cover (zigzag's ``q0`` in the ``s > r`` steps) are copied across where a merge
+    changes the array."""
+
+    def __init__(self, torch, q):
+        self.torch, self.dtype, self.length = torch, q.dtype, q.shape[2]
+        self.out = self.lse = None
+
+    def first(self, part_out, part_lse) -> None:
+        self.out, self.lse = part_out, part_lse
+
+    def merge(self, rows, part_out, part_lse, last: bool) -> None:
+        from .merge import merge_into
+
+        torch, out = self.torch, self.out
+        target = self.dtype if last else torch.float32
+        if out.dtype == target:
+            merge_into(out[:, :, rows], self.lse[:, :, rows], part_out, part_lse)
+            return
+        dest = torch.empty(out.shape, dtype=target, device=out.device)
+        merge_into(out[:, :, rows], self.lse[:, :, rows], part_out, part_lse, final_out=dest[:, :, rows])
+        start, stop, _ = rows.indices(self.length)
+        for other in (slice(0, start), slice(stop, self.length)):
+            if other.stop > other.start:
+                dest[:, :, other].copy_(out[:, :, other])
+        self.out = dest
+
+    def result(self):
+        return self.out.to(self.dtype), self.lse

@@ -424,9 +424,16 @@ class _FakeRing:
     def get_backend(self, group=None):
         return "cpu:fake"
 
-    def all_gather(self, outputs, tensor, group=None):  # the cross-rank check: every rank passes the same
+    def all_gather(self, outputs, tensor, group=None, async_op=False):  # the cross-rank check: all pass the same
         for output in outputs:
             output.copy_(tensor)
+        self.events.append(("gather",))
+
+        class Done:
+            def wait(self):
+                pass
+
+        return Done() if async_op else None
 
     def isend(self, *args):
         raise AssertionError("isend must go through batch_isend_irecv")
@@ -455,7 +462,8 @@ class _FakeRing:
 
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 def test_three_rank_ring_order_and_result(layout, monkeypatch):
-    # an odd world, in one process: each step's transfer is issued before its kernels and waited for after them
+    # an odd world, in one process: each shard's transfer is issued a step before its kernels and waited for
+    # just before them; the own shard's kernel runs before the ranks' agreement is read and the first transfer
     import numba_attn.api
     from numba_attn.distributed import ring
 
@@ -476,13 +484,13 @@ def test_three_rank_ring_order_and_result(layout, monkeypatch):
         out, lse = ring_attention(shard(q, rank, world, layout), *kv_shards[rank], causal=True, layout=layout,
                                   return_lse=True)
         outs.append(out), lses.append(lse)
-        order = [event[0] for event in events]
-        for step in range(world - 1):
-            issue, wait = order.index("issue"), order.index("wait")
-            blocks = 0 if layout == "contiguous" and step > rank else 1  # later ranks' keys: skipped
-            assert order[issue + 1:wait] == ["kernel"] * blocks and wait == issue + 1 + blocks, events
-            order = order[wait + 1:]
-        assert order == ([] if layout == "contiguous" and rank < world - 1 else ["kernel"]), events
+        # the check's gather, the own shard's kernel, the first transfer; then per step s >= 1: wait for the shard
+        # of step s, issue the transfer of step s + 1 (while one is left), the kernels of step s
+        blocks = [0 if layout == "contiguous" and step > rank else 1 for step in range(world)]
+        expected = ["gather"] + ["kernel"] * blocks[0] + ["issue"]
+        for step in range(1, world):
+            expected += ["wait"] + (["issue"] if step + 1 < world else []) + ["kernel"] * blocks[step]
+        assert [event[0] for event in events] == expected, events
     ref_out, ref_lse = reference.attention(q.numpy(), k.numpy(), v.numpy(), causal=True, return_lse=True)
     assert rel_error(unshard(outs, layout), ref_out) < TOLERANCE["float32"]
     assert_close_lse(unshard(lses, layout), ref_lse, tol=1e-5)

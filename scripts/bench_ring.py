@@ -73,9 +73,19 @@ def main() -> int:
     parser.add_argument("--no-single", action="store_true", help="skip the one-GPU runs")
     parser.add_argument("--backward", action="store_true",
                         help="time forward + backward (autograd) instead of the forward; FLOPs 3.5x the forward's")
+    parser.add_argument("--steps", action="store_true",
+                        help="also profile one forward ring call per length: each rank's kernels, merges and waits "
+                             "by CUDA events, and the same kernels on each GPU alone (no transfers)")
+    parser.add_argument("--group-backend", default="nccl",
+                        help="init_process_group's backend: 'nccl', or 'cpu:gloo,cuda:nccl' (ring_attention's "
+                             "argument check then runs on the CPU, without a host sync)")
+    parser.add_argument("--nccl-high-priority", action="store_true",
+                        help="TORCH_NCCL_HIGH_PRIORITY=1: NCCL's streams at high priority (for every provider)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    if args.nccl_high_priority:
+        os.environ["TORCH_NCCL_HIGH_PRIORITY"] = "1"
 
     import torch
     import torch.distributed as dist
@@ -83,7 +93,7 @@ def main() -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     device = torch.device("cuda", torch.cuda.current_device())
-    dist.init_process_group("nccl", device_id=device)
+    dist.init_process_group(args.group_backend, device_id=device)
     import numba_attn
     from numba_attn.distributed import ring_attention, shard
 
@@ -104,7 +114,9 @@ def main() -> int:
                 for _ in range(2))
         shards = [shard(x, rank, world, layout).contiguous() for x in (q, k, v)]
         base = {"seqlen": seqlen, "world": world, "heads": heads, "kv_heads": kv_heads, "headdim": headdim,
-                "dtype": args.dtype, "causal": causal}
+                "dtype": args.dtype, "causal": causal, "group_backend": args.group_backend,
+                "nccl_high_priority": args.nccl_high_priority,
+                "ring_merge": os.environ.get("NUMBA_ATTN_RING_MERGE", "kernel")}
 
         factor = 3.5 if args.backward else 1.0
         base["pass"] = "forward+backward" if args.backward else "forward"
@@ -120,6 +132,9 @@ def main() -> int:
                 ms = _time(torch, dist, lambda: ring_attention(*shards, causal=causal, layout=layout), args.budget)
         report({**base, "provider": "ring", "ms": ms,
                 "tflops": factor * _tflops(1, heads, seqlen, headdim, causal, ms)})
+        if args.steps and not args.backward:
+            report({**base, "provider": "ring_steps",
+                    "ranks": _step_profile(torch, dist, shards, causal, layout, world, rank)})
 
         if not args.no_single and not args.backward:
             for length, kind in ((seqlen, "single"), (seqlen // world, "single_per_gpu")):
@@ -152,6 +167,89 @@ def main() -> int:
                 json.dump(rows, handle, indent=1)
     dist.destroy_process_group()
     return 0
+
+
+def _step_profile(torch, dist, shards, causal, layout, world, rank):
+    """Where one forward ring call's time goes, per rank: CUDA events around each ``flash_forward`` and merge of
+    the call (offsets from the call's start, ms), then the same ``flash_forward`` calls again on each GPU while the
+    others wait (no transfers beside them). Returns, on every rank, a list per rank of ``{"events": [(label,
+    start, ms)], "call_ms", "solo_ms": [...]}``."""
+    from numba_attn import api
+    from numba_attn.distributed import merge as merge_module
+    from numba_attn.distributed import ring as ring_module
+    from numba_attn.distributed import ring_attention
+
+    events, calls = [], []
+    real_forward, real_merge, real_kernel_merge = api.flash_forward, ring_module._merge_into, merge_module.merge_into
+
+    def timed(label, fn, keep=False):
+        def wrapper(*args, **kwargs):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            result = fn(*args, **kwargs)
+            end.record()
+            events.append((label, begin, end))
+            if keep:
+                calls.append((args, kwargs))
+            return result
+        return wrapper
+
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    api.flash_forward, ring_module._merge_into = timed("kernel", real_forward, True), timed("merge", real_merge)
+    merge_module.merge_into = timed("merge", real_kernel_merge)
+    real_check = ring_module.checked_on_every_rank
+    ring_module.checked_on_every_rank = timed("check", real_check)
+    try:
+        with torch.no_grad():
+            ring_attention(*shards, causal=causal, layout=layout)  # warm (and the same kernels compiled)
+            torch.cuda.synchronize()
+            events.clear()
+            calls.clear()
+            dist.barrier()
+            torch.cuda.synchronize()
+            start.record()
+            ring_attention(*shards, causal=causal, layout=layout)
+            stop.record()
+            torch.cuda.synchronize()
+    finally:
+        api.flash_forward, ring_module._merge_into = real_forward, real_merge
+        merge_module.merge_into = real_kernel_merge
+        ring_module.checked_on_every_rank = real_check
+    mine = {"call_ms": start.elapsed_time(stop),
+            "events": [(label, start.elapsed_time(b), b.elapsed_time(e)) for label, b, e in events]}
+    solo = []
+    with torch.no_grad():
+        for turn in range(world):
+            dist.barrier()
+            if turn == rank:
+                for args, kwargs in calls:
+                    real_forward(*args, **kwargs)  # warm
+                for args, kwargs in calls:
+                    times = []
+                    for _ in range(5):
+                        b, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        b.record()
+                        real_forward(*args, **kwargs)
+                        e.record()
+                        torch.cuda.synchronize()
+                        times.append(b.elapsed_time(e))
+                    solo.append(statistics.median(times))
+            torch.cuda.synchronize()
+    mine["solo_ms"] = solo
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    if rank == 0:
+        for r, row in enumerate(everyone):
+            kernels = [x for x in row["events"] if x[0] == "kernel"]
+            merges = [x for x in row["events"] if x[0] == "merge"]
+            checks = [x for x in row["events"] if x[0] == "check"]
+            print(f"steps rank {r}: call {row['call_ms']:.2f} ms; kernels "
+                  + " ".join(f"{s:.2f}+{ms:.2f}" for _, s, ms in kernels)
+                  + f" (sum {sum(x[2] for x in kernels):.2f}, alone {sum(row['solo_ms']):.2f}: "
+                  + " ".join(f"{ms:.2f}" for ms in row["solo_ms"]) + f"); merges sum {sum(x[2] for x in merges):.2f}; check "
+                  + " ".join(f"{s:.2f}+{ms:.2f}" for _, s, ms in checks),
+                  flush=True)
+    return everyone
 
 
 def _torch_context_parallel(torch, dist, q, k, v, causal, world, backend, budget_s, backward=False):

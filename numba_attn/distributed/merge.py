@@ -55,7 +55,6 @@ import numpy as np
 from numba import float32, int64, types
 
 from ..core import ptx
-from ..core.ptx._asm import _i32, _I32, _is_1d, _is_int, _pointer1, _vector_store, simulated_by
 from ..core.staging import device_function
 from ..decode.combine import WARP, converters, lse_and_shift, merge_lse_states
 from ..runtime import arrays as _arrays
@@ -183,28 +182,6 @@ def merge_kernel(config: MergeConfig, cols: int, acc_dtype: str, part_dtype: str
 
 
 # -- the vector kernel --------------------------------------------------------------------------------------------------
-def _sim_store_u16x4(arr, i, w0, w1):
-    for n, w in enumerate((w0, w1)):
-        arr[i + 2 * n], arr[i + 2 * n + 1] = int(w) & 0xFFFF, (int(w) >> 16) & 0xFFFF
-
-
-@simulated_by(_sim_store_u16x4)
-def _store_u16x4(typingctx, arr, i, w0, w1):
-    """(arr, i, w0, w1): one 8-byte store of two 32-bit words at ``arr[i : i + 4]`` of a 1-D 16-bit array (word
-    ``n`` covers elements ``i + 2n``, low half, and ``i + 2n + 1``); ``i >= 0``, the address 8-byte aligned."""
-    if not (_is_1d(arr) and arr.dtype.bitwidth == 16 and _is_int(i, w0, w1)):
-        return None
-    sig = types.void(arr, i, w0, w1)
-
-    def codegen(context, builder, sig, args):
-        ptr = _pointer1(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-        words = [_i32(context, builder, v, ty) for v, ty in zip(args[2:], sig.args[2:])]
-        _vector_store(builder, ptr, _I32, words, 8)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 def _vector_loader(kind: str, width: int):
     """Device function ``(x, b, h, i, c, out, o)``: ``out[o : o + width]`` = the float32 values of
     ``x[b, h, i, c : c + width]`` in one vector load (16 bytes; 8 for four 16-bit elements). ``kind``: ``float32``,
@@ -251,7 +228,7 @@ def _vector_storer(kind: str, width: int):
             store16(x[b, h, i], c, pack(r[o], r[o + 1]), pack(r[o + 2], r[o + 3]), pack(r[o + 4], r[o + 5]),
                     pack(r[o + 6], r[o + 7]))
     else:
-        store8 = _store_u16x4
+        store8 = ptx.store_u32x2_1d
 
         def store(x, b, h, i, c, r, o):
             store8(x[b, h, i], c, pack(r[o], r[o + 1]), pack(r[o + 2], r[o + 3]))

@@ -81,7 +81,7 @@ from .cp_async import cp_async_16, cp_async_16_prefetch, cp_async_commit, cp_asy
 from .ldmatrix import ldmatrix_x4, ldmatrix_x4_short, ldmatrix_x4_trans, ldmatrix_x4_trans_short
 from .memory import (load1, load2, load_f32_at, load_f32x2, load_f32x4, load_f32x4_1d, load_u16x2, load_u16x4,
                      load_u16x8, store1, store2, store_f32x2, store_f32x2_at, store_f32x4, store_pair, store_u32_at,
-                     store_u16x2, store_u32x4, store_u32x4_1d)
+                     store_u16x2, store_u32x2_1d, store_u32x4, store_u32x4_1d)
 from .mma import (TF32_HUGE, mma_m16n8k8_tf32, mma_m16n8k8_tf32x3, mma_m16n8k16_bf16, mma_m16n8k16_f16, round_tf32,
                   round_tf32_keep_inf, to_tf32)
 from .sfu import exp2_approx, tanh_approx
@@ -115,6 +115,7 @@ __all__ = [
     "store2",
     "load_u16x8",
     "store_u32x4",
+    "store_u32x2_1d",
     "store_u32x4_1d",
     "store_u16x2",
     "load_f32x4",

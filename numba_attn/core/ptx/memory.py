@@ -239,6 +239,28 @@ def store_u32x4_1d(typingctx, arr, i, w0, w1, w2, w3):
     return sig, codegen
 
 
+def _sim_store_u32x2_1d(arr, i, w0, w1):
+    for n, w in enumerate((w0, w1)):
+        arr[i + 2 * n], arr[i + 2 * n + 1] = int(w) & 0xFFFF, (int(w) >> 16) & 0xFFFF
+
+
+@simulated_by(_sim_store_u32x2_1d)
+def store_u32x2_1d(typingctx, arr, i, w0, w1):
+    """(arr, i, w0, w1): one 8-byte store of two 32-bit words at ``arr[i : i + 4]`` of a 1-D 16-bit array (word
+    ``n`` covers elements ``i + 2n``, low half, and ``i + 2n + 1``); ``i >= 0``, the address 8-byte aligned."""
+    if not (_is_1d(arr) and arr.dtype.bitwidth == 16 and _is_int(i, w0, w1)):
+        return None
+    sig = types.void(arr, i, w0, w1)
+
+    def codegen(context, builder, sig, args):
+        ptr = _pointer1(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        words = [_i32(context, builder, v, ty) for v, ty in zip(args[2:], sig.args[2:])]
+        _vector_store(builder, ptr, _I32, words, 8)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def _sim_load_f32x2(arr, i):
     return arr[i], arr[i + 1]
 

@@ -121,6 +121,24 @@ def _row_weights(lse, part_lse_row):
     return merged, math.exp(lse - base) / scale, math.exp(part_lse_row - base) / scale
 
 
+@device_function
+def _row_of(acc, acc_lse, part_lse, block, row_in_block, rows_per_block):
+    """``(inside, b, h, i, merged lse, weight, part weight)`` of the row ``row_in_block`` of block ``block`` (rows in
+    ``(batch, head, row)`` order; 64-bit); ``inside`` False, zeros, past the last row."""
+    heads = acc.shape[1]
+    length = acc.shape[2]
+    row = int64(block) * rows_per_block + int64(row_in_block)
+    inside = row < acc.shape[0] * heads * length  # the same for every lane of a row: no barrier is skipped
+    b = h = i = int64(0)
+    merged = weight = part_weight = _ZERO
+    if inside:
+        i = row % length
+        h = (row // length) % heads
+        b = row // (length * heads)
+        merged, weight, part_weight = _row_weights(acc_lse[b, h, i], part_lse[b, h, i])
+    return inside, b, h, i, merged, weight, part_weight
+
+
 @lru_cache(maxsize=None)
 def merge_kernel(config: MergeConfig, cols: int, acc_dtype: str, part_dtype: str, dest_dtype: str):
     """The merge kernel for ``cols`` columns per lane and pass and the storage dtypes (``float16``, ``float32``, or
@@ -140,24 +158,15 @@ def merge_kernel(config: MergeConfig, cols: int, acc_dtype: str, part_dtype: str
     SPAN = LANES * CJ
     # the lanes of a row are a warp on a GPU; the simulator has no warps (nor syncwarp): it waits at a block barrier
     WARP_LANES = not SIMULATOR and LANES == WARP
-    ZERO = _ZERO
-    row_weights = _row_weights
+    row_of = _row_of
 
     @kernel_jit(signature=signature)
     def kernel(acc, acc_lse, part, part_lse, dest):
         lane = cuda.threadIdx.x
-        heads = acc.shape[1]
-        length = acc.shape[2]
         head_dim = acc.shape[3]
-        row = int64(cuda.blockIdx.x) * ROWS + int64(cuda.threadIdx.y)
-        inside = row < acc.shape[0] * heads * length  # the same for every lane of a row: no barrier is skipped
-        b = h = i = int64(0)
-        merged = ZERO
+        inside, b, h, i, merged, weight, part_weight = row_of(acc, acc_lse, part_lse, cuda.blockIdx.x,
+                                                              cuda.threadIdx.y, ROWS)
         if inside:
-            i = row % length
-            h = (row // length) % heads
-            b = row // (length * heads)
-            merged, weight, part_weight = row_weights(acc_lse[b, h, i], part_lse[b, h, i])
             a = cuda.local.array(CJ, float32)
             p = cuda.local.array(CJ, float32)
             for c0 in range(0, head_dim, SPAN):
@@ -260,23 +269,15 @@ def merge_vector_kernel(lanes: int, rows: int, per_lane: int, width: int, acc_ki
     HELD = VJ * V  # values a lane holds of each array
     # a row's lanes lie in one warp (lanes divides 32); the simulator has no warps: it waits at a block barrier
     WARP_SYNC = not SIMULATOR and WARP % LANES == 0 and (LANES * ROWS) % WARP == 0
-    row_weights = _row_weights
+    row_of = _row_of
 
     @kernel_jit(signature=signature)
     def kernel(acc, acc_lse, part, part_lse, dest):
         lane = cuda.threadIdx.x
-        heads = acc.shape[1]
-        length = acc.shape[2]
         vectors = acc.shape[3] // V
-        row = int64(cuda.blockIdx.x) * ROWS + int64(cuda.threadIdx.y)
-        inside = row < acc.shape[0] * heads * length  # the same for every lane of a row: no barrier is skipped
-        b = h = i = int64(0)
-        merged = float32(0.0)
+        inside, b, h, i, merged, weight, part_weight = row_of(acc, acc_lse, part_lse, cuda.blockIdx.x,
+                                                              cuda.threadIdx.y, ROWS)
         if inside:
-            i = row % length
-            h = (row // length) % heads
-            b = row // (length * heads)
-            merged, weight, part_weight = row_weights(acc_lse[b, h, i], part_lse[b, h, i])
             a = cuda.local.array(HELD, float32)
             p = cuda.local.array(HELD, float32)
             for v0 in range(0, vectors, SPAN):

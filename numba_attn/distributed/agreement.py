@@ -11,10 +11,8 @@ argument and each rank's value. A rank whose own arguments failed the local chec
 naming that rank and the argument, so that no rank is left waiting in a later collective.
 
 Cost: one all_gather of ``len(FIELDS) + 1`` int64 per call. It runs on the CPU when the group has a CPU backend
-(gloo, or ``"cpu:gloo,cuda:nccl"``), else (NCCL only) on the group's GPU, on a stream of its own (reading the
-result back waits for the gather, not for the caller's queued work). ``ring_attention`` defers reading it
-(``deferred``) until its first kernel, which needs no other rank, is queued: the check's host time then runs
-beside that kernel instead of before it. ``NUMBA_ATTN_RING_CHECK=0`` turns the check off (for callers that
+(gloo, or ``"cpu:gloo,cuda:nccl"``), else (NCCL only) on the group's GPU, on a stream of its own: reading the
+result back waits for the gather, not for the work queued on the caller's stream (which it used to drain). ``NUMBA_ATTN_RING_CHECK=0`` turns the check off (for callers that
 guarantee agreement and want no host sync; a mismatch may then hang or answer wrongly).
 """
 from __future__ import annotations
@@ -136,22 +134,16 @@ def enabled() -> bool:
     return os.environ.get(CHECK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def checked_on_every_rank(torch, dist, group, q, layouts, check, deferred=False):
+def checked_on_every_rank(torch, dist, group, q, layouts, check):
     """``check()`` -> ``(values, result)``: an entry's own argument checks (``values`` from :func:`pack`). Runs them,
-    then the agreement check (:func:`start_agreement`); a rank whose check raises still takes part, so no rank is
-    left waiting. Returns ``(result, world)``; with ``deferred``, ``(result, world, finish)``: the all_gather is
-    issued but not read, and ``finish()`` reads it and raises where the ranks disagree. It must be called before
-    anything another rank takes part in (a transfer); work of this rank alone may run before it (a rank that
-    refused its own arguments raises at once)."""
+    then :func:`check_ranks_agree`; a rank whose check raises still takes part, so no rank is left waiting. Returns
+    ``(result, world)``."""
     try:
         values, result = check()
         refused = None
     except (TypeError, ValueError) as error:
         values, result, refused = None, None, error
-    _, world, finish = start_agreement(torch, dist, group, values, refused, q, layouts)
-    if deferred:
-        return result, world, finish
-    finish()
+    _, world = check_ranks_agree(torch, dist, group, values, refused, q, layouts)
     return result, world
 
 
@@ -179,7 +171,8 @@ def _check_stream(torch, device_index: int):
 def start_agreement(torch, dist, group, values, refused=None, q=None, layouts=()):
     """:func:`check_ranks_agree` in two halves: issues the all_gather (on a GPU, on a stream of its own, so that it
     does not wait for the caller's queued work; on the CPU asynchronously) and returns ``(rank, world, finish)``;
-    ``finish()`` reads the gathered table and raises. A rank that refused its arguments finishes at once."""
+    ``finish()`` reads the gathered table and raises. A rank that refused its arguments finishes at once. (A
+    caller may do work of its own rank alone between the two, none that another rank takes part in.)"""
     if refused is not None and not (dist.is_available() and dist.is_initialized()):
         raise refused  # no group, so no rank waits in a collective
     rank, world = group_rank_and_size(dist, group)

@@ -262,16 +262,13 @@ def _merge_into(out, lse, part_out, part_lse) -> None:
     lse.copy_(base + torch.log(total))  # log(0) = -inf: still no key
 
 
-def _exchange(torch, dist, send, receive, send_to, receive_from, group, side, ready=None):
+def _exchange(torch, dist, send, receive, send_to, receive_from, group, side):
     """Issue ``isend(send)`` to the next rank and ``irecv(receive)`` from the previous one (on GPUs on ``side``,
-    after the current stream's work so far, or after the event ``ready`` only)."""
+    after the current stream's work so far)."""
     ops = [dist.P2POp(dist.isend, send, send_to, group), dist.P2POp(dist.irecv, receive, receive_from, group)]
     if side is None:
         return dist.batch_isend_irecv(ops)
-    if ready is None:
-        side.wait_stream(torch.cuda.current_stream(send.device))  # the shard (and the receive buffer) are ready
-    else:
-        side.wait_event(ready)
+    side.wait_stream(torch.cuda.current_stream(send.device))  # the shard (and the receive buffer) are ready
     with torch.cuda.stream(side):
         requests = dist.batch_isend_irecv(ops)
     send.record_stream(side)
@@ -312,27 +309,20 @@ def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_l
         values = pack(torch, "ring_attention", q, k, flags[0], *options, differentiable, LAYOUTS)
         return values, (*flags, *options, differentiable)
 
-    # (the ranks' agreement is read only once the first kernel, on this rank's own shard, is queued: ``_forward``)
-    (causal, return_lse, layout, sm_scale, differentiable), world, agreed = checked_on_every_rank(
-        torch, dist, group, q, LAYOUTS, check, deferred=True)
-    try:
-        _check_zigzag(layout, q.shape[2], world)
-    except ValueError:
-        agreed()  # (a disagreement on the length says more, and every rank raises it)
-        raise
+    (causal, return_lse, layout, sm_scale, differentiable), world = checked_on_every_rank(torch, dist, group, q,
+                                                                                          LAYOUTS, check)
+    _check_zigzag(layout, q.shape[2], world)
     if differentiable:
         from .ring_backward import RingAttention
 
-        out, lse = RingAttention().apply(q, k, v, group, causal, sm_scale, layout, backend, agreed)
+        out, lse = RingAttention().apply(q, k, v, group, causal, sm_scale, layout, backend)
     else:
-        out, lse = _forward(q, k, v, group, causal, sm_scale, layout, backend, agreed)
+        out, lse = _forward(q, k, v, group, causal, sm_scale, layout, backend)
     return (out, lse) if return_lse else out
 
 
-def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend, agreed=None):
-    """``(out, lse)`` of ``ring_attention`` for checked arguments. ``agreed()`` (``agreement.start_agreement``'s
-    ``finish``) raises unless every rank passed the same ones: called after the own shard's kernel is queued and
-    before the first transfer."""
+def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend):
+    """``(out, lse)`` of ``ring_attention`` for checked arguments that every rank agrees on."""
     from .. import api
 
     torch, dist = _torch()
@@ -344,8 +334,6 @@ def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend
                                  backend=backend)
 
     if world == 1:  # one rank: both layouts are the identity
-        if agreed is not None:
-            agreed()
         return attend(q, k, v, causal)
 
     def peer(group_rank):
@@ -359,20 +347,14 @@ def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend
     last_merge = merging[-1] if merging else 0
     accumulator = (_KernelAccumulator if _merge_kernel_applies(q) else _TorchAccumulator)(torch, q)
     buffers[1] = torch.empty_like(buffers[0])
-    stacked = None
-    if side is not None:  # (step 1's transfer needs the stacked shard, not the own shard's kernel)
-        stacked = torch.cuda.Event()
-        stacked.record(torch.cuda.current_stream(q.device))
-    requests = []
+    # step 1's shard: issued before the first kernel, so that its NCCL kernel holds SMs before the attention kernel
+    # fills them (issued after it, the transfer waited for the kernel's blocks to drain: docs/design)
+    requests = _exchange(torch, dist, buffers[0], buffers[1], send_to, receive_from, group, side)
     for step in range(world):
         current = buffers[step % 2]
         blocks = _blocks(rank, (rank - step) % world, length, causal, layout)
         parts = [(rows, attend(q[:, :, rows], current[0][:, :, keys], current[1][:, :, keys], part_causal))
                  for rows, keys, part_causal in blocks]
-        if step == 0:  # the ranks agree (else every rank raises here, before any transfer): step 1's shard
-            if agreed is not None:
-                agreed()
-            requests = _exchange(torch, dist, buffers[0], buffers[1], send_to, receive_from, group, side, stacked)
         if step + 1 < world:
             # the next shard, then its onward transfer issued before this step's merges: on GPUs the transfer
             # can start while the merges run, before the next step's attention kernel fills the SMs (issued at the

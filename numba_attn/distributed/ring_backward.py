@@ -119,11 +119,10 @@ def _autograd_function():
         """``ring_attention`` with its backward over the ring."""
 
         @staticmethod
-        def forward(ctx, q, k, v, group, causal, sm_scale, layout, backend, agreed):
+        def forward(ctx, q, k, v, group, causal, sm_scale, layout, backend):
             from .ring import _forward
 
-            # (arguments checked by the caller; ``agreed`` reads the ranks' agreement after the first kernel)
-            out, lse = _forward(q, k, v, group, causal, sm_scale, layout, backend, agreed)
+            out, lse = _forward(q, k, v, group, causal, sm_scale, layout, backend)  # arguments checked by the caller
             ctx.save_for_backward(q, k, v, out, lse)
             ctx.options = (group, causal, sm_scale, layout)
             ctx.mark_non_differentiable(lse)
@@ -135,7 +134,7 @@ def _autograd_function():
             group, causal, sm_scale, layout = ctx.options
             dq, dk, dv = _backward(dout.contiguous(), q, k, v, out, lse, group, causal, sm_scale, layout,
                                    torch.are_deterministic_algorithms_enabled())
-            return dq, dk, dv, None, None, None, None, None, None
+            return dq, dk, dv, None, None, None, None, None
 
     return _RingAttention
 

@@ -463,7 +463,7 @@ class _FakeRing:
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 def test_three_rank_ring_order_and_result(layout, monkeypatch):
     # an odd world, in one process: each shard's transfer is issued a step before its kernels and waited for
-    # just before them; the own shard's kernel runs before the ranks' agreement is read and the first transfer
+    # just before them, the first one before the own shard's kernel, after the ranks' agreement
     import numba_attn.api
     from numba_attn.distributed import ring
 
@@ -484,10 +484,10 @@ def test_three_rank_ring_order_and_result(layout, monkeypatch):
         out, lse = ring_attention(shard(q, rank, world, layout), *kv_shards[rank], causal=True, layout=layout,
                                   return_lse=True)
         outs.append(out), lses.append(lse)
-        # the check's gather, the own shard's kernel, the first transfer; then per step s >= 1: wait for the shard
+        # the check's gather, the first transfer, the own shard's kernel; then per step s >= 1: wait for the shard
         # of step s, issue the transfer of step s + 1 (while one is left), the kernels of step s
         blocks = [0 if layout == "contiguous" and step > rank else 1 for step in range(world)]
-        expected = ["gather"] + ["kernel"] * blocks[0] + ["issue"]
+        expected = ["gather", "issue"] + ["kernel"] * blocks[0]
         for step in range(1, world):
             expected += ["wait"] + (["issue"] if step + 1 < world else []) + ["kernel"] * blocks[step]
         assert [event[0] for event in events] == expected, events

@@ -246,7 +246,8 @@ def _step_profile(torch, dist, shards, causal, layout, world, rank):
             print(f"steps rank {r}: call {row['call_ms']:.2f} ms; kernels "
                   + " ".join(f"{s:.2f}+{ms:.2f}" for _, s, ms in kernels)
                   + f" (sum {sum(x[2] for x in kernels):.2f}, alone {sum(row['solo_ms']):.2f}: "
-                  + " ".join(f"{ms:.2f}" for ms in row["solo_ms"]) + f"); merges sum {sum(x[2] for x in merges):.2f}; check "
+                  + " ".join(f"{ms:.2f}" for ms in row["solo_ms"])
+                  + f"); merges sum {sum(x[2] for x in merges):.2f}; check "
                   + " ".join(f"{s:.2f}+{ms:.2f}" for _, s, ms in checks),
                   flush=True)
     return everyone

@@ -12,11 +12,13 @@ naming that rank and the argument, so that no rank is left waiting in a later co
 
 Cost: one all_gather of ``len(FIELDS) + 1`` int64 per call. It runs on the CPU when the group has a CPU backend
 (gloo, or ``"cpu:gloo,cuda:nccl"``), else (NCCL only) on the group's GPU, on a stream of its own: reading the
-result back waits for the gather, not for the work queued on the caller's stream (which it used to drain). ``NUMBA_ATTN_RING_CHECK=0`` turns the check off (for callers that
-guarantee agreement and want no host sync; a mismatch may then hang or answer wrongly).
+result back waits for the gather, not for the work queued on the caller's stream (which it used to drain).
+``NUMBA_ATTN_RING_CHECK=0`` turns the check off (for callers that guarantee agreement and want no host sync; a
+mismatch may then hang or answer wrongly).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import struct
@@ -153,61 +155,37 @@ def check_ranks_agree(torch, dist, group, values, refused=None, q=None, layouts=
 
     A refusing rank raises ``refused`` itself, after taking part in the all_gather. Ranks are named by their global
     rank. ``q`` (this rank's query, maybe not a tensor) picks the GPU for NCCL-only groups."""
-    rank, world, finish = start_agreement(torch, dist, group, values, refused, q, layouts)
-    finish()
-    return rank, world
-
-
-def _nothing() -> None:
-    pass
-
-
-@functools.lru_cache(maxsize=None)
-def _check_stream(torch, device_index: int):
-    """A stream of the check's own on this GPU: its all_gather waits for no work queued on the caller's stream."""
-    return torch.cuda.Stream(device=device_index)
-
-
-def start_agreement(torch, dist, group, values, refused=None, q=None, layouts=()):
-    """:func:`check_ranks_agree` in two halves: issues the all_gather (on a GPU, on a stream of its own, so that it
-    does not wait for the caller's queued work; on the CPU asynchronously) and returns ``(rank, world, finish)``;
-    ``finish()`` reads the gathered table and raises. A rank that refused its arguments finishes at once. (A
-    caller may do work of its own rank alone between the two, none that another rank takes part in.)"""
     if refused is not None and not (dist.is_available() and dist.is_initialized()):
         raise refused  # no group, so no rank waits in a collective
     rank, world = group_rank_and_size(dist, group)
     if world == 1 or not enabled():
         if refused is not None:
             raise refused
-        return rank, world, _nothing
+        return rank, world
     mine = (list(values) if refused is None else [0] * len(FIELDS)) + [_refusal_code(refused)]
     device = _device(torch, dist, group, q)
-    if device.type == "cuda":
-        stream = _check_stream(torch, device.index if device.index is not None else torch.cuda.current_device())
-        with torch.cuda.stream(stream):
-            gathered = torch.tensor(mine, dtype=torch.int64, device=device)
-            table = [torch.empty_like(gathered) for _ in range(world)]
-            dist.all_gather(table, gathered, group=group)
-
-        def read():
-            with torch.cuda.stream(stream):
-                return torch.stack(table).cpu().tolist()
-    else:
+    with _own_stream(torch, device):
         gathered = torch.tensor(mine, dtype=torch.int64, device=device)
         table = [torch.empty_like(gathered) for _ in range(world)]
-        work = dist.all_gather(table, gathered, group=group, async_op=True)
-
-        def read():
-            work.wait()
-            return torch.stack(table).tolist()
+        dist.all_gather(table, gathered, group=group)
+        table = torch.stack(table).cpu().tolist()
     ranks = list(range(world)) if group is None else [dist.get_global_rank(group, r) for r in range(world)]
+    _judge(table, ranks, refused, torch, layouts)
+    return rank, world
 
-    def finish():
-        _judge(read(), ranks, refused, torch, layouts)
 
-    if refused is not None:
-        finish()  # (raises)
-    return rank, world, finish
+@functools.lru_cache(maxsize=None)
+def _check_stream(torch, device_index: int):
+    return torch.cuda.Stream(device=device_index)
+
+
+def _own_stream(torch, device):
+    """On a GPU, a stream of the check's own (current while the gather is issued and read back): reading the table
+    then waits for the gather, not for the work queued on the caller's stream. Nothing on the CPU."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.stream(_check_stream(torch, torch.cuda.current_device() if device.index is None
+                                           else device.index))
 
 
 def _judge(table, ranks, refused, torch, layouts) -> None:

@@ -87,7 +87,8 @@ class MergeConfig:
     """Block shape of the merge kernels."""
 
     lanes: int = WARP  # threads along a row's columns (scalar kernel; the vector kernel's most): a warp on a GPU
-    rows: int = 8  # rows per block of the scalar kernel, one group of lanes each (lanes * rows: the vector kernel's block)
+    # rows per block of the scalar kernel, one group of lanes each (lanes * rows: the vector kernel's block)
+    rows: int = 8
     max_cols: int = 8  # columns a lane holds at once (loads in flight): one pass covers lanes * max_cols columns
     vector_cols: int = 8  # vector kernel: columns a lane holds at once (at least one vector): 8 = one 16-byte vector of
     # a 16-bit kernel (vectors of 8), two of a float32 one (vectors of 4)
@@ -190,7 +191,7 @@ def merge_kernel(config: MergeConfig, cols: int, acc_dtype: str, part_dtype: str
     return kernel
 
 
-# -- the vector kernel --------------------------------------------------------------------------------------------------
+# -- the vector kernel ---------------------------------------------------------------------------------------------
 def _vector_loader(kind: str, width: int):
     """Device function ``(x, b, h, i, c, out, o)``: ``out[o : o + width]`` = the float32 values of
     ``x[b, h, i, c : c + width]`` in one vector load (16 bytes; 8 for four 16-bit elements). ``kind``: ``float32``,

@@ -3,15 +3,16 @@
 Every rank of the group holds its query shard ``q`` and its key/value shards ``k``, ``v``, each
 ``(batch, heads, seqlen / world, headdim)`` (``k``, ``v`` may have fewer heads: grouped-query attention). The
 key/value shards travel around the ring, rank ``r`` sending to ``r + 1`` and receiving from ``r - 1`` (mod
-``world``), so that at step ``i`` rank ``r`` holds the shard of rank ``s = (r - i) mod world``. At each step
+``world``), so that at step ``i`` rank ``r`` holds the shard of rank ``s = (r - i) mod world``. The transfer of
+step 1's shard is issued before any kernel; then at each step
 
-1. the transfer of the next shard is issued first (``isend`` of the current shard, ``irecv`` of the next one,
-   batched with ``batch_isend_irecv``; on CUDA tensors on a side stream, so it overlaps the kernel),
-2. ``numba_attn.flash_forward(q_rows, k_keys, v_keys, return_lse=True)`` runs on the current shard (or the part
+1. ``numba_attn.flash_forward(q_rows, k_keys, v_keys, return_lse=True)`` runs on the current shard (or the part
    of it the mask lets through, below),
-3. its partial output and lse are merged into the running ``(out, lse)`` (``merge.merge_into``, one kernel, for CUDA
-   tensors; :func:`_merge_into`, torch ops, for CPU tensors), and
-4. the transfer is waited for.
+2. the next shard's transfer is waited for and the one after it issued (``isend`` of the shard that just arrived,
+   ``irecv`` into the buffer this step's kernel read, batched with ``batch_isend_irecv``; on CUDA tensors on a side
+   stream, so it overlaps the next kernel), before
+3. the partial output and lse are merged into the running ``(out, lse)`` (``merge.merge_into``, one kernel, for
+   CUDA tensors; :func:`_merge_into`, torch ops, for CPU tensors).
 
 ``k`` and ``v`` travel stacked in one buffer (one message per step); two buffers alternate.
 

@@ -25,6 +25,7 @@ import math
 import os
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -179,16 +180,20 @@ def _step_profile(torch, dist, shards, causal, layout, world, rank):
     from numba_attn.distributed import ring as ring_module
     from numba_attn.distributed import ring_attention
 
-    events, calls = [], []
+    from numba_attn.distributed import agreement as agreement_module
+
+    events, calls, host = [], [], {"start": 0.0}
     real_forward, real_merge, real_kernel_merge = api.flash_forward, ring_module._merge_into, merge_module.merge_into
 
     def timed(label, fn, keep=False):
         def wrapper(*args, **kwargs):
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
+            host_begin = time.perf_counter()
             result = fn(*args, **kwargs)
+            host_end = time.perf_counter()
             end.record()
-            events.append((label, begin, end))
+            events.append((label, begin, end, (host_begin - host["start"]) * 1e3, (host_end - host_begin) * 1e3))
             if keep:
                 calls.append((args, kwargs))
             return result
@@ -197,8 +202,11 @@ def _step_profile(torch, dist, shards, causal, layout, world, rank):
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     api.flash_forward, ring_module._merge_into = timed("kernel", real_forward, True), timed("merge", real_merge)
     merge_module.merge_into = timed("merge", real_kernel_merge)
-    real_check = ring_module.checked_on_every_rank
-    ring_module.checked_on_every_rank = timed("check", real_check)
+    real_check, real_read = ring_module.start_checked_on_every_rank, agreement_module.Agreement.result
+    real_issue = ring_module._issue
+    ring_module.start_checked_on_every_rank = timed("check", real_check)
+    agreement_module.Agreement.result = timed("check_read", real_read)
+    ring_module._issue = timed("transfer", real_issue)
     try:
         with torch.no_grad():
             ring_attention(*shards, causal=causal, layout=layout)  # warm (and the same kernels compiled)
@@ -208,15 +216,20 @@ def _step_profile(torch, dist, shards, causal, layout, world, rank):
             dist.barrier()
             torch.cuda.synchronize()
             start.record()
+            host["start"] = time.perf_counter()
             ring_attention(*shards, causal=causal, layout=layout)
+            host["call"] = (time.perf_counter() - host["start"]) * 1e3
             stop.record()
             torch.cuda.synchronize()
     finally:
         api.flash_forward, ring_module._merge_into = real_forward, real_merge
         merge_module.merge_into = real_kernel_merge
-        ring_module.checked_on_every_rank = real_check
-    mine = {"call_ms": start.elapsed_time(stop),
-            "events": [(label, start.elapsed_time(b), b.elapsed_time(e)) for label, b, e in events]}
+        ring_module.start_checked_on_every_rank, agreement_module.Agreement.result = real_check, real_read
+        ring_module._issue = real_issue
+    # per event: label, GPU start and time (ms, from the call's start event), host start and time (ms, perf_counter)
+    mine = {"call_ms": start.elapsed_time(stop), "host_call_ms": host["call"],
+            "events": [(label, start.elapsed_time(b), b.elapsed_time(e), host_start, host_ms)
+                       for label, b, e, host_start, host_ms in events]}
     solo = []
     with torch.no_grad():
         for turn in range(world):
@@ -242,14 +255,13 @@ def _step_profile(torch, dist, shards, causal, layout, world, rank):
         for r, row in enumerate(everyone):
             kernels = [x for x in row["events"] if x[0] == "kernel"]
             merges = [x for x in row["events"] if x[0] == "merge"]
-            checks = [x for x in row["events"] if x[0] == "check"]
             print(f"steps rank {r}: call {row['call_ms']:.2f} ms; kernels "
-                  + " ".join(f"{s:.2f}+{ms:.2f}" for _, s, ms in kernels)
+                  + " ".join(f"{x[1]:.2f}+{x[2]:.2f}" for x in kernels)
                   + f" (sum {sum(x[2] for x in kernels):.2f}, alone {sum(row['solo_ms']):.2f}: "
                   + " ".join(f"{ms:.2f}" for ms in row["solo_ms"])
-                  + f"); merges sum {sum(x[2] for x in merges):.2f}; check "
-                  + " ".join(f"{s:.2f}+{ms:.2f}" for _, s, ms in checks),
-                  flush=True)
+                  + f"); merges sum {sum(x[2] for x in merges):.2f}; host (start+ms) "
+                  + " ".join(f"{x[0]} {x[3]:.2f}+{x[4]:.2f}" for x in row["events"] if x[0] != "merge")
+                  + f"; host call {row['host_call_ms']:.2f}", flush=True)
     return everyone
 
 

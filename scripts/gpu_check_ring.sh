@@ -2,9 +2,9 @@
 # Ring attention on the GPUs of one host (issue #31), from the repo root, in two parts that each fit one device call:
 #   bash scripts/gpu_check_ring.sh tests [OUTDIR]   # ~5-6 min: the merge kernel's gpu tests, test_ring_gpu.py
 #                                                   # (min(GPUs, 4) ranks), and on two of the GPUs when there are 4
-#   bash scripts/gpu_check_ring.sh bench [OUTDIR]   # ~3-4 min: bench_ring.py forward 128k-512k and forward +
-#                                                   # backward at 256k with NCCL streams at high priority; the
-#                                                   # per-step profile at 128k with and without it
+#   bash scripts/gpu_check_ring.sh bench [OUTDIR]   # ~4-5 min: bench_ring.py forward 128k-512k (with the per-step
+#                                                   # profile) and 1M, forward + backward at 256k, NCCL streams at
+#                                                   # high priority; the 128k profile again at normal priority
 # Raw rows (JSON) and logs go to OUTDIR (default ring_out). Exit status 0 only if every command passed.
 set -uo pipefail
 part=${1:?"usage: gpu_check_ring.sh tests|bench [OUTDIR]"}
@@ -38,11 +38,11 @@ case $part in
   bench)
     world=$(( gpus < 4 ? gpus : 4 ))
     bench="torchrun --nproc-per-node=$world scripts/bench_ring.py"
-    run fwd_hp $bench --seqlens 131072,262144,524288 --nccl-high-priority --json "$out/fwd_hp.json"
-    run steps_128k_hp $bench --seqlens 131072 --steps --no-single --torch-backends cudnn --nccl-high-priority \
-      --json "$out/steps_128k_hp.json"
+    run fwd_hp $bench --seqlens 131072,262144,524288 --steps --nccl-high-priority --json "$out/fwd_hp.json"
     run steps_128k $bench --seqlens 131072 --steps --no-single --torch-backends cudnn --json "$out/steps_128k.json"
     run fwd_bwd_hp $bench --seqlens 262144 --backward --nccl-high-priority --json "$out/fwd_bwd_hp.json"
+    run fwd_1m_hp $bench --seqlens 1048576 --budget 1 --torch-backends cudnn --nccl-high-priority \
+      --json "$out/fwd_1m_hp.json"
     ;;
   *) echo "part: expected tests or bench, got $part"; exit 2 ;;
 esac

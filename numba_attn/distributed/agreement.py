@@ -10,7 +10,8 @@ argument and each rank's value. A rank whose own arguments failed the local chec
 ``ValueError``) takes part too, with its refusal marked: it raises its own error and the others a ``ValueError``
 naming that rank and the argument, so that no rank is left waiting in a later collective.
 
-Cost: one all_gather of ``len(FIELDS) + 1`` int64 per call. It runs on the CPU when the group has a CPU backend
+Cost: one all_gather of ``len(FIELDS) + 1`` int64 per call, issued asynchronously
+(:func:`start_checked_on_every_rank`) and read when the caller is about to issue what depends on it. It runs on the CPU when the group has a CPU backend
 (gloo, or ``"cpu:gloo,cuda:nccl"``), else (NCCL only) on the group's GPU, on a stream of its own: reading the
 result back waits for the gather, not for the work queued on the caller's stream (which it used to drain).
 ``NUMBA_ATTN_RING_CHECK=0`` turns the check off (for callers that guarantee agreement and want no host sync; a
@@ -136,17 +137,45 @@ def enabled() -> bool:
     return os.environ.get(CHECK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+class Agreement:
+    """A check issued and not yet read: :meth:`result` reads the gathered table (waiting for the gather) and raises
+    the same error as every other rank where it shows a refusal or values that differ; else returns what the
+    entry's own check gave (``local``) and ``(rank, world)``. Reading it once is enough (later calls return the same
+    answer). Issue first, read later: the gather runs while the caller queues work that needs no other rank (ring
+    attention: the own shard's kernels), and nothing that depends on the agreement (a transfer) is issued before it
+    is read."""
+
+    def __init__(self, read, local, rank: int, world: int):
+        self._read, self.local, self.rank, self.world = read, local, rank, world
+
+    def result(self):
+        if self._read is not None:
+            read, self._read = self._read, None
+            read()
+        return self.local, (self.rank, self.world)
+
+
 def checked_on_every_rank(torch, dist, group, q, layouts, check):
     """``check()`` -> ``(values, result)``: an entry's own argument checks (``values`` from :func:`pack`). Runs them,
     then :func:`check_ranks_agree`; a rank whose check raises still takes part, so no rank is left waiting. Returns
     ``(result, world)``."""
+    local, (_, world) = start_checked_on_every_rank(torch, dist, group, q, layouts, check).result()
+    return local, world
+
+
+def start_checked_on_every_rank(torch, dist, group, q, layouts, check) -> Agreement:
+    """:func:`checked_on_every_rank` in two halves: runs ``check()`` and issues the gather now, and returns the
+    :class:`Agreement` whose ``result()`` reads it. A rank whose own check refused reads at once (and raises)."""
     try:
-        values, result = check()
+        values, local = check()
         refused = None
     except (TypeError, ValueError) as error:
-        values, result, refused = None, None, error
-    _, world = check_ranks_agree(torch, dist, group, values, refused, q, layouts)
-    return result, world
+        values, local, refused = None, None, error
+    agreement = start_check_ranks_agree(torch, dist, group, values, refused, q, layouts)
+    agreement.local = local
+    if refused is not None:
+        agreement.result()  # raises
+    return agreement
 
 
 def check_ranks_agree(torch, dist, group, values, refused=None, q=None, layouts=()):
@@ -155,23 +184,35 @@ def check_ranks_agree(torch, dist, group, values, refused=None, q=None, layouts=
 
     A refusing rank raises ``refused`` itself, after taking part in the all_gather. Ranks are named by their global
     rank. ``q`` (this rank's query, maybe not a tensor) picks the GPU for NCCL-only groups."""
+    return start_check_ranks_agree(torch, dist, group, values, refused, q, layouts).result()[1]
+
+
+def start_check_ranks_agree(torch, dist, group, values, refused=None, q=None, layouts=()) -> Agreement:
+    """:func:`check_ranks_agree` in two halves: the all_gather issued now (asynchronously), read and judged by the
+    returned :class:`Agreement`'s ``result()``."""
     if refused is not None and not (dist.is_available() and dist.is_initialized()):
         raise refused  # no group, so no rank waits in a collective
     rank, world = group_rank_and_size(dist, group)
     if world == 1 or not enabled():
         if refused is not None:
             raise refused
-        return rank, world
+        return Agreement(None, None, rank, world)
     mine = (list(values) if refused is None else [0] * len(FIELDS)) + [_refusal_code(refused)]
     device = _device(torch, dist, group, q)
     with _own_stream(torch, device):
         gathered = torch.tensor(mine, dtype=torch.int64, device=device)
         table = [torch.empty_like(gathered) for _ in range(world)]
-        dist.all_gather(table, gathered, group=group)
-        table = torch.stack(table).cpu().tolist()
-    ranks = list(range(world)) if group is None else [dist.get_global_rank(group, r) for r in range(world)]
-    _judge(table, ranks, refused, torch, layouts)
-    return rank, world
+        work = dist.all_gather(table, gathered, group=group, async_op=True)
+
+    def read():
+        with _own_stream(torch, device):
+            if work is not None:
+                work.wait()
+            rows = torch.stack(table).cpu().tolist()
+        ranks = list(range(world)) if group is None else [dist.get_global_rank(group, r) for r in range(world)]
+        _judge(rows, ranks, refused, torch, layouts)
+
+    return Agreement(read, None, rank, world)
 
 
 @functools.lru_cache(maxsize=None)

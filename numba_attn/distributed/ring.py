@@ -3,18 +3,24 @@
 Every rank of the group holds its query shard ``q`` and its key/value shards ``k``, ``v``, each
 ``(batch, heads, seqlen / world, headdim)`` (``k``, ``v`` may have fewer heads: grouped-query attention). The
 key/value shards travel around the ring, rank ``r`` sending to ``r + 1`` and receiving from ``r - 1`` (mod
-``world``), so that at step ``i`` rank ``r`` holds the shard of rank ``s = (r - i) mod world``. The transfer of
-step 1's shard is issued before any kernel; then at each step
+``world``), so that at step ``i`` rank ``r`` holds the shard of rank ``s = (r - i) mod world``. A call
 
-1. ``numba_attn.flash_forward(q_rows, k_keys, v_keys, return_lse=True)`` runs on the current shard (or the part
-   of it the mask lets through, below),
-2. the next shard's transfer is waited for and the one after it issued (``isend`` of the shard that just arrived,
-   ``irecv`` into the buffer this step's kernel read, batched with ``batch_isend_irecv``; on CUDA tensors on a side
-   stream, so it overlaps the next kernel), before
-3. the partial output and lse are merged into the running ``(out, lse)`` (``merge.merge_into``, one kernel, for
-   CUDA tensors; :func:`_merge_into`, torch ops, for CPU tensors).
+1. checks that every rank passed the same shapes, dtype and options: one small all_gather (``agreement.py``),
+   issued first and read after step 0's kernels are queued;
+2. queues ``numba_attn.flash_forward(q_rows, k_keys, v_keys, return_lse=True)`` on its own shard (step 0: no
+   transfer needed), so that the GPU computes while the host reads the agreement;
+3. issues the transfers of steps 1 and 2 (``isend`` of the shard held, ``irecv`` of the next, batched with
+   ``batch_isend_irecv``; on CUDA tensors under a side stream, NCCL's kernels beside the attention kernel), the
+   second one after the first has arrived;
+4. then at each step ``i >= 1``: waits for its shard, runs the kernels on it (or the part the mask lets through,
+   below), issues the transfer of step ``i + 2`` (into the buffer these kernels read: it waits for them), and
+   merges the partial output and lse into the running ``(out, lse)`` (``merge.merge_into``, one kernel, for CUDA
+   tensors; :func:`_merge_into`, torch ops, for CPU tensors).
 
-``k`` and ``v`` travel stacked in one buffer (one message per step); two buffers alternate.
+``k`` and ``v`` travel as they are, two messages per step (no stacked copy); two receive buffers alternate, so the
+second transfer needs no kernel to finish first. Transfers beside the attention kernel get SMs as its blocks retire
+when NCCL's streams have high priority (``TORCH_NCCL_HIGH_PRIORITY=1``; at normal priority a transfer issued
+after a kernel may wait for that kernel's blocks to drain: ``docs/design/distributed.md``).
 
 **Merge.** Partial attention over disjoint key sets merges exactly by its log-sum-exps (``combine_lse``):
 ``lse = log(exp(lse_a) + exp(lse_b))``, ``out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b``. It is done as a
@@ -61,8 +67,7 @@ Without ``causal`` every block is full and the layout only says how the caller s
 is the same for any order of the keys, and each query row's output is its own).
 
 The default layout is ``"zigzag"`` when ``causal``, else ``"contiguous"``; it must match how the shards were
-made (:func:`shard`). Every call first checks that all ranks passed the same shapes, dtype and options (one small
-all_gather, ``agreement.py``). Backward: ``ring_backward.ring_attention_backward`` (the same table, the key/value
+made (:func:`shard`). Backward: ``ring_backward.ring_attention_backward`` (the same table, the key/value
 gradients travelling with the shards); ``ring_attention`` on inputs that require grad records it for autograd.
 
 Tested on the CPU with gloo (``tests/distributed/test_ring.py``) and on two GPUs with NCCL
@@ -77,7 +82,9 @@ import numbers
 import numpy as np
 
 from ..runtime.arguments import ArgumentTypeError, check_flag, check_sm_scale
-from .agreement import checked_on_every_rank, pack
+import functools
+
+from .agreement import pack, start_checked_on_every_rank
 from .agreement import group_rank_and_size as _group_rank_and_size
 
 __all__ = ["LAYOUTS", "ring_attention", "shard", "unshard", "gather"]
@@ -263,20 +270,6 @@ def _merge_into(out, lse, part_out, part_lse) -> None:
     lse.copy_(base + torch.log(total))  # log(0) = -inf: still no key
 
 
-def _exchange(torch, dist, send, receive, send_to, receive_from, group, side):
-    """Issue ``isend(send)`` to the next rank and ``irecv(receive)`` from the previous one (on GPUs on ``side``,
-    after the current stream's work so far)."""
-    ops = [dist.P2POp(dist.isend, send, send_to, group), dist.P2POp(dist.irecv, receive, receive_from, group)]
-    if side is None:
-        return dist.batch_isend_irecv(ops)
-    side.wait_stream(torch.cuda.current_stream(send.device))  # the shard (and the receive buffer) are ready
-    with torch.cuda.stream(side):
-        requests = dist.batch_isend_irecv(ops)
-    send.record_stream(side)
-    receive.record_stream(side)
-    return requests
-
-
 def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_lse=False, layout=None,
                    backend=None):
     """Exact attention over a sequence sharded across the ranks of ``group`` (default: the world).
@@ -310,20 +303,23 @@ def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_l
         values = pack(torch, "ring_attention", q, k, flags[0], *options, differentiable, LAYOUTS)
         return values, (*flags, *options, differentiable)
 
-    (causal, return_lse, layout, sm_scale, differentiable), world = checked_on_every_rank(torch, dist, group, q,
-                                                                                          LAYOUTS, check)
-    _check_zigzag(layout, q.shape[2], world)
+    # the agreement is issued here and read in _forward once the own shard's kernels are queued (before the first
+    # transfer): its host time and gather run beside them
+    agreement = start_checked_on_every_rank(torch, dist, group, q, LAYOUTS, check)
+    causal, return_lse, layout, sm_scale, differentiable = agreement.local
+    _check_zigzag(layout, q.shape[2], agreement.world)
     if differentiable:
         from .ring_backward import RingAttention
 
-        out, lse = RingAttention().apply(q, k, v, group, causal, sm_scale, layout, backend)
+        out, lse = RingAttention().apply(q, k, v, group, causal, sm_scale, layout, backend, agreement)
     else:
-        out, lse = _forward(q, k, v, group, causal, sm_scale, layout, backend)
+        out, lse = _forward(q, k, v, group, causal, sm_scale, layout, backend, agreement)
     return (out, lse) if return_lse else out
 
 
-def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend):
-    """``(out, lse)`` of ``ring_attention`` for checked arguments that every rank agrees on."""
+def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend, agreement=None):
+    """``(out, lse)`` of ``ring_attention`` for checked arguments; ``agreement`` (``agreement.Agreement``, issued by the
+    caller; None when already read) is read after the own shard's kernels are queued and before any transfer."""
     from .. import api
 
     torch, dist = _torch()
@@ -334,6 +330,11 @@ def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend
         return api.flash_forward(q_part, k_part, v_part, causal=part_causal, sm_scale=sm_scale, return_lse=True,
                                  backend=backend)
 
+    def kernels(step, keys_values):
+        k_held, v_held = keys_values
+        return [(rows, attend(q[:, :, rows], k_held[:, :, keys], v_held[:, :, keys], part_causal))
+                for rows, keys, part_causal in _blocks(rank, (rank - step) % world, length, causal, layout)]
+
     if world == 1:  # one rank: both layouts are the identity
         return attend(q, k, v, causal)
 
@@ -341,28 +342,53 @@ def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend
         return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
     send_to, receive_from = peer((rank + 1) % world), peer((rank - 1) % world)
-    buffers = [torch.stack((k, v)), None]  # k and v travel together: one message per step
-    side = torch.cuda.Stream(device=q.device) if q.is_cuda else None
+    k, v = k.contiguous(), v.contiguous()  # sent as they are (no stacked copy)
+    side = _side_stream(torch, q.device.index if q.device.index is not None else torch.cuda.current_device()) \
+        if q.is_cuda else None
+    inputs_ready = _event(torch, q)  # the caller's work on k, v so far: the first transfer waits for it alone
     # the last step that merges a part (later ones may be masked): its merge writes q's dtype
     merging = [step for step in range(1, world) if _blocks(rank, (rank - step) % world, length, causal, layout)]
     last_merge = merging[-1] if merging else 0
     accumulator = (_KernelAccumulator if _merge_kernel_applies(q) else _TorchAccumulator)(torch, q)
-    buffers[1] = torch.empty_like(buffers[0])
-    # step 1's shard: issued before the first kernel, so that its NCCL kernel holds SMs before the attention kernel
-    # fills them (issued after it, the transfer waited for the kernel's blocks to drain: docs/design)
-    requests = _exchange(torch, dist, buffers[0], buffers[1], send_to, receive_from, group, side)
+    parts = kernels(0, (k, v))  # the own shard needs no transfer: queued first
+    if agreement is not None:
+        agreement.result()  # raises (on every rank) before any transfer when the ranks disagree
+    # held[s]: the shard of step s; two receive buffers alternate (step s >= 3 receives into the one step s - 2 read)
+    receive = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, world - 1))]
+    held = [(k, v)] + [receive[(step - 1) % 2] for step in range(1, world)]
+    requests, arrived = [None] * world, [None] * world
+
+    def arrive(step, stream):
+        """``stream`` (None: the host) waits for step ``step``'s shard. Each request is waited for once (a second
+        ``wait`` of a finished gloo request does not return); later waits on GPUs wait for an event after it."""
+        if arrived[step] is None:
+            _wait(torch, stream, requests[step])
+            arrived[step] = True if stream is None else _event(torch, q, stream)
+        elif stream is not None:
+            stream.wait_event(arrived[step])
+
+    def transfer(step):
+        """Issue the transfer that brings step ``step``'s shard: send ``held[step - 1]`` on, receive
+        ``held[step]``. It waits (on the side stream) for the shard it sends to be there -- the caller's inputs or
+        the previous transfer -- and, from step 3, for the kernels of step ``step - 2``, which read its buffer."""
+        if step == 1:
+            _after(torch, side, inputs_ready)
+        else:
+            arrive(step - 1, side)
+        if step >= 3:
+            _after(torch, side, _event(torch, q))  # (issued right after step - 2's kernels)
+        requests[step] = _issue(torch, dist, held[step - 1], held[step], send_to, receive_from, group, side)
+
+    # the first two transfers now: their NCCL kernels start beside the own shard's (with high-priority NCCL streams,
+    # docs/design/distributed.md); from step 3 each transfer is issued after the kernels of the step before
+    for step in range(1, min(3, world)):
+        transfer(step)
     for step in range(world):
-        current = buffers[step % 2]
-        blocks = _blocks(rank, (rank - step) % world, length, causal, layout)
-        parts = [(rows, attend(q[:, :, rows], current[0][:, :, keys], current[1][:, :, keys], part_causal))
-                 for rows, keys, part_causal in blocks]
-        if step + 1 < world:
-            # the next shard, then its onward transfer issued before this step's merges: on GPUs the transfer
-            # can start while the merges run, before the next step's attention kernel fills the SMs (issued at the
-            # step's start, beside the attention kernel, the next step often waited for it: docs/design)
-            _wait(torch, q, side, requests)
-            requests = (_exchange(torch, dist, buffers[(step + 1) % 2], current, send_to, receive_from, group, side)
-                        if step + 2 < world else [])
+        if step:
+            arrive(step, torch.cuda.current_stream(q.device) if side is not None else None)
+            parts = kernels(step, held[step])
+        if step + 2 < world and step:
+            transfer(step + 2)  # issued before this step's merges: it starts while they run
         for index, (rows, (part_out, part_lse)) in enumerate(parts):
             if step == 0:  # the own shard, every row (``_blocks``): the first part is the accumulator
                 accumulator.first(part_out, part_lse)
@@ -371,12 +397,57 @@ def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend
     return accumulator.result()
 
 
-def _wait(torch, q, side, requests) -> None:
-    """The current stream (GPU; the host on CPUs) waits for ``requests``, transfers issued on ``side``."""
-    for request in requests:
-        request.wait()
-    if side is not None and requests:
-        torch.cuda.current_stream(q.device).wait_stream(side)
+@functools.lru_cache(maxsize=None)
+def _side_stream(torch, device_index: int):
+    """The transfers' stream on a GPU (one per device, made once: a stream per call cost host time)."""
+    return torch.cuda.Stream(device=device_index)
+
+
+def _event(torch, q, stream=None):
+    """An event recorded now on ``stream`` (default: the current stream of q's GPU); None on CPUs."""
+    if not q.is_cuda:
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(q.device) if stream is None else stream)
+    return event
+
+
+def _after(torch, side, event) -> None:
+    if side is not None:
+        side.wait_event(event)
+
+
+def _issue(torch, dist, sends, receives, send_to, receive_from, group, side):
+    """``isend`` each of ``sends`` to the next rank and ``irecv`` each of ``receives`` from the previous one, batched
+    (on GPUs under ``side``: NCCL's stream waits for what ``side`` waits for)."""
+    ops = ([dist.P2POp(dist.isend, x, send_to, group) for x in sends]
+           + [dist.P2POp(dist.irecv, x, receive_from, group) for x in receives])
+    if side is None:
+        return dist.batch_isend_irecv(ops)
+    with torch.cuda.stream(side):
+        requests = dist.batch_isend_irecv(ops)
+    for x in (*sends, *receives):
+        x.record_stream(side)
+    return requests
+
+
+def _exchange(torch, dist, send, receive, send_to, receive_from, group, side):
+    """Issue ``isend(send)`` to the next rank and ``irecv(receive)`` from the previous one (on GPUs on ``side``,
+    after the current stream's work so far)."""
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(send.device))  # the shard (and the receive buffer) are ready
+    return _issue(torch, dist, [send], [receive], send_to, receive_from, group, side)
+
+
+def _wait(torch, stream, requests) -> None:
+    """``stream`` (a CUDA stream; None: the host) waits for ``requests``."""
+    if stream is None:
+        for request in requests:
+            request.wait()
+        return
+    with torch.cuda.stream(stream):
+        for request in requests:
+            request.wait()
 
 
 def _merge_kernel_applies(q) -> bool:

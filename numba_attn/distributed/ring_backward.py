@@ -119,10 +119,11 @@ def _autograd_function():
         """``ring_attention`` with its backward over the ring."""
 
         @staticmethod
-        def forward(ctx, q, k, v, group, causal, sm_scale, layout, backend):
+        def forward(ctx, q, k, v, group, causal, sm_scale, layout, backend, agreement):
             from .ring import _forward
 
-            out, lse = _forward(q, k, v, group, causal, sm_scale, layout, backend)  # arguments checked by the caller
+            # arguments checked by the caller; its agreement read once the own shard's kernels are queued
+            out, lse = _forward(q, k, v, group, causal, sm_scale, layout, backend, agreement)
             ctx.save_for_backward(q, k, v, out, lse)
             ctx.options = (group, causal, sm_scale, layout)
             ctx.mark_non_differentiable(lse)
@@ -134,7 +135,7 @@ def _autograd_function():
             group, causal, sm_scale, layout = ctx.options
             dq, dk, dv = _backward(dout.contiguous(), q, k, v, out, lse, group, causal, sm_scale, layout,
                                    torch.are_deterministic_algorithms_enabled())
-            return dq, dk, dv, None, None, None, None, None
+            return dq, dk, dv, None, None, None, None, None, None
 
     return _RingAttention
 

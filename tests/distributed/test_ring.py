@@ -444,31 +444,39 @@ class _FakeRing:
         return op, tensor, peer
 
     def batch_isend_irecv(self, ops):
+        # k and v travel as two messages each way: sends first, then the receives, in the same order
         step, self.step = self.step, self.step + 1
         self.events.append(("issue", step))
-        (send_op, sent, send_to), (receive_op, received, receive_from) = ops
-        assert (send_op, receive_op) == (self.isend, self.irecv)
-        assert (send_to, receive_from) == ((self.rank + 1) % self.world, (self.rank - 1) % self.world)
-        assert torch.equal(sent, self.kv_shards[(self.rank - step) % self.world])  # the shard held now goes on
+        assert len(ops) == 4 and [op[0] for op in ops] == [self.isend] * 2 + [self.irecv] * 2, ops
+        assert {op[2] for op in ops[:2]} == {(self.rank + 1) % self.world}
+        assert {op[2] for op in ops[2:]} == {(self.rank - 1) % self.world}
+        sent, received = [op[1] for op in ops[:2]], [op[1] for op in ops[2:]]
+        assert torch.equal(torch.stack(sent), self.kv_shards[(self.rank - step) % self.world])  # the shard held
         fake = self
 
         class Request:
-            def wait(self):
-                received.copy_(fake.kv_shards[(fake.rank - step - 1) % fake.world])
-                fake.events.append(("wait", step))
+            done = False
+
+            def wait(self):  # (may be waited for twice: by the next transfer, then by the kernels)
+                if not self.done:
+                    for buffer, arrived in zip(received, fake.kv_shards[(fake.rank - step - 1) % fake.world]):
+                        buffer.copy_(arrived)
+                    fake.events.append(("wait", step))
+                    self.done = True
 
         return [Request()]
 
 
-@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
-def test_three_rank_ring_order_and_result(layout, monkeypatch):
-    # an odd world, in one process: each shard's transfer is issued a step before its kernels and waited for
-    # just before them, the first one before the own shard's kernel, after the ranks' agreement
+@pytest.mark.parametrize("world, layout", [(3, "zigzag"), (3, "contiguous"), (4, "zigzag")])
+def test_ring_order_and_result(world, layout, monkeypatch):
+    # rank by rank in one process (an odd world too): the agreement is read after the own shard's kernels and
+    # before any transfer; each transfer is waited for just before its kernels; from step 3 a transfer is issued
+    # after the kernels of the step that read its buffer
     import numba_attn.api
     from numba_attn.distributed import ring
 
-    world, rng = 3, np.random.default_rng(7)
-    q, k, v = (torch.from_numpy(rng.standard_normal((1, heads, 12, 8)).astype(np.float32)) for heads in (2, 1, 1))
+    rng = np.random.default_rng(7)
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, heads, 24, 8)).astype(np.float32)) for heads in (2, 1, 1))
     kv_shards = [torch.stack((shard(k, r, world, layout), shard(v, r, world, layout))) for r in range(world)]
     flash_forward, events = numba_attn.api.flash_forward, []
 
@@ -484,12 +492,12 @@ def test_three_rank_ring_order_and_result(layout, monkeypatch):
         out, lse = ring_attention(shard(q, rank, world, layout), *kv_shards[rank], causal=True, layout=layout,
                                   return_lse=True)
         outs.append(out), lses.append(lse)
-        # the check's gather, the first transfer, the own shard's kernel; then per step s >= 1: wait for the shard
-        # of step s, issue the transfer of step s + 1 (while one is left), the kernels of step s
-        blocks = [0 if layout == "contiguous" and step > rank else 1 for step in range(world)]
-        expected = ["gather", "issue"] + ["kernel"] * blocks[0]
-        for step in range(1, world):
-            expected += ["wait"] + (["issue"] if step + 1 < world else []) + ["kernel"] * blocks[step]
+        # the check's gather; the own shard's kernels (queued before the check is read); the first transfer, then
+        # (once it is in) the second; step 1's kernels; (world 4: the third transfer once the second is in);
+        # the last steps wait for their shard, then their kernels
+        blocks = [["kernel"] * (0 if layout == "contiguous" and step > rank else 1) for step in range(world)]
+        expected = ["gather"] + blocks[0] + ["issue", "wait", "issue"] + blocks[1]
+        expected += ["wait"] + blocks[2] if world == 3 else ["wait", "issue"] + blocks[2] + ["wait"] + blocks[3]
         assert [event[0] for event in events] == expected, events
     ref_out, ref_lse = reference.attention(q.numpy(), k.numpy(), v.numpy(), causal=True, return_lse=True)
     assert rel_error(unshard(outs, layout), ref_out) < TOLERANCE["float32"]

@@ -199,16 +199,19 @@ def start_check_ranks_agree(torch, dist, group, values, refused=None, q=None, la
         return Agreement(None, None, rank, world)
     mine = (list(values) if refused is None else [0] * len(FIELDS)) + [_refusal_code(refused)]
     device = _device(torch, dist, group, q)
+    # into one flat tensor, read back by a copy: no kernel after NCCL's own (on a GPU the list form's copy-out
+    # kernels waited for the SMs an attention kernel queued meanwhile held, so the read waited for that kernel)
     with _own_stream(torch, device):
         gathered = torch.tensor(mine, dtype=torch.int64, device=device)
-        table = [torch.empty_like(gathered) for _ in range(world)]
-        work = dist.all_gather(table, gathered, group=group, async_op=True)
+        table = torch.empty(world * len(mine), dtype=torch.int64, device=device)
+        work = dist.all_gather_into_tensor(table, gathered, group=group, async_op=True)
 
     def read():
         with _own_stream(torch, device):
             if work is not None:
                 work.wait()
-            rows = torch.stack(table).cpu().tolist()
+            flat = table.cpu().tolist()
+        rows = [flat[r * len(mine):(r + 1) * len(mine)] for r in range(world)]
         ranks = list(range(world)) if group is None else [dist.get_global_rank(group, r) for r in range(world)]
         _judge(rows, ranks, refused, torch, layouts)
 
@@ -217,7 +220,7 @@ def start_check_ranks_agree(torch, dist, group, values, refused=None, q=None, la
 
 @functools.lru_cache(maxsize=None)
 def _check_stream(torch, device_index: int):
-    return torch.cuda.Stream(device=device_index)
+    return torch.cuda.Stream(device=device_index, priority=-1)  # (high: what it queues goes before waiting blocks)
 
 
 def _own_stream(torch, device):

@@ -363,7 +363,7 @@ def test_check_off_makes_no_collective(monkeypatch):
             return "gloo"
 
         @staticmethod
-        def all_gather(*args, **kwargs):
+        def all_gather_into_tensor(*args, **kwargs):
             raise AssertionError("all_gather called with the check off")
 
     monkeypatch.setenv(agreement.CHECK_ENV, "0")
@@ -424,9 +424,8 @@ class _FakeRing:
     def get_backend(self, group=None):
         return "cpu:fake"
 
-    def all_gather(self, outputs, tensor, group=None, async_op=False):  # the cross-rank check: all pass the same
-        for output in outputs:
-            output.copy_(tensor)
+    def all_gather_into_tensor(self, output, tensor, group=None, async_op=False):  # the check: all pass the same
+        output.copy_(tensor.repeat(self.world))
         self.events.append(("gather",))
 
         class Done:

@@ -41,12 +41,15 @@ FIELDS = (
     ("layout", "layout"),
     ("sm_scale", "float"),
     ("q, k, v: differentiable (grad mode on and an input that requires grad)", "bool"),
+    ("window: left side", "side"),
+    ("window: right side", "side"),
+    ("softcap", "float"),
 )
 CALLS = ("ring_attention", "ring_attention_backward")
 _DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu", "meta")
 #: the arguments a local refusal may name (its message starts with the name): the other ranks name it too
 _ARGUMENTS = ("q", "k", "v", "dout", "out", "lse", "causal", "return_lse", "layout", "sm_scale", "deterministic",
-              "backend")
+              "backend", "window", "softcap")
 
 
 def group_rank_and_size(dist, group):
@@ -75,13 +78,21 @@ def _bits_float(bits: int) -> float:
     return struct.unpack("<d", struct.pack("<q", bits))[0]
 
 
-def pack(torch, call, q, k, causal, layout, sm_scale, differentiable, layouts):
-    """This rank's values of :data:`FIELDS` (ints) for validated arguments; ``sm_scale`` resolved (a float)."""
+def pack(torch, call, q, k, causal, layout, sm_scale, differentiable, layouts, window=None, softcap=None):
+    """This rank's values of :data:`FIELDS` (ints) for validated arguments; ``sm_scale`` resolved (a float),
+    ``window`` None or ``(left, right)`` (ints >= 0 or None), ``softcap`` None or a float."""
     device = q.device.type
     batch, heads, length, headdim = q.shape
+    left, right = (None, None) if window is None else window
     return (CALLS.index(call), batch, heads, k.shape[1], length, headdim, _dtypes(torch).index(q.dtype),
             _DEVICE_TYPES.index(device) if device in _DEVICE_TYPES else len(_DEVICE_TYPES), int(causal),
-            layouts.index(layout), _float_bits(float(sm_scale)), int(differentiable))
+            layouts.index(layout), _float_bits(float(sm_scale)), int(differentiable), _side(left), _side(right),
+            _float_bits(0.0 if softcap is None else float(softcap)))
+
+
+def _side(value) -> int:
+    # a window side: -1 unbounded (None, also without a window: the same attention), else the int
+    return -1 if value is None else int(value)
 
 
 def _refusal_code(error) -> int:
@@ -110,6 +121,8 @@ def _device(torch, dist, group, q):
 def _show(kind, value, torch, layouts):
     if kind == "bool":
         return str(bool(value))
+    if kind == "side":
+        return "None" if value < 0 else str(value)
     if kind == "float":
         return repr(_bits_float(value))
     if kind == "call":

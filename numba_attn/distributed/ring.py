@@ -81,7 +81,7 @@ import numbers
 
 import numpy as np
 
-from ..runtime.arguments import ArgumentTypeError, check_flag, check_sm_scale
+from ..runtime.arguments import ArgumentTypeError, check_flag, check_sm_scale, check_softcap, check_window
 import functools
 
 from .agreement import pack, start_checked_on_every_rank
@@ -238,20 +238,78 @@ def _check_zigzag(layout: str, length: int, world: int) -> None:
                          f"shard of {length} rows")
 
 
-def _blocks(rank: int, source: int, length: int, causal: bool, layout: str):
-    """``(query rows, key rows, causal)`` of the flash_forward calls of rank ``rank`` on the shard of ``source``
-    (see the module docstring's table); an empty list when the whole shard is masked."""
+def _blocks(rank: int, source: int, length: int, causal: bool, layout: str, window=None, world=None):
+    """``(query rows, key rows, causal, window)`` of the flash_forward calls of rank ``rank`` on the shard of
+    ``source`` (see the module docstring's table); an empty list when the whole shard is masked. With a ``window``
+    (checked: ``(left, right)``, ints >= 0 or None; ``world`` then needed) the blocks come from
+    :func:`_window_blocks`; without one each block's window is None."""
+    if window is not None:
+        return _window_blocks(rank, source, length, causal, layout, window, world)
     everything = slice(0, length)
     if not causal or source < rank and layout == "contiguous":
-        return [(everything, everything, False)]
+        return [(everything, everything, False, None)]
     if source == rank:
-        return [(everything, everything, True)]
+        return [(everything, everything, True, None)]
     if layout == "contiguous":  # a later rank's keys
         return []
     half = length // 2
     if source < rank:
-        return [(everything, slice(0, half), False)]
-    return [(slice(half, length), everything, False)]
+        return [(everything, slice(0, half), False, None)]
+    return [(slice(half, length), everything, False, None)]
+
+
+def _pieces(rank: int, length: int, layout: str, world: int):
+    """``(local start, rows, global start)`` of the chunks of rank ``rank``'s shard (one, or zigzag's two)."""
+    if layout == "contiguous":
+        return [(0, length, rank * length)]
+    half = length // 2
+    return [(0, half, rank * half), (half, half, (2 * world - 1 - rank) * half)]
+
+
+def _window_blocks(rank: int, source: int, length: int, causal: bool, layout: str, window, world: int):
+    """The blocks of a windowed call: for each (query chunk, key chunk) pair of the two shards (global positions
+    from the layout), the rows and keys that see anything (:func:`band_block`), with the window that reproduces the
+    global one there under ``flash_forward``'s bottom-right alignment."""
+    left, right = window
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    blocks = []
+    for q_local, q_rows, q_start in _pieces(rank, length, layout, world):
+        for k_local, k_rows, k_start in _pieces(source, length, layout, world):
+            # query q_start + i sees key k_start + j iff lo <= j - i <= hi
+            lo = None if left is None else q_start - k_start - left
+            hi = None if right is None else q_start - k_start + right
+            block = band_block(q_rows, k_rows, lo, hi)
+            if block is not None:
+                (r0, r1), (k0, k1), part_causal, part_window = block
+                blocks.append((slice(q_local + r0, q_local + r1), slice(k_local + k0, k_local + k1), part_causal,
+                               part_window))
+    return blocks
+
+
+def band_block(rows: int, keys: int, lo, hi):
+    """Where query ``i < rows`` sees key ``j < keys`` iff ``lo <= j - i <= hi`` (None: unbounded): ``((r0, r1),
+    (k0, k1), causal, window)`` -- the rows that see some key, the keys some row sees, and the ``flash_forward``
+    arguments (bottom-right aligned on that sub-block) giving the same band, sides >= 0 (trimming makes them so) or
+    None; or None when no query sees any key."""
+    r0 = 0 if hi is None else max(0, -hi)
+    r1 = rows if lo is None else min(rows, keys - lo)
+    if r1 <= r0:
+        return None
+    k0 = 0 if lo is None else max(0, r0 + lo)
+    k1 = keys if hi is None else min(keys, r1 + hi)
+    if k1 <= k0:
+        return None
+    diagonal = (k1 - k0) - (r1 - r0)  # j'' - i'' on the sub-block's bottom-right diagonal
+    left = None if lo is None else diagonal - (lo - k0 + r0)
+    right = None if hi is None else (hi - k0 + r0) - diagonal
+    # a side that bounds no row is dropped: the last row's left edge at or before key 0, the first row's right
+    # edge at or after the last key
+    left = None if left is not None and left >= k1 - k0 - 1 else left
+    right = None if right is not None and right >= r1 - r0 - 1 else right
+    causal = right == 0
+    window = None if left is None and (right is None or causal) else (left, None if causal else right)
+    return (r0, r1), (k0, k1), causal, window
 
 
 def _merge_into(out, lse, part_out, part_lse) -> None:
@@ -271,7 +329,7 @@ def _merge_into(out, lse, part_out, part_lse) -> None:
 
 
 def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_lse=False, layout=None,
-                   backend=None):
+                   window=None, softcap=None, backend=None):
     """Exact attention over a sequence sharded across the ranks of ``group`` (default: the world).
 
     Args:
@@ -286,6 +344,11 @@ def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_l
         return_lse: also return this shard's ``lse`` ``(batch, heads, seqlen / world)`` float32 (natural log).
         layout: ``"contiguous"`` or ``"zigzag"`` (see :func:`shard`); default ``"zigzag"`` when ``causal``, else
             ``"contiguous"``. Zigzag shards have an even length (two chunks).
+        window: ``flash_forward``'s sliding window ``(left, right)`` in global positions: query ``i`` sees keys
+            ``i - left <= j <= i + right`` (None: unbounded side; with ``causal`` the right side is
+            ``min(right, 0)``). Each (query chunk, key chunk) pair runs on the rows and keys the band reaches, pairs
+            it misses are skipped (:func:`band_block`). Default None.
+        softcap: ``flash_forward``'s logit soft-capping (``c * tanh(scores / c)``); default None.
         backend: passed to ``numba_attn.flash_forward``.
 
     Returns:
@@ -299,25 +362,28 @@ def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_l
         _check_inputs(torch, q, k, v)
         flags = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
         options = _check_options(q, flags[0], layout, sm_scale)
+        band = check_window(window), check_softcap(softcap)
+        band = (None if band[0] == (None, None) else band[0], band[1])  # both sides open: no window
         differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-        values = pack(torch, "ring_attention", q, k, flags[0], *options, differentiable, LAYOUTS)
-        return values, (*flags, *options, differentiable)
+        values = pack(torch, "ring_attention", q, k, flags[0], *options, differentiable, LAYOUTS, *band)
+        return values, (*flags, *options, *band, differentiable)
 
     # the agreement is issued here and read in _forward once the own shard's kernels are queued (before the first
     # transfer): its host time and gather run beside them
     agreement = start_checked_on_every_rank(torch, dist, group, q, LAYOUTS, check)
-    causal, return_lse, layout, sm_scale, differentiable = agreement.local
+    causal, return_lse, layout, sm_scale, window, softcap, differentiable = agreement.local
     _check_zigzag(layout, q.shape[2], agreement.world)
     if differentiable:
         from .ring_backward import RingAttention
 
-        out, lse = RingAttention().apply(q, k, v, group, causal, sm_scale, layout, backend, agreement)
+        out, lse = RingAttention().apply(q, k, v, group, causal, sm_scale, layout, window, softcap, backend,
+                                         agreement)
     else:
-        out, lse = _forward(q, k, v, group, causal, sm_scale, layout, backend, agreement)
+        out, lse = _forward(q, k, v, group, causal, sm_scale, layout, window, softcap, backend, agreement)
     return (out, lse) if return_lse else out
 
 
-def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend, agreement=None):
+def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, window, softcap, backend, agreement=None):
     """``(out, lse)`` of ``ring_attention`` for checked arguments; ``agreement`` (``agreement.Agreement``, issued by the
     caller; None when already read) is read after the own shard's kernels are queued and before any transfer."""
     from .. import api
@@ -326,17 +392,20 @@ def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend
     rank, world = _group_rank_and_size(dist, group)
     length = q.shape[2]
 
-    def attend(q_part, k_part, v_part, part_causal):
+    def attend(q_part, k_part, v_part, part_causal, part_window):
         return api.flash_forward(q_part, k_part, v_part, causal=part_causal, sm_scale=sm_scale, return_lse=True,
-                                 backend=backend)
+                                 window=part_window, softcap=softcap, backend=backend)
+
+    def blocks(step):
+        return _blocks(rank, (rank - step) % world, length, causal, layout, window, world)
 
     def kernels(step, keys_values):
         k_held, v_held = keys_values
-        return [(rows, attend(q[:, :, rows], k_held[:, :, keys], v_held[:, :, keys], part_causal))
-                for rows, keys, part_causal in _blocks(rank, (rank - step) % world, length, causal, layout)]
+        return [(rows, attend(q[:, :, rows], k_held[:, :, keys], v_held[:, :, keys], part_causal, part_window))
+                for rows, keys, part_causal, part_window in blocks(step)]
 
     if world == 1:  # one rank: both layouts are the identity
-        return attend(q, k, v, causal)
+        return attend(q, k, v, causal, window)
 
     def peer(group_rank):
         return group_rank if group is None else dist.get_global_rank(group, group_rank)
@@ -346,10 +415,14 @@ def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend
     side = _side_stream(torch, q.device.index if q.device.index is not None else torch.cuda.current_device()) \
         if q.is_cuda else None
     inputs_ready = _event(torch, q)  # the caller's work on k, v so far: the first transfer waits for it alone
-    # the last step that merges a part (later ones may be masked): its merge writes q's dtype
-    merging = [step for step in range(1, world) if _blocks(rank, (rank - step) % world, length, causal, layout)]
-    last_merge = merging[-1] if merging else 0
+    # without a window the own shard's one block covers every row: it is the accumulator as it comes; with one, its
+    # blocks may not (zigzag's two chunks lie apart), so every part is merged into an empty accumulator
+    counts = [len(blocks(step)) for step in range(world)]
+    merged = [(step, index) for step in range(1 if window is None else 0, world) for index in range(counts[step])]
+    last_merge = merged[-1] if merged else None  # its merge writes q's dtype
     accumulator = (_KernelAccumulator if _merge_kernel_applies(q) else _TorchAccumulator)(torch, q)
+    if window is not None:
+        accumulator.empty()
     parts = kernels(0, (k, v))  # the own shard needs no transfer: queued first
     if agreement is not None:
         agreement.result()  # raises (on every rank) before any transfer when the ranks disagree
@@ -390,10 +463,10 @@ def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, backend
         if step + 2 < world and step:
             transfer(step + 2)  # issued before this step's merges: it starts while they run
         for index, (rows, (part_out, part_lse)) in enumerate(parts):
-            if step == 0:  # the own shard, every row (``_blocks``): the first part is the accumulator
+            if step == 0 and window is None:  # the own shard, every row (``_blocks``): the first accumulator
                 accumulator.first(part_out, part_lse)
             else:
-                accumulator.merge(rows, part_out, part_lse, step == last_merge and index == len(parts) - 1)
+                accumulator.merge(rows, part_out, part_lse, (step, index) == last_merge)
     return accumulator.result()
 
 
@@ -471,6 +544,10 @@ class _TorchAccumulator:
         self.out.copy_(part_out)
         self.lse.copy_(part_lse)
 
+    def empty(self) -> None:
+        self.out.zero_()
+        self.lse.fill_(-math.inf)
+
     def merge(self, rows, part_out, part_lse, last: bool) -> None:
         _merge_into(self.out[:, :, rows], self.lse[:, :, rows], part_out, part_lse)
 
@@ -488,10 +565,16 @@ class _KernelAccumulator:
 
     def __init__(self, torch, q):
         self.torch, self.dtype, self.length = torch, q.dtype, q.shape[2]
+        self.shape, self.device = tuple(q.shape), q.device
         self.out = self.lse = None
 
     def first(self, part_out, part_lse) -> None:
         self.out, self.lse = part_out, part_lse
+
+    def empty(self) -> None:
+        """Start from no key: 0 and ``-inf`` in float32 (a windowed call merges every part into it)."""
+        self.out = self.torch.zeros(self.shape, dtype=self.torch.float32, device=self.device)
+        self.lse = self.torch.full(self.shape[:-1], -math.inf, dtype=self.torch.float32, device=self.device)
 
     def merge(self, rows, part_out, part_lse, last: bool) -> None:
         from .merge import merge_into

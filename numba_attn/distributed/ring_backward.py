@@ -17,7 +17,7 @@ rank its own gradients), ``world - 1`` key/value messages.
 """
 from __future__ import annotations
 
-from ..runtime.arguments import check_flag
+from ..runtime.arguments import check_flag, check_softcap, check_window
 from .agreement import checked_on_every_rank, pack
 from .ring import (LAYOUTS, _blocks, _check_inputs, _check_options, _check_zigzag, _exchange, _group_rank_and_size,
                    _torch)
@@ -26,11 +26,12 @@ __all__ = ["ring_attention_backward", "RingAttention"]
 
 
 def ring_attention_backward(dout, q, k, v, out, lse, *, group=None, causal=False, sm_scale=None, layout=None,
-                            deterministic=False):
+                            window=None, softcap=None, deterministic=False):
     """``(dq, dk, dv)`` of this rank's shards for ``ring_attention(q, k, v, causal=causal, ...)`` whose output was
     ``out`` and lse ``lse`` (``return_lse=True``); ``dout`` the gradient of the loss with respect to ``out``.
 
-    Args as ``ring_attention`` (same group, layout, scale); ``deterministic`` as ``flash_backward``'s. Returns
+    Args as ``ring_attention`` (same group, layout, scale, window, softcap); ``deterministic`` as
+    ``flash_backward``'s. Returns
     tensors of q's, k's and v's shard shapes and dtype; ``dk``, ``dv`` summed over every rank's queries (and over
     each kv head's group of query heads)."""
     torch, dist = _torch()
@@ -45,14 +46,19 @@ def ring_attention_backward(dout, q, k, v, out, lse, *, group=None, causal=False
             raise ValueError(f"lse: expected the forward's lse of shape {tuple(q.shape[:-1])}")
         flags = check_flag(causal, "causal"), check_flag(deterministic, "deterministic")
         options = _check_options(q, flags[0], layout, sm_scale)
-        return pack(torch, "ring_attention_backward", q, k, flags[0], *options, False, LAYOUTS), (*flags, *options)
+        band = check_window(window), check_softcap(softcap)
+        band = (None if band[0] == (None, None) else band[0], band[1])  # both sides open: no window
+        values = pack(torch, "ring_attention_backward", q, k, flags[0], *options, False, LAYOUTS, *band)
+        return values, (*flags, *options, *band)
 
-    (causal, deterministic, layout, sm_scale), world = checked_on_every_rank(torch, dist, group, q, LAYOUTS, check)
+    (causal, deterministic, layout, sm_scale, window, softcap), world = checked_on_every_rank(torch, dist, group, q,
+                                                                                             LAYOUTS, check)
     _check_zigzag(layout, q.shape[2], world)
-    return _backward(dout, q, k, v, out, lse, group, causal, sm_scale, layout, deterministic)
+    return _backward(dout, q, k, v, out, lse, group, causal, sm_scale, layout, window, softcap, deterministic)
 
 
-def _backward(dout, q, k, v, out, lse, group, causal: bool, sm_scale: float, layout: str, deterministic: bool):
+def _backward(dout, q, k, v, out, lse, group, causal: bool, sm_scale: float, layout: str, window, softcap,
+              deterministic: bool):
     """``ring_attention_backward`` for checked arguments that every rank agrees on (autograd calls it directly:
     the forward checked them)."""
     from .. import api
@@ -62,13 +68,13 @@ def _backward(dout, q, k, v, out, lse, group, causal: bool, sm_scale: float, lay
     length = q.shape[2]
     lse = lse.float()
 
-    def grads(rows, keys_k, keys_v, part_causal):
+    def grads(rows, keys_k, keys_v, part_causal, part_window):
         return api.flash_backward(dout[:, :, rows], q[:, :, rows], keys_k, keys_v, out[:, :, rows],
-                                  lse[:, :, rows], causal=part_causal, sm_scale=sm_scale,
-                                  deterministic=deterministic)
+                                  lse[:, :, rows], causal=part_causal, sm_scale=sm_scale, window=part_window,
+                                  softcap=softcap, deterministic=deterministic)
 
     if world == 1:
-        return grads(slice(0, length), k, v, causal)
+        return grads(slice(0, length), k, v, causal, window)
 
     def peer(group_rank):
         return group_rank if group is None else dist.get_global_rank(group, group_rank)
@@ -87,8 +93,10 @@ def _backward(dout, q, k, v, out, lse, group, causal: bool, sm_scale: float, lay
                 kv[(step + 1) % 2] = torch.empty_like(current)
             kv_requests = _exchange(torch, dist, current, kv[(step + 1) % 2], send_to, receive_from, group, side)
         parts = []
-        for rows, keys, part_causal in _blocks(rank, (rank - step) % world, length, causal, layout):
-            dq_part, dk_part, dv_part = grads(rows, current[0][:, :, keys], current[1][:, :, keys], part_causal)
+        for rows, keys, part_causal, part_window in _blocks(rank, (rank - step) % world, length, causal, layout,
+                                                            window, world):
+            dq_part, dk_part, dv_part = grads(rows, current[0][:, :, keys], current[1][:, :, keys], part_causal,
+                                              part_window)
             dq[:, :, rows] += dq_part.float()
             parts.append((keys, dk_part, dv_part))
         _wait(torch, q, side, dkv_requests)
@@ -119,23 +127,23 @@ def _autograd_function():
         """``ring_attention`` with its backward over the ring."""
 
         @staticmethod
-        def forward(ctx, q, k, v, group, causal, sm_scale, layout, backend, agreement):
+        def forward(ctx, q, k, v, group, causal, sm_scale, layout, window, softcap, backend, agreement):
             from .ring import _forward
 
             # arguments checked by the caller; its agreement read once the own shard's kernels are queued
-            out, lse = _forward(q, k, v, group, causal, sm_scale, layout, backend, agreement)
+            out, lse = _forward(q, k, v, group, causal, sm_scale, layout, window, softcap, backend, agreement)
             ctx.save_for_backward(q, k, v, out, lse)
-            ctx.options = (group, causal, sm_scale, layout)
+            ctx.options = (group, causal, sm_scale, layout, window, softcap)
             ctx.mark_non_differentiable(lse)
             return out, lse
 
         @staticmethod
         def backward(ctx, dout, _dlse):
             q, k, v, out, lse = ctx.saved_tensors
-            group, causal, sm_scale, layout = ctx.options
-            dq, dk, dv = _backward(dout.contiguous(), q, k, v, out, lse, group, causal, sm_scale, layout,
-                                   torch.are_deterministic_algorithms_enabled())
-            return dq, dk, dv, None, None, None, None, None, None
+            group, causal, sm_scale, layout, window, softcap = ctx.options
+            dq, dk, dv = _backward(dout.contiguous(), q, k, v, out, lse, group, causal, sm_scale, layout, window,
+                                   softcap, torch.are_deterministic_algorithms_enabled())
+            return (dq, dk, dv) + (None,) * 9
 
     return _RingAttention
 

@@ -38,6 +38,7 @@ CASES = {
         ("contiguous_f32", "float32", True, "contiguous", 2, 2, 16, 8, 0.7, None),
         ("noncausal_gqa_f16", "float16", False, None, 2, 1, 16, 8, None, None),
         ("noncausal_zigzag_f32", "float32", False, "zigzag", 2, 2, 16, 8, None, None),
+        ("zigzag_window_f32", "float32", True, "zigzag", 2, 1, 16, 8, None, None),
     ],
     4: [
         ("zigzag_gqa_f32", "float32", True, "zigzag", 2, 1, 32, 8, None, None),
@@ -45,12 +46,21 @@ CASES = {
         ("contiguous_gqa_f16", "float16", True, "contiguous", 2, 1, 32, 8, None, None),
         ("noncausal_f32", "float32", False, "contiguous", 2, 2, 32, 8, None, None),
         ("subgroup_zigzag_f32", "float32", True, "zigzag", 2, 1, 16, 8, None, [1, 3]),
+        ("zigzag_window_f16", "float16", True, "zigzag", 2, 2, 32, 8, None, None),
+        ("contiguous_band_f32", "float32", False, "contiguous", 2, 1, 32, 8, None, None),
     ],
 }
 
+#: the window and soft-capping of the cases that have them (global positions; a window narrower than a chunk, one
+#: that spans chunks, a band with both sides)
+BAND = {"zigzag_window_f32": {"window": (3, None), "softcap": 2.0},
+        "zigzag_window_f16": {"window": (5, None)},
+        "contiguous_band_f32": {"window": (2, 9), "softcap": 1.5}}
+
 
 #: cases whose gradients are checked too (autograd through ``ring_attention``, ``ring_attention_backward``)
-BACKWARD = {"zigzag_gqa_f32", "zigzag_f16", "contiguous_f32", "noncausal_gqa_f16", "contiguous_gqa_f16"}
+BACKWARD = {"zigzag_gqa_f32", "zigzag_f16", "contiguous_f32", "noncausal_gqa_f16", "contiguous_gqa_f16",
+            "zigzag_window_f32", "contiguous_band_f32"}
 
 
 def _free_port() -> int:
@@ -87,8 +97,9 @@ def _worker(rank, world, port, folder, cases):
             used = layout or ("zigzag" if causal else "contiguous")
             q, k, v = (shard(torch.from_numpy(inputs[x]).to(getattr(torch, dtype)), group_rank, group_size, used)
                        for x in "qkv")
+            band = BAND.get(name, {})
             out, lse = ring_attention(q, k, v, group=group, causal=causal, sm_scale=sm_scale, return_lse=True,
-                                      layout=layout)
+                                      layout=layout, **band)
             only_out = ring_attention(q, k, v, group=group, causal=causal, sm_scale=sm_scale, layout=layout) \
                 if name.startswith("contiguous_f32") else out
             assert out.dtype == q.dtype and out.shape == q.shape, (out.dtype, out.shape)
@@ -99,7 +110,8 @@ def _worker(rank, world, port, folder, cases):
             if name in BACKWARD:  # autograd through the ring: the backward's gradients, gathered
                 dout = shard(torch.from_numpy(inputs["dout"]).to(getattr(torch, dtype)), group_rank, group_size, used)
                 leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-                ring_attention(*leaves, group=group, causal=causal, sm_scale=sm_scale, layout=layout).backward(dout)
+                ring_attention(*leaves, group=group, causal=causal, sm_scale=sm_scale, layout=layout,
+                               **band).backward(dout)
                 grads = {f"d{x}": gather(t.grad, used, group).float().numpy() for x, t in zip("qkv", leaves)}
             if group_rank == 0:
                 np.savez(os.path.join(folder, f"{name}_result.npz"), out=whole_out.float().numpy(),
@@ -132,13 +144,13 @@ def test_ring_attention_equals_reference(world, tmp_path):
         inputs = np.load(tmp_path / f"{name}_inputs.npz")
         result = np.load(tmp_path / f"{name}_result.npz")
         ref_out, ref_lse = reference.attention(inputs["q"], inputs["k"], inputs["v"], causal=causal,
-                                               sm_scale=sm_scale, return_lse=True)
+                                               sm_scale=sm_scale, return_lse=True, **BAND.get(name, {}))
         error = rel_error(result["out"], ref_out)
         assert error < TOLERANCE[dtype], f"{name}: relative error {error:.3g}"
         assert_close_lse(result["lse"], ref_lse, tol=1e-5)
         if name in BACKWARD:
             ref_grads = reference.attention_backward(inputs["dout"], inputs["q"], inputs["k"], inputs["v"],
-                                                     causal=causal, sm_scale=sm_scale)
+                                                     causal=causal, sm_scale=sm_scale, **BAND.get(name, {}))
             for x, ref in zip(("dq", "dk", "dv"), ref_grads):
                 error = rel_error(result[x], ref)
                 assert error < TOLERANCE[dtype], f"{name} {x}: relative error {error:.3g}"
@@ -220,6 +232,8 @@ def test_ring_attention_bad_inputs():
         (TypeError, "^return_lse", (q.detach(), k, v), {"return_lse": None}),
         (ValueError, "^layout", (q.detach(), k, v), {"layout": "ring"}),
         (ValueError, "^sm_scale", (q.detach(), k, v), {"sm_scale": float("inf")}),
+        (ValueError, "^window: left must be an int >= 0", (q.detach(), k, v), {"window": (-1, None)}),
+        (ValueError, "^softcap", (q.detach(), k, v), {"softcap": -1.0}),
         (RuntimeError, "^group: torch.distributed is not initialised", (q.detach(), k, v), {}),
     ]
     assert not dist.is_initialized()
@@ -246,6 +260,8 @@ MISMATCHES = [
     ("layout", {"layout": "zigzag"}, r"^layout differs across ranks: rank 0 has 'contiguous', rank 1 has 'zigzag'"),
     ("sm_scale", {"sm_scale": 0.5}, r"^sm_scale differs across ranks: rank 0 has 0\.35355339059327\d*, rank 1 has "
                                     r"0\.5"),
+    ("window", {"window": (2, None)}, r"^window: left side differs across ranks: rank 0 has None, rank 1 has 2"),
+    ("softcap", {"softcap": 3.0}, r"^softcap differs across ranks: rank 0 has 0\.0, rank 1 has 3\.0"),
     ("differentiable", {"requires_grad": True}, r"^q, k, v: differentiable \(grad mode on and an input that requires "
                                                 r"grad\) differs across ranks: rank 0 has False, rank 1 has True"),
     ("call", {"call": "backward"}, r"^call differs across ranks: rank 0 has ring_attention, rank 1 has "
@@ -266,7 +282,8 @@ def _mismatch_call(changes, rank):
     q = torch.zeros(batch, heads, length, headdim, dtype=dtype).requires_grad_(changes.get("requires_grad", False))
     k, v = (torch.zeros(batch, kv_heads, length, headdim, dtype=dtype) for _ in range(2))
     options = {"causal": changes.get("causal", False), "sm_scale": changes.get("sm_scale"),
-               "layout": changes.get("layout", "contiguous")}
+               "layout": changes.get("layout", "contiguous"), "window": changes.get("window"),
+               "softcap": changes.get("softcap")}
     if changes.get("call") == "backward":
         lse = torch.zeros(batch, heads, length)
         return lambda: ring_attention_backward(q.detach(), q.detach(), k, v, q.detach(), lse, **options)
@@ -400,6 +417,34 @@ def test_merge_equals_reference_combine_lse():
     _merge_into(merged, merged_lse, half, torch.from_numpy(lse_parts[0]))
     reached = torch.from_numpy(np.isfinite(lse_parts[0]))
     assert merged.dtype == torch.float32 and torch.equal(merged[reached], half.float()[reached])
+
+
+def test_band_block_is_the_band():
+    # every (rows, keys, lo, hi) small enough to enumerate: the sub-block and the flash_forward arguments
+    # band_block gives (sides >= 0, bottom-right aligned) mask exactly the band lo <= j - i <= hi
+    from numba_attn.distributed.ring import band_block
+
+    bounds = [None] + list(range(-7, 8))
+    for rows in range(1, 6):
+        for keys in range(1, 6):
+            i, j = np.arange(rows)[:, None], np.arange(keys)[None, :]
+            for lo in bounds:
+                for hi in bounds:
+                    if lo is not None and hi is not None and hi < lo:
+                        continue
+                    want = ((lo is None) | (j - i >= (lo or 0))) & ((hi is None) | (j - i <= (hi or 0)))
+                    block = band_block(rows, keys, lo, hi)
+                    got = np.zeros((rows, keys), bool)
+                    if block is not None:
+                        (r0, r1), (k0, k1), causal, window = block
+                        left, right = window if window is not None else (None, None)
+                        assert (left is None or left >= 0) and (right is None or right >= 0), block
+                        ii, jj = np.arange(r1 - r0)[:, None] + (k1 - k0) - (r1 - r0), np.arange(k1 - k0)[None, :]
+                        seen = ~((causal & (jj > ii)) | ((left is not None) & (jj < ii - (left or 0)))
+                                 | ((right is not None) & (jj > ii + (right or 0))))
+                        got[r0:r1, k0:k1] = seen
+                        assert want[r0:r1].any(axis=1).all() and want[:, k0:k1].any(axis=0).all(), block
+                    assert np.array_equal(got, want), (rows, keys, lo, hi, block)
 
 
 class _FakeRing:

@@ -29,7 +29,14 @@ CASES = [
     ("contiguous_f16", "float16", True, "contiguous", 4, 1, 777, 128),
     ("noncausal_f32", "float32", False, "contiguous", 2, 2, 512, 64),
     ("noncausal_zigzag_bf16", "bfloat16", False, "zigzag", 4, 2, 1024, 128),
+    ("zigzag_window_bf16", "bfloat16", True, "zigzag", 4, 2, 1000, 128),
+    ("contiguous_band_f16", "float16", False, "contiguous", 4, 4, 640, 64),
 ]
+
+#: the window and soft-capping of the cases that have them (global positions): a window narrower than a 500-row
+#: chunk (zigzag: most chunk pairs skipped), a band with both sides across shards
+BAND = {"zigzag_window_bf16": {"window": (300, None), "softcap": 30.0},
+        "contiguous_band_f16": {"window": (700, 200)}}
 
 
 #: dtypes whose gradients are checked too
@@ -61,8 +68,9 @@ def _worker(rank, world, port, folder):
         for name, dtype, causal, layout, heads, kv_heads, per_rank, headdim in CASES:
             q, k, v = _inputs(name, dtype, heads, kv_heads, per_rank * world, headdim, device)
             shards = [shard(x, rank, world, layout).contiguous() for x in (q, k, v)]
-            out, lse = ring_attention(*shards, causal=causal, layout=layout, return_lse=True)
-            again = ring_attention(*shards, causal=causal, layout=layout)  # same transfers, same sums
+            band = BAND.get(name, {})
+            out, lse = ring_attention(*shards, causal=causal, layout=layout, return_lse=True, **band)
+            again = ring_attention(*shards, causal=causal, layout=layout, **band)  # same transfers, same sums
             assert out.dtype == q.dtype and out.shape == shards[0].shape
             assert torch.equal(out, again), f"{name}: two calls differ"
             whole_out, whole_lse = gather(out, layout), gather(lse, layout)
@@ -70,11 +78,12 @@ def _worker(rank, world, port, folder):
             if dtype in BACKWARD_DTYPES:  # autograd through the ring, gathered
                 dout = _inputs(name + "dout", dtype, heads, heads, per_rank * world, headdim, device)[0]
                 leaves = [x.clone().requires_grad_() for x in shards]
-                ring_attention(*leaves, causal=causal, layout=layout).backward(shard(dout, rank, world, layout))
+                ring_attention(*leaves, causal=causal, layout=layout, **band).backward(shard(dout, rank, world,
+                                                                                             layout))
                 grads = {f"d{x}": gather(t.grad, layout).float().cpu().numpy() for x, t in zip("qkv", leaves)}
                 grads["dout"] = dout.float().cpu().numpy()
             if rank == 0:
-                single_out, single_lse = numba_attn.flash_forward(q, k, v, causal=causal, return_lse=True)
+                single_out, single_lse = numba_attn.flash_forward(q, k, v, causal=causal, return_lse=True, **band)
                 np.savez(os.path.join(folder, f"{name}.npz"), out=whole_out.float().cpu().numpy(),
                          lse=whole_lse.cpu().numpy(), single_out=single_out.float().cpu().numpy(),
                          single_lse=single_lse.cpu().numpy(), **grads,
@@ -104,12 +113,15 @@ def test_ring_attention_on_gpus_equals_single_gpu(tmp_path):
         # against the single-GPU kernel: the same kernels on parts of the keys, merged in float32
         assert rel_error(saved["out"], saved["single_out"]) < TOLERANCE[dtype], name
         assert_close_lse(saved["lse"], saved["single_lse"], tol=1e-4)
-        ref_out, ref_lse = reference.attention(saved["q"], saved["k"], saved["v"], causal=causal, return_lse=True)
+        band = BAND.get(name, {})
+        ref_out, ref_lse = reference.attention(saved["q"], saved["k"], saved["v"], causal=causal, return_lse=True,
+                                               **band)
         error = rel_error(saved["out"], ref_out)
         assert error < TOLERANCE[dtype], f"{name}: relative error {error:.3g} against float64"
         assert_close_lse(saved["lse"], ref_lse, tol=1e-4)
         if "dq" in saved:
-            refs = reference.attention_backward(saved["dout"], saved["q"], saved["k"], saved["v"], causal=causal)
+            refs = reference.attention_backward(saved["dout"], saved["q"], saved["k"], saved["v"], causal=causal,
+                                                **band)
             for x, ref in zip(("dq", "dk", "dv"), refs):
                 error = rel_error(saved[x], ref)
                 assert error < TOLERANCE[dtype], f"{name} {x}: relative error {error:.3g} against float64"

@@ -295,12 +295,13 @@ def _torch_context_parallel(torch, dist, q, k, v, causal, world, backend, budget
 
 
 def _summary(rows, world):
-    by = {(r["provider"], r["seqlen"]): r for r in rows if "ms" in r}
+    """One line per ring row, against the rows of the same round (those after it up to the next ring row: a length
+    given twice in ``--seqlens`` is two rounds, each with its own one-GPU and torch timings)."""
     print(f"\nworld {world}: seqlen | ring TFLOP/s | torch_cp (best) | ring / torch_cp | strong eff. | weak eff.")
-    for row in rows:
-        if row["provider"] != "ring":
-            continue
-        n = row["seqlen"]
+    rings = [i for i, row in enumerate(rows) if row["provider"] == "ring"]
+    for at, end in zip(rings, rings[1:] + [len(rows)]):
+        row, n = rows[at], rows[at]["seqlen"]
+        by = {(r["provider"], r["seqlen"]): r for r in rows[at + 1:end] if "ms" in r}
         peers = [r for (p, s), r in by.items() if p.startswith("torch_cp") and s == n]
         best = max(peers, key=lambda r: r["tflops"]) if peers else None
         single, per_gpu = by.get(("single", n)), by.get(("single_per_gpu", n // world))

@@ -453,7 +453,7 @@ def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, window,
         requests[step] = _issue(torch, dist, held[step - 1], held[step], send_to, receive_from, group, side)
 
     # the first two transfers now: their NCCL kernels start beside the own shard's (with high-priority NCCL streams,
-    # docs/design/distributed.md); from step 3 each transfer is issued after the kernels of the step before
+    # docs/design/distributed.md); from step 3 each transfer is issued after the kernels of step - 2 (its buffer's)
     for step in range(1, min(3, world)):
         transfer(step)
     for step in range(world):

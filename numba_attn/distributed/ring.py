@@ -85,6 +85,7 @@ from ..runtime.arguments import ArgumentTypeError, check_flag, check_sm_scale, c
 import functools
 
 from .agreement import pack, start_checked_on_every_rank
+from .blocks import _blocks
 from .agreement import group_rank_and_size as _group_rank_and_size
 
 __all__ = ["LAYOUTS", "ring_attention", "shard", "unshard", "gather"]
@@ -238,80 +239,6 @@ def _check_zigzag(layout: str, length: int, world: int) -> None:
                          f"shard of {length} rows")
 
 
-def _blocks(rank: int, source: int, length: int, causal: bool, layout: str, window=None, world=None):
-    """``(query rows, key rows, causal, window)`` of the flash_forward calls of rank ``rank`` on the shard of
-    ``source`` (see the module docstring's table); an empty list when the whole shard is masked. With a ``window``
-    (checked: ``(left, right)``, ints >= 0 or None; ``world`` then needed) the blocks come from
-    :func:`_window_blocks`; without one each block's window is None."""
-    if window is not None:
-        return _window_blocks(rank, source, length, causal, layout, window, world)
-    everything = slice(0, length)
-    if not causal or source < rank and layout == "contiguous":
-        return [(everything, everything, False, None)]
-    if source == rank:
-        return [(everything, everything, True, None)]
-    if layout == "contiguous":  # a later rank's keys
-        return []
-    half = length // 2
-    if source < rank:
-        return [(everything, slice(0, half), False, None)]
-    return [(slice(half, length), everything, False, None)]
-
-
-def _pieces(rank: int, length: int, layout: str, world: int):
-    """``(local start, rows, global start)`` of the chunks of rank ``rank``'s shard (one, or zigzag's two)."""
-    if layout == "contiguous":
-        return [(0, length, rank * length)]
-    half = length // 2
-    return [(0, half, rank * half), (half, half, (2 * world - 1 - rank) * half)]
-
-
-def _window_blocks(rank: int, source: int, length: int, causal: bool, layout: str, window, world: int):
-    """The blocks of a windowed call: for each (query chunk, key chunk) pair of the two shards (global positions
-    from the layout), the rows and keys that see anything (:func:`band_block`), with the window that reproduces the
-    global one there under ``flash_forward``'s bottom-right alignment."""
-    left, right = window
-    if causal:
-        right = 0 if right is None else min(right, 0)
-    blocks = []
-    for q_local, q_rows, q_start in _pieces(rank, length, layout, world):
-        for k_local, k_rows, k_start in _pieces(source, length, layout, world):
-            # query q_start + i sees key k_start + j iff lo <= j - i <= hi
-            lo = None if left is None else q_start - k_start - left
-            hi = None if right is None else q_start - k_start + right
-            block = band_block(q_rows, k_rows, lo, hi)
-            if block is not None:
-                (r0, r1), (k0, k1), part_causal, part_window = block
-                blocks.append((slice(q_local + r0, q_local + r1), slice(k_local + k0, k_local + k1), part_causal,
-                               part_window))
-    return blocks
-
-
-def band_block(rows: int, keys: int, lo, hi):
-    """Where query ``i < rows`` sees key ``j < keys`` iff ``lo <= j - i <= hi`` (None: unbounded): ``((r0, r1),
-    (k0, k1), causal, window)`` -- the rows that see some key, the keys some row sees, and the ``flash_forward``
-    arguments (bottom-right aligned on that sub-block) giving the same band, sides >= 0 (trimming makes them so) or
-    None; or None when no query sees any key."""
-    r0 = 0 if hi is None else max(0, -hi)
-    r1 = rows if lo is None else min(rows, keys - lo)
-    if r1 <= r0:
-        return None
-    k0 = 0 if lo is None else max(0, r0 + lo)
-    k1 = keys if hi is None else min(keys, r1 + hi)
-    if k1 <= k0:
-        return None
-    diagonal = (k1 - k0) - (r1 - r0)  # j'' - i'' on the sub-block's bottom-right diagonal
-    left = None if lo is None else diagonal - (lo - k0 + r0)
-    right = None if hi is None else (hi - k0 + r0) - diagonal
-    # a side that bounds no row is dropped: the last row's left edge at or before key 0, the first row's right
-    # edge at or after the last key
-    left = None if left is not None and left >= k1 - k0 - 1 else left
-    right = None if right is not None and right >= r1 - r0 - 1 else right
-    causal = right == 0
-    window = None if left is None and (right is None or causal) else (left, None if causal else right)
-    return (r0, r1), (k0, k1), causal, window
-
-
 def _merge_into(out, lse, part_out, part_lse) -> None:
     """Running LSE merge, in place, of float32 ``(out, lse)`` with a part over other keys (``reference.combine_lse``
     of the two, the same -inf / NaN rules). The weights come from the lse-sized tensors; the output-sized work is
@@ -347,7 +274,7 @@ def ring_attention(q, k, v, *, group=None, causal=False, sm_scale=None, return_l
         window: ``flash_forward``'s sliding window ``(left, right)`` in global positions: query ``i`` sees keys
             ``i - left <= j <= i + right`` (None: unbounded side; with ``causal`` the right side is
             ``min(right, 0)``). Each (query chunk, key chunk) pair runs on the rows and keys the band reaches, pairs
-            it misses are skipped (:func:`band_block`). Default None.
+            it misses are skipped (``blocks.band_block``). Default None.
         softcap: ``flash_forward``'s logit soft-capping (``c * tanh(scores / c)``); default None.
         backend: passed to ``numba_attn.flash_forward``.
 
@@ -396,13 +323,13 @@ def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, window,
         return api.flash_forward(q_part, k_part, v_part, causal=part_causal, sm_scale=sm_scale, return_lse=True,
                                  window=part_window, softcap=softcap, backend=backend)
 
-    def blocks(step):
-        return _blocks(rank, (rank - step) % world, length, causal, layout, window, world)
+    # the blocks of every step, worked out once on the host
+    plan = [_blocks(rank, (rank - step) % world, length, causal, layout, window, world) for step in range(world)]
 
     def kernels(step, keys_values):
         k_held, v_held = keys_values
         return [(rows, attend(q[:, :, rows], k_held[:, :, keys], v_held[:, :, keys], part_causal, part_window))
-                for rows, keys, part_causal, part_window in blocks(step)]
+                for rows, keys, part_causal, part_window in plan[step]]
 
     if world == 1:  # one rank: both layouts are the identity
         return attend(q, k, v, causal, window)
@@ -417,8 +344,7 @@ def _forward(q, k, v, group, causal: bool, sm_scale: float, layout: str, window,
     inputs_ready = _event(torch, q)  # the caller's work on k, v so far: the first transfer waits for it alone
     # without a window the own shard's one block covers every row: it is the accumulator as it comes; with one, its
     # blocks may not (zigzag's two chunks lie apart), so every part is merged into an empty accumulator
-    counts = [len(blocks(step)) for step in range(world)]
-    merged = [(step, index) for step in range(1 if window is None else 0, world) for index in range(counts[step])]
+    merged = [(step, index) for step in range(1 if window is None else 0, world) for index in range(len(plan[step]))]
     last_merge = merged[-1] if merged else None  # its merge writes q's dtype
     accumulator = (_KernelAccumulator if _merge_kernel_applies(q) else _TorchAccumulator)(torch, q)
     if window is not None:

@@ -4,7 +4,7 @@ gradients travelling around the ring, and the autograd function that links the t
 Rank ``r`` holds its shards of ``q``, ``k``, ``v``, of the forward's ``out`` and ``lse`` (natural log, the whole
 sequence's) and of ``dout``. At step ``i`` it holds the key/value shard of rank ``s = (r - i) mod world`` and the
 running ``(dk, dv)`` of that shard (float32), which earlier ranks have added to. On each block the mask lets through
-(the forward's table, ``ring._blocks``) it runs ``numba_attn.flash_backward`` with the global ``out`` and ``lse``:
+(the forward's table, ``blocks._blocks``) it runs ``numba_attn.flash_backward`` with the global ``out`` and ``lse``:
 ``P = exp(S - lse)`` is the whole sequence's attention weight and ``D = rowsum(dout * out)`` its correction, so the
 block's ``dq`` is this key shard's part of ``dq`` and its ``dk``, ``dv`` this rank's queries' part of the shard's
 gradients. ``dq`` sums locally; ``dk``, ``dv`` are added to the travelling accumulator, which moves on with the
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from ..runtime.arguments import check_flag, check_softcap, check_window
 from .agreement import checked_on_every_rank, pack
-from .ring import (LAYOUTS, _blocks, _check_inputs, _check_options, _check_zigzag, _exchange, _group_rank_and_size,
+from .blocks import _blocks
+from .ring import (LAYOUTS, _check_inputs, _check_options, _check_zigzag, _exchange, _group_rank_and_size,
                    _torch)
 
 __all__ = ["ring_attention_backward", "RingAttention"]

@@ -422,7 +422,7 @@ def test_merge_equals_reference_combine_lse():
 def test_band_block_is_the_band():
     # every (rows, keys, lo, hi) small enough to enumerate: the sub-block and the flash_forward arguments
     # band_block gives (sides >= 0, bottom-right aligned) mask exactly the band lo <= j - i <= hi
-    from numba_attn.distributed.ring import band_block
+    from numba_attn.distributed.blocks import band_block
 
     bounds = [None] + list(range(-7, 8))
     for rows in range(1, 6):

@@ -11,9 +11,10 @@ argument and each rank's value. A rank whose own arguments failed the local chec
 naming that rank and the argument, so that no rank is left waiting in a later collective.
 
 Cost: one all_gather of ``len(FIELDS) + 1`` int64 per call, issued asynchronously
-(:func:`start_checked_on_every_rank`) and read when the caller is about to issue what depends on it. It runs on the CPU when the group has a CPU backend
-(gloo, or ``"cpu:gloo,cuda:nccl"``), else (NCCL only) on the group's GPU, on a stream of its own: reading the
-result back waits for the gather, not for the work queued on the caller's stream (which it used to drain).
+(:func:`start_checked_on_every_rank`) and read when the caller is about to issue what depends on it. It runs on the
+CPU when the group has a CPU backend (gloo, or ``"cpu:gloo,cuda:nccl"``), else (NCCL only) on the group's GPU, on a
+high-priority stream of its own: reading the result back waits for the gather, not for the work queued on the
+caller's stream (which it used to drain).
 ``NUMBA_ATTN_RING_CHECK=0`` turns the check off (for callers that guarantee agreement and want no host sync; a
 mismatch may then hang or answer wrongly).
 """

@@ -1,18 +1,21 @@
 """Where a block of the warp-specialised forward spends its time: per-phase timestamps of every block, on a GPU.
 
     python scripts/ws_timeline.py [--seqlen 16384] [--heads 16] [--windows 512,4096,none] [--stores tma,elements]
+        [--persistent]
 
 A diagnostic, not the kernel: it rewrites ``forward/wgmma_ws_kernel.py``'s source text so that one thread of each
 consumer warpgroup (and the producer thread) reads ``%globaltimer`` after each phase of a block and writes it into
 ``lse`` (the launch passes ``write_lse=False``, so nothing else writes there), compiles that copy, and launches it
-through ``wgmma_ws.launch`` on causal bf16 inputs ``(1, heads, seqlen, 128)`` with the default configuration. Per
-call it prints the median over blocks of each consumer phase -- Q landed, K of tile 0 landed, tile 0 (S, its softmax,
-P) done, the other tiles done, the last P V done, the epilogue done (with the TMA store: once the unit has read the
-staged tile) -- and the median gap between one block's end and the next block's start on the same SM, for each
-way of storing the output named in ``--stores`` (``wgmma_ws_kernel.STORES``; "tma" where the launcher would take
-it). The edits are anchored on exact lines of the kernel source and
-fail loudly when it changes. Timestamps are the low 24 bits of the nanosecond timer (exact in float32; unwrapped
-modulo 2^24).
+through ``wgmma_ws.launch`` on causal bf16 inputs ``(1, heads, seqlen, 128)`` with the default configuration
+(``--persistent``: ``WsConfig(persistent=True)``, whose blocks are stamped inside the block loop). Per call it prints
+the median over blocks of each consumer phase -- Q landed, K of tile 0 landed, tile 0 (S, its softmax, P) done, the
+other tiles done, the last P V done, the epilogue done (with the TMA store: once the unit has read the staged tile)
+-- the median gap between one block's end and the next block's start on the same SM (not defined for the persistent
+kernel, whose producer starts a block before the consumers end the last), and an SM's time per block (from its first
+block's start to its last block's end, over its blocks), for each way of storing the output named in ``--stores``
+(``wgmma_ws_kernel.STORES``; "tma" where the launcher would take it). The edits are anchored on exact lines of the
+kernel source and fail loudly when it changes. Timestamps are the low 24 bits of the nanosecond timer (exact in
+float32; unwrapped modulo 2^24).
 """
 from __future__ import annotations
 
@@ -68,10 +71,16 @@ def rewritten_source(src: str) -> str:
     i12, i16, i20 = " " * 12, " " * 16, " " * 20
     k_full = _lines(i12 + "wait(smem, bars + K_FULL + 4 * stage, phase)", i12 + "if PINGPONG:",
                     i16 + "bar_sync(1 + c, PAIR)", i12 + "q_times_k")
-    last_pv = _lines(i12 + "wait_o(acc)", i12 + "if lane == 0:", i16 + "arrive(smem, bars + V_EMPTY + 4 * v_stage)")
+    last_pv = _lines(i12 + "wait_o(acc, l_run)", i12 + "if lane == 0:",
+                     i16 + "arrive(smem, bars + V_EMPTY + 4 * v_stage)")
     own_position = i12 + "b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, schedule)\n"
     producer_position = i20 + "b1, h1, m1, _, _, _, _ = position(q, k, v, out, causal, schedule)\n"
     produced = _lines(" " * 32 + "n_first1, n_tiles1, 0, 0, 0)", i12 + "return")
+    i24, i28 = " " * 24, " " * 28
+    # the persistent loops: the producer's block (its start, its last copy issued, the SM) and each consumer's start
+    loop_producer = i24 + "b, h, m0 = tile_of(tile, q, causal)\n"
+    loop_produced = _lines(" " * 51 + "h // group, b, n_first, n_tiles, stage, phase, qn)", i28 + "qn += 1")
+    loop_consumer = "\n" + i16 + "b, h, m0 = tile_of(tile, q, causal)\n"
     edits = [
         ("from ..runtime.device import cuda\n", "from ..runtime.device import cuda\n" + TIMER_SOURCE),
         (i12 + "wait(smem, bars, qn & 1)\n", i12 + "wait(smem, bars, qn & 1)" + _stamped(i12, 1) + "\n"),
@@ -81,7 +90,7 @@ def rewritten_source(src: str) -> str:
         (_lines(" " * 8 + "if n_tiles > 0:", i12 + "wait(smem, bars + V_FULL + 4 * v_stage, v_phase)"),
          _lines(_stamped(" " * 8, 4)[1:], " " * 8 + "if n_tiles > 0:",
                 i12 + "wait(smem, bars + V_FULL + 4 * v_stage, v_phase)")),
-        (last_pv, last_pv.replace("wait_o(acc)", "wait_o(acc)" + _stamped(i12, 5), 1)),
+        (last_pv, last_pv.replace("wait_o(acc, l_run)", "wait_o(acc, l_run)" + _stamped(i12, 5), 1)),
         (_lines("post, out_scale)", " " * 8 + "return stage, phase"),
          _lines("post, out_scale)" + _stamped(" " * 8, 6), " " * 8 + "return stage, phase")),
         (own_position, own_position + i12 + "if warp % 4 == 0 and lane == 0:\n"
@@ -89,6 +98,11 @@ def rewritten_source(src: str) -> str:
         (producer_position, producer_position + i20 + f"lse[b1, h1, m1 + 32] = {_TIMER}\n"
          + i20 + "lse[b1, h1, m1 + 40] = _f32(_smid())\n"),
         (produced, produced.replace("0, 0, 0)\n", f"0, 0, 0)\n{i20}lse[b1, h1, m1 + 33] = {_TIMER}\n", 1)),
+        (loop_producer, loop_producer + i24 + f"lse[b, h, m0 + 32] = {_TIMER}\n"
+         + i24 + "lse[b, h, m0 + 40] = _f32(_smid())\n"),
+        (loop_produced, loop_produced.replace("qn)\n", f"qn)\n{i28}lse[b, h, m0 + 33] = {_TIMER}\n", 1)),
+        (loop_consumer, loop_consumer + i16 + "if warp % 4 == 0 and lane == 0:\n"
+         + i20 + f"lse[b, h, m0 + 16 * c] = {_TIMER}\n"),
     ]
     for old, new in edits:
         assert src.count(old) == 1, f"anchor not found once in wgmma_ws_kernel.py: {old[:60]!r}"
@@ -130,6 +144,15 @@ def summarise(stamps, say=print) -> None:
         gaps += [((start[j] - end[i]) % (1 << 24)) / 1000.0 for i, j in zip(order[:-1], order[1:])]
     gaps = [g for g in gaps if g < 1000]  # (blocks of another wrap of the timer)
     say(f"  gap from a block's end to the next block's start on one SM: median {np.median(gaps):.2f} us")
+    per_sm = []  # (an SM's span over its blocks, start to end, per block: what a block costs the SM)
+    for s in np.unique(sm):
+        order = np.where(sm == s)[0]
+        spans = ((end[order] - start[order].min()) % (1 << 24)) / 1000.0
+        if len(order) > 1 and spans.max() < 1000:
+            per_sm.append(spans.max() / len(order))
+    if per_sm:
+        say(f"  an SM's time per block (its first start to its last end, over its blocks): median "
+            f"{np.median(per_sm):.2f} us")
 
 
 def main(argv=None) -> int:
@@ -138,6 +161,7 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--windows", default="512,4096,none", help="left window sides; 'none': plain causal")
     parser.add_argument("--stores", default="tma,elements", help="ways of storing the output (wgmma_ws_kernel.STORES)")
+    parser.add_argument("--persistent", action="store_true", help="the persistent configuration (one block per SM)")
     args = parser.parse_args(argv)
     import torch
     from numba import cuda
@@ -160,6 +184,7 @@ def main(argv=None) -> int:
         return cuda.as_cuda_array(x.view(torch.int16))
 
     chosen = wgmma_ws.output_store
+    config = wgmma_ws.WsConfig(persistent=True) if args.persistent else wgmma_ws.DEFAULT_CONFIG
     for store, text in [(s, t) for s in args.stores.split(",") for t in args.windows.split(",")]:
         # (the TMA store needs the output's map: the launcher's own choice, which must then be "tma")
         wgmma_ws.output_store = chosen if store == "tma" else (lambda out, packed, stream, store=store: (store, 0))
@@ -167,12 +192,13 @@ def main(argv=None) -> int:
         lse = torch.full((1, heads, n), float("nan"), device="cuda", dtype=torch.float32)
         for _ in range(3):  # (compiles on the first)
             wgmma_ws.launch(bits(q), bits(k), bits(v), bits(out), cuda.as_cuda_array(lse), False, d ** -0.5, True,
-                            cuda.default_stream(), config=wgmma_ws.DEFAULT_CONFIG, dtype="bfloat16",
+                            cuda.default_stream(), config=config, dtype="bfloat16",
                             window=(w, 0) if w else None)
         torch.cuda.synchronize()
-        rows = wgmma_ws.DEFAULT_CONFIG.block_m
+        rows = config.block_m
         stamps = lse.cpu().numpy()[0].reshape(heads, n // rows, rows)[:, :, :48].reshape(-1, 48)
-        print(f"store {store}, causal, window {w}, L{n} H{heads} D{d} bf16: {len(stamps)} blocks", flush=True)
+        kind = "persistent" if args.persistent else "one block per query block"
+        print(f"store {store}, causal, window {w}, L{n} H{heads} D{d} bf16, {kind}: {len(stamps)} blocks", flush=True)
         summarise(stamps)
     return 0
 

@@ -207,10 +207,10 @@ def wgmma_rs_e4m3(n: int, k_steps: int, b_layout, wait: bool = True):
 
 
 @lru_cache(maxsize=None)
-def wgmma_wait(n: int, pending: int):
+def wgmma_wait(n: int, pending: int, after: bool = False):
     """Simulator twin of ``wgmma_wait``: the twins' MMAs complete when issued."""
 
-    def wait(acc):
+    def wait(acc, x=None):
         pass
 
     return wait

@@ -294,29 +294,41 @@ if not SIMULATOR:
         return _rs_intrinsic(n, k_steps, "e4m3", b_layout, None, wait)
 
     @lru_cache(maxsize=None)
-    def wgmma_wait(n: int, pending: int):
+    def wgmma_wait(n: int, pending: int, after: bool = False):
         """Intrinsic ``(acc)``: wait until at most ``pending`` of this warp's committed MMA groups are still in
         flight (``wgmma.wait_group.sync.aligned pending``). The ``n / 2`` accumulator registers of ``acc`` pass
-        through the asm block as read-write operands, so no read of them can move above the wait."""
+        through the asm block as read-write operands, so no read of them can move above the wait. With ``after``
+        it is ``(acc, x)``: a shared-memory store of float32 ``x`` that is never made (predicated on ``%smid >
+        65535``) precedes the wait, so the code that computes ``x`` stays above it -- a wait reads no register, and
+        ptxas otherwise schedules it where it likes (it put the wait for P V above the softmax meant to run under
+        P V: ``forward.wgmma_ws_kernel``'s ``softmax_under_pv``)."""
         regs = n // 2
         text = f"wgmma.wait_group.sync.aligned {int(pending)};"
-        constraints = ",".join(["=f"] * regs + [str(x) for x in range(regs)] + ["~{memory}"])
+        if after:
+            text = ("{ .reg .pred never; .reg .b32 sm, at; mov.u32 sm, %smid; setp.gt.u32 never, sm, 65535; "
+                    f"mov.u32 at, 0; @never st.shared.f32 [at], ${2 * regs}; " + text + " }")
+        extra = 1 if after else 0
+        constraints = ",".join(["=f"] * regs + [str(x) for x in range(regs)] + ["f"] * extra + ["~{memory}"])
 
-        def typer(typingctx, acc):
-            if not (isinstance(acc, types.Array) and acc.dtype == types.float32):
-                return None
-            sig = types.void(acc)
+        def codegen(context, builder, sig, args):
+            ptrs = _accumulator_pointers(context, builder, sig.args[0], args[0], regs)
+            ins = [builder.load(p) for p in ptrs] + list(args[1:])
+            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * regs), [_F32] * (regs + extra)),
+                               text, constraints, side_effect=True)
+            res = builder.call(asm, ins, attrs=("convergent",))
+            for x, ptr in enumerate(ptrs):
+                builder.store(builder.extract_value(res, x), ptr)
+            return context.get_dummy_value()
 
-            def codegen(context, builder, sig, args):
-                ptrs = _accumulator_pointers(context, builder, sig.args[0], args[0], regs)
-                asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([_F32] * regs), [_F32] * regs), text,
-                                   constraints, side_effect=True)
-                res = builder.call(asm, [builder.load(p) for p in ptrs], attrs=("convergent",))
-                for x, ptr in enumerate(ptrs):
-                    builder.store(builder.extract_value(res, x), ptr)
-                return context.get_dummy_value()
+        def accumulator(acc):
+            return isinstance(acc, types.Array) and acc.dtype == types.float32
 
-            return sig, codegen
+        if after:
+            def typer(typingctx, acc, x):
+                return (types.void(acc, types.float32), codegen) if accumulator(acc) and x == types.float32 else None
+        else:
+            def typer(typingctx, acc):
+                return (types.void(acc), codegen) if accumulator(acc) else None
 
         return intrinsic(typer)
 

@@ -25,14 +25,17 @@ STORES = ("elements", "pairs", "tma")
 
 
 def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN,
-                   fp8: bool = False, per_head: bool = False, probe: str | None = None, store: str = "elements"):
+                   fp8: bool = False, per_head: bool = False, probe: str | None = None, store: str = "elements",
+                   softmax_under_pv: bool = False):
     """The Python function of one specialisation (not yet jitted). ``fp8``: float8 e4m3 operands (uint8) and a
     bfloat16 (``bf16``) or float16 output, with per-head descale arrays read (``per_head``) or not; the kernel then
     takes four more arguments (``forward.wgmma_ws_fp8.SIGNATURE``). ``probe`` (a timing probe only, wrong results:
     ``scripts/check_fp8.py --part probe``): ``"no_softmax"`` leaves the scores as they are (no max, exp, sums),
     ``"no_pack"`` leaves P's registers unwritten (no conversion to the MMA's A operand). ``store``: one of ``STORES``
     ("tma": the kernel takes the output's tensor map after V's; not for fp8 or packed sequences, whose Q tiles are
-    too small and whose rows past a sequence's end belong to the next)."""
+    too small and whose rows past a sequence's end belong to the next). ``softmax_under_pv``: the softmax of tile j
+    held above the wait for P V of tile j - 1, so that it runs under that MMA (ptxas otherwise moves the wait, which
+    has no operands, above the exponentials: ``warpgroup.wgmma_wait(after=True)``)."""
     if probe not in (None, "no_softmax", "no_pack"):
         raise ValueError(f"probe: expected None, 'no_softmax' or 'no_pack', got {probe!r}")
     if store not in STORES:
@@ -84,7 +87,19 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     q_times_k, p_times_v = wgmma.attention_products(BLOCK_N, d_pad, bf16, fp8)
     wait_s = wgmma.wgmma_wait(BLOCK_N, 0)
     wait_one = wgmma.wgmma_wait(BLOCK_N, 1)
-    wait_o = wgmma.wgmma_wait(d_pad, 0)
+    if softmax_under_pv:
+        pv_done = wgmma.wgmma_wait(d_pad, 0, after=True)
+
+        @inlined_function
+        def wait_o(acc, l_run):
+            """Wait for P V, after the row sums (and so every exponential of the softmax before it)."""
+            pv_done(acc, l_run[0] + l_run[1])
+    else:
+        pv_done = wgmma.wgmma_wait(d_pad, 0)
+
+        @inlined_function
+        def wait_o(acc, l_run):
+            pv_done(acc)
     shared_address = wgmma.shared_address
     ONE = np.float32(1.0)
     init, arrive, arrive_tx, wait = tma.mbarrier_init, tma.mbarrier_arrive, tma.mbarrier_arrive_expect_tx, \
@@ -212,7 +227,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             arrive(smem, bars + K_EMPTY + 4 * stage)  # K of tile j is free
         online_softmax(s, alpha, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2,
                        post)
-        wait_o(acc)
+        wait_o(acc, l_run)
         if lane == 0:
             arrive(smem, bars + V_EMPTY + 4 * v_stage)  # V of tile j - 1 is free
         rescale(acc, alpha)
@@ -302,7 +317,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         if n_tiles > 0:
             wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
             p_times_v(acc, p, smem, v_base + v_stage * V_TILE)
-            wait_o(acc)
+            wait_o(acc, l_run)
             if lane == 0:
                 arrive(smem, bars + V_EMPTY + 4 * v_stage)
                 if not TMA_STORE:

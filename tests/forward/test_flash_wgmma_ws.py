@@ -12,15 +12,16 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import numpy as np
 import pytest
 
 import numba_attn
 from numba_attn.forward import dispatch
-from numba_attn.forward import wgmma_ws
+from numba_attn.forward import wgmma_ws, wgmma_ws_kernel
 from numba_attn.runtime import tensor_map
-from numba_attn.runtime.device import SIMULATOR, compute_capability, cuda
+from numba_attn.runtime.device import SIMULATOR, compute_capability, cuda, kernel_jit
 from test_flash_mma import _check
 
 TINY = wgmma_ws.SIMULATOR_CONFIG
@@ -52,6 +53,17 @@ def check(*args, config=None, store="tma", **kwargs):
     with stores_chosen() as chosen:
         _check(*args, launch=wgmma_ws.launch, config=config, out_pad=OUT_PAD[store], **kwargs)
     assert all(way == store for way, _ in chosen), chosen
+
+
+def softmax_under_pv(monkeypatch):
+    """Make ``wgmma_ws`` build its kernels with ``softmax_under_pv=True`` (the softmax pinned above the P V wait)."""
+    @functools.lru_cache(maxsize=None)
+    def build(config, head_dim_pad, bf16, scale_first=False, variant=wgmma_ws.PLAIN, store="elements"):
+        source = wgmma_ws_kernel._kernel_source(config, head_dim_pad, bf16, scale_first, variant, store=store,
+                                                softmax_under_pv=True)
+        return kernel_jit((config.threads, 1), wgmma_ws.SIGNATURE)(source)
+
+    monkeypatch.setattr(wgmma_ws, "flash_ws_kernel", build)
 
 
 # -- always --------------------------------------------------------------------------------------------------------
@@ -117,6 +129,12 @@ def test_simulated_kernel_equals_reference(dtype, heads, kv_heads, seqlen_q, seq
                                            monkeypatch):
     monkeypatch.setattr(wgmma_ws, "multiprocessor_count", lambda: 1)  # (persistent: one block does every head)
     check(dtype, 1, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, config=config)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
+def test_simulated_softmax_under_pv(monkeypatch):
+    softmax_under_pv(monkeypatch)
+    check("float16", 1, 2, 1, 20, 37, 16, True, config=TINY)
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
@@ -215,6 +233,25 @@ def test_scales(sm_scale):
 @pytest.mark.parametrize("layout", ["blhd", "pad8"])
 def test_strided_views(layout):
     check("float16", 2, 4, 2, 150, 170, 64, True, layout, seed=3)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("config", [wgmma_ws.DEFAULT_CONFIG, wgmma_ws.WsConfig(persistent=True)])
+def test_softmax_under_pv(monkeypatch, config):
+    softmax_under_pv(monkeypatch)
+    check("bfloat16", 1, 2, 1, 1100, 3001, 128, True, config=config, seed=5)
+    check("float16", 2, 2, 2, 300, 257, 64, False, config=config, seed=6)
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.randn(1, 2, 700, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+    out = torch.full_like(q, float("nan"))
+    ref = numba_attn.flash_forward(q, k, v, backend="wgmma", window=(100, 0), causal=True, softcap=20.0)
+    lse = torch.empty(1, 2, 700, device="cuda", dtype=torch.float32)
+    wgmma_ws.launch(*(cuda.as_cuda_array(x.view(torch.int16)) for x in (q, k, v, out)), cuda.as_cuda_array(lse),
+                    False, 128 ** -0.5, True, cuda.default_stream(), config=config, dtype="float16",
+                    window=(100, 0), softcap=20.0)
+    torch.cuda.synchronize()
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3
 
 
 @pytest.mark.gpu

@@ -76,11 +76,13 @@ def rewritten_source(src: str) -> str:
     own_position = i12 + "b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, schedule)\n"
     producer_position = i20 + "b1, h1, m1, _, _, _, _ = position(q, k, v, out, causal, schedule)\n"
     produced = _lines(" " * 32 + "n_first1, n_tiles1, 0, 0, 0)", i12 + "return")
-    i24, i28 = " " * 24, " " * 28
-    # the persistent loops: the producer's block (its start, its last copy issued, the SM) and each consumer's start
-    loop_producer = i24 + "b, h, m0 = tile_of(tile, q, causal)\n"
-    loop_produced = _lines(" " * 51 + "h // group, b, n_first, n_tiles, stage, phase, qn)", i28 + "qn += 1")
-    loop_consumer = "\n" + i16 + "b, h, m0 = tile_of(tile, q, causal)\n"
+    i8 = " " * 8
+    # the persistent kernel's blocks (``produce_block``, ``consume_block``): the producer's start, its last copy
+    # issued and the SM; each consumer's start
+    tile_of = i8 + "b, h, m0 = tile_of(tile, q, causal)\n"
+    loop_producer = "Q's count.\"\"\"\n" + tile_of
+    loop_produced = _lines(" " * 35 + "n_first, n_tiles, stage, phase, qn)", i12 + "qn += 1")
+    loop_consumer = "        count.\"\"\"\n" + tile_of
     edits = [
         ("from ..runtime.device import cuda\n", "from ..runtime.device import cuda\n" + TIMER_SOURCE),
         (i12 + "wait(smem, bars, qn & 1)\n", i12 + "wait(smem, bars, qn & 1)" + _stamped(i12, 1) + "\n"),
@@ -98,11 +100,11 @@ def rewritten_source(src: str) -> str:
         (producer_position, producer_position + i20 + f"lse[b1, h1, m1 + 32] = {_TIMER}\n"
          + i20 + "lse[b1, h1, m1 + 40] = _f32(_smid())\n"),
         (produced, produced.replace("0, 0, 0)\n", f"0, 0, 0)\n{i20}lse[b1, h1, m1 + 33] = {_TIMER}\n", 1)),
-        (loop_producer, loop_producer + i24 + f"lse[b, h, m0 + 32] = {_TIMER}\n"
-         + i24 + "lse[b, h, m0 + 40] = _f32(_smid())\n"),
-        (loop_produced, loop_produced.replace("qn)\n", f"qn)\n{i28}lse[b, h, m0 + 33] = {_TIMER}\n", 1)),
-        (loop_consumer, loop_consumer + i16 + "if warp % 4 == 0 and lane == 0:\n"
-         + i20 + f"lse[b, h, m0 + 16 * c] = {_TIMER}\n"),
+        (loop_producer, loop_producer + i8 + f"lse[b, h, m0 + 32] = {_TIMER}\n"
+         + i8 + "lse[b, h, m0 + 40] = _f32(_smid())\n"),
+        (loop_produced, loop_produced + "\n" + i12 + f"lse[b, h, m0 + 33] = {_TIMER}"),
+        (loop_consumer, loop_consumer + i8 + "if lane == 0 and row == ROWS * c:\n"
+         + i12 + f"lse[b, h, m0 + 16 * c] = {_TIMER}\n"),
     ]
     for old, new in edits:
         assert src.count(old) == 1, f"anchor not found once in wgmma_ws_kernel.py: {old[:60]!r}"

@@ -1,6 +1,7 @@
 """Probe (issue #30 / #29; usage: probe_forward.py LABEL [LENGTHS [d128]]): flash_forward (the dispatch's choice)
-against torch SDPA's cuDNN backend, B4, bf16, D128 H32 and D64 H48, causal and not; and the window 4k on L64k H16 D128 against the dense causal call. Each call
-timed (median of 10 CUDA-event samples) after 0.3 s of its own calls; two rounds. Run once per tree (A/B)."""
+against torch SDPA's cuDNN backend, B4, bf16, D128 H32 and D64 H48, causal and not; and the window 4k on L64k H16
+D128 against the dense causal call. Each call timed (median of 10 CUDA-event samples, one call each) after 0.3 s of
+its own calls; two rounds. Run once per tree (A/B)."""
 import statistics
 import sys
 import time

@@ -8,6 +8,7 @@ import functools
 import math
 import os
 import statistics
+import sys
 import time
 
 os.environ["NUMBA_ATTN_REPLAY"] = "0"
@@ -16,6 +17,9 @@ import torch  # noqa: E402
 import numba_attn  # noqa: E402
 from numba_attn.forward import dispatch, wgmma_ws, wgmma_ws_kernel  # noqa: E402
 from numba_attn.runtime.device import kernel_jit  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "scripts"))
+from _timing import median_ms  # noqa: E402
 
 FLAG = {"u": 0, "grid": None, "cfg": None}
 real_sms = wgmma_ws.multiprocessor_count
@@ -40,21 +44,12 @@ def use(kind, blocks):
         (0, wgmma_ws.DEFAULT_CONFIG, None)
 
 
-def timed(f, warm_s=0.4, samples=5, calls=5):
-    t0 = time.time()
-    while time.time() - t0 < warm_s:
+def timed(f, warm_s=0.4, calls=5):
+    """Milliseconds per call: the median of 5 samples of ``calls`` queued calls after ``warm_s`` of the call's load."""
+    until = time.time() + warm_s
+    while time.time() < until:
         f()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(samples):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(calls):
-            f()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / calls)
-    return statistics.median(ts)
+    return median_ms(lambda: [f() for _ in range(calls)], 5, warmup=0) / calls
 
 
 torch.manual_seed(0)

@@ -1,7 +1,8 @@
 """Probe: the persistent WS kernel with two query blocks per block of threads written out (blocks_per_cta=2: no
 block loop, so ptxas keeps the descriptors in uniform registers) against the default (one block per query block).
-Window 4k on L64k H16 D128 bf16 causal, and the dense causal call; replay off, each sample five calls queued (host
-time hidden), the median of 5 after 0.4 s of the call's own load; three alternating rounds. First a correctness check
+Window 4k on L64k H16 D128 bf16 causal, and the dense causal call; then B16 H32 D128 bf16 at 1k and 2k keys
+with cuDNN beside them; replay off, each sample five calls queued (host time hidden), the median of 5 after 0.4 s of
+the call's own load; three alternating rounds. First a correctness check
 of the same specialisations against torch's float32 attention. Written 2026-11-27 ~02:35 UTC and not yet run (the
 stop's device time was spent): the next session's first measurement."""
 import functools
@@ -87,3 +88,29 @@ for w in ("window default", "window u2"):
     for dn in ("dense default", "dense u2"):
         ratio = (wtiles / med[w]) / (dtiles / med[dn])
         print(f"W {w} {med[w]:.3f} ms vs {dn} {med[dn]:.2f} ms: tile ratio {ratio:.3f}", flush=True)
+
+# short sequences (issue #30's 1k-2k rows, where a block's fixed cost is most of its time), with cuDNN beside them;
+# batch 16, not the sweep's 4, so that a call's GPU time stays above its host time (replay is off here)
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+for n in (1024, 2048):
+    for causal in (False, True):
+        q, k, v = (torch.randn(16, 32, n, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        blocks = 16 * 32 * math.ceil(n / 128)
+        flops = 4 * 16 * 32 * n * n * 128 / (2 if causal else 1)
+
+        def cudnn():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        res = {}
+        for _ in range(3):
+            for kind in ("default", "u2"):
+                use(kind, blocks)
+                res.setdefault(kind, []).append(timed(lambda: numba_attn.flash_forward(q, k, v, causal=causal,
+                                                                                       backend="wgmma_ws")))
+            res.setdefault("cudnn", []).append(timed(cudnn))
+        tf = {kk: flops / statistics.median(vv) / 1e9 for kk, vv in res.items()}
+        print(f"S B16 N{n} {'causal' if causal else 'full  '} TFLOP/s default {tf['default']:.1f} u2 {tf['u2']:.1f} "
+              f"cuDNN {tf['cudnn']:.1f}  u2/default {tf['u2'] / tf['default']:.3f}  u2/cuDNN "
+              f"{tf['u2'] / tf['cudnn']:.3f}", flush=True)

@@ -26,7 +26,7 @@ STORES = ("elements", "pairs", "tma")
 
 def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN,
                    fp8: bool = False, per_head: bool = False, probe: str | None = None, store: str = "elements",
-                   softmax_under_pv: bool = False, blocks_per_cta: int = 0):
+                   softmax_under_pv: bool = False):
     """The Python function of one specialisation (not yet jitted). ``fp8``: float8 e4m3 operands (uint8) and a
     bfloat16 (``bf16``) or float16 output, with per-head descale arrays read (``per_head``) or not; the kernel then
     takes four more arguments (``forward.wgmma_ws_fp8.SIGNATURE``). ``probe`` (a timing probe only, wrong results:
@@ -35,13 +35,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     ("tma": the kernel takes the output's tensor map after V's; not for fp8 or packed sequences, whose Q tiles are
     too small and whose rows past a sequence's end belong to the next). ``softmax_under_pv``: the softmax of tile j
     held above the wait for P V of tile j - 1, so that it runs under that MMA (ptxas otherwise moves the wait, which
-    has no operands, above the exponentials: ``warpgroup.wgmma_wait(after=True)``). ``blocks_per_cta`` (persistent
-    configurations; 0: a loop over the query blocks, grid-strided): each block of threads takes that many consecutive
-    query blocks in straight-line code, no loop (the launch's grid must then be the blocks over it, rounded up):
-    around a loop, ptxas keeps the shared-memory descriptors out of the uniform registers."""
-    if type(blocks_per_cta) is not int or not 0 <= blocks_per_cta <= 2 or (blocks_per_cta and not config.persistent):
-        raise ValueError(f"blocks_per_cta: expected 0, 1 or 2 (0 unless the config is persistent), got "
-                         f"{blocks_per_cta!r}")
+    has no operands, above the exponentials: ``warpgroup.wgmma_wait(after=True)``)."""
     if probe not in (None, "no_softmax", "no_pack"):
         raise ValueError(f"probe: expected None, 'no_softmax' or 'no_pack', got {probe!r}")
     if store not in STORES:
@@ -346,8 +340,6 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             m_block = blocks - 1 - m_block
         return bh // q.shape[1], bh % q.shape[1], m_block * BLOCK_M
 
-    UNROLLED = blocks_per_cta
-
     @device_function
     def produce_block(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, tile, q, causal, key_start, key_end,
                       diag_offset, group, stage, phase, qn):
@@ -413,19 +405,9 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                 acquire(v_map)
                 if PERSISTENT:
                     ring = (0, 0, 0)
-                    if UNROLLED:  # (written out: NVVM keeps a loop a loop, and ptxas the loop's descriptors apart)
-                        first = cuda.blockIdx.x * UNROLLED
-                        if first < blocks:
-                            ring = produce_block(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, first, q,
-                                                 causal, key_start, key_end, diag_offset, group, 0, 0, 0)
-                        if UNROLLED > 1 and first + 1 < blocks:
-                            produce_block(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, first + 1, q,
-                                          causal, key_start, key_end, diag_offset, group, ring[0], ring[1], ring[2])
-                    else:
-                        for tile in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
-                            ring = produce_block(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, tile, q,
-                                                 causal, key_start, key_end, diag_offset, group, ring[0], ring[1],
-                                                 ring[2])
+                    for tile in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
+                        ring = produce_block(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, tile, q, causal,
+                                             key_start, key_end, diag_offset, group, ring[0], ring[1], ring[2])
                 else:
                     b1, h1, m1, _, _, _, _ = position(q, k, v, out, causal, schedule)
                     n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
@@ -444,24 +426,11 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         post = exponent(scale_log2, SCALE_FIRST)
         if PERSISTENT:
             ring = (0, 0, 0)
-            if UNROLLED:
-                first = cuda.blockIdx.x * UNROLLED
-                if first < blocks:
-                    ring = consume_block(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, row, t, first, q,
-                                         causal, key_start, key_end, diag_offset, scale_log2, post, out_scale,
-                                         descale_q, descale_k, descale_v, out, lse, seqlen_q, head_dim, write_lse,
-                                         o_map, o_base + c * Q_TILE, 0, 0, 0)
-                if UNROLLED > 1 and first + 1 < blocks:
-                    consume_block(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, row, t, first + 1, q,
-                                  causal, key_start, key_end, diag_offset, scale_log2, post, out_scale, descale_q,
-                                  descale_k, descale_v, out, lse, seqlen_q, head_dim, write_lse, o_map,
-                                  o_base + c * Q_TILE, ring[0], ring[1], ring[2])
-            else:
-                for tile in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
-                    ring = consume_block(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, row, t, tile, q,
-                                         causal, key_start, key_end, diag_offset, scale_log2, post, out_scale,
-                                         descale_q, descale_k, descale_v, out, lse, seqlen_q, head_dim, write_lse,
-                                         o_map, o_base + c * Q_TILE, ring[0], ring[1], ring[2])
+            for tile in range(cuda.blockIdx.x, blocks, cuda.gridDim.x):
+                ring = consume_block(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, row, t, tile, q,
+                                     causal, key_start, key_end, diag_offset, scale_log2, post, out_scale, descale_q,
+                                     descale_k, descale_v, out, lse, seqlen_q, head_dim, write_lse, o_map,
+                                     o_base + c * Q_TILE, ring[0], ring[1], ring[2])
             if OWN_STAGING and lane == 0 and row == ROWS * c:
                 wait_read()  # (the last store has read its tile before the block's shared memory goes)
         else:

@@ -137,29 +137,6 @@ def test_simulated_softmax_under_pv(monkeypatch):
     check("float16", 1, 2, 1, 20, 37, 16, True, config=TINY)
 
 
-@pytest.mark.skipif(not SIMULATOR, reason="two blocks per block of threads: not timed or tested on a GPU yet")
-@pytest.mark.parametrize("heads, seqlen_q, seqlen_k, causal, grid", [(2, 300, 337, True, 3), (1, 300, 90, False, 2)])
-def test_simulated_two_blocks_per_cta(monkeypatch, heads, seqlen_q, seqlen_k, causal, grid):
-    """``blocks_per_cta=2``: each block of threads takes two consecutive query blocks, written out (the ring's slots,
-    phases and Q's count carried from the first to the second); an odd count leaves the last with one."""
-    @functools.lru_cache(maxsize=None)
-    def build(config, head_dim_pad, bf16, scale_first=False, variant=wgmma_ws.PLAIN, store="elements"):
-        source = wgmma_ws_kernel._kernel_source(config, head_dim_pad, bf16, scale_first, variant, store=store,
-                                                blocks_per_cta=2)
-        return kernel_jit((config.threads, 1), wgmma_ws.SIGNATURE)(source)
-
-    monkeypatch.setattr(wgmma_ws, "flash_ws_kernel", build)
-    monkeypatch.setattr(wgmma_ws, "multiprocessor_count", lambda: grid)  # (the launch grid: query blocks / 2)
-    config = wgmma_ws.WsConfig(block_n=16, stages=2, persistent=True)
-    check("float16", 1, heads, 1, seqlen_q, seqlen_k, 16, causal, config=config)
-
-
-def test_blocks_per_cta_is_checked():
-    for bad, config in ((3, wgmma_ws.WsConfig(persistent=True)), (2, wgmma_ws.DEFAULT_CONFIG), (True, TINY)):
-        with pytest.raises(ValueError, match="blocks_per_cta"):
-            wgmma_ws_kernel._kernel_source(config, 64, False, blocks_per_cta=bad)
-
-
 @pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
 def test_simulated_no_keys():
     check("float16", 1, 1, 1, 3, 0, 16, False, config=TINY, store="elements")  # (no keys: the wgmma kernel's call)

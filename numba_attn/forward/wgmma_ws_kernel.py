@@ -134,7 +134,10 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     fence_async = wgmma.fence_proxy_async
     store_box = bulk.tma_store_4d
     commit, wait_read = bulk.bulk_commit, bulk.bulk_wait_read
-    EPILOGUE = 3  # named barriers 3 + c: consumer c's warps (1 + c: the ping-pong's)
+    # named barriers: 1 + c the ping-pong's (consumer c's and the one before it), EPILOGUE + c consumer c's warps;
+    # one id for two uses with different thread counts is undefined (with three consumers, 3 + 0 was the third
+    # ping-pong barrier: an illegal instruction now and then)
+    EPILOGUE = 1 + CONSUMERS
 
     if fp8 and per_head:
         descale = fp8_blocks.descaled(True)

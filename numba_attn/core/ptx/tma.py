@@ -64,7 +64,7 @@ _I64 = ir.IntType(64)
 # ---------------------------------------------------------------------------------------------------------------------
 _SIM_LOCK = threading.Lock()
 _SIM_BARRIERS: dict = {}  # (shared array address, index) -> [pending arrivals, arrival count, tx bytes, phase]
-_SIM_NAMED: dict = {}  # (block manager id, barrier id) -> [threads arrived, generation]
+_SIM_NAMED: dict = {}  # (block manager id, barrier id) -> [threads arrived, generation, their count]
 _SIM_MAPS: dict = {}  # simulated tensor-map handle -> SimTensorMap
 #: polls of the block's barrier before a simulated wait gives up (a deadlock under the simulator)
 _SIM_MAX_POLLS = 200_000
@@ -199,28 +199,33 @@ def sim_tma_store_now(smem, src, tensor_map, *coords):
     array[dst] = box[put]
 
 
-def _sim_named_sync(barrier_id, count):
-    thread = _sim_thread()
-    key = (id(thread._manager), int(barrier_id))
+def _sim_named_count(barrier_id, count):
+    """Count this thread's arrival at a named barrier; returns ``(state, generation)``: the barrier's state
+    ``[arrived, generation, count]`` and the round this arrival joined. Arrivals of one round must name the same
+    thread count (PTX leaves anything else undefined: on an H100 two uses of one id with different counts raised an
+    illegal instruction now and then, when their rounds overlapped). The simulator's threads seldom make them
+    overlap, so it is stricter: one id, one count, for the whole block."""
+    key = (id(_sim_thread()._manager), int(barrier_id))
     with _SIM_LOCK:
-        state = _SIM_NAMED.setdefault(key, [0, 0])
+        state = _SIM_NAMED.setdefault(key, [0, 0, int(count)])
+        if state[2] != int(count):
+            raise RuntimeError(f"simulator: named barrier {int(barrier_id)} used with {state[2]} and {int(count)} "
+                               f"threads (give each use its own id)")
         generation = state[1]
         state[0] += 1
         if state[0] == int(count):
             state[0] = 0
             state[1] += 1
+        return state, generation
+
+
+def _sim_named_sync(barrier_id, count):
+    state, generation = _sim_named_count(barrier_id, count)
     _sim_poll(lambda: state[1] != generation, f"named barrier {int(barrier_id)}")
 
 
 def _sim_named_arrive(barrier_id, count):
-    thread = _sim_thread()
-    key = (id(thread._manager), int(barrier_id))
-    with _SIM_LOCK:
-        state = _SIM_NAMED.setdefault(key, [0, 0])
-        state[0] += 1
-        if state[0] == int(count):
-            state[0] = 0
-            state[1] += 1
+    _sim_named_count(barrier_id, count)
 
 
 def _sim_elect_one():

@@ -45,7 +45,7 @@ if ROOT not in sys.path:
 
 import numba_attn  # noqa: E402  (before numba.cuda)
 from numba_attn.forward import dispatch  # noqa: E402
-from numba_attn.runtime import autotune as _autotune  # noqa: E402
+from numba_attn.runtime import autotune as _autotune, kernel_cache  # noqa: E402
 from numba_attn.runtime.device import compute_capability, multiprocessor_count  # noqa: E402
 
 #: heads per head dim: the models of the benchmarks (D64 H48 and D128 H32 at B4), D256 with 16
@@ -167,8 +167,13 @@ def versions(torch):
     return found
 
 
-def fresh_cache(root, index):
+def fresh_cache(root, index, kernels):
+    """An empty tuning cache for one shape. Its compiled kernels are the caller's ``kernels`` folder where that
+    exists, so that kernels compiled before (by other processes: ``scripts/prewarm_ws.py``) load from disk."""
     path = os.path.join(root, str(index))
+    os.makedirs(path, exist_ok=True)
+    if os.path.isdir(kernels):
+        os.symlink(kernels, os.path.join(path, "kernels"))
     os.environ[_autotune.CACHE_DIR_ENV] = path
     for tuner in dispatch.TUNERS:
         tuner.forget()
@@ -191,6 +196,7 @@ def run_tune(args, torch, family):
     items = plan(args, check=False)
     inputs = Inputs(torch, items)
     root = tempfile.mkdtemp(prefix="numba_attn_tune_")
+    kernels = kernel_cache.kernels_dir()
     start = time.perf_counter()
     runs, tuners, left = {}, {}, []
     print(f"{family} ({torch.cuda.get_device_name()}, {multiprocessor_count()} SMs): {len(items)} shapes, "
@@ -199,7 +205,7 @@ def run_tune(args, torch, family):
         if time.perf_counter() - start > args.time_limit:
             left.append((dtype, d, causal, shape))
             continue
-        fresh_cache(root, index)  # every shape tunes, also those whose key another shape tuned
+        fresh_cache(root, index, kernels)  # every shape tunes, also those whose key another shape tuned
         t0 = time.perf_counter()
         result = tune_one(torch, inputs, dtype, d, causal, shape, args.backend)
         key = dispatch.tuning_key(dtype, d, causal, *shape)
@@ -289,6 +295,7 @@ def run_check(args, torch, family):
     items = plan(args, check=True)
     inputs = Inputs(torch, items)
     root = tempfile.mkdtemp(prefix="numba_attn_check_")
+    kernels = kernel_cache.kernels_dir()
     start = time.perf_counter()
     rows, left = [], 0
     print(f"{family}: checking {args.table} against full tuning, {len(items)} shapes, reps {_autotune.REPS}")
@@ -296,7 +303,7 @@ def run_check(args, torch, family):
         if time.perf_counter() - start > args.time_limit:
             left += 1
             continue
-        fresh_cache(root, index)
+        fresh_cache(root, index, kernels)
         result = tune_one(torch, inputs, dtype, d, causal, shape, args.backend)
         if result is None:
             continue
@@ -336,7 +343,7 @@ def main():
     parser.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16"], choices=["float16", "bfloat16"])
     parser.add_argument("--headdims", nargs="+", type=int, default=[128, 64, 256, 96, 32],
                         help="in the order they run (default: 128 64 256 96 32)")
-    parser.add_argument("--backend", choices=["mma", "wgmma"], default=None,
+    parser.add_argument("--backend", choices=["mma", "wgmma", "wgmma_ws"], default=None,
                         help="force a kernel (default: the one flash_forward picks, as users get it)")
     parser.add_argument("--reps", type=int, default=_autotune.REPS, help="timed calls per candidate")
     parser.add_argument("--time-limit", type=float, default=230.0, help="seconds after which no new shape starts")

@@ -156,3 +156,35 @@ def test_check_passes_on_the_table_of_the_same_times_and_fails_on_a_worse_one(sc
     capsys.readouterr()
     assert script.run_check(options(tmp_path), torch, "sm00") == 1
     assert "OVER" in capsys.readouterr().out
+
+
+def test_each_shape_shares_the_callers_compiled_kernels(script, tmp_path, monkeypatch):
+    """A shape's fresh tuning cache links the caller's kernels folder (kernels compiled before, e.g. by
+    ``scripts/prewarm_ws.py``, load from disk); without one there is nothing to link."""
+    from numba_attn.runtime import kernel_cache
+
+    kernels = tmp_path / "user" / "kernels"
+    monkeypatch.setenv(_autotune.CACHE_DIR_ENV, str(tmp_path / "user"))
+    script.fresh_cache(str(tmp_path / "tune"), 0, str(kernels))  # (no folder yet)
+    assert not os.path.exists(kernel_cache.kernels_dir())
+    kernels.mkdir(parents=True)
+    script.fresh_cache(str(tmp_path / "tune"), 1, str(kernels))
+    assert os.path.samefile(kernel_cache.kernels_dir(), kernels)
+    assert _autotune.cache_dir() == str(tmp_path / "tune" / "1")
+    for tuner in dispatch.TUNERS:
+        tuner.forget()
+
+
+def test_prewarm_lists_every_usable_candidate():
+    spec = importlib.util.spec_from_file_location(
+        "prewarm_ws", os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "prewarm_ws.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from numba_attn.forward import wgmma_ws
+
+    found = module.specs(["64:float16,bfloat16", "128:bfloat16"], extra=[("x",)])
+    usable = {d: sum(wgmma_ws.usable(c, d) for c in wgmma_ws.TUNING_CANDIDATES) for d in (64, 128)}
+    assert len(found) == 2 * 2 * usable[64] + 2 * usable[128] + 1 and found[-1] == ("x",)
+    assert {(d, dtype, causal) for _, d, dtype, causal, _ in found[:-1]} == {
+        (64, "float16", False), (64, "float16", True), (64, "bfloat16", False), (64, "bfloat16", True),
+        (128, "bfloat16", False), (128, "bfloat16", True)}

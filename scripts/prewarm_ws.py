@@ -1,0 +1,60 @@
+"""Compile warp-specialised forward kernels (``forward.wgmma_ws``) in parallel processes into the kernel cache
+(``runtime.kernel_cache``), so that the process that times them (a probe, ``scripts/tune_defaults.py``) loads them
+from disk instead of compiling one after another (10-15 s each on the device's CPUs).
+
+    python3 scripts/prewarm_ws.py 64:bfloat16,float16 128:bfloat16   # every usable candidate, causal and not
+
+On the H100 machine (16 CPUs) 52 kernels took 44 s in 14 processes, the longest 13 s. The
+kernels are those ``flash_forward`` builds for dense calls whose output the TMA can store (``store="tma"``), no
+window or soft-cap; the cache is the one of ``$NUMBA_ATTN_CACHE_DIR`` (``scripts/tune_defaults.py`` shares it).
+"""
+import multiprocessing
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def build(spec):
+    from numba_attn.forward import wgmma_ws
+    from numba_attn.forward.common import Variant
+
+    fields, d, dtype, causal, window = spec
+    start = time.perf_counter()
+    kernel = wgmma_ws.flash_ws_kernel(wgmma_ws.WsConfig(**fields), d, dtype == "bfloat16", False,
+                                      Variant.of(causal, window), "tma")
+    kernel.dispatcher()
+    return spec, time.perf_counter() - start
+
+
+def specs(args, extra=()):
+    """(config fields, head dim, dtype, causal, window) of every usable candidate per ``d:dtype,...`` argument,
+    then ``extra``."""
+    import dataclasses
+
+    from numba_attn.forward import wgmma_ws
+
+    found = []
+    for arg in args:
+        d, dtypes = arg.split(":")
+        for dtype in dtypes.split(","):
+            for causal in (False, True):
+                for config in wgmma_ws.TUNING_CANDIDATES:
+                    if wgmma_ws.usable(config, int(d)):
+                        found.append((dataclasses.asdict(config), int(d), dtype, causal, None))
+    return found + list(extra)
+
+
+def prewarm(args, extra=(), processes=14):
+    """Compile ``specs(args, extra)`` in ``processes`` spawned processes; prints the count and the time."""
+    todo = specs(args, extra)
+    start = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        times = [t for _, t in pool.imap_unordered(build, todo)]
+    print(f"prewarm: {len(todo)} kernels in {time.perf_counter() - start:.0f} s (longest {max(times):.0f} s)",
+          flush=True)
+
+
+if __name__ == "__main__":
+    prewarm(sys.argv[1:])

@@ -47,10 +47,10 @@ WS_DEFAULT_HEAD_DIMS = frozenset({64, 128})
 #: H100, 2026-11-26, fp16 / bf16, one call at a time, WS calls replayed) the WS kernel ran non-causal 512 at
 #: 1.09-1.24x "wgmma" and causal 1k (512 on average) at 1.14-1.23x, but causal 512 (256) at 0.90-0.91x
 WS_MIN_KEYS = 512
-#: padded head dims with a threshold of their own. D64 B4 H48, once whole tiles ran without mask code (sweep, H100,
-#: 2026-11-26 12:20): WS against "wgmma" non-causal 4k 1.05-1.10x, 16k 1.02x, causal 16k (8k on average) 1.15x,
-#: but causal 4k (2k) 0.98x, 2k and 1k 0.75-0.98x. With this rule (13:12): 1.12-1.21x "wgmma" at 4k-16k keys per row
-WS_MIN_KEYS_AT = {64: 4096}
+#: padded head dims with a threshold of their own. D64 B4 H48 with its own tuned configurations (sweep, H100,
+#: 2026-11-27 03:50, bf16 / fp16, forced backends): WS against "wgmma" non-causal 1k 1.14x, 2k 1.11-1.13x, causal 2k
+#: (1k keys on average) 1.03x, 4k 1.05-1.09x, but causal 1k (512) 0.87-0.92x. (Untuned, WS had lost below 4k.)
+WS_MIN_KEYS_AT = {64: 1024}
 
 
 def ws_min_keys(head_dim_pad: int) -> int:

@@ -55,13 +55,15 @@ class WsConfig:
 DEFAULT_CONFIG = WsConfig()
 SIMULATOR_CONFIG = WsConfig(block_n=16, stages=2)
 #: what ``flash_forward``'s autotuner times per key (those that fit: ``usable``). Deeper rings for head dim 64, whose
-#: tiles compute in less time than a TMA copy takes to land, and three consumer warpgroups there (192 rows,
-#: FlashAttention-3's shape at head dim 64; with 160 registers each, 96-key tiles: 128-key ones spill)
+#: tiles compute in less time than a TMA copy takes to land, 192-key tiles there (FlashAttention-3's at head dim
+#: 64), and three consumer warpgroups (192 rows; with 160 registers each, 96-key tiles at head dim 64 and 64-key
+#: ones at 128: 128-key and 80-key ones spill) -- fewer blocks, so less fixed cost per row where tiles are few
 _THREE = dict(consumers=3, producer_registers=32, consumer_registers=160)
 TUNING_CANDIDATES = (DEFAULT_CONFIG, WsConfig(block_n=64, stages=3), WsConfig(block_n=128, stages=3),
                      WsConfig(block_n=128, stages=4), WsConfig(block_n=176, stages=2), WsConfig(block_n=176, stages=3),
                      WsConfig(pingpong=False), WsConfig(persistent=True), WsConfig(block_n=96, stages=3, **_THREE),
-                     WsConfig(block_n=96, stages=3, pingpong=False, **_THREE))
+                     WsConfig(block_n=96, stages=3, pingpong=False, **_THREE), WsConfig(block_n=192, stages=2),
+                     WsConfig(block_n=192, stages=3), WsConfig(block_n=64, stages=4, **_THREE))
 
 
 #: dynamic shared memory a block of sm_90 may use

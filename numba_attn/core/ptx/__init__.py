@@ -54,7 +54,7 @@ One module per instruction family; every name is re-exported here, so kernels wr
 * ``atomics``: ``atom.acq_rel.gpu.inc``, ``red.global.add.f32`` (scalar and, sm_90, ``.v2``, ``.v4``).
 * ``convert``: ``cvt`` packs of float32 pairs to float16 / bfloat16 and of quadruples to float8 e4m3, 16-bit floats
   to float32, raw bit moves and byte permutes (``prmt``), and the host (NumPy) bfloat16 and e4m3 helpers.
-* ``warp``: ``shfl.sync.bfly``, ``vote.sync.all``, ``bar.warp.sync``.
+* ``warp``: ``shfl.sync.bfly``, ``shfl.sync.idx`` (``warp_uniform``), ``vote.sync.all``, ``bar.warp.sync``.
 * ``sfu``: ``ex2.approx``, ``tanh.approx``.
 * ``_asm`` (private): the GPU-or-simulator switch and the shared code-generation helpers; ``_sim`` (private): how the
   simulator twins of warp-collective instructions see the other lanes.
@@ -85,7 +85,7 @@ from .memory import (load1, load2, load_f32_at, load_f32x2, load_f32x4, load_f32
 from .mma import (TF32_HUGE, mma_m16n8k8_tf32, mma_m16n8k8_tf32x3, mma_m16n8k16_bf16, mma_m16n8k16_f16, round_tf32,
                   round_tf32_keep_inf, to_tf32)
 from .sfu import exp2_approx, tanh_approx
-from .warp import all_lanes, shfl_xor_f32, warp_sync
+from .warp import all_lanes, shfl_xor_f32, warp_sync, warp_uniform
 
 __all__ = [
     # mma
@@ -158,6 +158,7 @@ __all__ = [
     "shfl_xor_f32",
     "all_lanes",
     "warp_sync",
+    "warp_uniform",
     # sfu
     "exp2_approx",
     "tanh_approx",

@@ -1,4 +1,4 @@
-"""Warp-collective instructions: a shuffle, a vote and the warp barrier.
+"""Warp-collective instructions: shuffles, a vote and the warp barrier.
 
 Every lane of the warp must take part (converged). Under the simulator the twins exchange values through the
 block's barrier (``_sim``): every thread of the block must call them the same number of times in the same order.
@@ -71,3 +71,27 @@ def warp_sync(typingctx):
     ordered before those after it (e.g. ``ldmatrix`` reads of a buffer that the warp's ``cp.async`` overwrites
     next)."""
     return _void_asm("bar.warp.sync 0xffffffff;")()
+
+
+def _sim_warp_uniform(x):
+    """Simulator twin of ``warp_uniform``: the thread's own ``x`` (the same on every lane by contract)."""
+    return np.int32(x)
+
+
+@simulated_by(_sim_warp_uniform)
+def warp_uniform(typingctx, x):
+    """(x) -> int32: lane 0's ``x``, for a value the same on every lane (e.g. the warpgroup's index, ``tid //
+    128``) that ptxas cannot prove so: what it reads from a shuffle of lane 0 it knows to be uniform, so addresses
+    and wgmma descriptors made from it live in uniform registers (no per-k-step ``R2UR``; CUTLASS's
+    ``canonical_warp_group_idx`` does the same)::
+
+        shfl.sync.idx.b32 d, x, 0, 31, 0xffffffff;"""
+    if not _is_int(x):
+        return None
+    sig = types.int32(x)
+
+    def codegen(context, builder, sig, args):
+        v = _i32(context, builder, args[0], sig.args[0])
+        return _asm(builder, _I32, [_I32], "shfl.sync.idx.b32 $0, $1, 0, 31, -1;", "=r,r", [v], convergent=True)
+
+    return sig, codegen

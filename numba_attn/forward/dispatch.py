@@ -135,6 +135,8 @@ def run(call, shape, args: AttentionArgs, backend: str, allow_tf32: bool, lse_pl
         d_pad = _flash_ws.padded_head_dim(shape.head_dim)
         config = _tuned_config(FLASH_WS_TUNER, _flash_ws.launch, args, call, shape, lse_placeholder,
                                lambda c: _flash_ws.usable(c, d_pad))
+        if not SIMULATOR:  # (the key has no window: a windowed call runs the persistent form)
+            config = _flash_ws.for_window(config, d_pad, args.window)
         _flash_ws.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **variant)
     else:
         _flash_simt.launch(*args.launch_args(), call.stream, **variant)

@@ -83,7 +83,8 @@ from .common import PLAIN, Variant
 # (the configurations live in their own module; these names stay importable from here)
 from .wgmma_ws_config import DEFAULT_CONFIG, SHARED_LIMIT, SIMULATOR_CONFIG, TUNING_CANDIDATES  # noqa: F401
 from .wgmma_ws_config import DTYPES, MAX_HEAD_DIM, MIN_COMPUTE_CAPABILITY, ROWS, WsConfig
-from .wgmma_ws_config import default_config, fits_registers, padded_head_dim, shared_bytes, usable  # noqa: F401
+from .wgmma_ws_config import default_config, fits_registers, for_window, padded_head_dim, shared_bytes  # noqa: F401
+from .wgmma_ws_config import usable  # noqa: F401
 # (the kernel source lives in its own module; the name stays importable from here)
 from .wgmma_ws_kernel import _kernel_source
 

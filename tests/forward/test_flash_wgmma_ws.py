@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 
 import numpy as np
@@ -283,15 +284,50 @@ def test_softmax_under_pv(monkeypatch, config):
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3
 
 
+def test_warp_uniform_gives_lane_zeros_value():
+    from numba_attn.core.ptx import warp_uniform
+
+    @kernel_jit()
+    def kernel(out):
+        tid = cuda.threadIdx.x
+        out[tid] = warp_uniform(tid // 32 * 7 - 3)  # (the warpgroup index's kind of value: one per warp)
+
+    out = cuda.to_device(np.full(96, -99, np.int32))
+    kernel[1, 96](out)
+    np.testing.assert_array_equal(out.copy_to_host(), np.arange(96) // 32 * 7 - 3)
+
+
+def test_windowed_calls_run_the_persistent_form():
+    default = wgmma_ws.default_config()
+    persistent = dataclasses.replace(default, persistent=True)
+    assert wgmma_ws.for_window(default, 128, None) is default
+    assert wgmma_ws.for_window(default, 128, (None, 0)) is default  # (no left side: rows as long as dense ones)
+    assert wgmma_ws.for_window(None, 128, (None, 4)) is None
+    deep = wgmma_ws.WsConfig(block_n=128, stages=3)  # (tuned on dense calls; with staging tiles it would not fit)
+    for config in (None, default, deep):
+        assert wgmma_ws.for_window(config, 128, (4096, 0)) == persistent
+        assert wgmma_ws.for_window(config, 64, (64, 64)) == persistent
+
+
 @pytest.mark.gpu
 @hopper
-def test_window_and_softcap_match_the_wgmma_kernel():
+def test_window_and_softcap_match_the_wgmma_kernel(monkeypatch):
     torch = pytest.importorskip("torch")
+    launched = []
+    real_launch = wgmma_ws.launch
+
+    def launch(*args, config=None, **kwargs):
+        launched.append(config)
+        return real_launch(*args, config=config, **kwargs)
+    monkeypatch.setattr(wgmma_ws, "launch", launch)
     q, k, v = (torch.randn(2, 4, 700, 128, device="cuda", dtype=torch.float16) for _ in range(3))
     for options in (dict(window=(100, 0), causal=True), dict(window=(64, 32)), dict(softcap=20.0, causal=True)):
         ref = numba_attn.flash_forward(q, k, v, backend="wgmma", **options)
+        launched.clear()
         got = numba_attn.flash_forward(q, k, v, backend="wgmma_ws", **options)
         assert ((got.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-3, options
+        if "window" in options:  # (the others run the tuned entry)
+            assert launched and launched[-1].persistent, (options, launched)
 
 
 @pytest.mark.gpu

@@ -12,7 +12,7 @@ import time
 
 ROOT = os.getcwd()
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-os.environ["NUMBA_ATTN_REPLAY"] = "0"
+os.environ.setdefault("NUMBA_ATTN_REPLAY", "0")  # (REPLAY=1 in the environment: calls replayed, less host time)
 
 if __name__ == "__main__":
     from prewarm_ws import prewarm

@@ -1,0 +1,21 @@
+# For the next session (one or two H100 calls, ~700 s in all): the two branches this session left untimed, against main.
+# Here first:  mkdir -p .ab/snake .ab/bwd && git archive h/snake numba_attn scripts | tar -x -C .ab/snake &&
+#              git archive h/uniform-bwd numba_attn scripts tests reference pyproject.toml | tar -x -C .ab/bwd        (then carry [".whl", ".ab"])
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
+ROOT=$PWD
+export PYTHONPATH=/tmp/site:$ROOT NUMBA_ATTN_CACHE_DIR=$ROOT/.gpu/cache REPLAY=1 NUMBA_ATTN_REPLAY=1
+tree() { local d=$1; shift; (cd "$d" && PYTHONPATH=/tmp/site:$d "$@"); }
+# issue #29's decode targets on today's main (its decode kernels' PTX changed with d4bb525 after the last measure)
+timeout 200 python3 scripts/bench_issue29.py --part decode --out $OUT/issue29_decode.json 2>&1 | grep -v -i warn | tail -30
+# h/snake: persistent rounds in snake order -- causal rows, forced persistent and the dispatch, both trees
+for t in "$ROOT" "$ROOT/.ab/snake"; do
+  tree "$t" timeout 170 python3 $ROOT/docs/results/s1127d/probe_uniform.py "$(basename $t)" d128:1024,2048,4096,16384 \
+    d64:1024,4096 window 2>&1 | grep -v -i warn | tee -a $OUT/snake_ab.log
+done
+# h/uniform-bwd: the WS backward's uniform warpgroup index -- GPU tests, then the backward sweep, both trees
+tree "$ROOT/.ab/bwd" timeout 150 python3 -m pytest -q -m gpu -n 16 -p no:benchmark tests/backward -k "ws" 2>&1 | tail -2
+for t in "$ROOT" "$ROOT/.ab/bwd"; do
+  tree "$t" timeout 120 python3 scripts/sweep.py --sweeps flash --direction backward --flash-configs 128:32,64:48 \
+    --dtypes bf16 --seqlens 4k,16k --providers "=numba_attn,=torch-sdpa-cudnn" --budget 0.3 --no-plot \
+    --out $OUT/bwd_$(basename $t) > /dev/null 2>&1; grep -A6 "^| size" $OUT/bwd_$(basename $t)/results.md | grep "^| [0-9]"
+done

@@ -1,6 +1,8 @@
-# For the next session (one or two H100 calls, ~700 s in all): the two branches this session left untimed, against main.
+# For the next session (two H100 calls, ~900 s in all): the three branches this session left untimed, against main.
 # Here first:  mkdir -p .ab/snake .ab/bwd && git archive h/snake numba_attn scripts | tar -x -C .ab/snake &&
-#              git archive h/uniform-bwd numba_attn scripts tests reference pyproject.toml | tar -x -C .ab/bwd        (then carry [".whl", ".ab"])
+#              git archive h/uniform-bwd numba_attn scripts tests reference pyproject.toml | tar -x -C .ab/bwd &&
+#              mkdir -p .ab/poly && git archive h/poly-exp2 numba_attn scripts docs/results/s1127d | tar -x -C .ab/poly
+#              (then carry [".whl", ".ab"]; split the parts over two calls of <= 600 s)
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
 ROOT=$PWD
 export PYTHONPATH=/tmp/site:$ROOT NUMBA_ATTN_CACHE_DIR=$ROOT/.gpu/cache REPLAY=1 NUMBA_ATTN_REPLAY=1
@@ -19,3 +21,5 @@ for t in "$ROOT" "$ROOT/.ab/bwd"; do
     --dtypes bf16 --seqlens 4k,16k --providers "=numba_attn,=torch-sdpa-cudnn" --budget 0.3 --no-plot \
     --out $OUT/bwd_$(basename $t) > /dev/null 2>&1; grep -A6 "^| size" $OUT/bwd_$(basename $t)/results.md | grep "^| [0-9]"
 done
+# h/poly-exp2: part of the exponentials on the FMA pipe -- D64 bf16 and fp8 D128, poly_every 0 / 6 / 8 / 12
+tree "$ROOT/.ab/poly" timeout 300 python3 docs/results/s1127d/probe_poly.py 2>&1 | grep -v -i warn | tee $OUT/poly.log

@@ -21,3 +21,15 @@ def median_ms(fn, reps: int, warmup: int = 2) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return float(np.median(times))
+
+
+def queued_ms(fn, warm_s: float = 0.3, samples: int = 5, calls: int = 10) -> float:
+    """The median milliseconds per call of ``fn`` when ``calls`` calls are queued back to back (host time hidden
+    behind the GPU's), over ``samples`` samples, after ``warm_s`` seconds of the call's own load (so that the clocks
+    have settled on it, not on the call timed before)."""
+    import time
+
+    until = time.time() + warm_s
+    while time.time() < until:
+        fn()
+    return median_ms(lambda: [fn() for _ in range(calls)], samples, warmup=0) / calls

@@ -4,30 +4,16 @@ time hidden), median of 5 after 0.3 s of the call's own load; two interleaved ro
 Arguments: key counts (default 4096 16384); MASK=full or causal: one mask only."""
 import os
 import sys
-import statistics
-import time
 
 os.environ["NUMBA_ATTN_REPLAY"] = "0"
+sys.path.insert(0, os.path.join(os.getcwd(), "scripts"))
 import torch  # noqa: E402
 
 import numba_attn  # noqa: E402
+from _timing import queued_ms  # noqa: E402
 
 
-def timed(f, warm_s=0.3, samples=5, calls=10):
-    t0 = time.time()
-    while time.time() - t0 < warm_s:
-        f()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(samples):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(calls):
-            f()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / calls)
-    return statistics.median(ts)
+timed = queued_ms
 
 
 torch.manual_seed(0)

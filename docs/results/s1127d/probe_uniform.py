@@ -8,7 +8,6 @@ with both configurations against the dense causal call, three rounds. Replay off
 ``d64[:n,...]``, ``window``; default all)."""
 import os
 import sys
-import time
 
 ROOT = os.getcwd()
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -27,7 +26,7 @@ if __name__ == "__main__":
 
     import numba_attn
     from numba_attn.forward import dispatch, wgmma_ws
-    from _timing import median_ms
+    from _timing import queued_ms
 
     FORCE = {"cfg": None}
     real_tuned = dispatch._tuned_config
@@ -36,11 +35,8 @@ if __name__ == "__main__":
     # parts: "d128", "d64" (optionally ":n,n,..." key counts) and "window"; default all
     parts = dict((a.split(":") + [""])[:2] for a in sys.argv[2:]) or {"d128": "", "d64": "", "window": ""}
 
-    def timed(f, warm_s=0.2, calls=5):
-        until = time.time() + warm_s
-        while time.time() < until:
-            f()
-        return median_ms(lambda: [f() for _ in range(calls)], 5, warmup=0) / calls
+    def timed(f, warm_s=0.2):
+        return queued_ms(f, warm_s, samples=5, calls=5)
 
     def ours(q, k, v, causal, cfg=None, backend="wgmma_ws", window=None):
         def f():

@@ -91,8 +91,7 @@ def for_window(config: WsConfig | None, head_dim_pad: int, window) -> WsConfig |
     epilogue) weighs, and the persistent form of the default -- the next block's Q and K land under this block's
     last tiles and its epilogue -- is taken where it fits (the tuned entries, chosen on dense calls, often do not:
     3 stages of 128-key tiles with staging tiles exceed shared memory at head dim 128). Else ``config`` as it is.
-    (Window 4k on 64k keys, D128, H100: 0.92-0.94x the dense causal call's rate per computed tile against 0.86-0.89x
-    for the tuned entry or the default; docs/benchmarks.md.)"""
+    (Measured against the tuned entry and the default: docs/benchmarks.md, the window table.)"""
     if window is None or window[0] is None:
         return config
     persistent = dataclasses.replace(default_config(), persistent=True)

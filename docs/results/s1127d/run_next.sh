@@ -23,3 +23,7 @@ for t in "$ROOT" "$ROOT/.ab/bwd"; do
 done
 # h/poly-exp2: part of the exponentials on the FMA pipe -- D64 bf16 and fp8 D128, poly_every 0 / 6 / 8 / 12
 tree "$ROOT/.ab/poly" timeout 300 python3 docs/results/s1127d/probe_poly.py 2>&1 | grep -v -i warn | tee $OUT/poly.log
+# Then, with the branches that won merged: retune the WS tables (the entries were chosen before the uniform index,
+# when the persistent kernel's key loop was ~9 % slower):
+#   python3 scripts/prewarm_ws.py 64:bfloat16,float16 128:bfloat16,float16 && cp numba_attn/forward/tuned/sm90.json $OUT/
+#   python3 scripts/tune_defaults.py --merge --out $OUT/sm90.json --headdims 64,128 --backend wgmma_ws --time-limit 120

@@ -2,6 +2,8 @@
 folder on ``sys.path``, as it is for a script run directly)."""
 from __future__ import annotations
 
+import time
+
 
 def median_ms(fn, reps: int, warmup: int = 2) -> float:
     """The median milliseconds of ``reps`` calls of ``fn``, each between two CUDA events recorded on torch's current
@@ -27,8 +29,6 @@ def queued_ms(fn, warm_s: float = 0.3, samples: int = 5, calls: int = 10) -> flo
     """The median milliseconds per call of ``fn`` when ``calls`` calls are queued back to back (host time hidden
     behind the GPU's), over ``samples`` samples, after ``warm_s`` seconds of the call's own load (so that the clocks
     have settled on it, not on the call timed before)."""
-    import time
-
     until = time.time() + warm_s
     while time.time() < until:
         fn()

@@ -6,11 +6,9 @@ at B16 H32 1k / 2k. Replay off; each sample five calls queued (host time hidden)
 the call's own load. Kernels compiled beforehand in parallel (scripts/prewarm_ws.py). Arguments: the parts to run (d64, d128;
 default both)."""
 import dataclasses
-import math
 import os
 import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "scripts"))
@@ -27,33 +25,18 @@ if __name__ == "__main__":
     prewarm(["64:bfloat16"] if "d64" in parts else [], extra if "d128" in parts else [])
 
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    import numba_attn
-    from numba_attn.forward import dispatch, wgmma_ws
-    from _timing import median_ms
+    from numba_attn.forward import wgmma_ws
+    from _probe import cudnn_forward, forced_forward as ours
+    from _timing import queued_ms
 
-    FORCE = {"cfg": None}
-    real_tuned = dispatch._tuned_config
-    dispatch._tuned_config = lambda *a, **k: FORCE["cfg"] or real_tuned(*a, **k)
-
-    def timed(f, warm_s=0.2, calls=5):
-        until = time.time() + warm_s
-        while time.time() < until:
-            f()
-        return median_ms(lambda: [f() for _ in range(calls)], 5, warmup=0) / calls
+    def timed(f, warm_s=0.2):
+        return queued_ms(f, warm_s, samples=5, calls=5)
 
     def short(c):
         fields = {k: v for k, v in dataclasses.asdict(c).items() if v != getattr(wgmma_ws.DEFAULT_CONFIG, k)}
         return ",".join(f"{k[:4]}={v}" for k, v in fields.items() if k not in ("producer_registers",
                                                                                "consumer_registers")) or "default"
-
-    def ours(q, k, v, causal, cfg=None, backend="wgmma_ws", window=None):
-        def f():
-            FORCE["cfg"] = cfg
-            numba_attn.flash_forward(q, k, v, causal=causal, backend=backend, window=window)
-            FORCE["cfg"] = None
-        return f
 
     torch.manual_seed(0)
     cands = [c for c in wgmma_ws.TUNING_CANDIDATES if wgmma_ws.usable(c, 64)]
@@ -61,10 +44,7 @@ if __name__ == "__main__":
         for causal in (False, True):
             q, k, v = (torch.randn(4, 48, n, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             flops = 4 * 4 * 48 * n * n * 64 / (2 if causal else 1)
-
-            def cudnn():
-                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                    torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            cudnn = cudnn_forward(q, k, v, causal)
             res = {"cuDNN": timed(cudnn), "dispatch": timed(ours(q, k, v, causal, backend=None)),
                    "wgmma": timed(ours(q, k, v, causal, backend="wgmma"))}
             for c in cands:
@@ -100,10 +80,7 @@ if __name__ == "__main__":
         for causal in (False, True):
             q, k, v = (torch.randn(16, 32, n, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             flops = 4 * 16 * 32 * n * n * 128 / (2 if causal else 1)
-
-            def cudnn():
-                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                    torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            cudnn = cudnn_forward(q, k, v, causal)
             res = {"cuDNN": timed(cudnn), "dispatch": timed(ours(q, k, v, causal, backend=None)),
                    "3c64": timed(ours(q, k, v, causal, three))}
             tf = {kk: flops / vv / 1e9 for kk, vv in res.items()}

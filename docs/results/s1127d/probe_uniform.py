@@ -22,28 +22,17 @@ if __name__ == "__main__":
         prewarm(["64:bfloat16", "128:bfloat16"], extra)
 
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    import numba_attn
-    from numba_attn.forward import dispatch, wgmma_ws
+    from numba_attn.forward import wgmma_ws
+    from _probe import cudnn_forward, forced_forward as ours
     from _timing import queued_ms
 
-    FORCE = {"cfg": None}
-    real_tuned = dispatch._tuned_config
-    dispatch._tuned_config = lambda *a, **k: FORCE["cfg"] or real_tuned(*a, **k)
     tag = sys.argv[1] if len(sys.argv) > 1 else "tree"
     # parts: "d128", "d64" (optionally ":n,n,..." key counts) and "window"; default all
     parts = dict((a.split(":") + [""])[:2] for a in sys.argv[2:]) or {"d128": "", "d64": "", "window": ""}
 
     def timed(f, warm_s=0.2):
         return queued_ms(f, warm_s, samples=5, calls=5)
-
-    def ours(q, k, v, causal, cfg=None, backend="wgmma_ws", window=None):
-        def f():
-            FORCE["cfg"] = cfg
-            numba_attn.flash_forward(q, k, v, causal=causal, backend=backend, window=window)
-            FORCE["cfg"] = None
-        return f
 
     default, persistent = wgmma_ws.DEFAULT_CONFIG, wgmma_ws.WsConfig(persistent=True)
     torch.manual_seed(0)
@@ -54,10 +43,7 @@ if __name__ == "__main__":
             for causal in (False, True):
                 q, k, v = (torch.randn(4, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 flops = 4 * 4 * h * n * n * d / (2 if causal else 1)
-
-                def cudnn():
-                    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                cudnn = cudnn_forward(q, k, v, causal)
                 res = {"cuDNN": timed(cudnn), "dispatch": timed(ours(q, k, v, causal, backend=None)),
                        "default": timed(ours(q, k, v, causal, default)),
                        "persistent": timed(ours(q, k, v, causal, persistent))}

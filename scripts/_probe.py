@@ -1,0 +1,47 @@
+"""Callables that the GPU probes time (``from _probe import forced_forward, cudnn_forward``; the scripts' folder on
+``sys.path``): ``flash_forward`` with a warp-specialised configuration forced past the tuned tables, and torch SDPA's
+cuDNN backend as the peer. Each returns a no-argument function of the inputs it closes over."""
+from __future__ import annotations
+
+_FORCE = {"config": None}
+
+
+def _patch_dispatch():
+    from numba_attn.forward import dispatch
+
+    if getattr(dispatch._tuned_config, "forced_by_probe", False):
+        return
+    tuned = dispatch._tuned_config
+
+    def forced_or_tuned(*args, **kwargs):
+        return _FORCE["config"] or tuned(*args, **kwargs)
+
+    forced_or_tuned.forced_by_probe = True
+    dispatch._tuned_config = forced_or_tuned
+
+
+def forced_forward(q, k, v, causal: bool, config=None, backend: str | None = "wgmma_ws", window=None):
+    """``flash_forward(q, k, v, causal=..., backend=..., window=...)`` with the tuner's choice replaced by ``config``
+    (None: the tuned choice, as users get it)."""
+    import numba_attn
+
+    _patch_dispatch()
+
+    def call():
+        _FORCE["config"] = config
+        try:
+            numba_attn.flash_forward(q, k, v, causal=causal, backend=backend, window=window)
+        finally:
+            _FORCE["config"] = None
+    return call
+
+
+def cudnn_forward(q, k, v, causal: bool):
+    """torch SDPA on its cuDNN backend."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def call():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return call

@@ -16,7 +16,7 @@ from ..core.block_info import QUERY_MAJOR, block_position, lane_position, query_
 from ..core.epilogue import add_fragments, as_16bit, store_fragments
 from ..core.gradients import packed_probabilities_and_grads, probabilities_then_grads
 from ..core.mask import tile_is_partial
-from ..core.ptx import tma
+from ..core.ptx import tma, warp_uniform
 from ..core.dq_tile import tile_flusher, tile_stager
 from ..core.ptx.bulk import bulk_load_f32, bulk_wait_all, bulk_wait_read, bulk_wait_read1
 from ..core.softmax import fragment_clear
@@ -226,7 +226,9 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
                 init(smem, base0 + EMPTY + 4 * stage, EMPTY_ARRIVALS)
             fence_init()
         cuda.syncthreads()  # (the last block-wide barrier: the producer's idle warps leave after it)
-        role = tid // WARPGROUP
+        # (a shuffle, so that ptxas knows the warpgroup uniform and keeps the descriptors made from it in uniform
+        # registers, as in the forward)
+        role = warp_uniform(tid // WARPGROUP)
         if role == 0:
             fewer_registers()
             if warp == 0 and elect_one():

@@ -167,7 +167,7 @@ def key_block_source(config, d_pad: int, bf16: bool, atomic_dq: bool):
 
     def kernel(q, k, v, dout, stats, dq_acc, dk, dv, causal, scale_log2, sm_scale):
         tid, warp, lane, g, t = lane_position()
-        group_idx = warp // 4  # this thread's warpgroup: keys 64 group_idx .. of the block
+        group_idx = ptx.warp_uniform(warp // 4)  # this thread's warpgroup: keys 64 group_idx .. of the block
         warp_in = warp % 4  # its warp in the warpgroup: accumulator rows 16 warp_in + g, + 8
         # a block per (batch, kv head, key block): k in q's place gives the kv head and its views
         b, hk, n0, k_head, _, v_head, _ = position(k, k, v, k, False)

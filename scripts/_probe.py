@@ -1,6 +1,10 @@
 """Callables that the GPU probes time (``from _probe import forced_forward, cudnn_forward``; the scripts' folder on
 ``sys.path``): ``flash_forward`` with a warp-specialised configuration forced past the tuned tables, and torch SDPA's
-cuDNN backend as the peer. Each returns a no-argument function of the inputs it closes over."""
+cuDNN backend as the peer. Each returns a no-argument function of the inputs it closes over.
+
+A forced configuration is part of the call's replay key (``runtime.replay``): a plan is keyed by the call's arrays and
+options only, so without it every configuration forced on one shape would replay the plan of the first one timed.
+Calls may then be replayed (``NUMBA_ATTN_REPLAY=1``, less host time per call), each configuration from its own plan."""
 from __future__ import annotations
 
 _FORCE = {"config": None}
@@ -8,16 +12,22 @@ _FORCE = {"config": None}
 
 def _patch_dispatch():
     from numba_attn.forward import dispatch
+    from numba_attn.runtime import replay
 
     if getattr(dispatch._tuned_config, "forced_by_probe", False):
         return
     tuned = dispatch._tuned_config
+    find = replay.find
 
     def forced_or_tuned(*args, **kwargs):
         return _FORCE["config"] or tuned(*args, **kwargs)
 
+    def find_with_config(name, arrays, options):
+        return find(name, arrays, tuple(options) + (("forced config", _FORCE["config"]),))
+
     forced_or_tuned.forced_by_probe = True
     dispatch._tuned_config = forced_or_tuned
+    replay.find = find_with_config
 
 
 def forced_forward(q, k, v, causal: bool, config=None, backend: str | None = "wgmma_ws", window=None):

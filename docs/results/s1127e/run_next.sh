@@ -1,7 +1,9 @@
-# For the next session: h/carry-tail (the persistent WS forward carries each block's last P V and epilogue into the
-# next block's first step; simulator and offline SASS only so far), then the 1k-2k rows of issue #30.
-# Here first:  mkdir -p .ab/carry && git archive h/carry-tail numba_attn scripts tests reference pyproject.toml |
-#              tar -x -C .ab/carry      (then carry [".whl", ".ab"])
+# For the next session: h/carry-tail (41b982a: the persistent WS forward carries each block's last P V and epilogue
+# into the next block's first step; ec9e98c: its causal rounds in snake order; simulator and offline SASS only so
+# far), then the 1k-2k rows of issue #30.
+# Here first:  mkdir -p .ab/carry .ab/carry1 && git archive h/carry-tail numba_attn scripts tests reference \
+#              pyproject.toml | tar -x -C .ab/carry && git archive 41b982a numba_attn scripts | tar -x -C .ab/carry1
+#              (then carry [".whl", ".ab"]; .ab/carry1, the carried tails without the snake, is for call 2)
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
 ROOT=$PWD
 export NUMBA_ATTN_CACHE_DIR=$ROOT/.gpu/cache
@@ -15,7 +17,7 @@ for t in "$ROOT" "$ROOT/.ab/carry"; do
   tree "$t" env NUMBA_ATTN_REPLAY=1 timeout 140 python3 $ROOT/docs/results/s1127d/probe_uniform.py "$(basename $t)" \
     d128:1024,2048,4096,16384 d64:1024,2048,4096 window 2>&1 | grep -v -i warn | tee -a $OUT/carry_ab.log
 done
-# call 2, if the branch is merged: retune the WS tables (persistent entries may win more keys now), then the
+# call 2: the same probe on .ab/carry1 (which part pays), then, if the branch is merged: retune the WS tables (persistent entries may win more keys now), then the
 # alternating-rounds probe of the 1k-2k rows and the sweep against cuDNN, and issue #30's fp8 probe
 #   python3 scripts/prewarm_ws.py 64:bfloat16,float16 128:bfloat16,float16 && cp numba_attn/forward/tuned/sm90.json $OUT/
 #   python3 scripts/tune_defaults.py --merge --out $OUT/sm90.json --headdims 128 64 --backend wgmma_ws --time-limit 85

@@ -17,7 +17,9 @@ for t in "$ROOT" "$ROOT/.ab/carry"; do
   tree "$t" env NUMBA_ATTN_REPLAY=1 timeout 140 python3 $ROOT/docs/results/s1127d/probe_uniform.py "$(basename $t)" \
     d128:1024,2048,4096,16384 d64:1024,2048,4096 window 2>&1 | grep -v -i warn | tee -a $OUT/carry_ab.log
 done
-# call 2: the same probe on .ab/carry1 (which part pays), then, if the branch is merged: retune the WS tables (persistent entries may win more keys now), then the
+# call 2: the same probe on .ab/carry1 (which part pays); fp8's default and persistent forms on both trees:
+#   for t in "$ROOT" "$ROOT/.ab/carry"; do tree "$t" timeout 150 python3 $ROOT/docs/results/s1127e/probe_fp8_persistent.py; done
+# then, if the branch is merged: retune the WS tables (persistent entries may win more keys now), then the
 # alternating-rounds probe of the 1k-2k rows and the sweep against cuDNN, and issue #30's fp8 probe
 #   python3 scripts/prewarm_ws.py 64:bfloat16,float16 128:bfloat16,float16 && cp numba_attn/forward/tuned/sm90.json $OUT/
 #   python3 scripts/tune_defaults.py --merge --out $OUT/sm90.json --headdims 128 64 --backend wgmma_ws --time-limit 85

@@ -1,6 +1,6 @@
 # For the next session: h/carry-tail (41b982a: the persistent WS forward carries each block's last P V and epilogue
-# into the next block's first step; ec9e98c: its causal rounds in snake order; simulator and offline SASS only so
-# far), then the 1k-2k rows of issue #30.
+# into the next block's first step; ec9e98c: its causal rounds in snake order; cd25f0f: persistent forms of head
+# dim 64's tuned shapes among the candidates; simulator and offline SASS only so far), then the 1k-2k rows of #30.
 # Here first:  mkdir -p .ab/carry .ab/carry1 && git archive h/carry-tail numba_attn scripts tests reference \
 #              pyproject.toml | tar -x -C .ab/carry && git archive 41b982a numba_attn scripts | tar -x -C .ab/carry1
 #              (then carry [".whl", ".ab"]; .ab/carry1, the carried tails without the snake, is for call 2)

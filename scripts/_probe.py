@@ -1,6 +1,6 @@
 """Callables that the GPU probes time (``from _probe import forced_forward, cudnn_forward``; the scripts' folder on
-``sys.path``): ``flash_forward`` with a warp-specialised configuration forced past the tuned tables, and torch SDPA's
-cuDNN backend as the peer. Each returns a no-argument function of the inputs it closes over.
+``sys.path``): ``flash_forward`` with a warp-specialised configuration forced past the tuned tables (16-bit) or
+past the fp8 kernel's default, and torch SDPA's cuDNN backend as the peer. Each returns a no-argument function of the inputs it closes over.
 
 A forced configuration is part of the call's replay key (``runtime.replay``): a plan is keyed by the call's arrays and
 options only, so without it every configuration forced on one shape would replay the plan of the first one timed.
@@ -41,6 +41,37 @@ def forced_forward(q, k, v, causal: bool, config=None, backend: str | None = "wg
         _FORCE["config"] = config
         try:
             numba_attn.flash_forward(q, k, v, causal=causal, backend=backend, window=window)
+        finally:
+            _FORCE["config"] = None
+    return call
+
+
+def _patch_fp8():
+    from numba_attn.forward import wgmma_ws_fp8
+
+    if getattr(wgmma_ws_fp8.default_config, "forced_by_probe", False):
+        return
+    shipped = wgmma_ws_fp8.default_config
+
+    def forced_or_default():
+        return _FORCE["config"] or shipped()
+
+    forced_or_default.forced_by_probe = True
+    wgmma_ws_fp8.default_config = forced_or_default
+
+
+def forced_fp8_forward(q, k, v, causal: bool, config=None):
+    """``flash_forward(q, k, v, causal=..., backend="wgmma_ws")`` on float8 inputs with the fp8 WS kernel's
+    configuration replaced by ``config`` (None: its default)."""
+    import numba_attn
+
+    _patch_dispatch()  # (the replay key)
+    _patch_fp8()
+
+    def call():
+        _FORCE["config"] = config
+        try:
+            numba_attn.flash_forward(q, k, v, causal=causal, backend="wgmma_ws")
         finally:
             _FORCE["config"] = None
     return call

@@ -29,3 +29,22 @@ def test_forced_config_enters_the_replay_key(monkeypatch):
     for _, options in seen:  # (a plan's key is hashed)
         hash(options)
     assert dispatch._tuned_config.forced_by_probe
+
+
+def test_forced_fp8_config_replaces_the_default(monkeypatch):
+    import _probe
+    from numba_attn.forward import dispatch, wgmma_ws, wgmma_ws_fp8
+    from numba_attn.runtime import replay
+
+    monkeypatch.setattr(replay, "find", replay.find)  # (all three restored after the test)
+    monkeypatch.setattr(dispatch, "_tuned_config", dispatch._tuned_config)
+    monkeypatch.setattr(wgmma_ws_fp8, "default_config", wgmma_ws_fp8.default_config)
+    shipped = wgmma_ws_fp8.default_config()
+    _probe.forced_fp8_forward(None, None, None, False)
+    config = wgmma_ws.WsConfig(persistent=True)
+    _probe._FORCE["config"] = config
+    try:
+        assert wgmma_ws_fp8.default_config() == config
+    finally:
+        _probe._FORCE["config"] = None
+    assert wgmma_ws_fp8.default_config() == shipped

@@ -3,35 +3,25 @@ configuration and with the persistent one forced, against our bf16 forward as us
 descales 1, bf16 output. At 4k keys a block walks 22 tiles of 192 keys, so a block's fixed cost weighs on fp8 more
 than on 16-bit (the fp8 kernel reached 1.17-1.29x bf16 at 4k against 1.32-1.39x at 16k, 2026-11-27). Replay off
 (forced configurations); each sample ten calls queued, median of 5 after 0.3 s of the call's own load; two rounds,
-the better. Run from the tree to time (its ``scripts/`` on the path). Arguments: key counts (default 4096 16384)."""
+the better. Run from the tree to time (its ``numba_attn`` on the path; the helpers are this repository's
+``scripts/_probe.py`` and ``_timing.py``). Arguments: key counts (default 4096 16384)."""
 import dataclasses
 import os
 import sys
 
 os.environ["NUMBA_ATTN_REPLAY"] = "0"
-sys.path.insert(0, os.path.join(os.getcwd(), "scripts"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "scripts"))
 
 if __name__ == "__main__":
     import torch
 
     import numba_attn
     from numba_attn.forward import wgmma_ws_fp8
+    from _probe import forced_fp8_forward
     from _timing import queued_ms
 
-    forced = {"config": None}
-    shipped_default = wgmma_ws_fp8.default_config
-    wgmma_ws_fp8.default_config = lambda: forced["config"] or shipped_default()
     configs = {"fp8 default": wgmma_ws_fp8.DEFAULT_CONFIG,
                "fp8 persistent": dataclasses.replace(wgmma_ws_fp8.DEFAULT_CONFIG, persistent=True)}
-
-    def fp8_call(config, f8, causal):
-        def call():
-            forced["config"] = config
-            try:
-                numba_attn.flash_forward(*f8, causal=causal, backend="wgmma_ws")
-            finally:
-                forced["config"] = None
-        return call
 
     torch.manual_seed(0)
     for n in [int(x) for x in sys.argv[1:]] or (4096, 16384):
@@ -40,7 +30,7 @@ if __name__ == "__main__":
             f8 = [t.to(torch.float8_e4m3fn) for t in x]
             b16 = [t.to(torch.bfloat16) for t in x]
             calls = {"bf16": lambda: numba_attn.flash_forward(*b16, causal=causal)}
-            calls.update({name: fp8_call(config, f8, causal) for name, config in configs.items()})
+            calls.update({name: forced_fp8_forward(*f8, causal, config) for name, config in configs.items()})
             times = {name: [] for name in calls}
             for _ in range(2):  # (two rounds over every call)
                 for name, f in calls.items():

@@ -135,6 +135,14 @@ def test_simulated_kernel_equals_reference(dtype, heads, kv_heads, seqlen_q, seq
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
+def test_simulated_persistent_snake_rounds(monkeypatch):
+    # 3 heads x 2 query blocks = 6 tiles over 4 blocks of threads: round 0 in order, round 1 reversed (blocks 3 and
+    # 2 take tiles 4 and 5, blocks 1 and 0 none), causal so that the tiles' lengths differ
+    monkeypatch.setattr(wgmma_ws, "multiprocessor_count", lambda: 4)
+    check("float16", 1, 3, 3, 130, 48, 16, True, config=wgmma_ws.WsConfig(block_n=16, stages=2, persistent=True))
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
 def test_simulated_softmax_under_pv(monkeypatch):
     softmax_under_pv(monkeypatch)
     check("float16", 1, 2, 1, 20, 37, 16, True, config=TINY)

@@ -57,14 +57,16 @@ DEFAULT_CONFIG = WsConfig()
 SIMULATOR_CONFIG = WsConfig(block_n=16, stages=2)
 #: what ``flash_forward``'s autotuner times per key (those that fit: ``usable``). Deeper rings for head dim 64, whose
 #: tiles compute in less time than a TMA copy takes to land, 192-key tiles there (FlashAttention-3's at head dim
-#: 64), and three consumer warpgroups (192 rows; with 160 registers each, 96-key tiles at head dim 64 and 64-key
-#: ones at 128: 128-key and 80-key ones spill) -- fewer blocks, so less fixed cost per row where tiles are few
+#: 64), and three consumer warpgroups (192 rows; with 160 registers each, up to 128-key tiles at head dim 64 --
+#: FlashAttention-3's 192 x 128 tiles there -- and 64-key ones at 128) -- fewer blocks, so less fixed cost per row
+#: where tiles are few
 _THREE = dict(consumers=3, producer_registers=32, consumer_registers=160)
 TUNING_CANDIDATES = (DEFAULT_CONFIG, WsConfig(block_n=64, stages=3), WsConfig(block_n=128, stages=3),
                      WsConfig(block_n=128, stages=4), WsConfig(block_n=176, stages=2), WsConfig(block_n=176, stages=3),
                      WsConfig(pingpong=False), WsConfig(persistent=True), WsConfig(block_n=96, stages=3, **_THREE),
                      WsConfig(block_n=96, stages=3, pingpong=False, **_THREE), WsConfig(block_n=192, stages=2),
-                     WsConfig(block_n=192, stages=3), WsConfig(block_n=64, stages=4, **_THREE))
+                     WsConfig(block_n=192, stages=3), WsConfig(block_n=64, stages=4, **_THREE),
+                     WsConfig(block_n=128, stages=2, **_THREE), WsConfig(block_n=128, stages=3, **_THREE))
 
 
 #: dynamic shared memory a block of sm_90 may use
@@ -78,11 +80,11 @@ def usable(config: WsConfig, head_dim_pad: int) -> bool:
 
 def fits_registers(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> bool:
     """Whether a consumer's live values fit its register budget: S (``block_n / 2`` per thread), P (``block_n /
-    4``; 8-bit: ``block_n / 8``), O (``head_dim_pad / 2``) and ~40 for the rest (a rough rule from ptxas: at head
-    dim 64 and 160 registers 128-key tiles spill, 96-key tiles do not; 176-key tiles at head dim 128 do not at
-    240; 8-bit: 192-key tiles do not at 240, 224-key ones spill 32 bytes)."""
-    p_words = config.block_n // (8 if fp8 else 4)
-    return config.block_n // 2 + p_words + head_dim_pad // 2 + 40 <= config.consumer_registers
+    4``; 8-bit: ``block_n / 8``), O (``head_dim_pad / 2``) and ~32 for the rest (8-bit: ~40). A rough rule from
+    ptxas (2026-11-27): no spills at head dim 64 with 160 registers and 128-key tiles (the rule's 160), nor at 128
+    with 240 and 192-key tiles (240); 8-bit: 192-key tiles do not spill at 240, 224-key ones spill 32 bytes (244)."""
+    p_words, rest = config.block_n // (8 if fp8 else 4), (40 if fp8 else 32)
+    return config.block_n // 2 + p_words + head_dim_pad // 2 + rest <= config.consumer_registers
 
 
 def for_window(config: WsConfig | None, head_dim_pad: int, window) -> WsConfig | None:

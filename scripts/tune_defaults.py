@@ -148,9 +148,11 @@ def short(config) -> str:
 
 
 def git_commit():
+    """The checkout's commit, ``-dirty`` where its tracked files differ from it. A copied tree may carry a stale
+    ``.git`` (or find its parent's): ``package_hash`` in the table says which sources ran."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -261,7 +263,8 @@ def write_table(args, torch, family, done, seconds):
         "written_by": "scripts/tune_defaults.py", "command": " ".join(["scripts/tune_defaults.py"] + sys.argv[1:]),
         "device": torch.cuda.get_device_name(), "sms": multiprocessor_count(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git_commit(), "versions": versions(torch), "reps": _autotune.REPS, "seconds": round(seconds),
+        "git_commit": git_commit(), "package_hash": kernel_cache.package_hash()[:16], "versions": versions(torch),
+        "reps": _autotune.REPS, "seconds": round(seconds),
         "timer": "runtime.autotune.time_on_stream: warm-up calls, then the median of reps samples of back-to-back "
                  "calls between CUDA events",
     }

@@ -251,9 +251,21 @@ def versions() -> dict:
     return out
 
 
-def git_commit() -> str | None:
+def package_hash() -> str | None:
+    """The first 16 hex digits of ``runtime.kernel_cache.package_hash``: which package sources ran."""
     try:
-        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=5).stdout.strip() or None
+        from numba_attn.runtime import kernel_cache
+
+        return kernel_cache.package_hash()[:16]
+    except OSError:
+        return None
+
+
+def git_commit() -> str | None:
+    """The checkout's commit, ``-dirty`` where its tracked files differ from it (a copied tree may carry a stale
+    ``.git``: the results' ``package_hash`` says which sources ran)."""
+    try:
+        return subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty", "--abbrev=7"],
+                              capture_output=True, text=True, timeout=5).stdout.strip() or None
     except Exception:  # noqa: BLE001
         return None

@@ -86,3 +86,22 @@ def cudnn_forward(q, k, v, causal: bool):
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     return call
+
+
+def alternating_rates(calls: dict, flops: float, rounds: int, time_ms) -> dict:
+    """TFLOP/s of each of ``calls`` (name -> function) over ``rounds`` rounds that take every call in turn, so that
+    a drift of the machine's clocks reaches every call alike; ``time_ms(fn)`` times one call."""
+    rates = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            rates[name].append(flops / time_ms(fn) / 1e9)
+    return rates
+
+
+def rates_line(label: str, rates: dict, reference: str = "cuDNN") -> str:
+    """``label: name median [min-max] (median over the reference's median); ...`` of ``alternating_rates``."""
+    import statistics
+
+    ref = statistics.median(rates[reference])
+    return f"{label}: " + "; ".join(f"{name} {statistics.median(r):.0f} [{min(r):.0f}-{max(r):.0f}] "
+                                    f"({statistics.median(r) / ref:.3f})" for name, r in rates.items())

@@ -47,7 +47,8 @@ def main(argv: list | None = None, *, extra_providers: dict | None = None) -> di
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in [sys.argv[0] if argv is None else "sweep.py"]
                             + (sys.argv[1:] if argv is None else list(argv))),
-        "git_commit": git_commit(), "package_hash": package_hash(), "versions": versions(), "timer": env.timer, "options": asdict(opts),
+        "git_commit": git_commit(), "package_hash": package_hash(), "versions": versions(), "timer": env.timer,
+        "options": asdict(opts),
         "copy_bandwidth_gbs": None, "unavailable_peers": unavailable,
         "providers": {s: {n: p.note for n, p in registry.get(s, {}).items()} for s in opts.sweeps},
         "flops": "flash: 4*B*H*Lq*Lk*D, halved for causal; flash_bwd: 2.5 times that; varlen: 4*H*D*sum(L_i^2), "

@@ -48,3 +48,21 @@ def test_forced_fp8_config_replaces_the_default(monkeypatch):
     finally:
         _probe._FORCE["config"] = None
     assert wgmma_ws_fp8.default_config() == shipped
+
+
+def test_alternating_rates_take_every_call_in_turn():
+    import _probe
+
+    order = []
+    calls = {"cuDNN": lambda: "a", "ours": lambda: "b"}
+    ms = iter([2.0, 1.0, 4.0, 1.0, 2.0, 2.0])  # (cuDNN, ours) per round
+
+    def time_ms(fn):
+        order.append(fn())
+        return next(ms)
+
+    rates = _probe.alternating_rates(calls, 4e9, 3, time_ms)
+    assert order == ["a", "b"] * 3
+    assert rates == {"cuDNN": [2.0, 1.0, 2.0], "ours": [4.0, 4.0, 2.0]}
+    assert _probe.rates_line("D64 N1024 full", rates) == (
+        "D64 N1024 full: cuDNN 2 [1-2] (1.000); ours 4 [2-4] (2.000)")

@@ -13,12 +13,11 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 os.environ.setdefault("NUMBA_ATTN_REPLAY", "1")
 
 if __name__ == "__main__":
-    import numpy as np
     import torch
 
     from numba_attn.forward import wgmma_ws
     from numba_attn.runtime.autotune import size_class
-    from _probe import cudnn_forward, forced_forward
+    from _probe import alternating_rates, cudnn_forward, forced_forward, rates_line
     from _timing import queued_ms
 
     opts = dict(a.split("=", 1) for a in sys.argv[1:] if ":" not in a)
@@ -41,12 +40,7 @@ if __name__ == "__main__":
             calls = {"cuDNN": cudnn_forward(q, k, v, causal), "shipped": forced_forward(q, k, v, causal, shipped)}
             calls.update({name: forced_forward(q, k, v, causal, c) for name, c in named.items() if c != shipped})
             flops = 4 * 4 * h * n * n * d / (2 if causal else 1)
-            rates = {name: [] for name in calls}
-            for _ in range(rounds):
-                for name, f in calls.items():
-                    rates[name].append(flops / queued_ms(f, 0.2, samples=5, calls=20) / 1e9)
-            ref = float(np.median(rates["cuDNN"]))
-            print(f"D{d} N{n} {'causal' if causal else 'full'}: " + "; ".join(
-                f"{name} {np.median(r):.0f} [{min(r):.0f}-{max(r):.0f}] ({np.median(r) / ref:.3f})"
-                for name, r in rates.items()) + f" | shipped {shipped}", flush=True)
+            rates = alternating_rates(calls, flops, rounds, lambda f: queued_ms(f, 0.2, samples=5, calls=20))
+            label = f"D{d} N{n} {'causal' if causal else 'full'}"
+            print(rates_line(label, rates) + f" | shipped {shipped}", flush=True)
             del q, k, v

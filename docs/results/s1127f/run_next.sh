@@ -12,7 +12,8 @@ for dt in bf16 fp16; do
 done
 timeout 70 python3 docs/results/s1127e/probe_fp8_persistent.py 4096 16384 2>&1 | grep -v -i warn | tee $OUT/fp8.log
 # Call 2 (~300 s): head dim 64's causal rows and 1k rows -- persistent forms of the three-consumer and 192-key
-# tiles (with the snake rounds now; the carried tails are not needed for them), against the shipped choice:
+# tiles (with the snake rounds now; the carried tails are not needed for them), against the shipped choice. Offline
+# (ptxas sm_90a, 2026-11-27, causal and not): 3x96p and 192p no spills; 3x128p 4 bytes (one STL, one LDL):
 #   THREE=consumers=3,producer_registers=32,consumer_registers=160
 #   python3 docs/results/s1127f/probe_configs.py d=64 n=1024,2048,4096 rounds=3 \
 #     3x128p:block_n=128,stages=2,persistent=True,$THREE 3x96p:block_n=96,stages=3,persistent=True,$THREE \

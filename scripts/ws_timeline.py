@@ -173,7 +173,9 @@ def main(argv=None) -> int:
 
     timeline = timeline_module()
 
-    def stamped_kernel(config, head_dim_pad, bf16, scale_first=False, variant=wgmma_ws.PLAIN, store="elements"):
+    def stamped_kernel(config, head_dim_pad, bf16, scale_first=False, variant=wgmma_ws.PLAIN, store="elements",
+                       probe=None):
+        assert probe is None, "the timeline's kernel has no probes"
         source = timeline._kernel_source(config, head_dim_pad, bf16, scale_first, variant, store=store)
         return kernel_jit((config.threads, 1), wgmma_ws.SIGNATURE)(source)
 

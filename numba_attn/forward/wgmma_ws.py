@@ -106,15 +106,15 @@ PACKED_SIGNATURE = types.void(*common.kernel_signature(uint16).args, *_MAPS, typ
 
 @lru_cache(maxsize=None)
 def flash_ws_kernel(config: WsConfig, head_dim_pad: int, bf16: bool, scale_first: bool = False,
-                    variant: Variant = PLAIN, store: str = "elements"):
+                    variant: Variant = PLAIN, store: str = "elements", probe: str | None = None):
     """The compiled kernel of one specialisation, with launch bounds of one 384-thread block per SM (so that ptxas
     knows the registers at entry and honours ``setmaxnreg``); ``store``: how it writes the output
-    (``wgmma_ws_kernel.STORES``)."""
+    (``wgmma_ws_kernel.STORES``); ``probe``: a timing probe of ``_kernel_source``, wrong results."""
     if head_dim_pad % 16 or not 16 <= head_dim_pad <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, {MAX_HEAD_DIM}], got {head_dim_pad}")
     signature = PACKED_SIGNATURE if variant.packed else SIGNATURE
     return kernel_jit((config.threads, 1), signature)(_kernel_source(config, head_dim_pad, bf16, scale_first, variant,
-                                                                     store=store))
+                                                                     store=store, probe=probe))
 
 
 def output_store(out, packed: bool, stream) -> tuple:
@@ -140,12 +140,13 @@ def tensor_maps(q, k, v, config: WsConfig, stream):
 
 def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, stream,
            config: WsConfig | None = None, dtype: str | None = None, window=None,
-           softcap: float | None = None, schedule=None):
+           softcap: float | None = None, schedule=None, _probe: str | None = None):
     """Launch on device views of shape (batch, heads, seqlen, headdim) that ``supports`` accepts (as
     ``wgmma.launch``). Dense batches: where a tensor map cannot be had now, and for calls without keys,
     ``wgmma.launch`` runs the call with its default tiles. ``schedule``: the int32 schedule of packed sequences made
     for ``config.block_m`` (``forward.varlen``, which checks ``tensor_maps`` first: no fallback here, whose blocks
-    would not match the schedule's), the ``block_info.PACKED`` grid; not with ``persistent``."""
+    would not match the schedule's), the ``block_info.PACKED`` grid; not with ``persistent``. ``_probe``: a timing
+    probe (``_kernel_source``: ``"no_softmax"``, ``"no_pack"``), wrong results."""
     config = config or default_config()
     if schedule is not None and config.persistent:
         raise ValueError("config: packed sequences (a schedule) take a non-persistent WsConfig")
@@ -177,7 +178,7 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     packed = schedule is not None
     store, o_map = output_store(out, packed, stream)
     kernel = flash_ws_kernel(config, d_pad, dtype == "bfloat16", scale_first,
-                             Variant.of(bool(causal), window, softcap, packed), store)
+                             Variant.of(bool(causal), window, softcap, packed), store, _probe)
     shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m, schedule)
     if config.persistent:  # one block per SM (or per query block, when there are fewer)
         shape = (min(shape[0] * shape[1] * shape[2], multiprocessor_count()), 1, 1)

@@ -61,9 +61,9 @@ def check(*args, config=None, store="tma", **kwargs):
 def softmax_under_pv(monkeypatch):
     """Make ``wgmma_ws`` build its kernels with ``softmax_under_pv=True`` (the softmax pinned above the P V wait)."""
     @functools.lru_cache(maxsize=None)
-    def build(config, head_dim_pad, bf16, scale_first=False, variant=wgmma_ws.PLAIN, store="elements"):
+    def build(config, head_dim_pad, bf16, scale_first=False, variant=wgmma_ws.PLAIN, store="elements", probe=None):
         source = wgmma_ws_kernel._kernel_source(config, head_dim_pad, bf16, scale_first, variant, store=store,
-                                                softmax_under_pv=True)
+                                                softmax_under_pv=True, probe=probe)
         return kernel_jit((config.threads, 1), wgmma_ws.SIGNATURE)(source)
 
     monkeypatch.setattr(wgmma_ws, "flash_ws_kernel", build)
@@ -140,6 +140,16 @@ def test_simulated_persistent_snake_rounds(monkeypatch):
     # 2 take tiles 4 and 5, blocks 1 and 0 none), causal so that the tiles' lengths differ
     monkeypatch.setattr(wgmma_ws, "multiprocessor_count", lambda: 4)
     check("float16", 1, 3, 3, 130, 48, 16, True, config=wgmma_ws.WsConfig(block_n=16, stages=2, persistent=True))
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the timing probes are timed on a GPU, checked here")
+@pytest.mark.parametrize("probe", ["no_softmax", "no_pack"])
+def test_simulated_timing_probes_leave_out_their_part(probe):
+    # a timing probe (``launch(_probe=...)``) runs the kernel without the softmax or without P's conversion: its
+    # output must be wrong, else the probe timed the whole kernel
+    with pytest.raises(AssertionError, match="rel_error"):
+        _check("float16", 1, 2, 1, 20, 37, 16, False, config=TINY,
+               launch=functools.partial(wgmma_ws.launch, _probe=probe), out_pad=OUT_PAD["tma"])
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")

@@ -20,3 +20,6 @@ timeout 70 python3 docs/results/s1127e/probe_fp8_persistent.py 4096 16384 2>&1 |
 #     192p:block_n=192,stages=2,persistent=True
 # and where one wins a row by more than the rounds' spread: add it to TUNING_CANDIDATES, retune head dim 64
 # (scripts/tune_defaults.py --merge --headdims 64 --backend wgmma_ws), take the keys that chose it, sweep again.
+# Call 3 (~300 s): what bounds the kernels (never measured): the WS kernels without their softmax / P conversion.
+#   python3 docs/results/s1127f/probe_parts.py n=1024,4096 rounds=3
+#   python3 scripts/check_fp8.py --part probe --lengths 4096,16384 --reps 20

@@ -134,33 +134,38 @@ def run(call, shape, args: AttentionArgs, backend: str, allow_tf32: bool, lse_pl
     elif backend == "wgmma_ws":
         d_pad = _flash_ws.padded_head_dim(shape.head_dim)
         config = _tuned_config(FLASH_WS_TUNER, _flash_ws.launch, args, call, shape, lse_placeholder,
-                               lambda c: _flash_ws.usable(c, d_pad))
-        if not SIMULATOR:  # (the key has no window: a windowed call runs the persistent form)
-            config = _flash_ws.for_window(config, d_pad, args.window)
+                               lambda c: _flash_ws.usable(c, d_pad),
+                               lambda c: _flash_ws.for_window(c, d_pad, args.window))
         _flash_ws.launch(*args.launch_args(), call.stream, config=config, dtype=call.dtype, **variant)
     else:
         _flash_simt.launch(*args.launch_args(), call.stream, **variant)
 
 
 def tuning_key(dtype: str, head_dim: int, causal: bool, batch: int, heads: int, seqlen_q: int,
-               seqlen_k: int) -> _autotune.Key:
+               seqlen_k: int, variant: tuple = ()) -> _autotune.Key:
     """The tuners' key of a call on the current device: family and SM count; dtype, padded head dim, causal; size
-    classes of ``batch * heads * seqlen_q`` and of ``seqlen_k``."""
+    classes of ``batch * heads * seqlen_q`` and of ``seqlen_k``. ``variant``: the names of the call's compile-time
+    variant (``"softcap"``, ``"window"``), one more exact field where there are any, so that tuning a windowed or
+    capped call never sets the choice of the plain calls of its shape."""
     return _autotune.Key(
         "sm%d%d" % compute_capability(), multiprocessor_count(),
-        (dtype, _flash_mma.padded_head_dim(head_dim), bool(causal)),
+        (dtype, _flash_mma.padded_head_dim(head_dim), bool(causal)) + (("+".join(variant),) if variant else ()),
         (_autotune.size_class(batch * heads * seqlen_q), _autotune.size_class(seqlen_k)),
     )
 
 
-def _tuned_config(tuner, launch, args: AttentionArgs, call, shape, lse_placeholder, usable=None):
+def _tuned_config(tuner, launch, args: AttentionArgs, call, shape, lse_placeholder, usable=None, for_variant=None):
     """The tuner's configuration for this call (None under the simulator: the kernel's simulator configuration).
     In tuning mode a key new to the user's choices times every candidate on these inputs with ``launch``, writing
-    into a scratch output, unless the call's stream is being captured into a CUDA graph."""
+    into a scratch output, unless the call's stream is being captured into a CUDA graph. A windowed or capped call
+    has keys of its own (``tuning_key``'s ``variant``); where the user has not tuned them, the plain calls' choice
+    (the user's, else the shipped table's) answers, passed through ``for_variant`` where given."""
     if SIMULATOR:
         return None
-    key = tuning_key(call.dtype, shape.head_dim, args.causal, shape.batch, shape.heads, shape.seqlen_q,
-                     shape.seqlen_k)
+    sizes = (shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k)
+    variant = tuple(sorted(args.variant_options()))
+    key = tuning_key(call.dtype, shape.head_dim, args.causal, *sizes, variant)
+    plain_key = tuning_key(call.dtype, shape.head_dim, args.causal, *sizes) if variant else None
 
     def bench(config):
         if usable is not None and not usable(config):  # (tiles that do not fit this head dim: never chosen)
@@ -173,4 +178,4 @@ def _tuned_config(tuner, launch, args: AttentionArgs, call, shape, lse_placehold
     def capturing():
         return _launch.stream_capturing(_launch.stream_handle(call.stream))
 
-    return tuner.choose(key, bench, capturing)
+    return tuner.choose(key, bench, capturing, plain_key, for_variant)

@@ -2,7 +2,8 @@
 the kernel's default; time the candidates only when asked to.
 
 A key (``Key``) is the GPU family (``"sm90"``) and SM count, fields matched exactly (dtype, padded head dim,
-causal) and size classes (powers of 4, ``size_class``). ``Autotuner.choose`` takes, in order:
+causal; a windowed or capped call's variant) and size classes (powers of 4, ``size_class``). ``Autotuner.choose``
+takes, in order:
 
 1. the choice tuned on this machine for the exact key, SM count included: in memory, or in the JSON file per tuner
    under ``$NUMBA_ATTN_CACHE_DIR`` (default ``~/.cache/numba_attn``), so it holds for later processes too;
@@ -342,7 +343,11 @@ class Autotuner:
         return config
 
     # -- the choice ------------------------------------------------------------------------------------------------
-    def choose(self, key: Key, bench: Callable[[Any], float], capturing: Callable[[], bool] | None = None):
+    def choose(self, key: Key, bench: Callable[[Any], float], capturing: Callable[[], bool] | None = None,
+               fallback_key: Key | None = None, adjust: Callable[[Any], Any] | None = None):
+        """The configuration for ``key`` (steps 1-4 above). ``fallback_key``: where ``key`` has no choice of the
+        user's and is not tuned now, the choice for that key (the user's, else the shipped table's) stands in,
+        passed through ``adjust`` -- for keys the shipped tables do not hold (windowed calls: ``forward.dispatch``)."""
         current = mode()
         if current != OFF:
             config = self.tuned(key)
@@ -350,7 +355,10 @@ class Autotuner:
                 return config
             if current == TUNE and not (capturing is not None and capturing()):
                 return self._tune(key, bench)
-        return self.shipped(key)
+        if fallback_key is None:
+            return self.shipped(key)
+        config = (self.tuned(fallback_key) if current != OFF else None) or self.shipped(fallback_key)
+        return config if adjust is None else adjust(config)
 
     def forget(self) -> None:
         """Drop what is held in memory (the files stay): the next ``choose`` reads the user's file and the shipped

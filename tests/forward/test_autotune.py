@@ -377,13 +377,15 @@ def test_tuning_key_of_flash_forward():
     k = dispatch.tuning_key("float16", 72, True, 2, 3, 1001, 777)
     assert k.fields == ("float16", 80, True) and k.sizes == (16384, 1024)
     assert k.family == "sm%d%d" % dispatch.compute_capability() and k.sms == dispatch.multiprocessor_count()
+    windowed = dispatch.tuning_key("float16", 72, True, 2, 3, 1001, 777, ("softcap", "window"))
+    assert windowed.fields == ("float16", 80, True, "softcap+window") and windowed.sizes == k.sizes
 
 
 class FakeLaunch:
     def __init__(self):
         self.configs = []
 
-    def __call__(self, *args, config=None, dtype=None):
+    def __call__(self, *args, config=None, dtype=None, **variant):
         self.configs.append(config)
 
 
@@ -398,8 +400,9 @@ def forward_call(monkeypatch, capturing: bool):
     call = types.SimpleNamespace(dtype="float16", stream=7, scratch=lambda shape, dtype: np.zeros(shape, np.float16))
     shape = types.SimpleNamespace(head_dim=64, batch=4, heads=48, seqlen_q=1024, seqlen_k=1024,
                                   out_shape=lambda: (4, 48, 1024, 64))
-    args = types.SimpleNamespace(causal=False, writing=lambda *a: types.SimpleNamespace(launch_args=lambda: (),
-                                                                                        variant_options=dict))
+    args = types.SimpleNamespace(causal=False, variant_options=dict,
+                                 writing=lambda *a: types.SimpleNamespace(launch_args=lambda: (),
+                                                                          variant_options=dict))
     return call, shape, args, asked
 
 
@@ -425,6 +428,49 @@ def test_flash_forward_without_tuning_asks_nothing_of_the_stream(cache, tables, 
     launch = FakeLaunch()
     assert dispatch._tuned_config(tuner, launch, args, call, shape, None) == CANDIDATES[2]
     assert asked == [] and launch.configs == []
+
+
+def windowed(args):
+    """``args`` of a call with a sliding window (its variant options, also in the scratch it tunes into)."""
+    options = lambda: {"window": (64, 0)}  # noqa: E731
+    return types.SimpleNamespace(causal=args.causal, variant_options=options,
+                                 writing=lambda *a: types.SimpleNamespace(launch_args=lambda: (),
+                                                                          variant_options=options))
+
+
+def test_a_windowed_call_tunes_its_own_key(cache, tables, monkeypatch):
+    # tuning a windowed call must not set the plain calls' choice: they keep the shipped entry
+    write_table(tables, {"float16|64|False|262144|1024": CANDIDATES[2]})
+    tuner = _autotune.Autotuner("t", CANDIDATES, CANDIDATES[0], str(tables))
+    call, shape, args, _ = forward_call(monkeypatch, False)
+    launch = FakeLaunch()
+    cost = {CANDIDATES[0]: 3.0, CANDIDATES[1]: 1.0, CANDIDATES[2]: 2.0}
+    monkeypatch.setattr(_autotune, "time_on_stream", lambda fn, stream, reps=None: (fn(), cost[launch.configs[-1]])[1])
+    with numba_attn.autotune():
+        assert dispatch._tuned_config(tuner, launch, windowed(args), call, shape, None) == CANDIDATES[1]
+    assert dispatch._tuned_config(tuner, launch, args, call, shape, None) == CANDIDATES[2]
+    assert dispatch._tuned_config(tuner, launch, windowed(args), call, shape, None) == CANDIDATES[1]
+    assert set(json.loads((cache / "autotune-t.json").read_text())) == {"sm90|132|float16|64|False|window|262144|1024"}
+
+
+def test_an_untuned_windowed_call_takes_the_plain_choice_adjusted(cache, tables, monkeypatch):
+    # without a choice of its own a windowed call takes the plain calls' (the shipped one, then the user's), passed
+    # through the kernel's adjustment (the WS kernel's persistent form for windows)
+    write_table(tables, {"float16|64|False|262144|1024": CANDIDATES[2]})
+    tuner = _autotune.Autotuner("t", CANDIDATES, CANDIDATES[0], str(tables))
+    call, shape, args, _ = forward_call(monkeypatch, False)
+    launch = FakeLaunch()
+
+    def narrow(config):
+        return dataclasses.replace(config, keys=16)
+    got = dispatch._tuned_config(tuner, launch, windowed(args), call, shape, None, None, narrow)
+    assert got == narrow(CANDIDATES[2]) and launch.configs == []
+    cost = {CANDIDATES[0]: 1.0, CANDIDATES[1]: 3.0, CANDIDATES[2]: 2.0}
+    monkeypatch.setattr(_autotune, "time_on_stream", lambda fn, stream, reps=None: (fn(), cost[launch.configs[-1]])[1])
+    with numba_attn.autotune():
+        assert dispatch._tuned_config(tuner, launch, args, call, shape, None) == CANDIDATES[0]  # the user's, now
+    assert dispatch._tuned_config(tuner, launch, windowed(args), call, shape, None, None, narrow) == \
+        narrow(CANDIDATES[0])
 
 
 @pytest.mark.skipif(not numba_attn.SIMULATOR, reason="the simulator's case")

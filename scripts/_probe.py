@@ -36,11 +36,15 @@ def forced_forward(q, k, v, causal: bool, config=None, backend: str | None = "wg
     import numba_attn
 
     _patch_dispatch()
+    return _forced(config, lambda: numba_attn.flash_forward(q, k, v, causal=causal, backend=backend, window=window))
 
+
+def _forced(config, fn):
+    """``fn`` as a call with ``config`` forced while it runs."""
     def call():
         _FORCE["config"] = config
         try:
-            numba_attn.flash_forward(q, k, v, causal=causal, backend=backend, window=window)
+            fn()
         finally:
             _FORCE["config"] = None
     return call
@@ -67,14 +71,7 @@ def forced_fp8_forward(q, k, v, causal: bool, config=None):
 
     _patch_dispatch()  # (the replay key)
     _patch_fp8()
-
-    def call():
-        _FORCE["config"] = config
-        try:
-            numba_attn.flash_forward(q, k, v, causal=causal, backend="wgmma_ws")
-        finally:
-            _FORCE["config"] = None
-    return call
+    return _forced(config, lambda: numba_attn.flash_forward(q, k, v, causal=causal, backend="wgmma_ws"))
 
 
 def cudnn_forward(q, k, v, causal: bool):

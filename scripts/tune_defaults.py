@@ -34,18 +34,19 @@ import dataclasses
 import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for _path in (ROOT, os.path.join(ROOT, "scripts")):  # (the package; the sweep's provenance helpers)
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 import numba_attn  # noqa: E402  (before numba.cuda)
 from numba_attn.forward import dispatch  # noqa: E402
 from numba_attn.runtime import autotune as _autotune, kernel_cache  # noqa: E402
+from bench.environment import git_commit, package_hash  # noqa: E402
 from numba_attn.runtime.device import compute_capability, multiprocessor_count  # noqa: E402
 
 #: heads per head dim: the models of the benchmarks (D64 H48 and D128 H32 at B4), D256 with 16
@@ -145,16 +146,6 @@ def short(config) -> str:
     default = dataclasses.asdict(type(config)())
     changed = {name: value for name, value in fields.items() if value != default[name]}
     return type(config).__name__ + "(" + ", ".join(f"{n}={v}" for n, v in changed.items()) + ")"
-
-
-def git_commit():
-    """The checkout's commit, ``-dirty`` where its tracked files differ from it. A copied tree may carry a stale
-    ``.git`` (or find its parent's): ``package_hash`` in the table says which sources ran."""
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def versions(torch):
@@ -263,7 +254,7 @@ def write_table(args, torch, family, done, seconds):
         "written_by": "scripts/tune_defaults.py", "command": " ".join(["scripts/tune_defaults.py"] + sys.argv[1:]),
         "device": torch.cuda.get_device_name(), "sms": multiprocessor_count(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git_commit(), "package_hash": kernel_cache.package_hash()[:16], "versions": versions(torch),
+        "git_commit": git_commit(), "package_hash": package_hash(), "versions": versions(torch),
         "reps": _autotune.REPS, "seconds": round(seconds),
         "timer": "runtime.autotune.time_on_stream: warm-up calls, then the median of reps samples of back-to-back "
                  "calls between CUDA events",

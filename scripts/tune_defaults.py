@@ -24,7 +24,9 @@ candidate of that run; prints the loss per shape and exits 1 when a loss exceeds
 
 Budget: kernels compile once per (configuration, padded head dim, dtype) -- most of the time on a fresh machine
 (Numba's disk cache keeps them for a second run) --, timing takes seconds. ``--time-limit`` (default 230 s) stops
-starting new shapes and writes what is done; ``--merge`` adds a later run's keys to an existing table. Needs a GPU,
+starting new shapes and writes what is done; ``--merge`` adds a later run's keys to an existing table; ``--take
+block_n=128,persistent=True,...`` (with ``--merge``) writes only the keys whose new choice has those fields -- a new
+candidate taken where it won, the run's other choices left as they were (the source notes the keys). Needs a GPU,
 torch (inputs; bfloat16 is taken only as torch tensors) and numba_attn importable from the repository root.
 """
 from __future__ import annotations
@@ -249,6 +251,26 @@ def run_tune(args, torch, family):
     return table
 
 
+def parse_fields(text: str) -> dict:
+    """``--take``'s ``name=value,...`` as a dict of ints and bools."""
+    fields = {}
+    for item in filter(None, text.split(",")):
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--take: expected name=value items separated by commas, got {item!r}")
+        fields[name] = value == "True" if value in ("True", "False") else int(value)
+    return fields
+
+
+def takes(text: str, config: dict) -> bool:
+    """Whether a chosen configuration (a dict of fields) has every field of ``--take``."""
+    wanted = parse_fields(text)
+    unknown = sorted(set(wanted) - set(config))
+    if unknown:
+        raise SystemExit(f"--take: no field {', '.join(unknown)} in the tuned configurations ({', '.join(config)})")
+    return all(config[name] == value for name, value in wanted.items())
+
+
 def write_table(args, torch, family, done, seconds):
     source = {
         "written_by": "scripts/tune_defaults.py", "command": " ".join(["scripts/tune_defaults.py"] + sys.argv[1:]),
@@ -263,6 +285,11 @@ def write_table(args, torch, family, done, seconds):
     if args.merge and os.path.exists(args.out):
         with open(args.out) as f:
             old = json.load(f)
+    if args.take:
+        done = {name: {key: entry for key, entry in entries.items() if takes(args.take, entry["config"])}
+                for name, entries in done.items()}
+        source["taken"] = (f"only the keys whose choice has {args.take}: "
+                           + (", ".join(sorted(k for e in done.values() for k in e)) or "none"))
     table = {"family": family, "about": ABOUT, "source": source, "tuners": {}}
     if old:
         table["merged_from"] = [old.get("source")] + old.get("merged_from", [])
@@ -343,6 +370,8 @@ def main():
     parser.add_argument("--time-limit", type=float, default=230.0, help="seconds after which no new shape starts")
     parser.add_argument("--out", help="the table to write (default: the package's numba_attn/forward/tuned/<family>.json)")
     parser.add_argument("--merge", action="store_true", help="keep the entries of --out that this run does not tune")
+    parser.add_argument("--take", help="with --merge: write only the keys whose new choice has these fields "
+                        "(name=value,...)")
     parser.add_argument("--check", action="store_true", help="compare --table with full tuning instead of tuning")
     parser.add_argument("--table", help="the table --check reads (default: the package's table of this family)")
     parser.add_argument("--tolerance", type=float, default=5.0, help="--check: the loss in percent that fails")
@@ -352,6 +381,10 @@ def main():
     parser.add_argument("--check-time-limit", type=float, default=None,
                         help="--then-check: its own time limit (default: --time-limit)")
     args = parser.parse_args()
+    if args.take is not None:
+        if not args.merge:
+            parser.error("--take needs --merge (the keys not taken keep the table's entries)")
+        parse_fields(args.take)
     sys.stdout.reconfigure(line_buffering=True)  # progress shows through a pipe (tee) as it comes
     if numba_attn.SIMULATOR:
         raise SystemExit("tune_defaults.py needs a GPU (running under the CUDA simulator)")

@@ -69,7 +69,7 @@ def fake_gpu(script, monkeypatch, tmp_path):
 
 
 def options(tmp_path, **kwargs):
-    values = dict(dtypes=["float16"], headdims=[64, 256], backend=None, time_limit=1e9, merge=False,
+    values = dict(dtypes=["float16"], headdims=[64, 256], backend=None, time_limit=1e9, merge=False, take=None,
                   out=str(tmp_path / "sm00.json"), table=str(tmp_path / "sm00.json"), tolerance=5.0, report=None)
     values.update(kwargs)
     return argparse.Namespace(**values)
@@ -129,6 +129,39 @@ def test_merge_keeps_the_keys_a_run_does_not_tune(script, fake_gpu, tmp_path):
     table = json.loads((tmp_path / "sm00.json").read_text())
     assert len(table["tuners"]["flash_mma"]["entries"]) == len(table["tuners"]["flash_wgmma"]["entries"]) == 14
     assert len(table["merged_from"]) == 1
+
+
+def test_take_writes_only_the_keys_that_chose_those_fields(script, fake_gpu, tmp_path, monkeypatch):
+    """A first run chooses the first candidate everywhere; a second prefers the second, and the last at 16k keys: with ``take`` naming the last one's fields only the 16k keys change, the rest keep the first run's."""
+    torch, _ = fake_gpu
+    tuner = dispatch.FLASH_MMA_TUNER  # (head dim 256: three candidates)
+    first, second, last = tuner.candidates[0], tuner.candidates[1], tuner.candidates[-1]
+    monkeypatch.setattr(script, "fake_time", lambda tuner_, config, key, seqlen_q: 1 + tuner_.candidates.index(config))
+    script.run_tune(options(tmp_path, headdims=[256]), torch, "sm00")
+    for t in dispatch.TUNERS:
+        t.forget()
+
+    def prefers_second(tuner_, config, key, seqlen_q):
+        index = tuner_.candidates.index(config)
+        if key.sizes[1] == 16384 and index == len(tuner_.candidates) - 1:
+            return 0.5
+        return 0.9 if index == 1 else 1.0 + 0.1 * index
+
+    monkeypatch.setattr(script, "fake_time", prefers_second)
+    take = ",".join(f"{name}={value}" for name, value in dataclasses.asdict(last).items())
+    script.run_tune(options(tmp_path, headdims=[256], merge=True, take=take), torch, "sm00")
+    table = json.loads((tmp_path / "sm00.json").read_text())
+    entries = table["tuners"]["flash_mma"]["entries"]
+    assert len(entries) == 14 and len({first, second, last}) == 3
+    for text, entry in entries.items():
+        wanted = last if text.endswith("|16384") else first
+        assert entry["config"] == dataclasses.asdict(wanted), text
+    taken = sorted(text for text in entries if text.endswith("|16384"))
+    assert table["source"]["taken"].endswith(", ".join(taken)) and len(taken) == 6
+    with pytest.raises(SystemExit, match="no field nonsense"):
+        script.takes("nonsense=1", dataclasses.asdict(first))
+    with pytest.raises(SystemExit, match="name=value"):
+        script.parse_fields("block_n")
 
 
 def test_time_limit_stops_new_shapes(script, fake_gpu, tmp_path, capsys):

@@ -59,14 +59,15 @@ SIMULATOR_CONFIG = WsConfig(block_n=16, stages=2)
 #: tiles compute in less time than a TMA copy takes to land, 192-key tiles there (FlashAttention-3's at head dim
 #: 64), and three consumer warpgroups (192 rows; with 160 registers each, up to 128-key tiles at head dim 64 --
 #: FlashAttention-3's 192 x 128 tiles there -- and 64-key ones at 128) -- fewer blocks, so less fixed cost per row
-#: where tiles are few
+#: where tiles are few; their persistent form for head dim 64's causal and mid-length rows
 _THREE = dict(consumers=3, producer_registers=32, consumer_registers=160)
 TUNING_CANDIDATES = (DEFAULT_CONFIG, WsConfig(block_n=64, stages=3), WsConfig(block_n=128, stages=3),
                      WsConfig(block_n=128, stages=4), WsConfig(block_n=176, stages=2), WsConfig(block_n=176, stages=3),
                      WsConfig(pingpong=False), WsConfig(persistent=True), WsConfig(block_n=96, stages=3, **_THREE),
                      WsConfig(block_n=96, stages=3, pingpong=False, **_THREE), WsConfig(block_n=192, stages=2),
                      WsConfig(block_n=192, stages=3), WsConfig(block_n=64, stages=4, **_THREE),
-                     WsConfig(block_n=128, stages=2, **_THREE), WsConfig(block_n=128, stages=3, **_THREE))
+                     WsConfig(block_n=128, stages=2, **_THREE), WsConfig(block_n=128, stages=3, **_THREE),
+                     WsConfig(block_n=128, stages=2, persistent=True, **_THREE))
 
 
 #: dynamic shared memory a block of sm_90 may use

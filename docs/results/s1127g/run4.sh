@@ -1,0 +1,3 @@
+# Call 4 (issue #30, run inline): why the sweep reads D64 causal 1k slower than the WS probes (probe_1k.py: it runs
+# on "wgmma" there, dispatch.WS_MIN_KEYS_AT), and the fp8 16k row that call 1's time limit cut.
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site:$PWD NUMBA_ATTN_CACHE_DIR=$PWD/.gpu/cache; nvidia-smi --query-gpu=name --format=csv,noheader; date -u +%H:%M:%S; timeout 200 python3 docs/results/s1127g/probe_1k.py 2>&1 | grep -v -i warn | tee $OUT/probe_1k.log; date -u +%H:%M:%S; timeout 90 python3 docs/results/s1127e/probe_fp8_persistent.py 16384 2>&1 | grep -v -i warn | tee $OUT/fp8_16k.log; date -u +%H:%M:%S

@@ -3,6 +3,7 @@
 from disk instead of compiling one after another (10-15 s each on the device's CPUs).
 
     python3 scripts/prewarm_ws.py 64:bfloat16,float16 128:bfloat16   # every usable candidate, causal and not
+    python3 scripts/prewarm_ws.py 128:fp8     # the fp8 kernel's candidates and their persistent forms (bf16 out)
 
 On the H100 machine (16 CPUs) 52 kernels took 44 s in 14 processes, the longest 13 s. The
 kernels are those ``flash_forward`` builds for dense calls whose output the TMA can store (``store="tma"``), no
@@ -17,13 +18,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 def build(spec):
-    from numba_attn.forward import wgmma_ws
+    from numba_attn.forward import wgmma_ws, wgmma_ws_fp8
     from numba_attn.forward.common import Variant
 
     fields, d, dtype, causal, window = spec
     start = time.perf_counter()
-    kernel = wgmma_ws.flash_ws_kernel(wgmma_ws.WsConfig(**fields), d, dtype == "bfloat16", False,
-                                      Variant.of(causal, window), "tma")
+    if dtype == "fp8":  # (per-tensor descales, no soft-cap: what a call without descale factors builds)
+        kernel = wgmma_ws_fp8.flash_ws_fp8_kernel(wgmma_ws.WsConfig(**fields), d, True, False, False,
+                                                  Variant.of(causal, window, None))
+    else:
+        kernel = wgmma_ws.flash_ws_kernel(wgmma_ws.WsConfig(**fields), d, dtype == "bfloat16", False,
+                                          Variant.of(causal, window), "tma")
     kernel.dispatcher()
     return spec, time.perf_counter() - start
 
@@ -33,16 +38,21 @@ def specs(args, extra=()):
     then ``extra``."""
     import dataclasses
 
-    from numba_attn.forward import wgmma_ws
+    from numba_attn.forward import wgmma_ws, wgmma_ws_fp8
 
     found = []
     for arg in args:
         d, dtypes = arg.split(":")
         for dtype in dtypes.split(","):
+            if dtype == "fp8":
+                configs = [c for base in wgmma_ws_fp8.TUNING_CANDIDATES
+                           for c in (base, dataclasses.replace(base, persistent=True))
+                           if wgmma_ws_fp8.usable(c, int(d))]
+            else:
+                configs = [c for c in wgmma_ws.TUNING_CANDIDATES if wgmma_ws.usable(c, int(d))]
             for causal in (False, True):
-                for config in wgmma_ws.TUNING_CANDIDATES:
-                    if wgmma_ws.usable(config, int(d)):
-                        found.append((dataclasses.asdict(config), int(d), dtype, causal, None))
+                for config in dict.fromkeys(configs):
+                    found.append((dataclasses.asdict(config), int(d), dtype, causal, None))
     return found + list(extra)
 
 

@@ -81,10 +81,12 @@ def usable(config: WsConfig, head_dim_pad: int) -> bool:
 
 def fits_registers(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> bool:
     """Whether a consumer's live values fit its register budget: S (``block_n / 2`` per thread), P (``block_n /
-    4``; 8-bit: ``block_n / 8``), O (``head_dim_pad / 2``) and ~32 for the rest (8-bit: ~40). A rough rule from
+    4``; 8-bit: ``block_n / 8``), O (``head_dim_pad / 2``) and ~32 for the rest (8-bit: ~36). A rough rule from
     ptxas (2026-11-27): no spills at head dim 64 with 160 registers and 128-key tiles (the rule's 160), nor at 128
-    with 240 and 192-key tiles (240); 8-bit: 192-key tiles do not spill at 240, 224-key ones spill 32 bytes (244)."""
-    p_words, rest = config.block_n // (8 if fp8 else 4), (40 if fp8 else 32)
+    with 240 and 192-key tiles (240); 8-bit at head dim 128: 224-key tiles do not spill at 240 (240), 256-key ones
+    spill 192 bytes (260); with three consumers at 160, 96-key tiles do not spill (160), 128-key ones 256 bytes
+    (180)."""
+    p_words, rest = config.block_n // (8 if fp8 else 4), (36 if fp8 else 32)
     return config.block_n // 2 + p_words + head_dim_pad // 2 + rest <= config.consumer_registers
 
 

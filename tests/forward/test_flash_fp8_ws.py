@@ -91,6 +91,15 @@ def test_simulated_key_tiles_over_128():
 
 
 @simulator_only
+@pytest.mark.parametrize("persistent, causal", [(False, True), (True, False)])
+def test_simulated_three_consumers(persistent, causal):
+    # 192 rows per block: 200 queries make a second, partial block; 150 keys in 32-key tiles, the last partial
+    config = wgmma_ws.WsConfig(block_n=32, stages=2, persistent=persistent, consumers=3, producer_registers=32,
+                               consumer_registers=160)
+    check(1, 1, 1, 200, 150, 32, causal, config=config, seed=5)
+
+
+@simulator_only
 def test_simulated_float16_window_softcap_no_keys():
     check(1, 1, 1, 24, 100, 32, False, out_dtype="float16", window=(20, 3), softcap=4.0)
     check(1, 1, 1, 6, 0, 32, False)  # no keys: wgmma_fp8 writes the zeros and -inf

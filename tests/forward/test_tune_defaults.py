@@ -132,7 +132,8 @@ def test_merge_keeps_the_keys_a_run_does_not_tune(script, fake_gpu, tmp_path):
 
 
 def test_take_writes_only_the_keys_that_chose_those_fields(script, fake_gpu, tmp_path, monkeypatch):
-    """A first run chooses the first candidate everywhere; a second prefers the second, and the last at 16k keys: with ``take`` naming the last one's fields only the 16k keys change, the rest keep the first run's."""
+    """A first run chooses the first candidate everywhere; a second prefers the second, and the last at 16k keys:
+    with ``take`` naming the last one's fields only the 16k keys change, the rest keep the first run's."""
     torch, _ = fake_gpu
     tuner = dispatch.FLASH_MMA_TUNER  # (head dim 256: three candidates)
     first, second, last = tuner.candidates[0], tuner.candidates[1], tuner.candidates[-1]
@@ -221,3 +222,12 @@ def test_prewarm_lists_every_usable_candidate():
     assert {(d, dtype, causal) for _, d, dtype, causal, _ in found[:-1]} == {
         (64, "float16", False), (64, "float16", True), (64, "bfloat16", False), (64, "bfloat16", True),
         (128, "bfloat16", False), (128, "bfloat16", True)}
+    fp8 = module.specs(["128:fp8"])
+    from numba_attn.forward import wgmma_ws_fp8
+
+    configs = {tuple(sorted(fields.items())) for fields, *_ in fp8}
+    assert len(fp8) == 2 * len(configs) and {dtype for _, _, dtype, _, _ in fp8} == {"fp8"}
+    for base in wgmma_ws_fp8.TUNING_CANDIDATES:  # each candidate and its persistent form
+        for persistent in (False, True):
+            fields = dataclasses.asdict(dataclasses.replace(base, persistent=persistent))
+            assert tuple(sorted(fields.items())) in configs

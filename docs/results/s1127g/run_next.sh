@@ -17,3 +17,9 @@ done
 # Call 2: D64 non-causal 1k bf16 -- the key bfloat16|64|False|262144|1024 covers B4 N512 and N1k; the retune had
 # 2x128 persistent lose 5.9 % at 1k and three consumers x 128 persistent lose ~5.5 % at 512 (fp16's key took the
 # latter: its 1k row 0.81 -> 0.92x). Probe both at 512 and 1k (probe_configs.py d=64 n=512,1024 rounds=5 ...).
+# Call 3 (~250 s): the fp8 candidates of 9080ec0 (224-key tiles; three consumers of 96- / 64-key tiles), their GPU
+# tests, then timed against our bf16. A winner by more than the rounds' spread at 4k and 16k becomes
+# wgmma_ws_fp8.DEFAULT_CONFIG (fp8 has no tuner).
+#   timeout 100 python3 scripts/prewarm_ws.py 128:fp8
+#   timeout 150 python3 -m pytest -q -p no:benchmark -m gpu -n 8 tests/forward/test_flash_fp8_ws.py tests/forward/test_flash_fp8.py
+#   timeout 200 python3 docs/results/s1127g/probe_fp8_configs.py n=4096,16384 rounds=3

@@ -47,6 +47,7 @@ for _path in (ROOT, os.path.dirname(os.path.abspath(__file__))):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from _fields import parse_fields as parse_config  # noqa: E402
 from _timing import median_ms as _median_ms  # noqa: E402
 
 MODEL_SLACK = 8e-3
@@ -357,16 +358,6 @@ def _direct_launch(torch, module, config, q8, k8, v8, dq, dk, dv, causal, transp
 
     run.out = out
     return run
-
-
-def parse_config(text):
-    changes = {}
-    for item in filter(None, text.split(",")):
-        key, _, value = item.partition("=")
-        value = value.strip()
-        changes[key.strip()] = int(value) if value.isdigit() else {"true": True, "false": False}.get(value.lower(),
-                                                                                                     value)
-    return changes
 
 
 def main() -> int:

@@ -46,6 +46,7 @@ for _path in (ROOT, os.path.dirname(os.path.abspath(__file__))):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from _fields import parse_fields  # noqa: E402
 from _timing import median_ms  # noqa: E402
 
 TOL_3X = 1e-5
@@ -57,14 +58,11 @@ def say(*args):
 
 
 def parse_config(text):
-    """'warps=8,block_n=32,split=kv' -> {'warps': 8, 'block_n': 32, 'split': 'kv'}."""
-    changes = {}
-    for item in filter(None, text.split(",")):
-        key, _, value = item.partition("=")
-        if not value:
-            raise argparse.ArgumentTypeError(f"--config: expected KEY=VALUE, got {item!r}")
-        changes[key.strip()] = value.strip() if key.strip() == "split" else int(value)
-    return changes
+    """'warps=8,block_n=32,split=kv' -> {'warps': 8, 'block_n': 32, 'split': 'kv'} (``_fields.parse_fields``)."""
+    try:
+        return parse_fields(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"--config: {error}") from None
 
 
 def variant_name(changes):

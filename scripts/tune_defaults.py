@@ -48,6 +48,7 @@ for _path in (ROOT, os.path.join(ROOT, "scripts")):  # (the package; the sweep's
 import numba_attn  # noqa: E402  (before numba.cuda)
 from numba_attn.forward import dispatch  # noqa: E402
 from numba_attn.runtime import autotune as _autotune, kernel_cache  # noqa: E402
+import _fields  # noqa: E402
 from bench.environment import git_commit, package_hash  # noqa: E402
 from numba_attn.runtime.device import compute_capability, multiprocessor_count  # noqa: E402
 
@@ -252,14 +253,11 @@ def run_tune(args, torch, family):
 
 
 def parse_fields(text: str) -> dict:
-    """``--take``'s ``name=value,...`` as a dict of ints and bools."""
-    fields = {}
-    for item in filter(None, text.split(",")):
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"--take: expected name=value items separated by commas, got {item!r}")
-        fields[name] = value == "True" if value in ("True", "False") else int(value)
-    return fields
+    """``--take``'s ``name=value,...`` (``_fields.parse_fields``); SystemExit where it is not that."""
+    try:
+        return _fields.parse_fields(text)
+    except ValueError as error:
+        raise SystemExit(f"--take: {error}") from None
 
 
 def takes(text: str, config: dict) -> bool:

@@ -17,16 +17,12 @@ if __name__ == "__main__":
 
     from numba_attn.forward import wgmma_ws
     from numba_attn.runtime.autotune import size_class
+    from _fields import named_configs
     from _probe import alternating_rates, cudnn_forward, forced_forward, rates_line
     from _timing import queued_ms
 
     opts = dict(a.split("=", 1) for a in sys.argv[1:] if ":" not in a)
-    named = {}
-    for a in sys.argv[1:]:
-        if ":" in a:
-            name, fields = a.split(":", 1)
-            named[name] = wgmma_ws.WsConfig(**{k: (v == "True" if v in ("True", "False") else int(v))
-                                               for k, v in (f.split("=") for f in fields.split(",") if f)})
+    named = named_configs(sys.argv[1:], wgmma_ws.WsConfig)
     d, rounds = int(opts.get("d", 64)), int(opts.get("rounds", 3))
     h = 48 if d == 64 else 32
     entries = json.load(open(os.path.join(ROOT, "numba_attn", "forward", "tuned", "sm90.json")))

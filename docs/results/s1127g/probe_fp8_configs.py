@@ -19,16 +19,12 @@ if __name__ == "__main__":
 
     import numba_attn
     from numba_attn.forward import wgmma_ws, wgmma_ws_fp8
+    from _fields import named_configs
     from _probe import alternating_rates, forced_fp8_forward, rates_line
     from _timing import queued_ms
 
     opts = dict(a.split("=", 1) for a in sys.argv[1:] if ":" not in a)
-    named = {}
-    for a in sys.argv[1:]:
-        if ":" in a:
-            name, fields = a.split(":", 1)
-            named[name] = wgmma_ws.WsConfig(**{k: (v == "True" if v in ("True", "False") else int(v))
-                                               for k, v in (f.split("=") for f in fields.split(",") if f)})
+    named = named_configs(sys.argv[1:], wgmma_ws.WsConfig)
     if not named:
         three = dict(consumers=3, producer_registers=32, consumer_registers=160)
         base = {"192": wgmma_ws_fp8.DEFAULT_CONFIG, "224": wgmma_ws.WsConfig(block_n=224),

@@ -47,6 +47,7 @@ completes the bytes at once, ``setmaxnreg_*`` does nothing and ``elect_one`` is 
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -64,7 +65,9 @@ _I64 = ir.IntType(64)
 # ---------------------------------------------------------------------------------------------------------------------
 _SIM_LOCK = threading.Lock()
 _SIM_BARRIERS: dict = {}  # (shared array address, index) -> [pending arrivals, arrival count, tx bytes, phase]
-_SIM_NAMED: dict = {}  # (block manager id, barrier id) -> [threads arrived, generation, their count]
+#: block manager -> {barrier id: [threads arrived, generation, their count]}; weak keys: a finished block's states
+#: go with its manager (keyed by ``id()``, a later block whose manager got a dead one's id met its states)
+_SIM_NAMED = weakref.WeakKeyDictionary()
 _SIM_MAPS: dict = {}  # simulated tensor-map handle -> SimTensorMap
 #: polls of the block's barrier before a simulated wait gives up (a deadlock under the simulator)
 _SIM_MAX_POLLS = 200_000
@@ -205,9 +208,9 @@ def _sim_named_count(barrier_id, count):
     thread count (PTX leaves anything else undefined: on an H100 two uses of one id with different counts raised an
     illegal instruction now and then, when their rounds overlapped). The simulator's threads seldom make them
     overlap, so it is stricter: one id, one count, for the whole block."""
-    key = (id(_sim_thread()._manager), int(barrier_id))
+    manager = _sim_thread()._manager
     with _SIM_LOCK:
-        state = _SIM_NAMED.setdefault(key, [0, 0, int(count)])
+        state = _SIM_NAMED.setdefault(manager, {}).setdefault(int(barrier_id), [0, 0, int(count)])
         if state[2] != int(count):
             raise RuntimeError(f"simulator: named barrier {int(barrier_id)} used with {state[2]} and {int(count)} "
                                f"threads (give each use its own id)")

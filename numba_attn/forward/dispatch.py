@@ -41,21 +41,26 @@ TUNERS = (FLASH_MMA_TUNER, FLASH_WGMMA_TUNER, FLASH_WS_TUNER)
 
 #: padded head dims (multiples of 16) at which ``flash_forward``'s default on Hopper is the warp-specialised kernel
 #: instead of "wgmma" -- the one place to change it. H100, 2026-11-26, fp16, B4: at D128 H32 it ran 1.01-1.35x
-#: "wgmma" at 1k-16k keys, causal or not; at D64 H48 only for long rows (``WS_MIN_KEYS_AT``)
+#: "wgmma" at 1k-16k keys, causal or not; at D64 H48 only from 1k keys (``WS_MIN_SEQLEN_K_AT``)
 WS_DEFAULT_HEAD_DIMS = frozenset({64, 128})
 #: ... and only for calls whose rows see at least this many keys on average (``long_rows``). At D128 B4 H32 (sweep,
 #: H100, 2026-11-26, fp16 / bf16, one call at a time, WS calls replayed) the WS kernel ran non-causal 512 at
 #: 1.09-1.24x "wgmma" and causal 1k (512 on average) at 1.14-1.23x, but causal 512 (256) at 0.90-0.91x
 WS_MIN_KEYS = 512
-#: padded head dims with a threshold of their own. D64 B4 H48 with its own tuned configurations (sweep, H100,
-#: 2026-11-27 03:50, bf16 / fp16, forced backends): WS against "wgmma" non-causal 1k 1.14x, 2k 1.11-1.13x, causal 2k
-#: (1k keys on average) 1.03x, 4k 1.05-1.09x, but causal 1k (512) 0.87-0.92x. (Untuned, WS had lost below 4k.)
-WS_MIN_KEYS_AT = {64: 1024}
+#: padded head dims whose threshold counts the keys, not the keys per row on average: the WS kernel is the default
+#: there from this ``seqlen_k`` on, causal or not. D64 B4 H48, its persistent tuned forms (H100, 2026-11-27 13:12,
+#: bf16, sweep and alternating rounds, forced backends): WS against "wgmma" causal 1k (512 keys on average) 1.20-1.22x,
+#: non-causal 1k 1.22x, but non-causal 512 0.68x and causal 512 0.71x. (Before the persistent forms: causal 1k
+#: 0.87-0.92x, so 1k keys on average were asked.)
+WS_MIN_SEQLEN_K_AT = {64: 1024}
 
 
-def ws_min_keys(head_dim_pad: int) -> int:
-    """The keys per row on average from which the WS kernel is the default at this padded head dim."""
-    return WS_MIN_KEYS_AT.get(head_dim_pad, WS_MIN_KEYS)
+def ws_long_enough(seqlen_k: int, causal: bool, head_dim_pad: int) -> bool:
+    """Whether a dense call at this padded head dim has keys enough for the WS kernel to be its default."""
+    min_seqlen_k = WS_MIN_SEQLEN_K_AT.get(head_dim_pad)
+    if min_seqlen_k is not None:
+        return seqlen_k >= min_seqlen_k
+    return long_rows(seqlen_k, causal, WS_MIN_KEYS)
 
 
 def long_rows(seqlen_k: int, causal: bool, min_keys: int = WS_MIN_KEYS) -> bool:
@@ -115,7 +120,7 @@ def backend_for(call, shape, backend, allow_tf32: bool, causal: bool = False) ->
     arrays = tuple(call.inputs[name] for name in "qkv")
     wgmma_ok = wgmma_applies(call.dtype, shape.head_dim, *arrays)
     ws_ok = (backend is None and wgmma_ok
-             and long_rows(shape.seqlen_k, causal, ws_min_keys(_flash_ws.padded_head_dim(shape.head_dim)))
+             and ws_long_enough(shape.seqlen_k, causal, _flash_ws.padded_head_dim(shape.head_dim))
              and ws_applies(call.dtype, shape.head_dim, *arrays))
     return choose_backend(backend, call.dtype, allow_tf32, wgmma_ok, ws_ok)
 

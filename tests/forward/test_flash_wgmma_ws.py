@@ -432,10 +432,12 @@ def test_default_dispatch_by_head_dim(monkeypatch):
         monkeypatch.setattr(module, "launch", lambda *a, _real=real, _name=name, **kw: (calls.append(_name),
                                                                                         _real(*a, **kw))[1])
     for head_dim in (64, 128, 120, 48):
-        min_keys = dispatch.ws_min_keys(wgmma_ws.padded_head_dim(head_dim))
-        for seqlen in (300, 2 * min_keys - 2, 2 * min_keys):  # causal: seqlen / 2 on average
+        pad = wgmma_ws.padded_head_dim(head_dim)
+        min_seqlen_k = dispatch.WS_MIN_SEQLEN_K_AT.get(pad)
+        edges = ((min_seqlen_k - 2, min_seqlen_k) if min_seqlen_k  # keys counted, causal or not
+                 else (2 * dispatch.WS_MIN_KEYS - 2, 2 * dispatch.WS_MIN_KEYS))  # causal: seqlen / 2 on average
+        for seqlen in (300,) + edges:
             q = torch.randn(1, 2, seqlen, head_dim, device="cuda", dtype=torch.float16)
             numba_attn.flash_forward(q, q, q, causal=True)
-            ws = (wgmma_ws.padded_head_dim(head_dim) in dispatch.WS_DEFAULT_HEAD_DIMS
-                  and seqlen // 2 >= min_keys)
+            ws = pad in dispatch.WS_DEFAULT_HEAD_DIMS and seqlen >= (min_seqlen_k or 2 * dispatch.WS_MIN_KEYS)
             assert calls[-1] == ("wgmma_ws" if ws else "wgmma"), (head_dim, seqlen, calls)

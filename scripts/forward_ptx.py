@@ -11,8 +11,8 @@ Kernels ``simt``, ``mma`` (float16 / bfloat16 ``mma.sync``), ``tf32`` (float32 3
 tiles, both input dtypes, and the variants that change its code: causal and not for ``simt`` (a compile-time flag
 there), a scale <= 0 for the others. Without options the plain kernels (no window, no soft-capping, dense batches:
 what kernels compiled before these existed); ``--window`` (``none`` for an unbounded side), ``--softcap`` and
-``--varlen`` (packed sequences) build those specialisations instead; ``--store`` picks how ``wgmma_ws`` writes its
-output (``wgmma_ws_kernel.STORES``; default "elements", the kernel as it was before the others). The kernels are compiled as the launches type them (the SIMT
+``--varlen`` (packed sequences) build those specialisations instead; ``--store`` picks how ``wgmma_ws`` and
+``fp8_ws`` write their output (``wgmma_ws_kernel.STORES``; default "elements", the kernel as it was before the others). The kernels are compiled as the launches type them (the SIMT
 kernel's argument types are built here; the others have fixed signatures). Mangled names are normalised as
 ``scripts/ptx_dump.py`` does, and so are the numbers Numba gives dynamic shared arrays; ``index.txt`` lists each specialisation's hash and instruction count.
 """
@@ -161,7 +161,7 @@ def _specs(kernel, window, softcap, varlen, store="elements"):
                     name = (f"fp8_ws_{tag}_d{d}_{'bf16' if bf16 else 'f16'}{'_perhead' if per_head else ''}"
                             f"{'_scalefirst' if scale_first else ''}")
                     yield (name, wgmma_ws._kernel_source(config, d, bf16, scale_first, fp8=True, per_head=per_head,
-                                                         **kwargs),
+                                                         store=store, **kwargs),
                            wgmma_ws_fp8.SIGNATURE.args, (config.threads, 1))
     else:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
@@ -194,7 +194,7 @@ def main() -> int:
     parser.add_argument("--window", nargs=2, metavar=("LEFT", "RIGHT"))
     parser.add_argument("--softcap", type=float)
     parser.add_argument("--varlen", action="store_true")
-    parser.add_argument("--store", default="elements", help="wgmma_ws: how the output is written")
+    parser.add_argument("--store", default="elements", help="wgmma_ws, fp8_ws: how the output is written")
     parser.add_argument("--ptxas", action="store_true", help="also assemble each for sm_90a: registers and spills")
     args = parser.parse_args()
     import numba_attn  # noqa: F401  (decides simulator or not before numba.cuda is imported)

@@ -48,22 +48,22 @@ Epilogue (``output_store`` picks it per call)
     conflict-free 4-byte store per column pair), fences them for the async proxy, meets its warps at named barrier
     ``3 + c``, and one thread stores the tile with one TMA store per 64-column box (``ptx.bulk.tma_store_4d``; rows
     past the sequence and columns past headdim are clipped by the unit), waits until the unit has read it and only
-    then frees Q (the "Q empty" mbarrier then counts one arrival per consumer). The persistent kernel stages in
-    tiles of its own instead (``shared_bytes``): its warps free Q after their last ``Q K^T``, so the next block's Q
-    is copied during the last ``P V`` and the epilogue, and the storing thread waits for the unit's read only before
-    it stages again. A warp's stores straight from the
-    MMA fragments touch eight rows each -- 64 partial-sector stores per lane for a 64 x 128 tile -- and took a
-    block's consumers longer than a short key walk (``docs/design``). Packed sequences (whose Q tiles' last rows
-    belong to the next sequence) and outputs the TMA cannot write store from the registers, in 4-byte pairs where
-    the rows are aligned to them.
+    then frees Q (the "Q empty" mbarrier then counts one arrival per consumer). The persistent kernel and the 8-bit
+    one (whose Q tile is half its output's size) stage in tiles of their own instead (``shared_bytes``): their warps
+    free Q after their last ``Q K^T``, so the next block's Q is copied during the last ``P V`` and the epilogue, and
+    the storing thread waits for the unit's read only before it stages again and before the block ends. A warp's
+    stores straight from the MMA fragments touch eight rows each -- 64 partial-sector stores per lane for a 64 x 128
+    tile -- and took a block's consumers longer than a short key walk (``docs/design``). Packed sequences (whose Q
+    tiles' last rows belong to the next sequence) and outputs the TMA cannot write store from the registers, in
+    4-byte pairs where the rows are aligned to them.
 
 float8 e4m3 inputs (``fp8=True``, launched by ``forward.wgmma_ws_fp8``)
     The same pipeline on 8-bit tiles (one 128-byte box per row: head dims up to 128 are one atom column) and
     ``k32.e4m3`` MMAs, P rounded to e4m3 in registers (``core.fp8.probabilities``). 8-bit MMAs take B K-major only,
     so P V reads ``V^T``, which a pre-pass wrote (``forward.fp8_vt``: ``(batch, kv_heads, headdim, keys)``, the keys
     in ``core.fp8``'s order): the V ring holds ``V^T`` tiles (``d_pad`` rows of 128 keys per atom column, one box
-    each) in place of V tiles, and nothing else changes. Descale factors fold into the score scale and the
-    epilogue's output scale (``core.fp8.descaled``: per tensor at launch, per head per block).
+    each) in place of V tiles, and the output is staged in tiles of its own. Descale factors fold into the score
+    scale and the epilogue's output scale (``core.fp8.descaled``: per tensor at launch, per head per block).
 """
 from __future__ import annotations
 

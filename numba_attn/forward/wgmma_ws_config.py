@@ -122,11 +122,12 @@ def vt_atoms(block_n: int) -> int:
 
 def shared_bytes(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> int:
     """Q (128 rows), ``stages`` K and V tiles (8-bit: ``V^T`` tiles, ``head_dim_pad`` rows per 128 keys), the
-    output's staging tiles (persistent, 16-bit: as many rows as Q), the mbarriers, and 1 KB to align the first
-    tile to 1024 bytes."""
-    if fp8:  # rows of 128 bytes, one atom column
+    output's staging tiles (persistent or 8-bit: as many 16-bit rows as Q has), the mbarriers, and 1 KB to align
+    the first tile to 1024 bytes."""
+    if fp8:  # rows of 128 bytes, one atom column; the output's 16-bit rows, one or two
         v_rows = head_dim_pad * vt_atoms(config.block_n)
-        tiles = 128 * (config.block_m + config.stages * (config.block_n + v_rows))
+        tiles = 128 * (config.block_m + config.stages * (config.block_n + v_rows)
+                       + wgmma.atom_columns(head_dim_pad) * config.block_m)
     else:
         staging = config.block_m if config.persistent else 0
         rows = config.block_m + staging + 2 * config.stages * config.block_n

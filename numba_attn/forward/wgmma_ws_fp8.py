@@ -4,7 +4,8 @@ Same inputs and semantics as ``wgmma_fp8.launch`` (e4m3 bit patterns as uint8, d
 (batch, head), a bfloat16 or float16 output, GQA, causal, sliding windows and soft-capping). A call is two kernels
 on its stream: ``forward.fp8_vt``'s pre-pass writes ``V^T`` (keys contiguous, as the 8-bit P V MMAs need their B
 operand) into a scratch array, then ``wgmma_ws._kernel_source(..., fp8=True)`` runs: TMA copies of 8-bit Q, K and
-``V^T`` tiles (128-byte boxes), two consumer warpgroups with ping-pong (``wgmma_ws``'s docstring). It takes what
+``V^T`` tiles (128-byte boxes), two consumer warpgroups with ping-pong, the 16-bit output staged in tiles of its
+own and stored by the TMA where it can write it (``wgmma_ws``'s docstring, ``wgmma_ws.output_store``). It takes what
 the TMA can read (``supports``) with head dims that are multiples of 16 up to 128 (padded to 32); ``launch`` hands
 a call to ``wgmma_fp8`` where no tensor map can be had, and calls without keys too.
 """
@@ -72,9 +73,10 @@ def supports(head_dim: int, *arrays) -> bool:
 def _signature() -> types.Signature:
     operand = types.Array(types.uint8, 4, "A")
     descale = types.Array(types.float32, 2, "A")
+    # (the maps of Q, K, V^T and the output, whose TMA store reads the last)
     return types.void(operand, operand, operand, types.Array(types.uint16, 4, "A"),
                       types.Array(types.float32, 3, "A"), types.boolean, types.boolean, types.float32, types.uint64,
-                      types.uint64, types.uint64, types.float32, descale, descale, descale)
+                      types.uint64, types.uint64, types.uint64, types.float32, descale, descale, descale)
 
 
 SIGNATURE = _signature()
@@ -82,13 +84,15 @@ SIGNATURE = _signature()
 
 @lru_cache(maxsize=None)
 def flash_ws_fp8_kernel(config: WsConfig, head_dim_pad: int, bf16_out: bool, scale_first: bool = False,
-                        per_head: bool = False, variant: Variant = PLAIN, probe: str | None = None):
+                        per_head: bool = False, variant: Variant = PLAIN, probe: str | None = None,
+                        store: str = "tma"):
     """The compiled kernel of one specialisation (launch bounds: one block per SM, as ``wgmma_ws``'s; ``probe``: a
-    timing probe of ``wgmma_ws._kernel_source``, wrong results)."""
+    timing probe of ``wgmma_ws._kernel_source``, wrong results; ``store``: how it writes the output,
+    ``wgmma_ws.output_store``)."""
     if head_dim_pad % 32 or not 32 <= head_dim_pad <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim_pad must be a multiple of 32 in [32, {MAX_HEAD_DIM}], got {head_dim_pad}")
     source = wgmma_ws._kernel_source(config, head_dim_pad, bf16_out, scale_first, variant, fp8=True,
-                                     per_head=per_head, probe=probe)
+                                     per_head=per_head, probe=probe, store=store)
     return kernel_jit((config.threads, 1), SIGNATURE)(source)
 
 
@@ -133,11 +137,12 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     nbytes = shared_bytes(config, d_pad, fp8=True)
     common.check_shared_memory(nbytes)
     per_head, scale_log2, scale_first, scalars = wgmma_fp8.scale_arguments(descale, sm_scale, softcap, lse)
+    store, o_map = wgmma_ws.output_store(out, False, stream)
     kernel = flash_ws_fp8_kernel(config, d_pad, out_dtype == "bfloat16", scale_first, per_head,
-                                 Variant.of(bool(causal), window, softcap), _probe)
+                                 Variant.of(bool(causal), window, softcap), _probe, store)
     fp8_vt.transpose(v, vt, stream)
     shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m)
     if config.persistent:
         shape = (min(shape[0] * shape[1] * shape[2], multiprocessor_count()), 1, 1)
     device_launch(kernel, shape, config.threads, stream, nbytes, q, k, v, out, lse, bool(write_lse), bool(causal),
-                  scale_log2, *(np.uint64(m) for m in maps), *scalars)
+                  scale_log2, *(np.uint64(m) for m in maps), np.uint64(o_map), *scalars)

@@ -32,16 +32,16 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     takes four more arguments (``forward.wgmma_ws_fp8.SIGNATURE``). ``probe`` (a timing probe only, wrong results:
     ``scripts/check_fp8.py --part probe``): ``"no_softmax"`` leaves the scores as they are (no max, exp, sums),
     ``"no_pack"`` leaves P's registers unwritten (no conversion to the MMA's A operand). ``store``: one of ``STORES``
-    ("tma": the kernel takes the output's tensor map after V's; not for fp8 or packed sequences, whose Q tiles are
-    too small and whose rows past a sequence's end belong to the next). ``softmax_under_pv``: the softmax of tile j
+    ("tma": the kernel takes the output's tensor map after V's; not for packed sequences, whose rows past a
+    sequence's end belong to the next). ``softmax_under_pv``: the softmax of tile j
     held above the wait for P V of tile j - 1, so that it runs under that MMA (ptxas otherwise moves the wait, which
     has no operands, above the exponentials: ``warpgroup.wgmma_wait(after=True)``)."""
     if probe not in (None, "no_softmax", "no_pack"):
         raise ValueError(f"probe: expected None, 'no_softmax' or 'no_pack', got {probe!r}")
     if store not in STORES:
         raise ValueError(f"store: expected one of {STORES}, got {store!r}")
-    if store == "tma" and (fp8 or variant.packed):
-        raise ValueError("wgmma_ws: the TMA store takes 16-bit, dense calls (store='pairs' or 'elements')")
+    if store == "tma" and variant.packed:
+        raise ValueError("wgmma_ws: the TMA store takes dense calls (store='pairs' or 'elements')")
     if variant.packed and config.persistent:
         raise ValueError("wgmma_ws: packed sequences take one block per schedule entry (persistent=False)")
     if fp8 and variant.packed:
@@ -64,6 +64,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     TILE_BYTES = 2 * TILE
     V_TILE_BYTES = 2 * V_TILE
     Q_BOX = 64 * ROWS  # elements of one 64-column box of Q (128-byte box rows; 8-bit: one box)
+    OUT_ATOMS = wgmma.atom_columns(d_pad)  # 64-column boxes of a 16-bit output row (8-bit inputs too)
+    OUT_TILE = ROWS * 64 * OUT_ATOMS  # elements of one consumer's staged output (16-bit: Q_TILE)
     KV_BOX = 64 * BLOCK_N
     K_STEP = 32 if fp8 else 16  # k of one MMA
     S_BLOCKS = BLOCK_N // 8
@@ -73,9 +75,10 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     SCALE_FIRST = scale_first
     TMA_STORE = store == "tma"
     PERSISTENT = config.persistent
-    # the persistent 16-bit kernel stages its output in tiles of its own (``shared_bytes``), so that Q is free as
-    # soon as the last S is done: the producer copies the next block's Q during the last P V and the epilogue
-    STAGING_TILES = PERSISTENT and not fp8
+    # the persistent kernel stages its output in tiles of its own (``shared_bytes``), so that Q is free as soon as
+    # the last S is done: the producer copies the next block's Q during the last P V and the epilogue; so does the
+    # 8-bit one, whose Q tile is half the size of its 16-bit output
+    STAGING_TILES = PERSISTENT or fp8
     OWN_STAGING = TMA_STORE and STAGING_TILES
     # Q is free again when every consumer warp has arrived -- with the TMA store through Q, once each consumer's
     # store has read its tile (one arrival per consumer)
@@ -255,7 +258,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         fence_async()  # (the tile's writes, visible to the TMA unit)
         bar_sync(EPILOGUE + c, WARPGROUP)
         if storer:
-            for a in range(ATOMS):
+            for a in range(OUT_ATOMS):
                 store_box(smem, tile + a * Q_BOX, o_map, 64 * a, m_c, h, b)
             commit()
             if not OWN_STAGING:
@@ -396,8 +399,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         q_base = ((1024 - shared_address(smem) % 1024) % 1024) // 2
         k_base = q_base + CONSUMERS * Q_TILE
         v_base = k_base + STAGES * TILE
-        o_base = v_base + STAGES * V_TILE  # (persistent, 16-bit: the consumers' staging tiles)
-        bars = o_base + (CONSUMERS * Q_TILE if STAGING_TILES else 0)
+        o_base = v_base + STAGES * V_TILE  # (persistent or 8-bit: the consumers' staging tiles)
+        bars = o_base + (CONSUMERS * OUT_TILE if STAGING_TILES else 0)
         # (bars: Q full, Q empty; K full, K empty, V full, V empty per stage)
         if tid == 0:
             init(smem, bars, 1)
@@ -454,9 +457,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                 ring = consume_block(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, row, t, tile, q,
                                      causal, key_start, key_end, diag_offset, scale_log2, post, out_scale, descale_q,
                                      descale_k, descale_v, out, lse, seqlen_q, head_dim, write_lse, o_map,
-                                     o_base + c * Q_TILE, ring[0], ring[1], ring[2])
-            if OWN_STAGING and lane == 0 and row == ROWS * c:
-                wait_read()  # (the last store has read its tile before the block's shared memory goes)
+                                     o_base + c * OUT_TILE, ring[0], ring[1], ring[2])
         else:
             b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, schedule)
             n_first1, n_tiles1 = walk_tiles(m1, key_start, key_end, causal, diag_offset)
@@ -464,14 +465,16 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                                             q.shape[1])
             consume(smem, q_base + c * Q_TILE, k_base, v_base, bars, c, lane, m1 + ROWS * c, m1 + row, t, n_first1,
                     n_tiles1, 0, 0, 0, key_end, causal, diag_offset, scale, post_b, out_head, lse, b1, h1,
-                    seqlen_q, head_dim, write_lse, v_scale, o_map, o_base + c * Q_TILE)
+                    seqlen_q, head_dim, write_lse, v_scale, o_map, o_base + c * OUT_TILE)
+        if OWN_STAGING and lane == 0 and row == ROWS * c:
+            wait_read()  # (the last store has read its tile before the block's shared memory goes)
         if PINGPONG and c == 0:
             bar_sync(1, PAIR)  # the last consumer's last arrival: the barriers end as they began
 
-    if fp8:  # (no schedule, no output map: unread)
-        def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, out_scale, descale_q,
-                   descale_k, descale_v):
-            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, q_map, lse, out_scale,
+    if fp8:  # (no schedule: unread; o_map: read by the TMA store only)
+        def kernel(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, o_map, out_scale,
+                   descale_q, descale_k, descale_v):
+            body(q, k, v, out, lse, write_lse, causal, scale_log2, q_map, k_map, v_map, o_map, lse, out_scale,
                  descale_q, descale_k, descale_v)
 
         return kernel

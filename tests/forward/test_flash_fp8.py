@@ -69,16 +69,16 @@ def _to_float(bits, out_dtype):
 
 
 def check(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, *, descale=None, out_dtype="bfloat16",
-          config=None, seed=0, scale=1.5, sm_scale=None, window=None, softcap=None, kernel="wgmma"):
-    """Launch one of ``KERNELS`` on e4m3 inputs with a poisoned output wider than headdim; compare with the model and
-    the reference. ``config``: the kernel's (None: its default)."""
+          config=None, seed=0, scale=1.5, sm_scale=None, window=None, softcap=None, kernel="wgmma", out_pad=8):
+    """Launch one of ``KERNELS`` on e4m3 inputs with a poisoned output ``out_pad`` columns wider than headdim;
+    compare with the model and the reference. ``config``: the kernel's (None: its default)."""
     rng = np.random.default_rng(seed)
     q = reference.encode_e4m3(rng.standard_normal((batch, heads, seqlen_q, head_dim)) * scale)
     k = reference.encode_e4m3(rng.standard_normal((batch, kv_heads, seqlen_k, head_dim)) * scale)
     v = reference.encode_e4m3(rng.standard_normal((batch, kv_heads, seqlen_k, head_dim)))
     launch, default_config, _ = KERNELS[kernel]
     config = config or default_config(window, softcap)
-    out_mem = cuda.to_device(np.full((batch, heads, seqlen_q, head_dim + 8), POISON, np.uint16))
+    out_mem = cuda.to_device(np.full((batch, heads, seqlen_q, head_dim + out_pad), POISON, np.uint16))
     out = out_mem[:, :, :, :head_dim]
     lse = cuda.to_device(np.full((batch, heads, seqlen_q), np.nan, np.float32))
     sm = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale

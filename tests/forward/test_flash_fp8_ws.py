@@ -34,17 +34,17 @@ check = partial(_check, kernel="wgmma_ws")
 def test_configs_and_shared_memory():
     for d_pad in (32, 64, 96, 128):
         assert all(wgmma_ws_fp8.usable(c, d_pad) for c in wgmma_ws_fp8.TUNING_CANDIDATES)
-    # Q (128 rows), two stages of K (128 keys) and of V^T (128 head-dim rows), 128 bytes a row; 10 mbarriers; the
-    # alignment slack
-    assert wgmma_ws.shared_bytes(wgmma_ws.WsConfig(), 128, fp8=True) == 128 * (128 + 2 * 128 + 2 * 128) + 8 * 10 \
-        + 1024
+    # Q (128 rows), two stages of K (128 keys) and of V^T (128 head-dim rows), 128 bytes a row; the 16-bit output's
+    # staging tiles (128 rows of two 128-byte atom columns); 10 mbarriers; the alignment slack
+    assert wgmma_ws.shared_bytes(wgmma_ws.WsConfig(), 128, fp8=True) == 128 * (128 + 2 * 128 + 2 * 128 + 2 * 128) \
+        + 8 * 10 + 1024
     # the default: 192-key tiles, V^T in two atom columns
     assert wgmma_ws_fp8.DEFAULT_CONFIG.block_n == 192
-    assert wgmma_ws.shared_bytes(wgmma_ws_fp8.DEFAULT_CONFIG, 128, fp8=True) == 128 * (128 + 2 * 192 + 2 * 256) \
-        + 8 * 10 + 1024
-    # 160-key tiles at head dim 64: V^T in two atom columns of 64 rows
-    assert wgmma_ws.shared_bytes(wgmma_ws.WsConfig(block_n=160), 64, fp8=True) == 128 * (128 + 2 * 160 + 2 * 128) \
-        + 8 * 10 + 1024
+    assert wgmma_ws.shared_bytes(wgmma_ws_fp8.DEFAULT_CONFIG, 128, fp8=True) == 128 * (128 + 2 * 192 + 2 * 256
+                                                                                       + 2 * 128) + 8 * 10 + 1024
+    # 160-key tiles at head dim 64: V^T in two atom columns of 64 rows; the output one atom column
+    assert wgmma_ws.shared_bytes(wgmma_ws.WsConfig(block_n=160), 64, fp8=True) == 128 * (128 + 2 * 160 + 2 * 128
+                                                                                         + 128) + 8 * 10 + 1024
     assert not wgmma_ws_fp8.usable(wgmma_ws.WsConfig(block_n=176), 128)  # not a whole number of 8-bit k-steps
     assert not wgmma_ws_fp8.usable(wgmma_ws.WsConfig(block_n=48), 64)
     with pytest.raises(ValueError, match="multiples of 32"):
@@ -97,6 +97,20 @@ def test_simulated_three_consumers(persistent, causal):
     config = wgmma_ws.WsConfig(block_n=32, stages=2, persistent=persistent, consumers=3, producer_registers=32,
                                consumer_registers=160)
     check(1, 1, 1, 200, 150, 32, causal, config=config, seed=5)
+
+
+@simulator_only
+@pytest.mark.parametrize("persistent", [False, True])
+def test_simulated_output_stores(monkeypatch, persistent):
+    # the output staged and stored by the TMA where it can write it (rows of 40 elements: 80 bytes), from the
+    # registers where it cannot (33: 66-byte rows) -- in 4-byte pairs where the rows keep them aligned (34)
+    stores = []
+    real = wgmma_ws.output_store
+    monkeypatch.setattr(wgmma_ws, "output_store", lambda *a: stores.append(real(*a)[0]) or real(*a))
+    config = wgmma_ws.WsConfig(block_n=32, stages=2, persistent=persistent)
+    for out_pad in (8, 1, 2):
+        check(1, 2, 1, 70, 90, 32, True, config=config, seed=out_pad, out_pad=out_pad)
+    assert stores == ["tma", "elements", "pairs"]
 
 
 @simulator_only

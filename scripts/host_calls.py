@@ -1,5 +1,6 @@
 """Python work per repeated call on the CPU, without a GPU: the planned path of ``flash_decode`` (``decode.cached``)
-and the replayed paths of ``flash_forward`` and of ``flash_forward_varlen`` with host ``cu_seqlens`` (``runtime.replay``:
+and the replayed paths of ``flash_forward`` (plain, and on the WS kernel with its four tensor maps) and of
+``flash_forward_varlen`` with host ``cu_seqlens`` (``runtime.replay``:
 the offsets' values in the key, the schedule's device copy kept by the plan), with the CUDA driver stubbed; beside
 them what the checked varlen path does on the host for its offsets (checks and schedule, without the copy).
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
 import inspect
 import io
 import os
@@ -112,6 +114,7 @@ def _launchable(argtypes):
 
     entry = rt_launch._Launchable.__new__(rt_launch._Launchable)
     entry.kernel, entry.cufunc_handle, entry.handle, entry.device_id = None, 1, 1, 0
+    entry.handle_arg = ctypes.c_void_p(1)
     entry.arrays, fmt, slots = [], "<", 0
     for ty in argtypes:
         if isinstance(ty, types.Array):
@@ -225,6 +228,58 @@ def _forward_case(np, torch):
     return lambda: numba_attn.flash_forward(q, k, v, causal=True)
 
 
+def _ws_forward_case(np, torch):
+    """A replay plan of flash_forward on the WS kernel (one launch, one allocation, four tensor maps: Q, K, V and the
+    output's, for the TMA store), the maps' lookups hits of the map cache, as on a GPU once the arrays' pointers
+    recur (there the caching allocator hands each call's output one of a few blocks; here three are taken in turn)."""
+    from types import SimpleNamespace
+
+    import numba_attn
+    from numba_attn.forward import wgmma_ws
+    from numba_attn.runtime import arrays, replay, tensor_map
+
+    replay.ENABLED = True
+    replay._driver_current_device = lambda: 0
+    shape = (1, 2, 256, 64)
+    q, k, v = (torch.randn(*shape).half() for _ in range(3))
+    outputs = [torch.empty(shape, dtype=torch.float16) for _ in range(3)]
+    library = arrays.fast_library("torch")
+
+    class Outputs(type(library)):
+        def empty(self, shape, dtype, device_id):
+            outputs.append(outputs.pop(0))
+            return outputs[-1]
+
+    options = (True, None, False, None, False, None, None)  # (api._flash_forward: causal ... window, softcap)
+    key, _, layouts = replay.find("flash_forward", (q, k, v), options)
+    entry = _launchable(wgmma_ws.SIGNATURE.args)
+    values = [0] * entry.slots
+    # data pointers of q, k, v, out (13 slots per 4-d array, the pointer 5th); the maps after lse and 3 scalars
+    moves = tuple((4 + 13 * i, 1, i, 0) for i in range(3)) + ((4 + 39, 2, 0, 0),)
+    first_map = 4 * 13 + 11 + 3
+    moves += tuple((first_map + i, 3, i, 0) for i in range(4))
+    strides = tuple(2 * s for s in q.stride())
+    maps = [(1, i, 0, shape, strides, rows, 2) for i, rows in enumerate((64, 128, 128))]
+    maps.append((2, 0, 0, shape, strides, 64, 2))
+    ops = [("launch", entry, (2, 2, 1), (384, 1, 1), 0, values, moves)]
+    plan = replay.Plan(_outputs_library(library, Outputs), 0, [(shape, "float16")], ops, (0,), False, maps)
+    replay._PLANS.put(key, plan)
+    cache = tensor_map.TensorMaps(0)
+    slab = SimpleNamespace(ptr=1 << 32)
+    for n, x in enumerate([q, k, v] + outputs):
+        rows = (64, 128, 128)[n] if n < 3 else 64
+        cache._entries[(x.data_ptr(), shape, strides, 2, rows)] = tensor_map._Entry(slab, n, 7, False)
+    tensor_map.maps_for = lambda device_id=None: cache
+    return lambda: numba_attn.flash_forward(q, k, v, causal=True)
+
+
+def _outputs_library(library, cls):
+    """``library`` (the torch ops) as an instance of its subclass ``cls``."""
+    clone = cls.__new__(cls)
+    clone.__dict__.update(library.__dict__)
+    return clone
+
+
 def _varlen_case(np, torch, batch: int):
     """A replay plan of ``flash_forward_varlen`` with host offsets (one launch, one allocation, one upload: the
     schedule, whose copy on the plan's stream the recording left), as ``runtime.replay`` records one."""
@@ -308,7 +363,8 @@ def main() -> int:
     np, torch = _setup()
     from numba_attn.decode import cached
 
-    cases = {"flash_forward (replay)": _forward_case(np, torch)}
+    cases = {"flash_forward (replay)": _forward_case(np, torch),
+             "flash_forward on wgmma_ws, four maps (replay)": _ws_forward_case(np, torch)}
     for batch in (4, 64):
         cases[f"flash_forward_varlen host cu, batch {batch} (replay)"] = _varlen_case(np, torch, batch)
         cases[f"  its checked path's offsets work, batch {batch}"] = _varlen_checks_case(np, batch)

@@ -147,6 +147,19 @@ def _import_arrays():
     return arrays
 
 
+_map_modules = None
+
+
+def _import_map_modules():
+    """``(launch, tensor_map)``, imported on first use (both import this one); a plan's replays then reach their
+    functions through the modules, without an import statement per call."""
+    global _map_modules
+    from . import launch, tensor_map
+
+    _map_modules = (launch, tensor_map)
+    return _map_modules
+
+
 # -- keys, recording, plans -------------------------------------------------------------------------------------------
 def find(name: str, arrays: tuple, options: tuple):
     """``(key, plan, layouts)`` for a call of ``name`` on ``arrays`` (torch / CuPy arrays) with ``options``: the plan
@@ -367,11 +380,9 @@ class Plan:
         made = [library.empty(shape, dtype, device_id) for shape, dtype in self.allocs]
         bases = ([layout[4] for layout in layouts], [library.pointer(x) for x in made], (), uploads)
         if self.maps:  # every map first: where one cannot be had now, nothing has been launched yet
-            from .launch import stream_capture_status
-            from .tensor_map import maps_for
-
-            tensor_maps = maps_for(device_id)
-            capturing = stream_capture_status(stream)  # (one driver query for all the maps)
+            launch_module, tensor_map = _map_modules or _import_map_modules()
+            tensor_maps = tensor_map.maps_for(device_id)
+            capturing = launch_module.stream_capture_status(stream)  # (one driver query for all the maps)
             addresses = []
             for kind, index, offset, shape, strides, rows, itemsize in self.maps:
                 address = tensor_maps.address_of(bases[kind - 1][index] + offset, shape, strides, rows, stream,

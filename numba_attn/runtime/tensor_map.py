@@ -37,6 +37,7 @@ import numpy as np
 from ..core.ptx import tma
 from . import replay as _replay
 from .device import SIMULATOR, DeviceView, _cuda_library, cuda, current_device_id
+from . import launch as _launch
 
 #: 16-bit elements per box row: 128 bytes, the 128-byte swizzle's span (1-byte elements: twice as many)
 BOX_COLUMNS = 64
@@ -202,13 +203,12 @@ class TensorMaps:
         """``address`` of the array at ``ptr`` with ``shape``, byte ``strides`` and ``itemsize``-byte elements (what a
         replayed plan knows); ``capturing``: whether ``stream`` is being captured, where the caller asked already (a
         plan asks once for all its maps)."""
-        from .launch import launch as device_launch
-        from .launch import stream_capture_status, stream_handle
-
         key = (ptr, shape, strides, itemsize, rows)
-        handle = stream_handle(stream)
+        # (the launch module's functions through the module, once imported: an import statement per call, or per
+        # map of a replayed call, cost more host time than the lookup it serves)
+        handle = stream if stream.__class__ is int else _launch.stream_handle(stream)
         if capturing is None:
-            capturing = stream_capture_status(handle)
+            capturing = _launch.stream_capture_status(handle)
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
@@ -228,7 +228,7 @@ class TensorMaps:
                 return None
             slab, slot = place
             with _replay.paused():  # (a plan writes the maps of its own arrays)
-                device_launch(_map_writer(), 1, 32, stream, 0, slab, slot, *(int(w) for w in words))
+                _launch.launch(_map_writer(), 1, 32, stream, 0, slab, slot, *(int(w) for w in words))
             self.uploads += 1
             self._entries[key] = _Entry(slab, slot, handle, capturing)
             while len(self._entries) > CAPACITY:

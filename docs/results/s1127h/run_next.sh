@@ -20,3 +20,5 @@ timeout 200 python3 -u docs/results/s1127h/probe_fp8_store.py n=4096,16384 round
 # Call 2 (~250 s): the full H100 forward sweep (the table at the top of docs/benchmarks.md), both dtypes:
 #   scripts/sweep.py --sweeps flash --direction forward --flash-configs 128:32,64:48 --dtypes bf16 --seqlens 1k,2k,4k,16k
 #     --providers "=numba_attn,=torch-sdpa-cudnn" --budget 0.3 --no-plot --out $OUT/sweep_bf16   (then fp16)
+# ... and the host time per replayed WS call after 17516fd (H100 call 1 of 2026-11-27 13:11 read 39-57 us against
+# wgmma's 25-26): timeout 60 python3 docs/results/s1127h/profile_host.py

@@ -10,7 +10,8 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/
 export PYTHONPATH=/tmp/site:$PWD NUMBA_ATTN_CACHE_DIR=$PWD/.gpu/cache
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u +%H:%M:%S
 timeout 90 python3 scripts/prewarm_ws.py 128:fp8 64:fp8 2>&1 | tail -1
-# (with wgmma_ws_fp8.DEFAULT_CONFIG = WsConfig(block_n=224, persistent=True) in the tree under test)
+# (on branch h/fp8-224p: wgmma_ws_fp8.DEFAULT_CONFIG = WsConfig(block_n=224, persistent=True); merge it if these
+# pass and the rows hold)
 # (the whole WS file: 1890e7b's GPU runs missed its three GPU tests -- agreement with wgmma_fp8, dispatch and
 # replayed calls -- which "-k wgmma_ws" does not select; replay with the output's tensor map is untested in fp8)
 timeout 200 python3 -m pytest -q -p no:benchmark -m gpu -n 8 tests/forward/test_flash_fp8_ws.py \

@@ -35,9 +35,9 @@ from collections import OrderedDict
 import numpy as np
 
 from ..core.ptx import tma
+from . import launch as _launch
 from . import replay as _replay
 from .device import SIMULATOR, DeviceView, _cuda_library, cuda, current_device_id
-from . import launch as _launch
 
 #: 16-bit elements per box row: 128 bytes, the 128-byte swizzle's span (1-byte elements: twice as many)
 BOX_COLUMNS = 64
@@ -206,7 +206,7 @@ class TensorMaps:
         key = (ptr, shape, strides, itemsize, rows)
         # (the launch module's functions through the module, once imported: an import statement per call, or per
         # map of a replayed call, cost more host time than the lookup it serves)
-        handle = stream if stream.__class__ is int else _launch.stream_handle(stream)
+        handle = _launch.stream_handle(stream)
         if capturing is None:
             capturing = _launch.stream_capture_status(handle)
         with self._lock:

@@ -31,19 +31,23 @@ MIN_COMPUTE_CAPABILITY = wgmma_ws.MIN_COMPUTE_CAPABILITY
 MAX_HEAD_DIM = 128
 OUT_DTYPES = wgmma_fp8.OUT_DTYPES
 
-#: 192-key tiles in two stages (129 KB of shared memory at head dim 128: Q, and rings of K tiles and of V^T tiles of two
-#: atom columns), the 16-bit kernel's register budgets (24 / 240; ptxas: no spills). On the H100 (B4, 03:52 UTC
-#: 2026-11-26) 192-key tiles were as fast or faster than 128-key ones in every D128 row (+0-4 %): FlashAttention-3
-#: takes 224 for fp8 at D128, which spills 32 bytes here
-DEFAULT_CONFIG = WsConfig(block_n=192)
+#: 224-key tiles (FlashAttention-3's for fp8 at D128) in two stages, persistent (171 KB of shared memory at head dim
+#: 128: Q, rings of K tiles and of V^T tiles of two atom columns, the output's staging tiles), the 16-bit kernel's
+#: register budgets (24 / 240; ptxas: 16 bytes spilled, loop-invariant values). On the H100 (B4 H32 D128, 13:38-13:50
+#: UTC 2026-11-27, TMA store) 1.32 / 1.24 / 1.41x our bf16 at 4k full / 4k causal / 16k full against the 192-key
+#: tiles' 1.29 / 1.20 / 1.40x
+DEFAULT_CONFIG = WsConfig(block_n=224, persistent=True)
+#: the default until 2026-11-27 (192-key tiles, not persistent), among the candidates
+PREVIOUS_DEFAULT = WsConfig(block_n=192)
 SIMULATOR_CONFIG = WsConfig(block_n=32, stages=2)
 #: what the GPU tests run and the probes time (no tuner: the default is chosen by hand from the probes). 224-key tiles
 #: (FlashAttention-3's at D128) and three consumer warpgroups (160 registers: 96- and 64-key tiles), where two
 #: warpgroups' softmaxes run beside one's MMAs -- in ping-pong of two, one softmax must hide under the other's MMAs,
 #: and in 8 bits it takes longer (2026-11-27, H100: the kernel without its softmax ran ~1.5x faster)
 _THREE = dict(consumers=3, producer_registers=32, consumer_registers=160)
-TUNING_CANDIDATES = (DEFAULT_CONFIG, WsConfig(), WsConfig(stages=3), WsConfig(block_n=192, stages=3),
-                     WsConfig(block_n=64, stages=4), WsConfig(block_n=192, pingpong=False), WsConfig(block_n=224),
+TUNING_CANDIDATES = (DEFAULT_CONFIG, PREVIOUS_DEFAULT, WsConfig(), WsConfig(stages=3),
+                     WsConfig(block_n=192, stages=3), WsConfig(block_n=64, stages=4),
+                     WsConfig(block_n=192, pingpong=False), WsConfig(block_n=224),
                      WsConfig(block_n=96, stages=3, **_THREE), WsConfig(block_n=64, stages=4, **_THREE))
 
 

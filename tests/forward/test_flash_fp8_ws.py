@@ -38,9 +38,9 @@ def test_configs_and_shared_memory():
     # staging tiles (128 rows of two 128-byte atom columns); 10 mbarriers; the alignment slack
     assert wgmma_ws.shared_bytes(wgmma_ws.WsConfig(), 128, fp8=True) == 128 * (128 + 2 * 128 + 2 * 128 + 2 * 128) \
         + 8 * 10 + 1024
-    # the default: 192-key tiles, V^T in two atom columns
-    assert wgmma_ws_fp8.DEFAULT_CONFIG.block_n == 192
-    assert wgmma_ws.shared_bytes(wgmma_ws_fp8.DEFAULT_CONFIG, 128, fp8=True) == 128 * (128 + 2 * 192 + 2 * 256
+    # the default: 224-key tiles, persistent, V^T in two atom columns
+    assert wgmma_ws_fp8.DEFAULT_CONFIG == wgmma_ws.WsConfig(block_n=224, persistent=True)
+    assert wgmma_ws.shared_bytes(wgmma_ws_fp8.DEFAULT_CONFIG, 128, fp8=True) == 128 * (128 + 2 * 224 + 2 * 256
                                                                                        + 2 * 128) + 8 * 10 + 1024
     # 160-key tiles at head dim 64: V^T in two atom columns of 64 rows; the output one atom column
     assert wgmma_ws.shared_bytes(wgmma_ws.WsConfig(block_n=160), 64, fp8=True) == 128 * (128 + 2 * 160 + 2 * 128

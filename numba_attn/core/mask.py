@@ -7,7 +7,8 @@ diag_offset``, ``diag_offset = seqlen_k - seqlen_q`` (a row that sees no key giv
 Kernels ask five questions, all answered here: is this element hidden (``hidden``; for a whole row of a tile at once:
 the keys it sees, ``visible_keys_in``), may a whole key tile skip the
 per-element test (``tile_is_partial``; which tiles of a walk may: ``plain_tiles``), where do the keys a block of
-rows sees end (``visible_end``, for the block's key range in ``block_info``), and -- the backward's key blocks --
+rows sees end (``visible_end``, for the block's key range in ``block_info``; how much of a tile they see:
+``tile_width``), and -- the backward's key blocks --
 where do the rows that see a key begin (``first_row``; under a window also where they end: ``visible_rows``). The
 masks are monotone -- a key hidden from a row is hidden from every earlier row, and so is every later key --
 so one corner of a tile answers for the whole tile.
@@ -214,6 +215,45 @@ def plain_tiles(block_n: int, block_m: int = 0, window=NO_WINDOW):
         return first, max(end, first)
 
     return plain
+
+
+def narrow_widths(block_n: int, k_step: int) -> tuple:
+    """The narrower widths (keys, ascending) a kernel may compute a key tile at where the keys its rows see end
+    inside the tile (``tile_width``): 64 and 128 below ``block_n`` from 96-key tiles up, else half the tile where
+    that is whole MMA k-steps of ``k_step`` keys; ``()`` for none."""
+    if block_n >= 96:
+        return tuple(w for w in (64, 128) if w < block_n)
+    half = block_n // 2
+    return (half,) if half >= k_step and half % k_step == 0 else ()
+
+
+def tile_width(block_n: int, widths: tuple):
+    """``code(n0, key_limit) -> int``: the width tile ``n0 .. n0 + block_n - 1`` needs when no row of the caller's
+    sees key ``key_limit`` or a later one (``visible_keys_in``'s ``hi`` of its last row): 0 when no key of the tile
+    is seen, ``i`` for ``widths[i - 1]`` (``narrow_widths``: at most two, ascending, multiples of 8 below
+    ``block_n``), ``len(widths) + 1`` for the whole tile. The masks are monotone, so a walk's codes after a tile
+    narrower than the whole are all 0."""
+    if len(widths) > 2 or list(widths) != sorted(set(widths)) or any(w % 8 or not 0 < w < block_n for w in widths):
+        raise ValueError(f"widths: at most two ascending multiples of 8 below block_n={block_n}, got {widths}")
+    BLOCK_N = block_n
+    FULL = len(widths) + 1
+    FIRST = widths[0] if widths else block_n
+    SECOND = widths[1] if len(widths) > 1 else block_n
+
+    @device_function
+    def code(n0, key_limit):
+        seen = key_limit - n0
+        if seen >= BLOCK_N:
+            return FULL
+        if seen <= 0:
+            return 0
+        if seen <= FIRST:  # (no widths: FIRST is the tile, code 1 the whole)
+            return 1
+        if seen <= SECOND:
+            return 2
+        return FULL
+
+    return code
 
 
 def visible_end_in(window=NO_WINDOW):

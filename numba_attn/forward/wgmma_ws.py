@@ -27,7 +27,10 @@ Work split (one thread block = 128 query rows of one (batch, head), 384 threads,
     V_(j-1)`` (P from registers), the online softmax of ``S_j`` (``core.softmax``) while the P V MMAs run, then the
     rescale of O and P_j rounded to 16 bits. Both walk the same key tiles (those of the block's 128 rows,
     ``block_info.key_tile_walk``); tiles that cross the diagonal or the end of the keys for a warpgroup's own 64 rows
-    are masked (``mask.tile_is_partial``), fully hidden ones included.
+    are masked (``mask.tile_is_partial``). Narrow tiles: where the keys a warpgroup's last row sees end inside a
+    tile, its S and P V take only the tile's first 64 or 128 keys (``mask.narrow_widths``, ``mask.tile_width``;
+    MMAs of that width, a softmax over as many columns), and a tile none of its rows sees (the other warpgroup's
+    part of the diagonal) takes no MMA and no softmax: it only waits for the tile and frees it.
 
 Ping-pong (``pingpong``)
     The two consumers take turns issuing their MMAs: named barrier ``1 + c`` (256 threads) is where consumer ``c``

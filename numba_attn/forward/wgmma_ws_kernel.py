@@ -10,7 +10,7 @@ from ..core import fp8 as fp8_blocks
 from ..core import warpgroup as wgmma
 from ..core.block_info import QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
 from ..core.epilogue import as_16bit, stage_rows, store_rows
-from ..core.mask import UNBOUNDED, plain_tiles, tile_is_partial
+from ..core.mask import UNBOUNDED, narrow_widths, plain_tiles, tile_is_partial, tile_width, visible_keys_in
 from ..core.ptx import bulk, tma, warp_uniform
 from ..core.softmax import exponent_scale_for, output_rescale, softmax_start, softmax_update
 from ..core.staging import device_function, inlined_function, kernel_body
@@ -31,13 +31,14 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     bfloat16 (``bf16``) or float16 output, with per-head descale arrays read (``per_head``) or not; the kernel then
     takes four more arguments (``forward.wgmma_ws_fp8.SIGNATURE``). ``probe`` (a timing probe only, wrong results:
     ``scripts/check_fp8.py --part probe``): ``"no_softmax"`` leaves the scores as they are (no max, exp, sums),
-    ``"no_pack"`` leaves P's registers unwritten (no conversion to the MMA's A operand). ``store``: one of ``STORES``
+    ``"no_pack"`` leaves P's registers unwritten (no conversion to the MMA's A operand); ``"wide_tails"`` (right
+    results) computes every tile whole, as the kernel did before its narrow tiles. ``store``: one of ``STORES``
     ("tma": the kernel takes the output's tensor map after V's; not for packed sequences, whose rows past a
     sequence's end belong to the next). ``softmax_under_pv``: the softmax of tile j
     held above the wait for P V of tile j - 1, so that it runs under that MMA (ptxas otherwise moves the wait, which
     has no operands, above the exponentials: ``warpgroup.wgmma_wait(after=True)``)."""
-    if probe not in (None, "no_softmax", "no_pack"):
-        raise ValueError(f"probe: expected None, 'no_softmax' or 'no_pack', got {probe!r}")
+    if probe not in (None, "no_softmax", "no_pack", "wide_tails"):
+        raise ValueError(f"probe: expected None, 'no_softmax', 'no_pack' or 'wide_tails', got {probe!r}")
     if store not in STORES:
         raise ValueError(f"store: expected one of {STORES}, got {store!r}")
     if store == "tma" and variant.packed:
@@ -87,7 +88,18 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     # the mbarriers, 4 elements (8 bytes) each from ``bars``: Q full, Q empty, then per stage of the ring
     K_FULL, K_EMPTY, V_FULL, V_EMPTY = (4 * (2 + n * STAGES) for n in range(4))
     PAIR = 2 * WARPGROUP  # threads of a ping-pong barrier: the waiting warpgroup and the one arriving
-    q_times_k, p_times_v = wgmma.attention_products(BLOCK_N, d_pad, bf16, fp8)
+    # Narrow tiles: where the keys a consumer's 64 rows see end inside a tile (the end of the keys, the diagonal),
+    # it computes only the tile's first WIDTHS[code] keys (``mask.tile_width``; code 0: none, for a tile only the
+    # other consumers see), so the MMAs and exponentials of keys no row sees are not made. A walk's codes are
+    # FULL ... FULL, then at most one narrower one, then 0s.
+    NARROW = () if probe == "wide_tails" else narrow_widths(BLOCK_N, 32 if fp8 else 16)
+    WIDTHS = (0, *NARROW, BLOCK_N)
+    FULL = len(WIDTHS) - 1
+    NARROWING = probe != "wide_tails"
+    width_code = tile_width(BLOCK_N, NARROW)
+    visible = visible_keys_in(variant.window)
+    products = {w: wgmma.attention_products(BLOCK_N, d_pad, bf16, fp8, width=w) for w in WIDTHS if w}
+    q_times_k, p_times_v = products[BLOCK_N]
     wait_s = wgmma.wgmma_wait(BLOCK_N, 0)
     wait_one = wgmma.wgmma_wait(BLOCK_N, 1)
     if softmax_under_pv:
@@ -122,14 +134,18 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     plain = plain_tiles(BLOCK_N, ROWS, variant.window)
     LEFT_SIDE = variant.window[0] != UNBOUNDED
     start = softmax_start(1, O_BLOCKS)
-    online_softmax = softmax_update(1, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
-                                    window=variant.window, softcap=variant.softcap, precise_tanh=False)
-    if probe == "no_softmax":
-        @device_function
-        def online_softmax(s, alpha, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2,
-                           post):
-            alpha[0] = ONE
-            alpha[1] = ONE
+
+    @device_function
+    def no_softmax(s, alpha, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post):
+        alpha[0] = ONE
+        alpha[1] = ONE
+
+    def softmax_of(width):
+        """The online softmax of a tile's first ``width`` keys (the "no_softmax" probe: none)."""
+        if probe == "no_softmax":
+            return no_softmax
+        return softmax_update(1, width // 8, O_BLOCKS, SCALE_FIRST, rescale_output=False, window=variant.window,
+                              softcap=variant.softcap, precise_tanh=False)
     rescale = output_rescale(O_BLOCKS)
     # (the 16-bit kernel's output has no factor: its finish takes one and drops it)
     finish = store_rows(1, O_BLOCKS, as_16bit(bf16), scaled=fp8, scale_argument=True, pairs=store == "pairs")
@@ -205,42 +221,158 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                    bars + V_EMPTY)
         return stage, phase
 
-    if fp8:
-        probabilities = fp8_blocks.probabilities(PV_STEPS)  # P rounded to e4m3 (the keys permuted: ``core.fp8``)
-    else:
-        probabilities = wgmma.a_fragments(PV_STEPS, bf16)  # P rounded to the input dtype as the A operand
-    if probe == "no_pack":
+    @device_function
+    def no_pack(s, p):
+        pass
+
+    def pack_of(width):
+        """P of a tile's first ``width`` keys as the P V MMA's A registers: rounded to e4m3 (the keys permuted:
+        ``core.fp8``) or to the input dtype (the "no_pack" probe: left as they are)."""
+        if probe == "no_pack":
+            return no_pack
+        if fp8:
+            return fp8_blocks.probabilities(width // K_STEP)
+        return wgmma.a_fragments(width // K_STEP, bf16)
+
+    def key_tile(s_width: int, pv_width: int):
+        """One key tile after the first: S of its first ``s_width`` keys (K in ring slot ``stage``; 0: none), P V
+        of the previous tile's first ``pv_width`` (V in slot ``v_stage``; 0: none) under the softmax; returns the
+        next slots and phases. Every tile waits for its K and V and frees them, computed or not. (Called with a
+        constant ``needs_mask=False`` for the tiles ``plain`` finds, its inlined copy has no mask code.)"""
+        S_W, PV_W = s_width, pv_width
+        q_k = products[s_width][0] if s_width else q_times_k
+        p_v = products[pv_width][1] if pv_width else p_times_v
+        softmax = softmax_of(s_width or BLOCK_N)
+        pack = pack_of(s_width or BLOCK_N)
+        wait_scores = wait_one if pv_width else wait_s  # (S_j is done; P V may still run)
+
         @device_function
-        def probabilities(s, p):
-            pass
+        def tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, needs_mask, row0, t,
+                 key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase):
+            wait(smem, bars + K_FULL + 4 * stage, phase)
+            if PINGPONG:
+                bar_sync(1 + c, PAIR)
+            if S_W:
+                q_k(s, smem, q_c, k_base + stage * TILE)
+            wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
+            if PV_W:
+                p_v(acc, p, smem, v_base + v_stage * V_TILE)
+            if PINGPONG:
+                bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
+            if S_W:
+                wait_scores(s)
+            if lane == 0:
+                arrive(smem, bars + K_EMPTY + 4 * stage)  # K of tile j is free
+            if S_W:
+                softmax(s, alpha, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2,
+                        post)
+            if PV_W:
+                wait_o(acc, l_run)
+            if lane == 0:
+                arrive(smem, bars + V_EMPTY + 4 * v_stage)  # V of tile j - 1 is free
+            if S_W:
+                rescale(acc, alpha)
+                pack(s, p)
+            v_stage, v_phase = advance(v_stage, v_phase)
+            stage, phase = advance(stage, phase)
+            return stage, phase, v_stage, v_phase
+
+        return tile
+
+    tiles = {}
+    for x in range(FULL + 1):  # (by width code: after a whole tile any code, after a narrower one only 0s)
+        tiles[x, FULL] = key_tile(WIDTHS[x], BLOCK_N)
+        tiles[0, x] = key_tile(0, WIDTHS[x])
+    tile = tiles[FULL, FULL]
+    # (codes past FULL are never met: their calls are pruned, FULL being a constant)
+    F0, F1, F2 = (tiles[min(x, FULL), FULL] for x in range(3))
+    N0, N1, N2 = (tiles[0, min(x, FULL)] for x in range(3))
 
     @device_function
-    def tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, needs_mask, row0, t,
-             key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase):
-        """One key tile after the first: S of this tile (K in ring slot ``stage``), P V of the previous one (V in
-        slot ``v_stage``) under its softmax; returns the next slots and phases. (Called with a constant
-        ``needs_mask=False`` for the tiles ``plain`` finds, its inlined copy has no mask code.)"""
-        wait(smem, bars + K_FULL + 4 * stage, phase)
-        if PINGPONG:
-            bar_sync(1 + c, PAIR)
-        q_times_k(s, smem, q_c, k_base + stage * TILE)
-        wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
-        p_times_v(acc, p, smem, v_base + v_stage * V_TILE)
-        if PINGPONG:
-            bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
-        wait_one(s)  # S_j is done; P V may still run
-        if lane == 0:
-            arrive(smem, bars + K_EMPTY + 4 * stage)  # K of tile j is free
-        online_softmax(s, alpha, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2,
-                       post)
-        wait_o(acc, l_run)
-        if lane == 0:
-            arrive(smem, bars + V_EMPTY + 4 * v_stage)  # V of tile j - 1 is free
-        rescale(acc, alpha)
-        probabilities(s, p)
-        v_stage, v_phase = advance(v_stage, v_phase)
-        stage, phase = advance(stage, phase)
-        return stage, phase, v_stage, v_phase
+    def masked_tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, row0, t, key_end,
+                    causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase, code_before, code):
+        """A tile that needs the mask, at the width its ``code`` names, after a tile of ``code_before``."""
+        if code_before == FULL:
+            if code == FULL:
+                return tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True,
+                            row0, t, key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
+            if FULL > 1 and code == 1:
+                return F1(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t,
+                          key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
+            if FULL > 2 and code == 2:
+                return F2(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t,
+                          key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
+            return F0(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t,
+                      key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
+        if FULL > 1 and code_before == 1:
+            return N1(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t,
+                      key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
+        if FULL > 2 and code_before == 2:
+            return N2(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t,
+                      key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
+        return N0(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t,
+                  key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
+
+    def first_key_tile(width: int):
+        """Tile 0 of a block: S of its first ``width`` keys (0: none), its softmax and P."""
+        W = width
+        q_k = products[width][0] if width else q_times_k
+        softmax = softmax_of(width or BLOCK_N)
+        pack = pack_of(width or BLOCK_N)
+
+        @device_function
+        def first(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
+                  causal, diag_offset, scale_log2, post, stage, phase, qn):
+            wait(smem, bars, qn & 1)
+            wait(smem, bars + K_FULL + 4 * stage, phase)
+            if PINGPONG:
+                bar_sync(1 + c, PAIR)
+            if W:
+                q_k(s, smem, q_c, k_base + stage * TILE)
+            if PINGPONG:
+                bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
+            if W:
+                wait_s(s)
+            if lane == 0:
+                arrive(smem, bars + K_EMPTY + 4 * stage)
+            if W:
+                softmax(s, alpha, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2,
+                        post)
+                pack(s, p)
+            return advance(stage, phase)
+
+        return first
+
+    firsts = [first_key_tile(w) for w in WIDTHS]
+    T0, T1, T2 = (firsts[min(x, FULL)] for x in range(3))
+    T3 = firsts[FULL]
+    PV1, PV2 = (products[WIDTHS[min(x, FULL)]][1] for x in (1, 2))
+
+    @device_function
+    def first_tile(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
+                   causal, diag_offset, scale_log2, post, stage, phase, qn, code):
+        """Tile 0 at the width its ``code`` names."""
+        if code == FULL:
+            return T3(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
+                      causal, diag_offset, scale_log2, post, stage, phase, qn)
+        if FULL > 1 and code == 1:
+            return T1(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
+                      causal, diag_offset, scale_log2, post, stage, phase, qn)
+        if FULL > 2 and code == 2:
+            return T2(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
+                      causal, diag_offset, scale_log2, post, stage, phase, qn)
+        return T0(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
+                  causal, diag_offset, scale_log2, post, stage, phase, qn)
+
+    @device_function
+    def last_p_times_v(acc, p, smem, v_offset, code):
+        """P V of a block's last tile, at the width its ``code`` names."""
+        if code == FULL:
+            p_times_v(acc, p, smem, v_offset)
+        elif FULL > 1 and code == 1:
+            PV1(acc, p, smem, v_offset)
+        elif FULL > 2 and code == 2:
+            PV2(acc, p, smem, v_offset)
 
     @device_function
     def store_staged(acc, m_run, l_run, smem, tile, bars, c, lane, m_c, row0, t, o_map, lse, b, h, seqlen_q,
@@ -282,47 +414,48 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         start(m_run, l_run, acc)
         v_stage = stage  # the slot of the V tile the next P V reads
         v_phase = phase
+        # the keys this consumer's last row sees end at ``limit``: each tile's width code (``NARROW``)
+        limit = visible(m_c + ROWS - 1, key_end, causal, diag_offset)[1]
+        code = FULL
         if n_tiles > 0:  # tile 0: S_0, its softmax and P_0
-            wait(smem, bars, qn & 1)
-            wait(smem, bars + K_FULL + 4 * stage, phase)
-            if PINGPONG:
-                bar_sync(1 + c, PAIR)
-            q_times_k(s, smem, q_c, k_base + stage * TILE)
-            if PINGPONG:
-                bar_arrive(1 + (c + 1) % CONSUMERS, PAIR)
-            wait_s(s)
-            if lane == 0:
-                arrive(smem, bars + K_EMPTY + 4 * stage)
-            online_softmax(s, alpha, m_run, l_run, partial(n_first, m_c, key_end, causal, diag_offset), n_first,
-                           row0, t, key_end, causal, diag_offset, scale_log2, post)
-            probabilities(s, p)
-            stage, phase = advance(stage, phase)
-        # the tiles no mask touches run in a loop of their own, with no mask code in its softmax
+            if NARROWING:
+                code = width_code(n_first, limit)
+            stage, phase = first_tile(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n_first,
+                                      partial(n_first, m_c, key_end, causal, diag_offset), row0, t, key_end, causal,
+                                      diag_offset, scale_log2, post, stage, phase, qn, code)
+        # the tiles no mask touches run in a loop of their own, with no mask code in its softmax (they are whole:
+        # a tile narrower than the whole is followed by masked ones only)
         first, end = plain(n_first, n_tiles, m_c, key_end, causal, diag_offset)
         first = max(first, 1)  # (tile 0 is done)
         end = max(end, first)
         if LEFT_SIDE:  # (only a window's left side leaves partial tiles before them)
             for j in range(1, first):
                 n0 = n_first + j * BLOCK_N
-                stage, phase, v_stage, v_phase = tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars,
-                                                      c, lane, n0, partial(n0, m_c, key_end, causal, diag_offset),
-                                                      row0, t, key_end, causal, diag_offset, scale_log2, post, stage,
-                                                      phase, v_stage, v_phase)
+                before = code
+                if NARROWING:
+                    code = width_code(n0, limit)
+                stage, phase, v_stage, v_phase = masked_tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base,
+                                                             v_base, bars, c, lane, n0, row0, t, key_end, causal,
+                                                             diag_offset, scale_log2, post, stage, phase, v_stage,
+                                                             v_phase, before, code)
         for j in range(first, end):
             stage, phase, v_stage, v_phase = tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c,
                                                   lane, n_first + j * BLOCK_N, False, row0, t, key_end, causal,
                                                   diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
         for j in range(end, n_tiles):
             n0 = n_first + j * BLOCK_N
-            stage, phase, v_stage, v_phase = tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c,
-                                                  lane, n0, partial(n0, m_c, key_end, causal, diag_offset), row0, t,
-                                                  key_end, causal, diag_offset, scale_log2, post, stage, phase,
-                                                  v_stage, v_phase)
+            before = code
+            if NARROWING:
+                code = width_code(n0, limit)
+            stage, phase, v_stage, v_phase = masked_tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base,
+                                                         bars, c, lane, n0, row0, t, key_end, causal, diag_offset,
+                                                         scale_log2, post, stage, phase, v_stage, v_phase, before,
+                                                         code)
         if OWN_STAGING and n_tiles > 0 and lane == 0:
             arrive(smem, bars + 4)  # Q is free: this warp's last S is done
         if n_tiles > 0:
             wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
-            p_times_v(acc, p, smem, v_base + v_stage * V_TILE)
+            last_p_times_v(acc, p, smem, v_base + v_stage * V_TILE, code)
             wait_o(acc, l_run)
             if lane == 0:
                 arrive(smem, bars + V_EMPTY + 4 * v_stage)

@@ -21,6 +21,7 @@ from numba_attn.core import fp8, ptx
 from numba_attn.forward import fp8_call, fp8_vt, wgmma_fp8, wgmma_ws, wgmma_ws_fp8
 from numba_attn.runtime.device import SIMULATOR, compute_capability, cuda
 from test_flash_fp8 import check as _check
+from test_flash_wgmma_ws import widths_computed
 
 hopper = pytest.mark.skipif(SIMULATOR or compute_capability() < wgmma_ws_fp8.MIN_COMPUTE_CAPABILITY,
                             reason="needs a GPU of compute capability 9.0 (wgmma, TMA)")
@@ -88,6 +89,15 @@ def test_simulated_key_tiles_over_128():
     # 160-key tiles: V^T in two atom columns (128 + 32 keys), the second tile partial
     config = wgmma_ws.WsConfig(block_n=160)
     check(1, 1, 1, 20, 200, 32, False, config=config, seed=5)
+
+
+@simulator_only
+def test_simulated_narrow_tiles():
+    # 160-key tiles computed at 64 or 128 keys where a consumer's rows see no further (``mask.narrow_widths``): the
+    # diagonal's tiles, causal, in both blocks
+    with widths_computed() as (s_widths, pv_widths):
+        check(1, 1, 1, 200, 200, 32, True, config=wgmma_ws.WsConfig(block_n=160), seed=6)
+    assert s_widths == pv_widths == {64, 128, 160}
 
 
 @simulator_only

@@ -20,7 +20,8 @@ import pytest
 
 import numba_attn
 from numba_attn.forward import dispatch
-from numba_attn.forward import wgmma_ws, wgmma_ws_kernel
+from numba_attn.core import warpgroup
+from numba_attn.forward import wgmma_ws, wgmma_ws_fp8, wgmma_ws_kernel
 from numba_attn.runtime import tensor_map
 from numba_attn.runtime.device import SIMULATOR, compute_capability, cuda, kernel_jit
 import reference
@@ -140,6 +141,54 @@ def test_simulated_persistent_snake_rounds(monkeypatch):
     # 2 take tiles 4 and 5, blocks 1 and 0 none), causal so that the tiles' lengths differ
     monkeypatch.setattr(wgmma_ws, "multiprocessor_count", lambda: 4)
     check("float16", 1, 3, 3, 130, 48, 16, True, config=wgmma_ws.WsConfig(block_n=16, stages=2, persistent=True))
+
+
+@contextlib.contextmanager
+def widths_computed():
+    """The widths (keys) of the ``S = Q K^T`` and ``P V`` MMAs that kernels built inside issue: ``(s, pv)`` sets."""
+    s_widths, pv_widths = set(), set()
+    real = warpgroup.attention_products
+
+    def recording(block_n, d_pad, bf16, fp8=False, width=None):
+        q_times_k, p_times_v = real(block_n, d_pad, bf16, fp8, width)
+        width = width or block_n
+
+        def q_k(*args):
+            s_widths.add(width)
+            q_times_k(*args)
+
+        def p_v(*args):
+            pv_widths.add(width)
+            p_times_v(*args)
+
+        return q_k, p_v
+
+    def clear():  # (kernels built before or inside hold the products they were built with)
+        wgmma_ws.flash_ws_kernel.cache_clear()
+        wgmma_ws_fp8.flash_ws_fp8_kernel.cache_clear()
+
+    warpgroup.attention_products = recording
+    clear()
+    try:
+        yield s_widths, pv_widths
+    finally:
+        warpgroup.attention_products = real
+        clear()
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
+@pytest.mark.parametrize("seqlen_q, seqlen_k, causal, widths", [
+    (20, 262, False, {192, 128}),  # the last tile's 70 keys: its first 128
+    # block 0: consumer 0's rows see 64 keys of the one tile, consumer 1's 128; block 1: consumer 0's see none of
+    # tile 1 (no MMA), consumer 1's 8 (its first 64)
+    (200, 200, True, {192, 128, 64}),
+])
+def test_simulated_narrow_tiles(seqlen_q, seqlen_k, causal, widths):
+    # 192-key tiles compute at 64, 128 or 192 keys (``mask.narrow_widths``), each where the keys a consumer's rows
+    # see end; the output is the reference's, and every width was issued
+    with widths_computed() as (s_widths, pv_widths):
+        check("float16", 1, 1, 1, seqlen_q, seqlen_k, 16, causal, config=wgmma_ws.WsConfig(block_n=192))
+    assert s_widths == widths and pv_widths == widths
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="the timing probes are timed on a GPU, checked here")

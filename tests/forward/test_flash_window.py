@@ -192,6 +192,38 @@ def test_visible_keys_are_the_keys_hidden_does_not_hide(window, causal):
                     assert (lo <= key < hi) == (not hidden(key, row, key_end, causal, diag)), (row, key, lo, hi)
 
 
+@pytest.mark.parametrize("window", WINDOWS + [(None, None), (17, 3)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("block_n, k_step", [(32, 16), (64, 32), (128, 16), (224, 32), (16, 16)])
+@pytest.mark.skipif(not numba_attn.SIMULATOR, reason="calls the device functions from Python: simulator only")
+def test_tile_width_covers_every_key_a_row_sees(window, causal, block_n, k_step):
+    """``tile_width``'s code for a tile and a block of 64 rows names a width of ``narrow_widths`` (or the whole tile,
+    or none) that holds every key of the tile some row sees (``hidden_in``), from the keys the last row sees
+    (``visible_keys_in``; the masks are monotone) -- the narrowest such where no left side hides keys (a walk starts
+    where the left side lets it: ``block_info``)."""
+    sides = mask.window_sides(window, causal)
+    widths = mask.narrow_widths(block_n, k_step)
+    assert all(w % k_step == 0 and 0 < w < block_n for w in widths)
+    code_of = mask.tile_width(block_n, widths)
+    visible = mask.visible_keys_in(sides)
+    hidden = mask.hidden_in(sides)
+    choices = (0, *widths, block_n)
+    for key_end in (0, 37, 300):
+        for diag in (-70, 0, 11):
+            for m0 in range(-3, 260, 29):
+                limit = visible(m0 + 63, key_end, causal, diag)[1]
+                for n0 in range(0, 320, 48):
+                    seen = [key - n0 for key in range(n0, n0 + block_n)
+                            if any(not hidden(key, row, key_end, causal, diag) for row in range(m0, m0 + 64))]
+                    width = choices[code_of(n0, limit)]
+                    needed = max(seen) + 1 if seen else 0
+                    assert width >= needed, (m0, n0, seen, width)
+                    if sides[0] == mask.UNBOUNDED:
+                        assert all(w < needed for w in choices if w < width), (m0, n0, seen, width)
+    with pytest.raises(ValueError, match="widths"):
+        mask.tile_width(64, (64,))
+
+
 def test_window_sides():
     assert mask.window_sides(None, False) == mask.NO_WINDOW
     assert mask.window_sides((None, None), True) == mask.NO_WINDOW

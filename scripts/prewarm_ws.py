@@ -7,7 +7,7 @@ from disk instead of compiling one after another (10-15 s each on the device's C
 
 On the H100 machine (16 CPUs) 52 kernels took 44 s in 14 processes, the longest 13 s. The
 kernels are those ``flash_forward`` builds for dense calls whose output the TMA can store (``store="tma"``), no
-window or soft-cap; the cache is the one of ``$NUMBA_ATTN_CACHE_DIR`` (``scripts/tune_defaults.py`` shares it).
+window or soft-cap (causal: with narrow tiles; not: without, as for keys the tiles divide); the cache is the one of ``$NUMBA_ATTN_CACHE_DIR`` (``scripts/tune_defaults.py`` shares it).
 """
 import multiprocessing
 import os
@@ -23,12 +23,14 @@ def build(spec):
 
     fields, d, dtype, causal, window = spec
     start = time.perf_counter()
+    # (narrow tiles where a call whose tiles divide its keys meets them: ``mask.may_narrow``)
+    narrow = bool(causal) or window is not None
     if dtype == "fp8":  # (per-tensor descales, no soft-cap: what a call without descale factors builds)
         kernel = wgmma_ws_fp8.flash_ws_fp8_kernel(wgmma_ws.WsConfig(**fields), d, True, False, False,
-                                                  Variant.of(causal, window, None))
+                                                  Variant.of(causal, window, None), None, "tma", narrow)
     else:
         kernel = wgmma_ws.flash_ws_kernel(wgmma_ws.WsConfig(**fields), d, dtype == "bfloat16", False,
-                                          Variant.of(causal, window), "tma")
+                                          Variant.of(causal, window), "tma", None, narrow)
     kernel.dispatcher()
     return spec, time.perf_counter() - start
 

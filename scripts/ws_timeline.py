@@ -69,9 +69,10 @@ def _lines(*lines: str) -> str:
 def rewritten_source(src: str) -> str:
     """The kernel module's source with the timestamps written in (AssertionError where an anchor moved)."""
     i12, i16, i20 = " " * 12, " " * 16, " " * 20
-    k_full = _lines(i12 + "wait(smem, bars + K_FULL + 4 * stage, phase)", i12 + "if PINGPONG:",
-                    i16 + "bar_sync(1 + c, PAIR)", i12 + "q_times_k")
-    last_pv = _lines(i12 + "wait_o(acc, l_run)", i12 + "if lane == 0:",
+    k_full = _lines(i12 + "wait(smem, bars + K_FULL + 4 * stage, phase)", i12 + "if NARROWING:")
+    first_done = "diag_offset, scale_log2, post, stage, phase, code)\n"
+    last_pv = _lines(i12 + "last_p_times_v(acc, p, smem, v_base + v_stage * V_TILE, code)", i12 + "wait_o(acc, l_run)",
+                     i12 + "if lane == 0:",
                      i16 + "arrive(smem, bars + V_EMPTY + 4 * v_stage)")
     own_position = i12 + "b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, schedule)\n"
     producer_position = i20 + "b1, h1, m1, _, _, _, _ = position(q, k, v, out, causal, schedule)\n"
@@ -87,8 +88,7 @@ def rewritten_source(src: str) -> str:
         ("from ..runtime.device import cuda\n", "from ..runtime.device import cuda\n" + TIMER_SOURCE),
         (i12 + "wait(smem, bars, qn & 1)\n", i12 + "wait(smem, bars, qn & 1)" + _stamped(i12, 1) + "\n"),
         (k_full, k_full.replace("phase)\n", "phase)" + _stamped(i12, 2) + "\n", 1)),
-        (_lines(i12 + "probabilities(s, p)", i12 + "stage, phase = advance(stage, phase)"),
-         _lines(i12 + "probabilities(s, p)" + _stamped(i12, 3), i12 + "stage, phase = advance(stage, phase)")),
+        (first_done, first_done[:-1] + _stamped(i12, 3) + "\n"),
         (_lines(" " * 8 + "if n_tiles > 0:", i12 + "wait(smem, bars + V_FULL + 4 * v_stage, v_phase)"),
          _lines(_stamped(" " * 8, 4)[1:], " " * 8 + "if n_tiles > 0:",
                 i12 + "wait(smem, bars + V_FULL + 4 * v_stage, v_phase)")),
@@ -174,9 +174,9 @@ def main(argv=None) -> int:
     timeline = timeline_module()
 
     def stamped_kernel(config, head_dim_pad, bf16, scale_first=False, variant=wgmma_ws.PLAIN, store="elements",
-                       probe=None):
+                       probe=None, narrow=True):
         assert probe is None, "the timeline's kernel has no probes"
-        source = timeline._kernel_source(config, head_dim_pad, bf16, scale_first, variant, store=store)
+        source = timeline._kernel_source(config, head_dim_pad, bf16, scale_first, variant, store=store, narrow=narrow)
         return kernel_jit((config.threads, 1), wgmma_ws.SIGNATURE)(source)
 
     wgmma_ws.flash_ws_kernel = stamped_kernel  # (this process only)

@@ -227,6 +227,13 @@ def narrow_widths(block_n: int, k_step: int) -> tuple:
     return (half,) if half >= k_step and half % k_step == 0 else ()
 
 
+def may_narrow(causal: bool, window: tuple, packed: bool, seqlen_k: int, block_n: int) -> bool:
+    """Whether a call may meet a key tile that ``tile_width`` narrows: under a causal mask, a window (``window``: its
+    sides, ``NO_WINDOW`` for none) or packed sequences, or where ``block_n`` does not divide the keys. (Host side: a
+    kernel built without narrow tiles is the code before them, which the calls that meet none keep.)"""
+    return bool(causal) or tuple(window) != NO_WINDOW or bool(packed) or seqlen_k % block_n != 0
+
+
 def tile_width(block_n: int, widths: tuple):
     """``code(n0, key_limit) -> int``: the width tile ``n0 .. n0 + block_n - 1`` needs when no row of the caller's
     sees key ``key_limit`` or a later one (``visible_keys_in``'s ``hi`` of its last row): 0 when no key of the tile

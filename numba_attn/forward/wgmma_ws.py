@@ -76,6 +76,7 @@ import numpy as np
 from numba import types, uint16
 
 from ..core.block_info import QUERY_MAJOR
+from ..core.mask import may_narrow
 from ..runtime import tensor_map
 from ..runtime.device import kernel_jit, multiprocessor_count
 from ..runtime.launch import launch as device_launch
@@ -109,15 +110,16 @@ PACKED_SIGNATURE = types.void(*common.kernel_signature(uint16).args, *_MAPS, typ
 
 @lru_cache(maxsize=None)
 def flash_ws_kernel(config: WsConfig, head_dim_pad: int, bf16: bool, scale_first: bool = False,
-                    variant: Variant = PLAIN, store: str = "elements", probe: str | None = None):
+                    variant: Variant = PLAIN, store: str = "elements", probe: str | None = None, narrow: bool = True):
     """The compiled kernel of one specialisation, with launch bounds of one 384-thread block per SM (so that ptxas
     knows the registers at entry and honours ``setmaxnreg``); ``store``: how it writes the output
-    (``wgmma_ws_kernel.STORES``); ``probe``: a timing probe of ``_kernel_source``, wrong results."""
+    (``wgmma_ws_kernel.STORES``); ``probe``: a timing probe of ``_kernel_source``, wrong results; ``narrow``: narrow
+    tiles (``mask.may_narrow`` says where a call needs them)."""
     if head_dim_pad % 16 or not 16 <= head_dim_pad <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim_pad must be a multiple of 16 in [16, {MAX_HEAD_DIM}], got {head_dim_pad}")
     signature = PACKED_SIGNATURE if variant.packed else SIGNATURE
     return kernel_jit((config.threads, 1), signature)(_kernel_source(config, head_dim_pad, bf16, scale_first, variant,
-                                                                     store=store, probe=probe))
+                                                                     store=store, probe=probe, narrow=narrow))
 
 
 def output_store(out, packed: bool, stream) -> tuple:
@@ -180,8 +182,9 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     scale_log2, scale_first = common.scale_args(sm_scale, softcap)
     packed = schedule is not None
     store, o_map = output_store(out, packed, stream)
-    kernel = flash_ws_kernel(config, d_pad, dtype == "bfloat16", scale_first,
-                             Variant.of(bool(causal), window, softcap, packed), store, _probe)
+    variant = Variant.of(bool(causal), window, softcap, packed)
+    kernel = flash_ws_kernel(config, d_pad, dtype == "bfloat16", scale_first, variant, store, _probe,
+                             may_narrow(causal, variant.window, packed, k.shape[2], config.block_n))
     shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m, schedule)
     if config.persistent:  # one block per SM (or per query block, when there are fewer)
         shape = (min(shape[0] * shape[1] * shape[2], multiprocessor_count()), 1, 1)

@@ -20,6 +20,7 @@ from ..runtime import tensor_map
 from ..runtime.device import SIMULATOR, kernel_jit, multiprocessor_count
 from ..runtime.launch import launch as device_launch
 from ..core.block_info import QUERY_MAJOR
+from ..core.mask import may_narrow
 from . import common
 from . import fp8_vt
 from . import wgmma_fp8
@@ -89,14 +90,14 @@ SIGNATURE = _signature()
 @lru_cache(maxsize=None)
 def flash_ws_fp8_kernel(config: WsConfig, head_dim_pad: int, bf16_out: bool, scale_first: bool = False,
                         per_head: bool = False, variant: Variant = PLAIN, probe: str | None = None,
-                        store: str = "tma"):
+                        store: str = "tma", narrow: bool = True):
     """The compiled kernel of one specialisation (launch bounds: one block per SM, as ``wgmma_ws``'s; ``probe``: a
     timing probe of ``wgmma_ws._kernel_source``, wrong results; ``store``: how it writes the output,
-    ``wgmma_ws.output_store``)."""
+    ``wgmma_ws.output_store``; ``narrow``: narrow tiles, ``mask.may_narrow``)."""
     if head_dim_pad % 32 or not 32 <= head_dim_pad <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim_pad must be a multiple of 32 in [32, {MAX_HEAD_DIM}], got {head_dim_pad}")
     source = wgmma_ws._kernel_source(config, head_dim_pad, bf16_out, scale_first, variant, fp8=True,
-                                     per_head=per_head, probe=probe, store=store)
+                                     per_head=per_head, probe=probe, store=store, narrow=narrow)
     return kernel_jit((config.threads, 1), SIGNATURE)(source)
 
 
@@ -142,8 +143,9 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     common.check_shared_memory(nbytes)
     per_head, scale_log2, scale_first, scalars = wgmma_fp8.scale_arguments(descale, sm_scale, softcap, lse)
     store, o_map = wgmma_ws.output_store(out, False, stream)
-    kernel = flash_ws_fp8_kernel(config, d_pad, out_dtype == "bfloat16", scale_first, per_head,
-                                 Variant.of(bool(causal), window, softcap), _probe, store)
+    variant = Variant.of(bool(causal), window, softcap)
+    kernel = flash_ws_fp8_kernel(config, d_pad, out_dtype == "bfloat16", scale_first, per_head, variant, _probe, store,
+                                 may_narrow(causal, variant.window, False, seqlen_k, config.block_n))
     fp8_vt.transpose(v, vt, stream)
     shape = common.launch_grid(QUERY_MAJOR, batch, heads, seqlen_q, config.block_m)
     if config.persistent:

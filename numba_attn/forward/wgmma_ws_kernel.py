@@ -26,19 +26,19 @@ STORES = ("elements", "pairs", "tma")
 
 def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool = False, variant: Variant = PLAIN,
                    fp8: bool = False, per_head: bool = False, probe: str | None = None, store: str = "elements",
-                   softmax_under_pv: bool = False):
+                   softmax_under_pv: bool = False, narrow: bool = True):
     """The Python function of one specialisation (not yet jitted). ``fp8``: float8 e4m3 operands (uint8) and a
     bfloat16 (``bf16``) or float16 output, with per-head descale arrays read (``per_head``) or not; the kernel then
     takes four more arguments (``forward.wgmma_ws_fp8.SIGNATURE``). ``probe`` (a timing probe only, wrong results:
     ``scripts/check_fp8.py --part probe``): ``"no_softmax"`` leaves the scores as they are (no max, exp, sums),
-    ``"no_pack"`` leaves P's registers unwritten (no conversion to the MMA's A operand); ``"wide_tails"`` (right
-    results) computes every tile whole, as the kernel did before its narrow tiles. ``store``: one of ``STORES``
+    ``"no_pack"`` leaves P's registers unwritten (no conversion to the MMA's A operand). ``store``: one of ``STORES``
     ("tma": the kernel takes the output's tensor map after V's; not for packed sequences, whose rows past a
     sequence's end belong to the next). ``softmax_under_pv``: the softmax of tile j
     held above the wait for P V of tile j - 1, so that it runs under that MMA (ptxas otherwise moves the wait, which
-    has no operands, above the exponentials: ``warpgroup.wgmma_wait(after=True)``)."""
-    if probe not in (None, "no_softmax", "no_pack", "wide_tails"):
-        raise ValueError(f"probe: expected None, 'no_softmax', 'no_pack' or 'wide_tails', got {probe!r}")
+    has no operands, above the exponentials: ``warpgroup.wgmma_wait(after=True)``). ``narrow``: narrow tiles (below;
+    False: every tile whole, the code before them, for calls that meet no narrow tile: ``mask.may_narrow``)."""
+    if probe not in (None, "no_softmax", "no_pack"):
+        raise ValueError(f"probe: expected None, 'no_softmax' or 'no_pack', got {probe!r}")
     if store not in STORES:
         raise ValueError(f"store: expected one of {STORES}, got {store!r}")
     if store == "tma" and variant.packed:
@@ -92,10 +92,10 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     # it computes only the tile's first WIDTHS[code] keys (``mask.tile_width``; code 0: none, for a tile only the
     # other consumers see), so the MMAs and exponentials of keys no row sees are not made. A walk's codes are
     # FULL ... FULL, then at most one narrower one, then 0s.
-    NARROW = () if probe == "wide_tails" else narrow_widths(BLOCK_N, 32 if fp8 else 16)
+    NARROW = narrow_widths(BLOCK_N, 32 if fp8 else 16) if narrow else ()
     WIDTHS = (0, *NARROW, BLOCK_N)
     FULL = len(WIDTHS) - 1
-    NARROWING = probe != "wide_tails"
+    NARROWING = bool(narrow)
     width_code = tile_width(BLOCK_N, NARROW)
     visible = visible_keys_in(variant.window)
     products = {w: wgmma.attention_products(BLOCK_N, d_pad, bf16, fp8, width=w) for w in WIDTHS if w}
@@ -314,7 +314,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                   key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
 
     def first_key_tile(width: int):
-        """Tile 0 of a block: S of its first ``width`` keys (0: none), its softmax and P."""
+        """Tile 0 of a block, once its Q and K have landed: S of its first ``width`` keys (0: none), its softmax
+        and P."""
         W = width
         q_k = products[width][0] if width else q_times_k
         softmax = softmax_of(width or BLOCK_N)
@@ -322,9 +323,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
 
         @device_function
         def first(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
-                  causal, diag_offset, scale_log2, post, stage, phase, qn):
-            wait(smem, bars, qn & 1)
-            wait(smem, bars + K_FULL + 4 * stage, phase)
+                  causal, diag_offset, scale_log2, post, stage, phase):
             if PINGPONG:
                 bar_sync(1 + c, PAIR)
             if W:
@@ -350,19 +349,19 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
 
     @device_function
     def first_tile(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
-                   causal, diag_offset, scale_log2, post, stage, phase, qn, code):
+                   causal, diag_offset, scale_log2, post, stage, phase, code):
         """Tile 0 at the width its ``code`` names."""
         if code == FULL:
             return T3(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
-                      causal, diag_offset, scale_log2, post, stage, phase, qn)
+                      causal, diag_offset, scale_log2, post, stage, phase)
         if FULL > 1 and code == 1:
             return T1(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
-                      causal, diag_offset, scale_log2, post, stage, phase, qn)
+                      causal, diag_offset, scale_log2, post, stage, phase)
         if FULL > 2 and code == 2:
             return T2(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
-                      causal, diag_offset, scale_log2, post, stage, phase, qn)
+                      causal, diag_offset, scale_log2, post, stage, phase)
         return T0(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
-                  causal, diag_offset, scale_log2, post, stage, phase, qn)
+                  causal, diag_offset, scale_log2, post, stage, phase)
 
     @device_function
     def last_p_times_v(acc, p, smem, v_offset, code):
@@ -418,11 +417,13 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         limit = visible(m_c + ROWS - 1, key_end, causal, diag_offset)[1]
         code = FULL
         if n_tiles > 0:  # tile 0: S_0, its softmax and P_0
+            wait(smem, bars, qn & 1)
+            wait(smem, bars + K_FULL + 4 * stage, phase)
             if NARROWING:
                 code = width_code(n_first, limit)
             stage, phase = first_tile(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n_first,
                                       partial(n_first, m_c, key_end, causal, diag_offset), row0, t, key_end, causal,
-                                      diag_offset, scale_log2, post, stage, phase, qn, code)
+                                      diag_offset, scale_log2, post, stage, phase, code)
         # the tiles no mask touches run in a loop of their own, with no mask code in its softmax (they are whole:
         # a tile narrower than the whole is followed by masked ones only)
         first, end = plain(n_first, n_tiles, m_c, key_end, causal, diag_offset)

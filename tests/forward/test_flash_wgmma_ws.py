@@ -62,9 +62,10 @@ def check(*args, config=None, store="tma", **kwargs):
 def softmax_under_pv(monkeypatch):
     """Make ``wgmma_ws`` build its kernels with ``softmax_under_pv=True`` (the softmax pinned above the P V wait)."""
     @functools.lru_cache(maxsize=None)
-    def build(config, head_dim_pad, bf16, scale_first=False, variant=wgmma_ws.PLAIN, store="elements", probe=None):
+    def build(config, head_dim_pad, bf16, scale_first=False, variant=wgmma_ws.PLAIN, store="elements", probe=None,
+              narrow=True):
         source = wgmma_ws_kernel._kernel_source(config, head_dim_pad, bf16, scale_first, variant, store=store,
-                                                softmax_under_pv=True, probe=probe)
+                                                softmax_under_pv=True, probe=probe, narrow=narrow)
         return kernel_jit((config.threads, 1), wgmma_ws.SIGNATURE)(source)
 
     monkeypatch.setattr(wgmma_ws, "flash_ws_kernel", build)
@@ -182,6 +183,7 @@ def widths_computed():
     # block 0: consumer 0's rows see 64 keys of the one tile, consumer 1's 128; block 1: consumer 0's see none of
     # tile 1 (no MMA), consumer 1's 8 (its first 64)
     (200, 200, True, {192, 128, 64}),
+    (20, 384, False, {192}),  # keys the tiles divide, no mask: the kernel without narrow tiles (mask.may_narrow)
 ])
 def test_simulated_narrow_tiles(seqlen_q, seqlen_k, causal, widths):
     # 192-key tiles compute at 64, 128 or 192 keys (``mask.narrow_widths``), each where the keys a consumer's rows

@@ -224,6 +224,15 @@ def test_tile_width_covers_every_key_a_row_sees(window, causal, block_n, k_step)
         mask.tile_width(64, (64,))
 
 
+def test_calls_that_may_meet_a_narrow_tile():
+    none = mask.NO_WINDOW
+    assert not mask.may_narrow(False, none, False, 4096, 128)  # whole tiles only: the kernel before narrow tiles
+    assert mask.may_narrow(False, none, False, 4096, 224)  # a last tile of 64 keys
+    assert mask.may_narrow(True, none, False, 4096, 128)  # the diagonal
+    assert mask.may_narrow(False, mask.window_sides((16, 0), False), False, 4096, 128)
+    assert mask.may_narrow(False, none, True, 4096, 128)  # packed sequences end anywhere
+
+
 def test_window_sides():
     assert mask.window_sides(None, False) == mask.NO_WINDOW
     assert mask.window_sides((None, None), True) == mask.NO_WINDOW

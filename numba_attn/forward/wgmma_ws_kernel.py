@@ -3,6 +3,8 @@ producer and its TMA ring, the consumers and their ping-pong, the 8-bit form); `
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from numba import float32, uint16, uint32
 
@@ -140,6 +142,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         alpha[0] = ONE
         alpha[1] = ONE
 
+    @lru_cache(maxsize=None)  # (one device function per width, which the tile bodies of that width share)
     def softmax_of(width):
         """The online softmax of a tile's first ``width`` keys (the "no_softmax" probe: none)."""
         if probe == "no_softmax":
@@ -225,6 +228,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     def no_pack(s, p):
         pass
 
+    @lru_cache(maxsize=None)
     def pack_of(width):
         """P of a tile's first ``width`` keys as the P V MMA's A registers: rounded to e4m3 (the keys permuted:
         ``core.fp8``) or to the input dtype (the "no_pack" probe: left as they are)."""

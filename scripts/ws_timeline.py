@@ -70,8 +70,8 @@ def rewritten_source(src: str) -> str:
     """The kernel module's source with the timestamps written in (AssertionError where an anchor moved)."""
     i12, i16, i20 = " " * 12, " " * 16, " " * 20
     k_full = _lines(i12 + "wait(smem, bars + K_FULL + 4 * stage, phase)", i12 + "if NARROWING:")
-    first_done = "diag_offset, scale_log2, post, stage, phase, code)\n"
-    last_pv = _lines(i12 + "last_p_times_v(acc, p, smem, v_base + v_stage * V_TILE, code)", i12 + "wait_o(acc, l_run)",
+    first_done = "causal, diag_offset, scale_log2, post, stage, phase))\n"
+    last_pv = _lines(i12 + "last_p_times_v(code, (acc, p, smem, v_base + v_stage * V_TILE))", i12 + "wait_o(acc, l_run)",
                      i12 + "if lane == 0:",
                      i16 + "arrive(smem, bars + V_EMPTY + 4 * v_stage)")
     own_position = i12 + "b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, schedule)\n"

@@ -283,39 +283,36 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
 
         return tile
 
-    tiles = {}
-    for x in range(FULL + 1):  # (by width code: after a whole tile any code, after a narrower one only 0s)
-        tiles[x, FULL] = key_tile(WIDTHS[x], BLOCK_N)
-        tiles[0, x] = key_tile(0, WIDTHS[x])
-    tile = tiles[FULL, FULL]
-    # (codes past FULL are never met: their calls are pruned, FULL being a constant)
-    F0, F1, F2 = (tiles[min(x, FULL), FULL] for x in range(3))
-    N0, N1, N2 = (tiles[0, min(x, FULL)] for x in range(3))
+    def by_code(fns):
+        """``dispatch(code, args)``: ``fns[code](*args)`` for a width code (``fns`` indexed by code, the whole width
+        last; the branches of codes past ``FULL``, never met, are pruned: ``FULL`` is a constant)."""
+        NONE, FIRST, SECOND = (fns[min(x, FULL)] for x in range(3))
+        WHOLE = fns[FULL]
+
+        @device_function
+        def dispatch(code, args):
+            if code == FULL:
+                return WHOLE(*args)
+            if FULL > 1 and code == 1:
+                return FIRST(*args)
+            if FULL > 2 and code == 2:
+                return SECOND(*args)
+            return NONE(*args)
+
+        return dispatch
+
+    # the tiles that need the mask: after a whole tile any width, after a narrower one (or none) only none
+    after_whole = by_code([key_tile(w, BLOCK_N) for w in WIDTHS])
+    after_narrow = by_code([key_tile(0, w) for w in WIDTHS])
+    tile = key_tile(BLOCK_N, BLOCK_N)
 
     @device_function
-    def masked_tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, row0, t, key_end,
-                    causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase, code_before, code):
-        """A tile that needs the mask, at the width its ``code`` names, after a tile of ``code_before``."""
+    def masked_tile(code_before, code, args):
+        """A tile that needs the mask (``args``: ``tile``'s), at the width its ``code`` names, after a tile of
+        ``code_before``."""
         if code_before == FULL:
-            if code == FULL:
-                return tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True,
-                            row0, t, key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
-            if FULL > 1 and code == 1:
-                return F1(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t,
-                          key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
-            if FULL > 2 and code == 2:
-                return F2(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t,
-                          key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
-            return F0(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t,
-                      key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
-        if FULL > 1 and code_before == 1:
-            return N1(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t,
-                      key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
-        if FULL > 2 and code_before == 2:
-            return N2(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t,
-                      key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
-        return N0(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t,
-                  key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase)
+            return after_whole(code, args)
+        return after_narrow(code_before, args)
 
     def first_key_tile(width: int):
         """Tile 0 of a block, once its Q and K have landed: S of its first ``width`` keys (0: none), its softmax
@@ -346,36 +343,13 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
 
         return first
 
-    firsts = [first_key_tile(w) for w in WIDTHS]
-    T0, T1, T2 = (firsts[min(x, FULL)] for x in range(3))
-    T3 = firsts[FULL]
-    PV1, PV2 = (products[WIDTHS[min(x, FULL)]][1] for x in (1, 2))
+    first_tile = by_code([first_key_tile(w) for w in WIDTHS])
 
     @device_function
-    def first_tile(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
-                   causal, diag_offset, scale_log2, post, stage, phase, code):
-        """Tile 0 at the width its ``code`` names."""
-        if code == FULL:
-            return T3(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
-                      causal, diag_offset, scale_log2, post, stage, phase)
-        if FULL > 1 and code == 1:
-            return T1(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
-                      causal, diag_offset, scale_log2, post, stage, phase)
-        if FULL > 2 and code == 2:
-            return T2(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
-                      causal, diag_offset, scale_log2, post, stage, phase)
-        return T0(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n0, needs_mask, row0, t, key_end,
-                  causal, diag_offset, scale_log2, post, stage, phase)
+    def no_product(acc, p, smem, v_offset):
+        pass
 
-    @device_function
-    def last_p_times_v(acc, p, smem, v_offset, code):
-        """P V of a block's last tile, at the width its ``code`` names."""
-        if code == FULL:
-            p_times_v(acc, p, smem, v_offset)
-        elif FULL > 1 and code == 1:
-            PV1(acc, p, smem, v_offset)
-        elif FULL > 2 and code == 2:
-            PV2(acc, p, smem, v_offset)
+    last_p_times_v = by_code([no_product] + [products[w][1] for w in WIDTHS[1:]])
 
     @device_function
     def store_staged(acc, m_run, l_run, smem, tile, bars, c, lane, m_c, row0, t, o_map, lse, b, h, seqlen_q,
@@ -425,9 +399,9 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             wait(smem, bars + K_FULL + 4 * stage, phase)
             if NARROWING:
                 code = width_code(n_first, limit)
-            stage, phase = first_tile(s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n_first,
-                                      partial(n_first, m_c, key_end, causal, diag_offset), row0, t, key_end, causal,
-                                      diag_offset, scale_log2, post, stage, phase, code)
+            stage, phase = first_tile(code, (s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n_first,
+                                             partial(n_first, m_c, key_end, causal, diag_offset), row0, t, key_end,
+                                             causal, diag_offset, scale_log2, post, stage, phase))
         # the tiles no mask touches run in a loop of their own, with no mask code in its softmax (they are whole:
         # a tile narrower than the whole is followed by masked ones only)
         first, end = plain(n_first, n_tiles, m_c, key_end, causal, diag_offset)
@@ -439,10 +413,9 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                 before = code
                 if NARROWING:
                     code = width_code(n0, limit)
-                stage, phase, v_stage, v_phase = masked_tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base,
-                                                             v_base, bars, c, lane, n0, row0, t, key_end, causal,
-                                                             diag_offset, scale_log2, post, stage, phase, v_stage,
-                                                             v_phase, before, code)
+                stage, phase, v_stage, v_phase = masked_tile(before, code, (
+                    s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t,
+                    key_end, causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase))
         for j in range(first, end):
             stage, phase, v_stage, v_phase = tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c,
                                                   lane, n_first + j * BLOCK_N, False, row0, t, key_end, causal,
@@ -452,15 +425,14 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             before = code
             if NARROWING:
                 code = width_code(n0, limit)
-            stage, phase, v_stage, v_phase = masked_tile(s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base,
-                                                         bars, c, lane, n0, row0, t, key_end, causal, diag_offset,
-                                                         scale_log2, post, stage, phase, v_stage, v_phase, before,
-                                                         code)
+            stage, phase, v_stage, v_phase = masked_tile(before, code, (
+                s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t, key_end,
+                causal, diag_offset, scale_log2, post, stage, phase, v_stage, v_phase))
         if OWN_STAGING and n_tiles > 0 and lane == 0:
             arrive(smem, bars + 4)  # Q is free: this warp's last S is done
         if n_tiles > 0:
             wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
-            last_p_times_v(acc, p, smem, v_base + v_stage * V_TILE, code)
+            last_p_times_v(code, (acc, p, smem, v_base + v_stage * V_TILE))
             wait_o(acc, l_run)
             if lane == 0:
                 arrive(smem, bars + V_EMPTY + 4 * v_stage)

@@ -84,8 +84,13 @@ def rewritten_source(src: str) -> str:
     loop_producer = "Q's count.\"\"\"\n" + tile_of
     loop_produced = _lines(" " * 35 + "n_first, n_tiles, stage, phase, qn)", i12 + "qn += 1")
     loop_consumer = "        count.\"\"\"\n" + tile_of
+    # (the persistent producer's stamps go to lse, which its block function does not take otherwise)
+    block_args = "diag_offset, group, stage, phase, qn):\n"
+    block_call = "key_start, key_end, diag_offset, group, ring[0], ring[1], ring[2])\n"
     edits = [
         ("from ..runtime.device import cuda\n", "from ..runtime.device import cuda\n" + TIMER_SOURCE),
+        (block_args, block_args.replace("qn)", "qn, lse)")),
+        (block_call, block_call.replace("ring[2])", "ring[2], lse)")),
         (i12 + "wait(smem, bars, qn & 1)\n", i12 + "wait(smem, bars, qn & 1)" + _stamped(i12, 1) + "\n"),
         (k_full, k_full.replace("phase)\n", "phase)" + _stamped(i12, 2) + "\n", 1)),
         (first_done, first_done[:-1] + _stamped(i12, 3) + "\n"),

@@ -210,9 +210,9 @@ def test_tile_width_covers_every_key_a_row_sees(window, causal, block_n, k_step)
     choices = (0, *widths, block_n)
     for key_end in (0, 37, 300):
         for diag in (-70, 0, 11):
-            for m0 in range(-3, 260, 29):
+            for m0 in (-3, 0, 50, 64, 128, 192, 209):  # (with n0 below: keys seen ending on a width, and not)
                 limit = visible(m0 + 63, key_end, causal, diag)[1]
-                for n0 in range(0, 320, 48):
+                for n0 in range(0, 320, 64):
                     seen = [key - n0 for key in range(n0, n0 + block_n)
                             if any(not hidden(key, row, key_end, causal, diag) for row in range(m0, m0 + 64))]
                     width = choices[code_of(n0, limit)]

@@ -1,10 +1,11 @@
 """Probe (issue #30): the WS forward with narrow tiles (the kernel now: where the keys a consumer's rows see end
 inside a tile it computes the tile's first 64 or 128 keys, or none) against the same kernel computing every tile
-whole (``_kernel_source(probe="wide_tails")``, the code before), in alternating rounds beside cuDNN (16-bit) or our
-bf16 forward (fp8). Shapes of the sweep, B4: bf16 D128 H32 and D64 H48 at the tuned tables' configurations, fp8 D128
-H32 at its default. Each sample ten calls queued; replay off, or with ``replay=1`` on (as the sweep calls: the short
-rows' host time hidden), each form from a plan of its own (the flag is part of the plan's key). Compiles its kernels
-in parallel processes first. Run from the tree. Arguments: ``rounds=3``, ``cases=...`` (names below), ``replay=0``."""
+whole (``narrow=False``, the code before; calls 2-3 ran this on 6c3118d, where it was ``probe="wide_tails"``), in
+alternating rounds beside cuDNN (16-bit) or our bf16 forward (fp8). Shapes of the sweep, B4: bf16 D128 H32 and D64
+H48 at the tuned tables' configurations, fp8 D128 H32 at its default. Each sample ten calls queued; replay off, or
+with ``replay=1`` on (as the sweep calls: the short rows' host time hidden), each form from a plan of its own (the
+flag is part of the plan's key). Compiles its kernels in parallel processes first. Run from the tree. Arguments:
+``rounds=3``, ``cases=...`` (names below), ``replay=0``."""
 import json
 import multiprocessing
 import os
@@ -38,14 +39,15 @@ def build(spec):
     from numba_attn.forward import wgmma_ws, wgmma_ws_fp8
     from numba_attn.forward.common import Variant
 
-    name, probe = spec
+    name, narrow = spec
     dtype, d, heads, n, causal = CASES[name]
     variant = Variant.of(causal, None, None)
     if dtype == "fp8":
-        wgmma_ws_fp8.flash_ws_fp8_kernel(wgmma_ws_fp8.DEFAULT_CONFIG, d, True, False, False, variant, probe,
-                                         "tma").dispatcher()
+        wgmma_ws_fp8.flash_ws_fp8_kernel(wgmma_ws_fp8.DEFAULT_CONFIG, d, True, False, False, variant, None, "tma",
+                                         narrow).dispatcher()
     else:
-        wgmma_ws.flash_ws_kernel(tuned(d, heads, n, causal), d, True, False, variant, "tma", probe).dispatcher()
+        wgmma_ws.flash_ws_kernel(tuned(d, heads, n, causal), d, True, False, variant, "tma", None,
+                                 narrow).dispatcher()
 
 
 if __name__ == "__main__":
@@ -53,7 +55,7 @@ if __name__ == "__main__":
     names = opts.get("cases", ",".join(CASES)).split(",")
     start = time.perf_counter()
     with multiprocessing.get_context("spawn").Pool(14) as pool:
-        pool.map(build, [(name, probe) for name in names for probe in (None, "wide_tails")])
+        pool.map(build, [(name, narrow) for name in names for narrow in (True, False)])
     print(f"compiled in {time.perf_counter() - start:.0f} s", flush=True)
 
     import torch
@@ -66,13 +68,14 @@ if __name__ == "__main__":
     real = {"16": wgmma_ws.flash_ws_kernel, "8": wgmma_ws_fp8.flash_ws_fp8_kernel}
     wide = {"on": False}
 
-    def kernel16(config, d_pad, bf16, scale_first=False, variant=wgmma_ws.PLAIN, store="elements", probe=None):
-        return real["16"](config, d_pad, bf16, scale_first, variant, store, "wide_tails" if wide["on"] else probe)
+    def kernel16(config, d_pad, bf16, scale_first=False, variant=wgmma_ws.PLAIN, store="elements", probe=None,
+                 narrow=True):
+        return real["16"](config, d_pad, bf16, scale_first, variant, store, probe, narrow and not wide["on"])
 
     def kernel8(config, d_pad, bf16_out, scale_first=False, per_head=False, variant=wgmma_ws.PLAIN, probe=None,
-                store="tma"):
-        return real["8"](config, d_pad, bf16_out, scale_first, per_head, variant,
-                         "wide_tails" if wide["on"] else probe, store)
+                store="tma", narrow=True):
+        return real["8"](config, d_pad, bf16_out, scale_first, per_head, variant, probe, store,
+                         narrow and not wide["on"])
 
     wgmma_ws.flash_ws_kernel = kernel16
     wgmma_ws_fp8.flash_ws_fp8_kernel = kernel8

@@ -69,7 +69,7 @@ def _lines(*lines: str) -> str:
 def rewritten_source(src: str) -> str:
     """The kernel module's source with the timestamps written in (AssertionError where an anchor moved)."""
     i12, i16, i20 = " " * 12, " " * 16, " " * 20
-    k_full = _lines(i12 + "wait(smem, bars + K_FULL + 4 * stage, phase)", i12 + "if NARROWING:")
+    k_full = _lines(i12 + "wait(smem, bars + K_FULL + 4 * stage, phase)", i12 + "if narrow:")
     first_done = "causal, diag_offset, scale_log2, post, stage, phase))\n"
     last_pv = _lines(i12 + "last_p_times_v(code, (acc, p, smem, v_base + v_stage * V_TILE))", i12 + "wait_o(acc, l_run)",
                      i12 + "if lane == 0:",

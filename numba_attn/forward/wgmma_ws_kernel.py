@@ -90,14 +90,11 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     # the mbarriers, 4 elements (8 bytes) each from ``bars``: Q full, Q empty, then per stage of the ring
     K_FULL, K_EMPTY, V_FULL, V_EMPTY = (4 * (2 + n * STAGES) for n in range(4))
     PAIR = 2 * WARPGROUP  # threads of a ping-pong barrier: the waiting warpgroup and the one arriving
-    # Narrow tiles: where the keys a consumer's 64 rows see end inside a tile (the end of the keys, the diagonal),
-    # it computes only the tile's first WIDTHS[code] keys (``mask.tile_width``; code 0: none, for a tile only the
-    # other consumers see), so the MMAs and exponentials of keys no row sees are not made. A walk's codes are
-    # FULL ... FULL, then at most one narrower one, then 0s.
-    NARROW = narrow_widths(BLOCK_N, 32 if fp8 else 16) if narrow else ()
+    # Narrow tiles (``wgmma_ws``'s docstring): a tile's first WIDTHS[code] keys (``mask.tile_width``; 0: none). A
+    # walk's codes are FULL ... FULL, then at most one narrower one, then 0s.
+    NARROW = narrow_widths(BLOCK_N, K_STEP) if narrow else ()
     WIDTHS = (0, *NARROW, BLOCK_N)
     FULL = len(WIDTHS) - 1
-    NARROWING = bool(narrow)
     width_code = tile_width(BLOCK_N, NARROW)
     visible = visible_keys_in(variant.window)
     products = {w: wgmma.attention_products(BLOCK_N, d_pad, bf16, fp8, width=w) for w in WIDTHS if w}
@@ -391,13 +388,12 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         start(m_run, l_run, acc)
         v_stage = stage  # the slot of the V tile the next P V reads
         v_phase = phase
-        # the keys this consumer's last row sees end at ``limit``: each tile's width code (``NARROW``)
-        limit = visible(m_c + ROWS - 1, key_end, causal, diag_offset)[1]
+        limit = visible(m_c + ROWS - 1, key_end, causal, diag_offset)[1]  # (its last row's keys: the width codes)
         code = FULL
         if n_tiles > 0:  # tile 0: S_0, its softmax and P_0
             wait(smem, bars, qn & 1)
             wait(smem, bars + K_FULL + 4 * stage, phase)
-            if NARROWING:
+            if narrow:
                 code = width_code(n_first, limit)
             stage, phase = first_tile(code, (s, p, alpha, m_run, l_run, smem, q_c, k_base, bars, c, lane, n_first,
                                              partial(n_first, m_c, key_end, causal, diag_offset), row0, t, key_end,
@@ -411,7 +407,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             for j in range(1, first):
                 n0 = n_first + j * BLOCK_N
                 before = code
-                if NARROWING:
+                if narrow:
                     code = width_code(n0, limit)
                 stage, phase, v_stage, v_phase = masked_tile(before, code, (
                     s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t,
@@ -423,7 +419,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         for j in range(end, n_tiles):
             n0 = n_first + j * BLOCK_N
             before = code
-            if NARROWING:
+            if narrow:
                 code = width_code(n0, limit)
             stage, phase, v_stage, v_phase = masked_tile(before, code, (
                 s, acc, p, alpha, m_run, l_run, smem, q_c, k_base, v_base, bars, c, lane, n0, True, row0, t, key_end,

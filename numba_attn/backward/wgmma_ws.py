@@ -42,7 +42,6 @@ from . import wgmma_ws_kernels as _kernels
 
 MIN_COMPUTE_CAPABILITY = (9, 0)
 MAX_HEAD_DIM = _wgmma.MAX_HEAD_DIM
-_REGISTERS = 65536
 
 
 @dataclass(frozen=True)
@@ -86,9 +85,8 @@ class WsBackwardConfig:
         if self.consumers % m_blocks and m_blocks % self.consumers:
             raise ValueError(f"WsBackwardConfig: block_m / 64 ({m_blocks}) and consumers ({self.consumers}) must "
                              "divide one another (how the consumers share a tile's dQ)")
-        used = 128 * (self.producer_registers + self.consumers * self.consumer_registers)
-        if used > _REGISTERS:
-            raise ValueError(f"WsBackwardConfig: the register budgets need {used} registers, the SM has {_REGISTERS}")
+        common.check_register_budgets(self, self.threads, self.producer_registers, self.consumers,
+                                      self.consumer_registers)
 
     @property
     def block_n(self) -> int:
@@ -121,9 +119,9 @@ GPU_CANDIDATES = {
     "tile": WsBackwardConfig(dq_buffers=2),  # two staging tiles (226 KB at head dim 128)
     "tileL2": WsBackwardConfig(dq_evict_last=True),  # the bulk reductions with the L2 hint "evict last"
     # the producer warpgroup (copies, dQ writer) spills at 24 registers: ptxas -v, head dim 64: 88 bytes of spill
-    # stores at 24 / 240, 0 at 40 / 232; 128: 212, 168 at 40 / 232, 152 at 32 / 240 (128 with no dQ at all)
+    # stores at 24 / 240, 0 at 40 / 232; 128: 212, 168 at 40 / 232, 152 at 32 / 240 (128 with no dQ at all) -- but
+    # 32 / 240 needs more registers than a block of 384 threads holds (``common.check_register_budgets``)
     "tilep40": WsBackwardConfig(producer_registers=40, consumer_registers=232),
-    "tilep32": WsBackwardConfig(producer_registers=32, consumer_registers=240),
     "ws2red": WsBackwardConfig(dq_writer=False),  # dQ by every consumer thread's red.global.add.v2
     "ws2red4": WsBackwardConfig(dq_writer=False, dq_quads=True),  # ... .v4 after a lane exchange
     "ws2regs": WsBackwardConfig(dk_smem=False),  # dK's A (dS^T) from registers

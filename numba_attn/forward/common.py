@@ -202,6 +202,23 @@ def check_grid(batch: int, heads: int) -> None:
     grid(QUERY_MAJOR, batch, heads, 1, 1)
 
 
+#: an SM's 32-bit registers
+SM_REGISTERS = 65536
+
+
+def check_register_budgets(config, threads: int, producer: int, consumers: int, consumer: int) -> None:
+    """ValueError unless the ``setmaxnreg`` budgets of a warp-specialised block -- one producer warpgroup at
+    ``producer`` registers a thread, ``consumers`` at ``consumer`` -- fit the registers its launch holds: as many
+    per thread as fit the SM, in steps of 8 (384 threads: 168 each, 64512 in all). ``setmaxnreg`` only moves
+    registers within that pool: a budget above it leaves the consumers' ``setmaxnreg.inc`` waiting forever (on an
+    H100, 24 + 2 x 240 ran; 32 + 2 x 240 hung)."""
+    pool = SM_REGISTERS // threads // 8 * 8 * threads
+    used = 128 * (producer + consumers * consumer)
+    if used > pool:
+        raise ValueError(f"{type(config).__name__}: producer_registers + {consumers} x consumer_registers must fit "
+                         f"the {pool} registers a block of {threads} threads holds, over 128 threads each, got {used}")
+
+
 def check_fields(config, **rules) -> None:
     """Validate a config's integer fields: ``name=(low, high, multiple)`` (``high`` None: no upper bound)."""
     for name, (low, high, multiple) in rules.items():

@@ -15,8 +15,6 @@ MAX_HEAD_DIM = 128
 ROWS = wgmma.ROWS  # query rows per consumer warpgroup
 WARPGROUP = wgmma.WARPGROUP_THREADS
 DTYPES = ("float16", "bfloat16")
-#: the SM's registers: the budgets of one producer and two consumer warpgroups must fit
-_REGISTERS = 65536
 
 
 @dataclass(frozen=True)
@@ -37,10 +35,8 @@ class WsConfig:
         for name in ("pingpong", "persistent"):
             if type(getattr(self, name)) is not bool:
                 raise ValueError(f"WsConfig.{name}: expected a bool, got {getattr(self, name)!r}")
-        used = WARPGROUP * (self.producer_registers + self.consumers * self.consumer_registers)
-        if used > _REGISTERS:
-            raise ValueError(f"WsConfig: producer_registers + {self.consumers} x consumer_registers must fit the SM's "
-                             f"{_REGISTERS} registers over 128 threads each, got {used}")
+        common.check_register_budgets(self, self.threads, self.producer_registers, self.consumers,
+                                      self.consumer_registers)
 
     @property
     def block_m(self) -> int:

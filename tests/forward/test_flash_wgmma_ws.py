@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import numba_attn
+from numba_attn.backward import wgmma_ws as backward_ws
 from numba_attn.forward import dispatch
 from numba_attn.core import warpgroup
 from numba_attn.forward import wgmma_ws, wgmma_ws_fp8, wgmma_ws_kernel
@@ -79,6 +80,22 @@ def test_configs_are_validated_where_made():
         with pytest.raises(ValueError, match="WsConfig"):
             wgmma_ws.WsConfig(**bad)
     assert wgmma_ws.DEFAULT_CONFIG.block_m == 128 and wgmma_ws.DEFAULT_CONFIG.threads == 384
+
+
+def test_register_budgets_fit_what_the_launch_holds():
+    # 384 threads hold 168 registers each (64512): 24 + 2 x 240 fits exactly, 32 + 2 x 240 (65536, the SM's count)
+    # does not -- on an H100 such a block hung in the consumers' setmaxnreg.inc; 512 threads hold 128 each (65536)
+    wgmma_ws.WsConfig(producer_registers=24, consumer_registers=240)
+    wgmma_ws.WsConfig(consumers=3, producer_registers=32, consumer_registers=160)
+    for bad in (dict(producer_registers=32), dict(consumer_registers=248, producer_registers=24),
+                dict(consumers=3, producer_registers=40, consumer_registers=160)):
+        with pytest.raises(ValueError, match="a block of (384|512) threads holds"):
+            wgmma_ws.WsConfig(**bad)
+    with pytest.raises(ValueError, match="64512 registers a block of 384 threads holds"):
+        backward_ws.WsBackwardConfig(producer_registers=32, consumer_registers=240)
+    backward_ws.WsBackwardConfig(producer_registers=40, consumer_registers=232)
+    assert all(c.threads * 168 >= 128 * (c.producer_registers + c.consumers * c.consumer_registers)
+               for c in backward_ws.GPU_CANDIDATES.values() if c.threads == 384)
 
 
 def test_candidates_fit_shared_memory():

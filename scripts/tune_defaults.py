@@ -78,7 +78,8 @@ def shapes(head_dim: int, check: bool) -> list[tuple]:
 def plan(args, check: bool) -> list[tuple]:
     """(dtype, head_dim, causal, shape) in the order they run: one dtype and head dim at a time (their kernels
     compile once), the head dims in the order given."""
-    return [(dtype, d, causal, shape) for d in args.headdims for dtype in args.dtypes for causal in (False, True)
+    masks = [m == "causal" for m in ("full", "causal") if m in args.masks]
+    return [(dtype, d, causal, shape) for d in args.headdims for dtype in args.dtypes for causal in masks
             for shape in shapes(d, check)]
 
 
@@ -362,6 +363,8 @@ def main():
     parser.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16"], choices=["float16", "bfloat16"])
     parser.add_argument("--headdims", nargs="+", type=int, default=[128, 64, 256, 96, 32],
                         help="in the order they run (default: 128 64 256 96 32)")
+    parser.add_argument("--masks", nargs="+", default=["full", "causal"], choices=["full", "causal"],
+                        help="the keys to tune: without a mask, causal, or both")
     parser.add_argument("--backend", choices=["mma", "wgmma", "wgmma_ws"], default=None,
                         help="force a kernel (default: the one flash_forward picks, as users get it)")
     parser.add_argument("--reps", type=int, default=_autotune.REPS, help="timed calls per candidate")

@@ -69,7 +69,8 @@ def fake_gpu(script, monkeypatch, tmp_path):
 
 
 def options(tmp_path, **kwargs):
-    values = dict(dtypes=["float16"], headdims=[64, 256], backend=None, time_limit=1e9, merge=False, take=None,
+    values = dict(dtypes=["float16"], headdims=[64, 256], masks=["full", "causal"], backend=None, time_limit=1e9,
+                  merge=False, take=None,
                   out=str(tmp_path / "sm00.json"), table=str(tmp_path / "sm00.json"), tolerance=5.0, report=None)
     values.update(kwargs)
     return argparse.Namespace(**values)
@@ -129,6 +130,13 @@ def test_merge_keeps_the_keys_a_run_does_not_tune(script, fake_gpu, tmp_path):
     table = json.loads((tmp_path / "sm00.json").read_text())
     assert len(table["tuners"]["flash_mma"]["entries"]) == len(table["tuners"]["flash_wgmma"]["entries"]) == 14
     assert len(table["merged_from"]) == 1
+
+
+def test_masks_choose_the_keys_a_run_tunes(script, fake_gpu, tmp_path):
+    torch, _ = fake_gpu
+    script.run_tune(options(tmp_path, headdims=[64], masks=["causal"]), torch, "sm00")
+    entries = json.loads((tmp_path / "sm00.json").read_text())["tuners"]["flash_wgmma"]["entries"]
+    assert entries and all(key.split("|")[2] == "True" for key in entries)  # (dtype|d|causal|rows|keys)
 
 
 def test_take_writes_only_the_keys_that_chose_those_fields(script, fake_gpu, tmp_path, monkeypatch):

@@ -4,7 +4,9 @@
 # Tried and not merged: V transposed in the kernel by the producer's warps (h/transpose-v: 0.86-0.92x bf16, far
 # slower than the pre-pass form), row maxima in four chains (h/max-chains: no change), P's row sums from the P V
 # MMA (h/fp8-mma-sums: 1.42-1.50x bf16 at 4k-16k, but 2.4x the error on long diffuse rows while the sums crossed
-# tiles in the MMA; its last commit folds them per tile -- unmeasured: first thing to run, run10.sh on that branch).
+# tiles in the MMA; its next commit folds them per tile -- unmeasured: first thing to run, run10.sh on that branch,
+# then its GPU tests: tests/forward/test_flash_fp8.py -k wgmma_ws tries the fp8_sums form; the lse becomes the
+# rounded P's, up to 2.2e-2 off on short peaked rows in the model: keep exact sums where return_lse is asked?).
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD NUMBA_ATTN_CACHE_DIR=$PWD/.gpu/cache
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u +%H:%M:%S

@@ -1,6 +1,6 @@
 # For the next session (issue #30). State at d71ce2c (H100, 2026-11-27 18:08-19:09): kernels of f3d688a (narrow tiles
 # where a call can meet one), 17 WS keys re-tuned. Sweep 18:54: every N >= 4k >= 1.0x cuDNN but D128 non-causal 4k
-# fp16 (0.99x); D64 1k 0.82-0.87x. fp8 x our bf16: 4k 1.27-1.35x, 16k 1.38-1.43x (target 1.4x at N >= 4k).
+# fp16 (0.99x); D64 1k 0.82-0.87x. fp8 x our bf16: 4k 1.27-1.39x, 16k 1.38-1.43x (target 1.4x at N >= 4k).
 # Tried and not merged: V transposed in the kernel by the producer's warps (h/transpose-v: 0.86-0.92x bf16, far
 # slower than the pre-pass form), row maxima in four chains (h/max-chains: no change), P's row sums from the P V
 # MMA (h/fp8-mma-sums: 1.42-1.50x bf16 at 4k-16k, but 2.4x the error on long diffuse rows while the sums crossed

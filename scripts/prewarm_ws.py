@@ -18,19 +18,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 def build(spec):
+    from numba_attn.core.mask import may_narrow
     from numba_attn.forward import wgmma_ws, wgmma_ws_fp8
     from numba_attn.forward.common import Variant
 
     fields, d, dtype, causal, window = spec
     start = time.perf_counter()
-    # (narrow tiles where a call whose tiles divide its keys meets them: ``mask.may_narrow``)
-    narrow = bool(causal) or window is not None
+    config = wgmma_ws.WsConfig(**fields)
+    variant = Variant.of(causal, window, None)
+    # (the launchers' rule, for keys the tiles divide)
+    narrow = may_narrow(causal, variant.window, False, config.block_n, config.block_n)
     if dtype == "fp8":  # (per-tensor descales, no soft-cap: what a call without descale factors builds)
-        kernel = wgmma_ws_fp8.flash_ws_fp8_kernel(wgmma_ws.WsConfig(**fields), d, True, False, False,
-                                                  Variant.of(causal, window, None), None, "tma", narrow)
+        kernel = wgmma_ws_fp8.flash_ws_fp8_kernel(config, d, True, False, False, variant, None, "tma", narrow)
     else:
-        kernel = wgmma_ws.flash_ws_kernel(wgmma_ws.WsConfig(**fields), d, dtype == "bfloat16", False,
-                                          Variant.of(causal, window), "tma", None, narrow)
+        kernel = wgmma_ws.flash_ws_kernel(config, d, dtype == "bfloat16", False, variant, "tma", None, narrow)
     kernel.dispatcher()
     return spec, time.perf_counter() - start
 

@@ -28,11 +28,13 @@ class WsConfig:
     consumers: int = 2  # consumer warpgroups of 64 query rows each (2 or 3)
     producer_registers: int = 24  # setmaxnreg.dec of the producer warpgroup
     consumer_registers: int = 240  # setmaxnreg.inc of the consumer warpgroups
+    # 8-bit only: the row sums of P from the P V MMA (8 rows of ones under each V^T box), not from the softmax
+    fp8_sums: bool = False
 
     def __post_init__(self):
         common.check_fields(self, block_n=(16, 256, 16), stages=(1, 8, 1), producer_registers=(24, 256, 8),
                             consumer_registers=(24, 256, 8), consumers=(2, 3, 1))
-        for name in ("pingpong", "persistent"):
+        for name in ("pingpong", "persistent", "fp8_sums"):
             if type(getattr(self, name)) is not bool:
                 raise ValueError(f"WsConfig.{name}: expected a bool, got {getattr(self, name)!r}")
         common.check_register_budgets(self, self.threads, self.producer_registers, self.consumers,
@@ -121,7 +123,7 @@ def shared_bytes(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> int:
     output's staging tiles (persistent or 8-bit: as many 16-bit rows as Q has), the mbarriers, and 1 KB to align
     the first tile to 1024 bytes."""
     if fp8:  # rows of 128 bytes, one atom column; the output's 16-bit rows, one or two
-        v_rows = head_dim_pad * vt_atoms(config.block_n)
+        v_rows = (head_dim_pad + (8 if config.fp8_sums else 0)) * vt_atoms(config.block_n)
         tiles = 128 * (config.block_m + config.stages * (config.block_n + v_rows)
                        + wgmma.atom_columns(head_dim_pad) * config.block_m)
     else:

@@ -59,13 +59,18 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     Q_TILE = ROWS * 64 * ATOMS  # elements (uint16) of one consumer's Q tile
     TILE = BLOCK_N * 64 * ATOMS  # elements of a K or V tile
     VT_ATOMS = vt_atoms(BLOCK_N)
-    VT_BOX = d_pad * 64  # 8-bit: elements of one box of V^T (d_pad rows of 128 keys)
+    # 8-bit with ``fp8_sums``: 8 rows of ones under each V^T box, so that P V's 8 more output columns are P's row sums
+    SUM_ROWS = 8 if fp8 and config.fp8_sums else 0
+    if config.fp8_sums and not fp8:
+        raise ValueError("wgmma_ws: fp8_sums takes 8-bit inputs")
+    VT_BOX = (d_pad + SUM_ROWS) * 64  # 8-bit: elements of one box of V^T (d_pad rows of 128 keys, the ones)
+    VT_LOAD_BYTES = VT_ATOMS * d_pad * 128  # (what the TMA writes of a V^T tile)
     V_TILE = VT_ATOMS * VT_BOX if fp8 else TILE  # elements of a tile of the V ring (8-bit: V^T)
     CONSUMERS = config.consumers
     BLOCK_M = config.block_m
     Q_BYTES = 2 * CONSUMERS * Q_TILE
     TILE_BYTES = 2 * TILE
-    V_TILE_BYTES = 2 * V_TILE
+    V_TILE_BYTES = VT_LOAD_BYTES if fp8 else 2 * V_TILE
     Q_BOX = 64 * ROWS  # elements of one 64-column box of Q (128-byte box rows; 8-bit: one box)
     OUT_ATOMS = wgmma.atom_columns(d_pad)  # 64-column boxes of a 16-bit output row (8-bit inputs too)
     OUT_TILE = ROWS * 64 * OUT_ATOMS  # elements of one consumer's staged output (16-bit: Q_TILE)
@@ -74,7 +79,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     S_BLOCKS = BLOCK_N // 8
     PV_STEPS = BLOCK_N // K_STEP
     P_WORDS = 4 * PV_STEPS
-    O_BLOCKS = d_pad // 8
+    O_BLOCKS = (d_pad + SUM_ROWS) // 8  # (the accumulator; its stores take the first d_pad // 8)
+    OUT_BLOCKS = d_pad // 8
     SCALE_FIRST = scale_first
     TMA_STORE = store == "tma"
     PERSISTENT = config.persistent
@@ -97,7 +103,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     FULL = len(WIDTHS) - 1
     width_code = tile_width(BLOCK_N, NARROW)
     visible = visible_keys_in(variant.window)
-    products = {w: wgmma.attention_products(BLOCK_N, d_pad, bf16, fp8, width=w) for w in WIDTHS if w}
+    products = {w: wgmma.attention_products(BLOCK_N, d_pad, bf16, fp8, width=w, sum_rows=SUM_ROWS) for w in WIDTHS
+                if w}
     q_times_k, p_times_v = products[BLOCK_N]
     wait_s = wgmma.wgmma_wait(BLOCK_N, 0)
     wait_one = wgmma.wgmma_wait(BLOCK_N, 1)
@@ -145,11 +152,11 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         if probe == "no_softmax":
             return no_softmax
         return softmax_update(1, width // 8, O_BLOCKS, SCALE_FIRST, rescale_output=False, window=variant.window,
-                              softcap=variant.softcap, precise_tanh=False)
+                              softcap=variant.softcap, precise_tanh=False, row_sums=not SUM_ROWS)
     rescale = output_rescale(O_BLOCKS)
     # (the 16-bit kernel's output has no factor: its finish takes one and drops it)
-    finish = store_rows(1, O_BLOCKS, as_16bit(bf16), scaled=fp8, scale_argument=True, pairs=store == "pairs")
-    stage_out = stage_rows(O_BLOCKS, bf16, ROWS)
+    finish = store_rows(1, OUT_BLOCKS, as_16bit(bf16), scaled=fp8, scale_argument=True, pairs=store == "pairs")
+    stage_out = stage_rows(OUT_BLOCKS, bf16, ROWS)
     fence_async = wgmma.fence_proxy_async
     store_box = bulk.tma_store_4d
     commit, wait_read = bulk.bulk_commit, bulk.bulk_wait_read
@@ -235,6 +242,17 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             return fp8_blocks.probabilities(width // K_STEP)
         return wgmma.a_fragments(width // K_STEP, bf16)
 
+    ZERO = np.float32(0.0)
+
+    @inlined_function
+    def fold_sums(acc, l_run):
+        """P V's row sums of one tile (column d_pad; lane t = 0's) into ``l_run``, and the column cleared: the 8-bit
+        MMA adds into its accumulator with ~14 bits, and a sum carried across tiles there lost ~2x the accuracy."""
+        l_run[0] += acc[0, OUT_BLOCKS, 0]
+        l_run[1] += acc[0, OUT_BLOCKS, 2]
+        acc[0, OUT_BLOCKS, 0] = ZERO
+        acc[0, OUT_BLOCKS, 2] = ZERO
+
     def key_tile(s_width: int, pv_width: int):
         """One key tile after the first: S of its first ``s_width`` keys (K in ring slot ``stage``; 0: none), P V
         of the previous tile's first ``pv_width`` (V in slot ``v_stage``; 0: none) under the softmax; returns the
@@ -269,9 +287,14 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                         post)
             if PV_W:
                 wait_o(acc, l_run)
+                if SUM_ROWS:
+                    fold_sums(acc, l_run)
             if lane == 0:
                 arrive(smem, bars + V_EMPTY + 4 * v_stage)  # V of tile j - 1 is free
             if S_W:
+                if SUM_ROWS:  # (the row sums so far, to this tile's maximum)
+                    l_run[0] *= alpha[0]
+                    l_run[1] *= alpha[1]
                 rescale(acc, alpha)
                 pack(s, p)
             v_stage, v_phase = advance(v_stage, v_phase)
@@ -430,6 +453,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
             last_p_times_v(code, (acc, p, smem, v_base + v_stage * V_TILE))
             wait_o(acc, l_run)
+            if SUM_ROWS:  # (column d_pad: the last tile's row sums, in lane t = 0; the other lanes' columns: 0)
+                fold_sums(acc, l_run)
             if lane == 0:
                 arrive(smem, bars + V_EMPTY + 4 * v_stage)
                 if not TMA_STORE:
@@ -508,6 +533,13 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         o_base = v_base + STAGES * V_TILE  # (persistent or 8-bit: the consumers' staging tiles)
         bars = o_base + (CONSUMERS * OUT_TILE if STAGING_TILES else 0)
         # (bars: Q full, Q empty; K full, K empty, V full, V empty per stage)
+        if SUM_ROWS:  # under every V^T box a row of ones (e4m3 1.0 = 0x38), then 7 of zeros (the epilogue adds
+            # the 4 lanes of a row: only column d_pad, lane t = 0's, holds the sum), which no TMA copy overwrites
+            for i in range(tid, STAGES * VT_ATOMS * SUM_ROWS * 64, cuda.blockDim.x):
+                box = i // (SUM_ROWS * 64)
+                smem[v_base + box * VT_BOX + d_pad * 64 + i % (SUM_ROWS * 64)] = uint16(
+                    0x3838 if i % (SUM_ROWS * 64) < 64 else 0)
+            fence_async()
         if tid == 0:
             init(smem, bars, 1)
             init(smem, bars + 4, Q_EMPTY_ARRIVALS)

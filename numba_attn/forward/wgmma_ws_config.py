@@ -73,8 +73,10 @@ SHARED_LIMIT = 227 * 1024
 
 
 def usable(config: WsConfig, head_dim_pad: int) -> bool:
-    """Whether ``config`` suits a padded head dim: its tiles fit shared memory and its values the registers."""
-    return shared_bytes(config, head_dim_pad) <= SHARED_LIMIT and fits_registers(config, head_dim_pad)
+    """Whether ``config`` suits a padded head dim of 16-bit inputs: its tiles fit shared memory and its values the
+    registers (and it asks for no 8-bit form: ``fp8_sums``)."""
+    return (not config.fp8_sums and shared_bytes(config, head_dim_pad) <= SHARED_LIMIT
+            and fits_registers(config, head_dim_pad))
 
 
 def fits_registers(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> bool:

@@ -124,6 +124,18 @@ def test_simulated_output_stores(monkeypatch, persistent):
 
 
 @simulator_only
+@pytest.mark.parametrize("args, fields", [
+    ((1, 1, 1, 20, 200, 32, False), dict(block_n=160)),  # a partial last tile (a narrow one)
+    ((1, 2, 1, 70, 90, 32, True), dict(block_n=32, stages=2, persistent=True)),  # GQA, persistent, causal
+    ((1, 1, 1, 77, 400, 96, False), dict(block_n=224, persistent=True)),  # the GPU default's tiles, long rows
+])
+def test_simulated_row_sums_from_the_mma(args, fields):
+    # fp8_sums: P's row sums from the P V MMA (a row of ones under V^T), folded per tile; the model sums the rounded P
+    error, model_error = check(*args, config=wgmma_ws.WsConfig(fp8_sums=True, **fields), seed=5)
+    assert error < 2 * model_error + 1e-3
+
+
+@simulator_only
 def test_simulated_float16_window_softcap_no_keys():
     check(1, 1, 1, 24, 100, 32, False, out_dtype="float16", window=(20, 3), softcap=4.0)
     check(1, 1, 1, 6, 0, 32, False)  # no keys: wgmma_fp8 writes the zeros and -inf

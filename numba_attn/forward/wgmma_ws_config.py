@@ -40,6 +40,12 @@ class WsConfig:
         common.check_register_budgets(self, self.threads, self.producer_registers, self.consumers,
                                       self.consumer_registers)
 
+    def __repr__(self) -> str:
+        # (the tuned tables key their timings by repr: the 16-bit configurations' must not change with an 8-bit field)
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                 if f.name != "fp8_sums" or self.fp8_sums]
+        return f"WsConfig({', '.join(shown)})"
+
     @property
     def block_m(self) -> int:
         return self.consumers * ROWS

@@ -10,7 +10,8 @@ from numba import float32, uint16, uint32
 
 from ..core import fp8 as fp8_blocks
 from ..core import warpgroup as wgmma
-from ..core.block_info import QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
+from ..core.block_info import (QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, persistent_schedule,
+                               sequence_bounds_of)
 from ..core.epilogue import as_16bit, stage_rows, store_rows
 from ..core.mask import UNBOUNDED, narrow_widths, plain_tiles, tile_is_partial, tile_width, visible_keys_in
 from ..core.ptx import bulk, tma, warp_uniform
@@ -60,7 +61,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     TILE = BLOCK_N * 64 * ATOMS  # elements of a K or V tile
     VT_ATOMS = vt_atoms(BLOCK_N)
     # 8-bit with ``fp8_sums``: 8 rows of ones under each V^T box, so that P V's 8 more output columns are P's row sums
-    SUM_ROWS = 8 if fp8 and config.fp8_sums else 0
+    SUM_ROWS = fp8_blocks.SUM_ROWS if fp8 and config.fp8_sums else 0
     if config.fp8_sums and not fp8:
         raise ValueError("wgmma_ws: fp8_sums takes 8-bit inputs")
     VT_BOX = (d_pad + SUM_ROWS) * 64  # 8-bit: elements of one box of V^T (d_pad rows of 128 keys, the ones)
@@ -154,6 +155,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         return softmax_update(1, width // 8, O_BLOCKS, SCALE_FIRST, rescale_output=False, window=variant.window,
                               softcap=variant.softcap, precise_tanh=False, row_sums=not SUM_ROWS)
     rescale = output_rescale(O_BLOCKS)
+    if SUM_ROWS:
+        write_sum_rows, fold_sums, scale_sums = fp8_blocks.mma_row_sums(d_pad, STAGES * VT_ATOMS, VT_BOX)
     # (the 16-bit kernel's output has no factor: its finish takes one and drops it)
     finish = store_rows(1, OUT_BLOCKS, as_16bit(bf16), scaled=fp8, scale_argument=True, pairs=store == "pairs")
     stage_out = stage_rows(OUT_BLOCKS, bf16, ROWS)
@@ -242,17 +245,6 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             return fp8_blocks.probabilities(width // K_STEP)
         return wgmma.a_fragments(width // K_STEP, bf16)
 
-    ZERO = np.float32(0.0)
-
-    @inlined_function
-    def fold_sums(acc, l_run):
-        """P V's row sums of one tile (column d_pad; lane t = 0's) into ``l_run``, and the column cleared: the 8-bit
-        MMA adds into its accumulator with ~14 bits, and a sum carried across tiles there lost ~2x the accuracy."""
-        l_run[0] += acc[0, OUT_BLOCKS, 0]
-        l_run[1] += acc[0, OUT_BLOCKS, 2]
-        acc[0, OUT_BLOCKS, 0] = ZERO
-        acc[0, OUT_BLOCKS, 2] = ZERO
-
     def key_tile(s_width: int, pv_width: int):
         """One key tile after the first: S of its first ``s_width`` keys (K in ring slot ``stage``; 0: none), P V
         of the previous tile's first ``pv_width`` (V in slot ``v_stage``; 0: none) under the softmax; returns the
@@ -292,9 +284,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             if lane == 0:
                 arrive(smem, bars + V_EMPTY + 4 * v_stage)  # V of tile j - 1 is free
             if S_W:
-                if SUM_ROWS:  # (the row sums so far, to this tile's maximum)
-                    l_run[0] *= alpha[0]
-                    l_run[1] *= alpha[1]
+                if SUM_ROWS:
+                    scale_sums(l_run, alpha)
                 rescale(acc, alpha)
                 pack(s, p)
             v_stage, v_phase = advance(v_stage, v_phase)
@@ -466,29 +457,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post, out_scale)
         return stage, phase
 
-    @device_function
-    def round_tile(k, causal):
-        """This block of threads' tile of round ``k`` of the persistent loop: the ``gridDim.x`` blocks take one
-        round's tiles in order; under a causal mask every other round in reverse (a snake), so that the one that took
-        a long row takes a short one next. In plain rounds block ``i`` keeps meeting the same query blocks of every
-        head (132 blocks, 1k causal rows: 8 query blocks per head, and block 0 gets rows of 8 and 4 key tiles in
-        turn, block 3 rows of 5 and 1); a model of B4 H32 D128 causal puts the busiest block at 1.30 /
-        1.19 / 1.12x the mean at 1k / 2k / 4k keys in plain rounds, 1.03x in snake ones. (Rows without a mask are
-        alike, and there reversed rounds measured slower.)"""
-        if causal and k % 2 == 1:
-            return k * cuda.gridDim.x + cuda.gridDim.x - 1 - cuda.blockIdx.x
-        return k * cuda.gridDim.x + cuda.blockIdx.x
-
-    @device_function
-    def tile_of(tile, q, causal):
-        """``(b, h, m0)`` of the persistent loop's ``tile``: heads outer, query blocks inner (so the blocks running
-        at once share a head's K and V in L2), the longest (last) query blocks first under a causal mask."""
-        blocks = (q.shape[2] + BLOCK_M - 1) // BLOCK_M
-        bh = tile // blocks
-        m_block = tile - bh * blocks
-        if causal:
-            m_block = blocks - 1 - m_block
-        return bh // q.shape[1], bh % q.shape[1], m_block * BLOCK_M
+    round_tile, tile_of = persistent_schedule(BLOCK_M)
 
     @device_function
     def produce_block(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, tile, q, causal, key_start, key_end,
@@ -533,12 +502,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         o_base = v_base + STAGES * V_TILE  # (persistent or 8-bit: the consumers' staging tiles)
         bars = o_base + (CONSUMERS * OUT_TILE if STAGING_TILES else 0)
         # (bars: Q full, Q empty; K full, K empty, V full, V empty per stage)
-        if SUM_ROWS:  # under every V^T box a row of ones (e4m3 1.0 = 0x38), then 7 of zeros (the epilogue adds
-            # the 4 lanes of a row: only column d_pad, lane t = 0's, holds the sum), which no TMA copy overwrites
-            for i in range(tid, STAGES * VT_ATOMS * SUM_ROWS * 64, cuda.blockDim.x):
-                box = i // (SUM_ROWS * 64)
-                smem[v_base + box * VT_BOX + d_pad * 64 + i % (SUM_ROWS * 64)] = uint16(
-                    0x3838 if i % (SUM_ROWS * 64) < 64 else 0)
+        if SUM_ROWS:  # (the rows of ones under the V^T boxes: P's row sums from P V)
+            write_sum_rows(smem, v_base, tid, cuda.blockDim.x)
             fence_async()
         if tid == 0:
             init(smem, bars, 1)

@@ -110,13 +110,14 @@ def attention_fp8(q, k, v, descale_q=None, descale_k=None, descale_v=None, *, ca
 
 
 def flash_fp8_model(q, k, v, *, causal=False, sm_scale=None, block_n=128, window=None, softcap=None,
-                    rounded_sums=False, return_lse=False):
+                    rounded_sums=False, return_lse=False, p_exponent=0):
     """The fp8 forward's arithmetic on dequantised float64 ``(batch, heads, seqlen, headdim)`` inputs (grouped heads
     allowed): the online softmax over ``block_n``-key tiles from key 0, each tile's ``P = exp(s - m_running)``
     rounded to e4m3 (nearest even) for ``P V`` while the row sums take it unrounded, as the kernel does; float64
     everywhere else. ``rounded_sums``: the row sums of the rounded P (the warp-specialised kernel's ``fp8_sums``,
-    which sums P in its P V MMA). Rows that see no key give 0 (and an lse of -inf). ``return_lse``: ``(out, lse)``,
-    the lse ``m + log(sum)`` of the sums the model takes."""
+    which sums P in its P V MMA). ``p_exponent``: P times ``2 ** p_exponent`` before its rounding (the
+    warp-specialised kernel's 8: small values stay above e4m3's subnormals). Rows that see no key give 0 (and an lse
+    of -inf). ``return_lse``: ``(out, lse)``, the lse ``m + log(sum)`` of the sums the model takes."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     batch, heads, seqlen_q, headdim = q.shape
     seqlen_k = k.shape[2]
@@ -138,12 +139,12 @@ def flash_fp8_model(q, k, v, *, causal=False, sm_scale=None, block_n=128, window
                 m_new = np.maximum(m, tile.max(axis=1))
                 shift = np.where(np.isneginf(m_new), 0.0, m_new)
                 alpha = np.exp(m - shift)
-                p = np.exp(tile - shift[:, None])
+                p = np.exp(tile - shift[:, None]) * 2.0 ** p_exponent
                 rounded = decode_e4m3(encode_e4m3(p))
                 total = total * alpha + (rounded if rounded_sums else p).sum(axis=1)
                 acc = acc * alpha[:, None] + rounded @ v[b, h // group, n0:n0 + block_n]
                 m = m_new
             out[b, h] = acc / np.where(total > 0, total, 1.0)[:, None]
             seen = total > 0
-            lse[b, h, seen] = m[seen] + np.log(total[seen])
+            lse[b, h, seen] = m[seen] + np.log(total[seen]) - p_exponent * np.log(2.0)
     return (out, lse) if return_lse else out

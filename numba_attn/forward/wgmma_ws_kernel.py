@@ -153,7 +153,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         if probe == "no_softmax":
             return no_softmax
         return softmax_update(1, width // 8, O_BLOCKS, SCALE_FIRST, rescale_output=False, window=variant.window,
-                              softcap=variant.softcap, precise_tanh=False, row_sums=not SUM_ROWS)
+                              softcap=variant.softcap, precise_tanh=False, row_sums=not SUM_ROWS,
+                              p_exponent=fp8_blocks.P_EXPONENT if fp8 else 0)
     rescale = output_rescale(O_BLOCKS)
     if SUM_ROWS:
         write_sum_rows, fold_sums, scale_sums = fp8_blocks.mma_row_sums(d_pad, STAGES * VT_ATOMS, VT_BOX)
@@ -450,6 +451,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                 arrive(smem, bars + V_EMPTY + 4 * v_stage)
                 if not TMA_STORE:
                     arrive(smem, bars + 4)  # Q is free (the producer copies the next block's over it)
+        if fp8:  # (P carried a factor: ``core.fp8.P_EXPONENT``)
+            out_scale = fp8_blocks.p_unscaled(l_run, out_scale)
         if TMA_STORE and n_tiles > 0:  # (without a tile Q was not copied: the producer may be writing the next)
             store_staged(acc, m_run, l_run, smem, o_c if OWN_STAGING else q_c, bars, c, lane, m_c, row0, t, o_map,
                          lse, b, h, seqlen_q, write_lse, post, out_scale)

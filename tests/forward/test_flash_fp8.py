@@ -57,6 +57,9 @@ KERNELS = {
                  wgmma_ws_fp8.TUNING_CANDIDATES + (wgmma_ws.WsConfig(persistent=True),)),
 }
 
+#: the factor ``2 ** e`` each kernel puts on P before rounding it (``core.fp8.P_EXPONENT``; the model's ``p_exponent``)
+P_EXPONENTS = {"wgmma": 0, "wgmma_ws": fp8.P_EXPONENT}
+
 hopper = pytest.mark.skipif(SIMULATOR or compute_capability() < wgmma_fp8.MIN_COMPUTE_CAPABILITY,
                             reason="needs a GPU of compute capability 9.0 (wgmma)")
 simulator_only = pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
@@ -96,7 +99,8 @@ def check(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, *, desca
         got, lse_host = _launch(launch, q, k, v, head_dim, out_pad, descale, config, sm, causal, out_dtype, window,
                                 softcap, lse_too)
         model = reference.flash_fp8_model(qf, kf, vf, causal=causal, sm_scale=sm, block_n=config.block_n,
-                                          window=window, softcap=softcap, rounded_sums=sums and not lse_too)
+                                          window=window, softcap=softcap, rounded_sums=sums and not lse_too,
+                                          p_exponent=P_EXPONENTS[kernel])
         model_error = np.linalg.norm(model - ref) / norm
         error = np.linalg.norm(got - ref) / norm
         assert np.linalg.norm(got - model) / norm < MODEL_TOLERANCE[out_dtype], (error, model_error, lse_too)

@@ -262,10 +262,11 @@ def mma_row_sums(d_pad: int, boxes: int, box_elements: int):
     return write_rows, fold, scale
 
 
-#: P goes into the P V MMA times 2 ** P_EXPONENT (``softmax_step(p_exponent=)``): P <= 1 then rounds to e4m3 (largest
-#: 448, normal down to 2 ** -6) with its values down to 2 ** -14 normal instead of flushed to subnormals or zero.
-#: FlashAttention-3 takes the same offset. Against float64 (model, B1 H2 512 x 2048 D128, scores' sd ~2.3): 1.68e-2
-#: -> 1.35e-2 with the softmax's sums, 3.66e-2 -> 1.33e-2 with ``mma_row_sums``, whose sums lose what rounds to 0
+#: the 8-bit kernels' P goes into the P V MMA times 2 ** P_EXPONENT (``softmax_step(p_exponent=)``): P <= 1 then
+#: rounds to e4m3 (largest 448, normal down to 2 ** -6) with its values down to 2 ** -14 normal instead of flushed to
+#: subnormals or zero. FlashAttention-3 takes the same offset. Against float64 (model, B1 H2 512 x 2048 D128, scores'
+#: sd ~2.3): 1.68e-2 -> 1.35e-2 with the softmax's sums, 3.66e-2 -> 1.33e-2 with ``mma_row_sums``, whose sums lose
+#: what rounds to 0 (docs/results/s1127k/model_p_exponent.py)
 P_EXPONENT = 8
 _P_UNSCALE = np.float32(2.0 ** -P_EXPONENT)
 

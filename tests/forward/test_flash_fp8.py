@@ -2,7 +2,8 @@
 warp-specialised wgmma_ws_fp8; ``flash_forward`` on float8 inputs) against reference.attention_fp8 (the float64 reference of the dequantised inputs) and reference.flash_fp8_model (the same
 with the kernel's rounding of P to e4m3 modelled).
 
-Error bounds: the kernel rounds P to e4m3 (3 mantissa bits) for the P V product, as FlashAttention-3 does; against
+Error bounds: the kernel rounds P (times 2^8: ``core.fp8.P_EXPONENT``) to e4m3 (3 mantissa bits) for the P V
+product, as FlashAttention-3 does; against
 the float64 reference that costs about 2.5e-2 relative (L2) for unit-variance scores spread over many keys and 5e-3
 for peaked ones (``reference.flash_fp8_model`` reproduces it, the GPU tests print both). The kernel must match the
 model to within its 16-bit output's rounding (``MODEL_TOLERANCE``) and the reference to within the model's error plus
@@ -57,9 +58,6 @@ KERNELS = {
                  wgmma_ws_fp8.TUNING_CANDIDATES + (wgmma_ws.WsConfig(persistent=True),)),
 }
 
-#: the factor ``2 ** e`` each kernel puts on P before rounding it (``core.fp8.P_EXPONENT``; the model's ``p_exponent``)
-P_EXPONENTS = {"wgmma": 0, "wgmma_ws": fp8.P_EXPONENT}
-
 hopper = pytest.mark.skipif(SIMULATOR or compute_capability() < wgmma_fp8.MIN_COMPUTE_CAPABILITY,
                             reason="needs a GPU of compute capability 9.0 (wgmma)")
 simulator_only = pytest.mark.skipif(not SIMULATOR, reason="the gpu tests cover this on a GPU")
@@ -100,7 +98,7 @@ def check(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, *, desca
                                 softcap, lse_too)
         model = reference.flash_fp8_model(qf, kf, vf, causal=causal, sm_scale=sm, block_n=config.block_n,
                                           window=window, softcap=softcap, rounded_sums=sums and not lse_too,
-                                          p_exponent=P_EXPONENTS[kernel])
+                                          p_exponent=fp8.P_EXPONENT)
         model_error = np.linalg.norm(model - ref) / norm
         error = np.linalg.norm(got - ref) / norm
         assert np.linalg.norm(got - model) / norm < MODEL_TOLERANCE[out_dtype], (error, model_error, lse_too)

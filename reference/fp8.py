@@ -109,11 +109,15 @@ def attention_fp8(q, k, v, descale_q=None, descale_k=None, descale_v=None, *, ca
     return result * v_factor
 
 
-def flash_fp8_model(q, k, v, *, causal=False, sm_scale=None, block_n=128, window=None, softcap=None):
+def flash_fp8_model(q, k, v, *, causal=False, sm_scale=None, block_n=128, window=None, softcap=None,
+                    rounded_sums=False, return_lse=False, p_exponent=0):
     """The fp8 forward's arithmetic on dequantised float64 ``(batch, heads, seqlen, headdim)`` inputs (grouped heads
     allowed): the online softmax over ``block_n``-key tiles from key 0, each tile's ``P = exp(s - m_running)``
     rounded to e4m3 (nearest even) for ``P V`` while the row sums take it unrounded, as the kernel does; float64
-    everywhere else. Rows that see no key give 0."""
+    everywhere else. ``rounded_sums``: the row sums of the rounded P (the warp-specialised kernel's ``fp8_sums``,
+    which sums P in its P V MMA). ``p_exponent``: P times ``2 ** p_exponent`` before its rounding (the
+    warp-specialised kernel's 8: small values stay above e4m3's subnormals). Rows that see no key give 0 (and an lse
+    of -inf). ``return_lse``: ``(out, lse)``, the lse ``m + log(sum)`` of the sums the model takes."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     batch, heads, seqlen_q, headdim = q.shape
     seqlen_k = k.shape[2]
@@ -122,6 +126,7 @@ def flash_fp8_model(q, k, v, *, causal=False, sm_scale=None, block_n=128, window
     visible = band.visible(np.arange(seqlen_q), np.arange(seqlen_k), seqlen_q, seqlen_k)
     group = heads // k.shape[1]
     out = np.zeros_like(q)
+    lse = np.full(q.shape[:3], -np.inf)
     for b in range(batch):
         for h in range(heads):
             s = cap_scores(sm_scale * q[b, h] @ k[b, h // group].T, check_softcap(softcap))
@@ -134,9 +139,12 @@ def flash_fp8_model(q, k, v, *, causal=False, sm_scale=None, block_n=128, window
                 m_new = np.maximum(m, tile.max(axis=1))
                 shift = np.where(np.isneginf(m_new), 0.0, m_new)
                 alpha = np.exp(m - shift)
-                p = np.exp(tile - shift[:, None])
-                total = total * alpha + p.sum(axis=1)
-                acc = acc * alpha[:, None] + decode_e4m3(encode_e4m3(p)) @ v[b, h // group, n0:n0 + block_n]
+                p = np.exp(tile - shift[:, None]) * 2.0 ** p_exponent
+                rounded = decode_e4m3(encode_e4m3(p))
+                total = total * alpha + (rounded if rounded_sums else p).sum(axis=1)
+                acc = acc * alpha[:, None] + rounded @ v[b, h // group, n0:n0 + block_n]
                 m = m_new
             out[b, h] = acc / np.where(total > 0, total, 1.0)[:, None]
-    return out
+            seen = total > 0
+            lse[b, h, seen] = m[seen] + np.log(total[seen]) - p_exponent * np.log(2.0)
+    return (out, lse) if return_lse else out

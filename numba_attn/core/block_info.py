@@ -12,6 +12,7 @@ key_end``: ``0 .. seqlen_k`` for every entry of a dense batch; packed sequences 
 (``flash_forward_varlen``) take a third grid, ``PACKED``, whose blocks read their rows and keys from a schedule
 (``block_position_of`` and ``sequence_bounds_of``, which give the dense functions unchanged otherwise); a KV cache's rows have
 lengths of their own (``cache_length``: ``cache_seqlens``, read at run time, or the cache's capacity).
+``persistent_schedule``: the persistent kernels' order of tiles (a block per SM, looping over the call's query blocks).
 """
 from __future__ import annotations
 
@@ -313,3 +314,34 @@ def key_block_bounds_of(packed: bool = False):
         return schedule[at + 2], row_end, key_end, key_end - row_end
 
     return packed_key_bounds
+
+
+def persistent_schedule(block_m: int):
+    """``(round_tile(k, causal), tile_of(tile, q, causal))`` for ``block_m``-row query blocks of ``q``, a
+    ``(batch, heads, seqlen_q, d)`` array."""
+    BLOCK_M = block_m
+
+    @_reads_thread_position
+    def round_tile(k, causal):
+        """This block's tile of round ``k``: the ``gridDim.x`` blocks take one round's tiles in order; under a causal
+        mask every other round in reverse. In plain rounds block ``i`` keeps meeting the same query blocks of every
+        head (132 blocks, 1k causal rows: 8 query blocks per head, and block 0 gets rows of 8 and 4 key tiles in
+        turn, block 3 rows of 5 and 1); a model of B4 H32 D128 causal puts the busiest block at 1.30 / 1.19 / 1.12x
+        the mean at 1k / 2k / 4k keys in plain rounds, 1.03x in snake ones. (Rows without a mask are alike, and
+        there reversed rounds measured slower.)"""
+        if causal and k % 2 == 1:
+            return k * cuda.gridDim.x + cuda.gridDim.x - 1 - cuda.blockIdx.x
+        return k * cuda.gridDim.x + cuda.blockIdx.x
+
+    @device_function
+    def tile_of(tile, q, causal):
+        """``(b, h, m0)`` of ``tile``: heads outer, query blocks inner, the last (longest) query blocks first under a
+        causal mask."""
+        blocks = (q.shape[2] + BLOCK_M - 1) // BLOCK_M
+        bh = tile // blocks
+        m_block = tile - bh * blocks
+        if causal:
+            m_block = blocks - 1 - m_block
+        return bh // q.shape[1], bh % q.shape[1], m_block * BLOCK_M
+
+    return round_tile, tile_of

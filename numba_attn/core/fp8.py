@@ -27,6 +27,7 @@ pieces) then meet no bank conflict.
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import uint32
 
 from ..runtime.device import SIMULATOR, cuda
@@ -214,3 +215,66 @@ def v_transposer_swizzled(block_n: int, d_pad: int, threads: int):
                 store_word(smem, at + 192 + 8 * (q ^ ((d + 3) % 8)), perm(y, v, 0x7632))
 
     return transpose
+
+
+#: rows under each ``V^T`` box for ``mma_row_sums``: one row of ones (P V's column ``d_pad`` is then P's row sums),
+#: seven of zeros to fill the MMA's n8 block
+SUM_ROWS = 8
+_ONES, _ZEROS = np.uint16(0x3838), np.uint16(0)  # two e4m3 1.0s (0x38): the uint16 element of shared memory
+
+
+def mma_row_sums(d_pad: int, boxes: int, box_elements: int):
+    """``(write_rows(smem, v_base, tid, threads), fold(acc, l_run), scale(l_run, alpha))``: P's row sums taken from
+    the P V MMA instead of the softmax's additions (``softmax_update(row_sums=False)``), for a ring of ``boxes``
+    ``V^T`` boxes of ``box_elements`` uint16 elements each, whose first ``d_pad`` rows (128 bytes each) the TMA
+    writes. ``write_rows``: once, before the ring's first use, ``SUM_ROWS`` rows under each box's ``d_pad`` -- the
+    copies never overwrite them (the caller's ``fence_proxy_async`` makes them visible to the MMAs). ``fold``: after
+    each tile's P V, its sums (column ``d_pad``: lane ``t = 0``'s accumulators; the other lanes' columns hold 0)
+    into float32 ``l_run``, and the column cleared -- the 8-bit MMA adds into its accumulator keeping ~14 bits, and
+    sums carried there across tiles lost about twice the accuracy. ``scale``: ``l_run`` to a new running maximum.
+    The sums are those of P rounded to e4m3, the very values P V weights (``reference.flash_fp8_model(rounded_sums=
+    True)``)."""
+    SUM_COLUMN = d_pad // 8  # (the accumulator's n8 block of columns d_pad ..)
+    ROW0 = d_pad * 64  # (the first sum row's element in a box)
+    PER_BOX = SUM_ROWS * 64
+    BOX = box_elements
+    ALL = boxes * PER_BOX
+    zero = np.float32(0.0)
+
+    @device_function
+    def write_rows(smem, v_base, tid, threads):
+        for i in range(tid, ALL, threads):
+            box, j = i // PER_BOX, i % PER_BOX
+            smem[v_base + box * BOX + ROW0 + j] = _ONES if j < 64 else _ZEROS
+
+    @inlined_function
+    def fold(acc, l_run):
+        l_run[0] += acc[0, SUM_COLUMN, 0]
+        l_run[1] += acc[0, SUM_COLUMN, 2]
+        acc[0, SUM_COLUMN, 0] = zero
+        acc[0, SUM_COLUMN, 2] = zero
+
+    @inlined_function
+    def scale(l_run, alpha):
+        l_run[0] *= alpha[0]
+        l_run[1] *= alpha[1]
+
+    return write_rows, fold, scale
+
+
+#: the 8-bit kernels' P goes into the P V MMA times 2 ** P_EXPONENT (``softmax_step(p_exponent=)``): P <= 1 then
+#: rounds to e4m3 (largest 448, normal down to 2 ** -6) with its values down to 2 ** -14 normal instead of flushed to
+#: subnormals or zero. FlashAttention-3 takes the same offset. Against float64 (model, B1 H2 512 x 2048 D128, scores'
+#: sd ~2.3): 1.68e-2 -> 1.35e-2 with the softmax's sums, 3.66e-2 -> 1.33e-2 with ``mma_row_sums``, whose sums lose
+#: what rounds to 0 (docs/results/s1127k/model_p_exponent.py)
+P_EXPONENT = 8
+_P_UNSCALE = np.float32(2.0 ** -P_EXPONENT)
+
+
+@inlined_function
+def p_unscaled(l_run, out_scale):
+    """``out_scale`` and a thread's two row sums ``l_run`` with P's factor ``2 ** P_EXPONENT`` taken back (the
+    output ``O = acc out_scale / l`` is the same; the lse is P's own): before the epilogue."""
+    l_run[0] *= _P_UNSCALE
+    l_run[1] *= _P_UNSCALE
+    return out_scale * _P_UNSCALE

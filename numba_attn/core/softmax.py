@@ -122,11 +122,13 @@ def log_sum_exp(m_row, l_row, post):
 
 
 def softmax_update(m_tiles: int, s_blocks: int, o_blocks: int, scale_first: bool, rescale_output: bool,
-                   window=NO_WINDOW, softcap: float | None = None, precise_tanh: bool = False):
+                   window=NO_WINDOW, softcap: float | None = None, precise_tanh: bool = False, row_sums: bool = True,
+                   p_exponent: int = 0):
     """``update(s, out, m_run, l_run, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post)``:
     ``softmax_step`` for each of the ``m_tiles`` m-tiles, each call with a constant m-tile index. (As a loop over
     m-tiles the body was too large for NVVM to unroll, and the register arrays it indexes went to local memory.)"""
-    step = softmax_step(s_blocks, o_blocks, scale_first, rescale_output, window, softcap, precise_tanh)
+    step = softmax_step(s_blocks, o_blocks, scale_first, rescale_output, window, softcap, precise_tanh, row_sums,
+                        p_exponent)
     update = None
     for mt in range(m_tiles):
         update = _and_m_tile(update, step, mt)
@@ -151,7 +153,7 @@ def _and_m_tile(before, step, mt: int):
 
 
 def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output: bool, window=NO_WINDOW,
-                 softcap: float | None = None, precise_tanh: bool = False):
+                 softcap: float | None = None, precise_tanh: bool = False, row_sums: bool = True, p_exponent: int = 0):
     """``step(s, out, m_run, l_run, mt, needs_mask, n0, row0, t, key_end, causal, diag_offset, scale_log2, post)``:
     one key tile's online-softmax update of m-tile ``mt`` (base 2), for ``s_blocks`` n8 blocks of scores.
 
@@ -172,8 +174,16 @@ def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output
 
     ``softcap=True`` (the decode kernels, whose cap comes at run time): the same with ``math.tanh``, the caller passing
     ``pre`` as ``scale_log2`` and ``post = softcap * log2(e)`` (``softcap_scales``); ``scale_first`` is then ignored.
-    ``softcap=False`` is no cap."""
+    ``softcap=False`` is no cap.
+
+    ``row_sums=False``: ``l_run`` is left as it is (the caller sums P elsewhere: the fp8 WS kernel's P V MMA with a
+    row of ones under V^T). ``p_exponent``: P (and so ``l_run``) times ``2 ** p_exponent`` -- the 8-bit kernels',
+    whose P rounded to e4m3 then keeps its small values above the format's subnormals (``core.fp8.P_EXPONENT``); the
+    caller takes the factor back before the epilogue."""
     S_BLOCKS = s_blocks
+    P_SCALED = p_exponent != 0
+    P_EXPONENT = np.float32(p_exponent)
+    SUMS = row_sums
     O_BLOCKS = o_blocks
     if softcap is False:
         softcap = None
@@ -243,6 +253,9 @@ def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output
         m_run[2 * mt + 1] = new_1
         shift_0 = use_0 * post
         shift_1 = use_1 * post
+        if P_SCALED:
+            shift_0 -= P_EXPONENT
+            shift_1 -= P_EXPONENT
         sum_0 = ZERO
         sum_1 = ZERO
         for nb in range(S_BLOCKS):
@@ -250,10 +263,12 @@ def softmax_step(s_blocks: int, o_blocks: int, scale_first: bool, rescale_output
             s[mt, nb, 1] = exp2(s[mt, nb, 1] * post - shift_0)
             s[mt, nb, 2] = exp2(s[mt, nb, 2] * post - shift_1)
             s[mt, nb, 3] = exp2(s[mt, nb, 3] * post - shift_1)
-            sum_0 += s[mt, nb, 0] + s[mt, nb, 1]
-            sum_1 += s[mt, nb, 2] + s[mt, nb, 3]
-        l_run[2 * mt] = l_run[2 * mt] * alpha_0 + sum_0
-        l_run[2 * mt + 1] = l_run[2 * mt + 1] * alpha_1 + sum_1
+            if SUMS:
+                sum_0 += s[mt, nb, 0] + s[mt, nb, 1]
+                sum_1 += s[mt, nb, 2] + s[mt, nb, 3]
+        if SUMS:
+            l_run[2 * mt] = l_run[2 * mt] * alpha_0 + sum_0
+            l_run[2 * mt + 1] = l_run[2 * mt + 1] * alpha_1 + sum_1
         if RESCALE:
             if moved:  # warp-uniform; alpha = 1 needs no rescale
                 for ob in range(O_BLOCKS):

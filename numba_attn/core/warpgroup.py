@@ -108,23 +108,25 @@ def a_fragments(k_steps: int, bf16: bool):
     return pack
 
 
-def attention_products(block_n: int, d_pad: int, bf16: bool, fp8: bool = False, width: int | None = None):
+def attention_products(block_n: int, d_pad: int, bf16: bool, fp8: bool = False, width: int | None = None,
+                       sum_rows: int = 0):
     """``(q_times_k, p_times_v)``: a flash forward's two MMA groups over one warpgroup's 64 query rows, issued
     without waiting (``wgmma_wait``): ``q_times_k(s, smem, q_offset, k_offset)``, ``S = Q K^T`` of a K-major Q tile
     and a K-major ``block_n``-row K tile, and ``p_times_v(acc, p, smem, v_offset)``, ``O += P V`` with P in registers
     and V an MN-major ``block_n``-row tile of ``d_pad`` columns. ``fp8``: e4m3 operands (``bf16`` unused) and, as
     8-bit MMAs take B K-major only, a ``V^T`` tile (``d_pad`` rows of ``block_n`` keys) in place of V. ``width``
     (default ``block_n``; whole k-steps): only the tile's first ``width`` keys -- S's first ``width / 8`` n8 blocks,
-    P's first ``width / k`` k-steps -- for a tile whose later keys no row sees (``mask.tile_width``)."""
+    P's first ``width / k`` k-steps -- for a tile whose later keys no row sees (``mask.tile_width``). ``sum_rows``
+    (8-bit): the V^T tile has that many more rows (ones), and P V that many more output columns (the row sums)."""
     k = 32 if fp8 else 16
     width = block_n if width is None else width
     if width % k or not 0 < width <= block_n:
         raise ValueError(f"width: a multiple of {k} in [{k}, {block_n}], got {width}")
     qk_steps, pv_steps = d_pad // k, width // k
     if fp8:
-        lbo, sbo, offsets = k_major(d_pad, block_n // k)
+        lbo, sbo, offsets = k_major(d_pad + sum_rows, block_n // k)
         return (wgmma_ss_e4m3(width, qk_steps, k_major(ROWS, qk_steps), k_major(block_n, qk_steps), wait=False),
-                wgmma_rs_e4m3(d_pad, pv_steps, (lbo, sbo, offsets[:pv_steps]), wait=False))
+                wgmma_rs_e4m3(d_pad + sum_rows, pv_steps, (lbo, sbo, offsets[:pv_steps]), wait=False))
     lbo, sbo, offsets = mn_major(block_n, block_n // k)
     return (wgmma_ss(width, qk_steps, bf16, k_major(ROWS, qk_steps), k_major(block_n, qk_steps), wait=False),
             wgmma_rs(d_pad, pv_steps, bf16, (lbo, sbo, offsets[:pv_steps]), True, wait=False))

@@ -189,7 +189,7 @@ def _kernel_source(config, d_pad: int, bf16: bool, scale_first: bool = False, va
     start = softmax_start(1, O_BLOCKS)
     online_softmax = softmax_update(1, S_BLOCKS, O_BLOCKS, SCALE_FIRST, rescale_output=False,
                                     window=variant.window, softcap=variant.softcap,
-                                    precise_tanh=False)
+                                    precise_tanh=False, p_exponent=fp8_blocks.P_EXPONENT if fp8 else 0)
     rescale = output_rescale(O_BLOCKS)
     finish = store_rows(1, O_BLOCKS, as_16bit(bf16), scaled=fp8, scale_argument=True)
 
@@ -279,6 +279,8 @@ def _kernel_source(config, d_pad: int, bf16: bool, scale_first: bool = False, va
             wait_all()  # no key to see: only the Q copies are in flight; let them land before the block ends
 
         # ---- epilogue: O / l (8-bit: times the V descale) in the output dtype, and lse ---------------------------
+        if FP8:  # (P carried a factor: ``core.fp8.P_EXPONENT``)
+            v_scale = fp8_blocks.p_unscaled(l_run, v_scale)
         finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post, v_scale)
 
     if fp8:  # (no schedule: lse stands in, unread)

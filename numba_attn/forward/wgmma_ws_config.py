@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..core import warpgroup as wgmma
+from ..core.fp8 import SUM_ROWS
 from ..runtime.device import SIMULATOR
 from . import common
 
@@ -28,15 +29,24 @@ class WsConfig:
     consumers: int = 2  # consumer warpgroups of 64 query rows each (2 or 3)
     producer_registers: int = 24  # setmaxnreg.dec of the producer warpgroup
     consumer_registers: int = 240  # setmaxnreg.inc of the consumer warpgroups
+    # 8-bit only: P's row sums from the P V MMA (rows of ones under each V^T box: core.fp8.mma_row_sums), not from
+    # the softmax's additions (wgmma_ws_fp8.launch keeps the softmax's where the lse is asked for)
+    fp8_sums: bool = False
 
     def __post_init__(self):
         common.check_fields(self, block_n=(16, 256, 16), stages=(1, 8, 1), producer_registers=(24, 256, 8),
                             consumer_registers=(24, 256, 8), consumers=(2, 3, 1))
-        for name in ("pingpong", "persistent"):
+        for name in ("pingpong", "persistent", "fp8_sums"):
             if type(getattr(self, name)) is not bool:
                 raise ValueError(f"WsConfig.{name}: expected a bool, got {getattr(self, name)!r}")
         common.check_register_budgets(self, self.threads, self.producer_registers, self.consumers,
                                       self.consumer_registers)
+
+    def __repr__(self) -> str:
+        # (the tuned tables key their timings by repr: the 16-bit configurations' must not change with an 8-bit field)
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                 if f.name != "fp8_sums" or self.fp8_sums]
+        return f"WsConfig({', '.join(shown)})"
 
     @property
     def block_m(self) -> int:
@@ -71,8 +81,10 @@ SHARED_LIMIT = 227 * 1024
 
 
 def usable(config: WsConfig, head_dim_pad: int) -> bool:
-    """Whether ``config`` suits a padded head dim: its tiles fit shared memory and its values the registers."""
-    return shared_bytes(config, head_dim_pad) <= SHARED_LIMIT and fits_registers(config, head_dim_pad)
+    """Whether ``config`` suits a padded head dim of 16-bit inputs: its tiles fit shared memory and its values the
+    registers (and it asks for no 8-bit form: ``fp8_sums``)."""
+    return (not config.fp8_sums and shared_bytes(config, head_dim_pad) <= SHARED_LIMIT
+            and fits_registers(config, head_dim_pad))
 
 
 def fits_registers(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> bool:
@@ -81,7 +93,8 @@ def fits_registers(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> bo
     ptxas (2026-11-27): no spills at head dim 64 with 160 registers and 128-key tiles (the rule's 160), nor at 128
     with 240 and 192-key tiles (240); 8-bit at head dim 128: 224-key tiles do not spill at 240 (240), 256-key ones
     spill 192 bytes (260); with three consumers at 160, 96-key tiles do not spill (160), 128-key ones 256 bytes
-    (180)."""
+    (180). ``fp8_sums`` is not counted: O's 8 more columns (4 registers) against the softmax's sums it drops; 224-key
+    tiles at head dim 128 and 240 spilled 40 bytes in ptxas, against 16 without, and ran faster (the default)."""
     p_words, rest = config.block_n // (8 if fp8 else 4), (36 if fp8 else 32)
     return config.block_n // 2 + p_words + head_dim_pad // 2 + rest <= config.consumer_registers
 
@@ -121,7 +134,7 @@ def shared_bytes(config: WsConfig, head_dim_pad: int, fp8: bool = False) -> int:
     output's staging tiles (persistent or 8-bit: as many 16-bit rows as Q has), the mbarriers, and 1 KB to align
     the first tile to 1024 bytes."""
     if fp8:  # rows of 128 bytes, one atom column; the output's 16-bit rows, one or two
-        v_rows = head_dim_pad * vt_atoms(config.block_n)
+        v_rows = (head_dim_pad + (SUM_ROWS if config.fp8_sums else 0)) * vt_atoms(config.block_n)
         tiles = 128 * (config.block_m + config.stages * (config.block_n + v_rows)
                        + wgmma.atom_columns(head_dim_pad) * config.block_m)
     else:

@@ -11,6 +11,7 @@ a call to ``wgmma_fp8`` where no tensor map can be had, and calls without keys t
 """
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 
 import numpy as np
@@ -32,21 +33,21 @@ MIN_COMPUTE_CAPABILITY = wgmma_ws.MIN_COMPUTE_CAPABILITY
 MAX_HEAD_DIM = 128
 OUT_DTYPES = wgmma_fp8.OUT_DTYPES
 
-#: 224-key tiles (FlashAttention-3's for fp8 at D128) in two stages, persistent (171 KB of shared memory at head dim
-#: 128: Q, rings of K tiles and of V^T tiles of two atom columns, the output's staging tiles), the 16-bit kernel's
-#: register budgets (24 / 240; ptxas: 16 bytes spilled, loop-invariant values). On the H100 (B4 H32 D128, 13:38-13:50
-#: UTC 2026-11-27, TMA store) 1.32 / 1.24 / 1.41x our bf16 at 4k full / 4k causal / 16k full against the 192-key
-#: tiles' 1.29 / 1.20 / 1.40x
-DEFAULT_CONFIG = WsConfig(block_n=224, persistent=True)
-#: the default until 2026-11-27 (192-key tiles, not persistent), among the candidates
-PREVIOUS_DEFAULT = WsConfig(block_n=192)
-SIMULATOR_CONFIG = WsConfig(block_n=32, stages=2)
+#: 224-key tiles (FlashAttention-3's for fp8 at D128) in two stages, persistent (173 KB of shared memory at head dim
+#: 128: Q, rings of K tiles and of V^T tiles of two atom columns with their rows of ones, the output's staging tiles),
+#: the 16-bit kernel's register budgets (24 / 240), P's row sums from the P V MMA (``fp8_sums``; where the lse is
+#: asked for, the softmax's float32 sums: ``launch``). On the H100 (B4 H32 D128, 2026-11-27, docs/benchmarks.md) the
+#: MMA's sums ran 1.04 / 1.06 / 1.04x the softmax's at 4k full / 4k causal / 16k full
+DEFAULT_CONFIG = WsConfig(block_n=224, persistent=True, fp8_sums=True)
+#: the defaults until 2026-11-27 (the same tiles with the softmax's sums; 192-key tiles, not persistent), candidates
+PREVIOUS_DEFAULT = WsConfig(block_n=224, persistent=True)
+SIMULATOR_CONFIG = WsConfig(block_n=32, stages=2, fp8_sums=True)
 #: what the GPU tests run and the probes time (no tuner: the default is chosen by hand from the probes). 224-key tiles
 #: (FlashAttention-3's at D128) and three consumer warpgroups (160 registers: 96- and 64-key tiles), where two
 #: warpgroups' softmaxes run beside one's MMAs -- in ping-pong of two, one softmax must hide under the other's MMAs,
 #: and in 8 bits it takes longer (2026-11-27, H100: the kernel without its softmax ran ~1.5x faster)
 _THREE = dict(consumers=3, producer_registers=32, consumer_registers=160)
-TUNING_CANDIDATES = (DEFAULT_CONFIG, PREVIOUS_DEFAULT, WsConfig(), WsConfig(stages=3),
+TUNING_CANDIDATES = (DEFAULT_CONFIG, PREVIOUS_DEFAULT, WsConfig(block_n=192), WsConfig(), WsConfig(stages=3),
                      WsConfig(block_n=192, stages=3), WsConfig(block_n=64, stages=4),
                      WsConfig(block_n=192, pingpong=False), WsConfig(block_n=224),
                      WsConfig(block_n=96, stages=3, **_THREE), WsConfig(block_n=64, stages=4, **_THREE))
@@ -115,6 +116,8 @@ def launch(q, k, v, out, lse, write_lse: bool, sm_scale: float, causal: bool, st
     Numba's allocator). Where a tensor map cannot be had now, and for calls without keys, ``wgmma_fp8.launch`` runs
     the call with its default tiles. ``_probe``: a timing probe (``wgmma_ws._kernel_source``), wrong results."""
     config = config or default_config()
+    if write_lse and config.fp8_sums:  # (an lse of the rounded P's sums is up to ~2e-2 off: the softmax's float32)
+        config = dataclasses.replace(config, fp8_sums=False)
     wgmma_fp8.check_operands(q, k, v, out_dtype)
     batch, heads, seqlen_q, head_dim = q.shape
     if batch * heads == 0 or seqlen_q == 0:

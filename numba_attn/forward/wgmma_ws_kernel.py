@@ -10,7 +10,8 @@ from numba import float32, uint16, uint32
 
 from ..core import fp8 as fp8_blocks
 from ..core import warpgroup as wgmma
-from ..core.block_info import QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, sequence_bounds_of
+from ..core.block_info import (QUERY_MAJOR, block_position_of, key_tile_walk, lane_position, persistent_schedule,
+                               sequence_bounds_of)
 from ..core.epilogue import as_16bit, stage_rows, store_rows
 from ..core.mask import UNBOUNDED, narrow_widths, plain_tiles, tile_is_partial, tile_width, visible_keys_in
 from ..core.ptx import bulk, tma, warp_uniform
@@ -59,13 +60,18 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     Q_TILE = ROWS * 64 * ATOMS  # elements (uint16) of one consumer's Q tile
     TILE = BLOCK_N * 64 * ATOMS  # elements of a K or V tile
     VT_ATOMS = vt_atoms(BLOCK_N)
-    VT_BOX = d_pad * 64  # 8-bit: elements of one box of V^T (d_pad rows of 128 keys)
+    # 8-bit with ``fp8_sums``: 8 rows of ones under each V^T box, so that P V's 8 more output columns are P's row sums
+    SUM_ROWS = fp8_blocks.SUM_ROWS if fp8 and config.fp8_sums else 0
+    if config.fp8_sums and not fp8:
+        raise ValueError("wgmma_ws: fp8_sums takes 8-bit inputs")
+    VT_BOX = (d_pad + SUM_ROWS) * 64  # 8-bit: elements of one box of V^T (d_pad rows of 128 keys, the ones)
+    VT_LOAD_BYTES = VT_ATOMS * d_pad * 128  # (what the TMA writes of a V^T tile)
     V_TILE = VT_ATOMS * VT_BOX if fp8 else TILE  # elements of a tile of the V ring (8-bit: V^T)
     CONSUMERS = config.consumers
     BLOCK_M = config.block_m
     Q_BYTES = 2 * CONSUMERS * Q_TILE
     TILE_BYTES = 2 * TILE
-    V_TILE_BYTES = 2 * V_TILE
+    V_TILE_BYTES = VT_LOAD_BYTES if fp8 else 2 * V_TILE
     Q_BOX = 64 * ROWS  # elements of one 64-column box of Q (128-byte box rows; 8-bit: one box)
     OUT_ATOMS = wgmma.atom_columns(d_pad)  # 64-column boxes of a 16-bit output row (8-bit inputs too)
     OUT_TILE = ROWS * 64 * OUT_ATOMS  # elements of one consumer's staged output (16-bit: Q_TILE)
@@ -74,7 +80,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     S_BLOCKS = BLOCK_N // 8
     PV_STEPS = BLOCK_N // K_STEP
     P_WORDS = 4 * PV_STEPS
-    O_BLOCKS = d_pad // 8
+    O_BLOCKS = (d_pad + SUM_ROWS) // 8  # (the accumulator; its stores take the first d_pad // 8)
+    OUT_BLOCKS = d_pad // 8
     SCALE_FIRST = scale_first
     TMA_STORE = store == "tma"
     PERSISTENT = config.persistent
@@ -97,7 +104,8 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
     FULL = len(WIDTHS) - 1
     width_code = tile_width(BLOCK_N, NARROW)
     visible = visible_keys_in(variant.window)
-    products = {w: wgmma.attention_products(BLOCK_N, d_pad, bf16, fp8, width=w) for w in WIDTHS if w}
+    products = {w: wgmma.attention_products(BLOCK_N, d_pad, bf16, fp8, width=w, sum_rows=SUM_ROWS) for w in WIDTHS
+                if w}
     q_times_k, p_times_v = products[BLOCK_N]
     wait_s = wgmma.wgmma_wait(BLOCK_N, 0)
     wait_one = wgmma.wgmma_wait(BLOCK_N, 1)
@@ -145,11 +153,14 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         if probe == "no_softmax":
             return no_softmax
         return softmax_update(1, width // 8, O_BLOCKS, SCALE_FIRST, rescale_output=False, window=variant.window,
-                              softcap=variant.softcap, precise_tanh=False)
+                              softcap=variant.softcap, precise_tanh=False, row_sums=not SUM_ROWS,
+                              p_exponent=fp8_blocks.P_EXPONENT if fp8 else 0)
     rescale = output_rescale(O_BLOCKS)
+    if SUM_ROWS:
+        write_sum_rows, fold_sums, scale_sums = fp8_blocks.mma_row_sums(d_pad, STAGES * VT_ATOMS, VT_BOX)
     # (the 16-bit kernel's output has no factor: its finish takes one and drops it)
-    finish = store_rows(1, O_BLOCKS, as_16bit(bf16), scaled=fp8, scale_argument=True, pairs=store == "pairs")
-    stage_out = stage_rows(O_BLOCKS, bf16, ROWS)
+    finish = store_rows(1, OUT_BLOCKS, as_16bit(bf16), scaled=fp8, scale_argument=True, pairs=store == "pairs")
+    stage_out = stage_rows(OUT_BLOCKS, bf16, ROWS)
     fence_async = wgmma.fence_proxy_async
     store_box = bulk.tma_store_4d
     commit, wait_read = bulk.bulk_commit, bulk.bulk_wait_read
@@ -269,9 +280,13 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
                         post)
             if PV_W:
                 wait_o(acc, l_run)
+                if SUM_ROWS:
+                    fold_sums(acc, l_run)
             if lane == 0:
                 arrive(smem, bars + V_EMPTY + 4 * v_stage)  # V of tile j - 1 is free
             if S_W:
+                if SUM_ROWS:
+                    scale_sums(l_run, alpha)
                 rescale(acc, alpha)
                 pack(s, p)
             v_stage, v_phase = advance(v_stage, v_phase)
@@ -430,10 +445,14 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             wait(smem, bars + V_FULL + 4 * v_stage, v_phase)
             last_p_times_v(code, (acc, p, smem, v_base + v_stage * V_TILE))
             wait_o(acc, l_run)
+            if SUM_ROWS:  # (column d_pad: the last tile's row sums, in lane t = 0; the other lanes' columns: 0)
+                fold_sums(acc, l_run)
             if lane == 0:
                 arrive(smem, bars + V_EMPTY + 4 * v_stage)
                 if not TMA_STORE:
                     arrive(smem, bars + 4)  # Q is free (the producer copies the next block's over it)
+        if fp8:  # (P carried a factor: ``core.fp8.P_EXPONENT``)
+            out_scale = fp8_blocks.p_unscaled(l_run, out_scale)
         if TMA_STORE and n_tiles > 0:  # (without a tile Q was not copied: the producer may be writing the next)
             store_staged(acc, m_run, l_run, smem, o_c if OWN_STAGING else q_c, bars, c, lane, m_c, row0, t, o_map,
                          lse, b, h, seqlen_q, write_lse, post, out_scale)
@@ -441,29 +460,7 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
             finish(acc, m_run, l_run, out_head, lse, b, h, row0, t, 0, seqlen_q, head_dim, write_lse, post, out_scale)
         return stage, phase
 
-    @device_function
-    def round_tile(k, causal):
-        """This block of threads' tile of round ``k`` of the persistent loop: the ``gridDim.x`` blocks take one
-        round's tiles in order; under a causal mask every other round in reverse (a snake), so that the one that took
-        a long row takes a short one next. In plain rounds block ``i`` keeps meeting the same query blocks of every
-        head (132 blocks, 1k causal rows: 8 query blocks per head, and block 0 gets rows of 8 and 4 key tiles in
-        turn, block 3 rows of 5 and 1); a model of B4 H32 D128 causal puts the busiest block at 1.30 /
-        1.19 / 1.12x the mean at 1k / 2k / 4k keys in plain rounds, 1.03x in snake ones. (Rows without a mask are
-        alike, and there reversed rounds measured slower.)"""
-        if causal and k % 2 == 1:
-            return k * cuda.gridDim.x + cuda.gridDim.x - 1 - cuda.blockIdx.x
-        return k * cuda.gridDim.x + cuda.blockIdx.x
-
-    @device_function
-    def tile_of(tile, q, causal):
-        """``(b, h, m0)`` of the persistent loop's ``tile``: heads outer, query blocks inner (so the blocks running
-        at once share a head's K and V in L2), the longest (last) query blocks first under a causal mask."""
-        blocks = (q.shape[2] + BLOCK_M - 1) // BLOCK_M
-        bh = tile // blocks
-        m_block = tile - bh * blocks
-        if causal:
-            m_block = blocks - 1 - m_block
-        return bh // q.shape[1], bh % q.shape[1], m_block * BLOCK_M
+    round_tile, tile_of = persistent_schedule(BLOCK_M)
 
     @device_function
     def produce_block(smem, q_base, k_base, v_base, bars, q_map, k_map, v_map, tile, q, causal, key_start, key_end,
@@ -508,6 +505,9 @@ def _kernel_source(config: WsConfig, d_pad: int, bf16: bool, scale_first: bool =
         o_base = v_base + STAGES * V_TILE  # (persistent or 8-bit: the consumers' staging tiles)
         bars = o_base + (CONSUMERS * OUT_TILE if STAGING_TILES else 0)
         # (bars: Q full, Q empty; K full, K empty, V full, V empty per stage)
+        if SUM_ROWS:  # (the rows of ones under the V^T boxes: P's row sums from P V)
+            write_sum_rows(smem, v_base, tid, cuda.blockDim.x)
+            fence_async()
         if tid == 0:
             init(smem, bars, 1)
             init(smem, bars + 4, Q_EMPTY_ARRIVALS)

@@ -180,6 +180,11 @@ def _log4(n: int) -> float:
     return math.log(max(1, n)) / math.log(4)
 
 
+def _defaults(cls) -> dict:
+    """A configuration dataclass's field defaults (fields without one are left out)."""
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+
 class TunedTable:
     """One tuner's entries of a family's shipped file: configurations by ``Key.table_text``."""
 
@@ -265,9 +270,11 @@ class Autotuner:
         return None if self.table_dir is None else os.path.join(self.table_dir, f"{family}.json")
 
     def from_fields(self, fields: dict):
-        """The candidate with these fields, or None (not a candidate any more)."""
+        """The candidate with these fields, or None (not a candidate any more). A field the entry does not name takes
+        its default: a table written before the field existed keeps its meaning."""
         for config in self.candidates:
-            if dataclasses.asdict(config) == fields:
+            full = dataclasses.asdict(config)
+            if set(fields) <= set(full) and full == {**_defaults(type(config)), **fields}:
                 return config
         return None
 

@@ -2,7 +2,8 @@
 warp-specialised wgmma_ws_fp8; ``flash_forward`` on float8 inputs) against reference.attention_fp8 (the float64 reference of the dequantised inputs) and reference.flash_fp8_model (the same
 with the kernel's rounding of P to e4m3 modelled).
 
-Error bounds: the kernel rounds P to e4m3 (3 mantissa bits) for the P V product, as FlashAttention-3 does; against
+Error bounds: the kernel rounds P (times 2^8: ``core.fp8.P_EXPONENT``) to e4m3 (3 mantissa bits) for the P V
+product, as FlashAttention-3 does; against
 the float64 reference that costs about 2.5e-2 relative (L2) for unit-variance scores spread over many keys and 5e-3
 for peaked ones (``reference.flash_fp8_model`` reproduces it, the GPU tests print both). The kernel must match the
 model to within its 16-bit output's rounding (``MODEL_TOLERANCE``) and the reference to within the model's error plus
@@ -69,20 +70,55 @@ def _to_float(bits, out_dtype):
 
 
 def check(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, *, descale=None, out_dtype="bfloat16",
-          config=None, seed=0, scale=1.5, sm_scale=None, window=None, softcap=None, kernel="wgmma", out_pad=8):
+          config=None, seed=0, scale=1.5, sm_scale=None, window=None, softcap=None, kernel="wgmma", out_pad=8,
+          write_lse=None):
     """Launch one of ``KERNELS`` on e4m3 inputs with a poisoned output ``out_pad`` columns wider than headdim;
-    compare with the model and the reference. ``config``: the kernel's (None: its default)."""
+    compare with the model and the reference. ``config``: the kernel's (None: its default). ``write_lse``: True, the
+    call writes the lse (checked too); False, it does not (and leaves the lse array alone); None, True -- and on a GPU
+    False as well where the configuration takes P's row sums from the P V MMA (``WsConfig.fp8_sums``), whose
+    lse-less calls sum the rounded P (the model's ``rounded_sums``) while calls asking for the lse keep the softmax's
+    sums. Returns the (last) call's error against the reference and the model's."""
     rng = np.random.default_rng(seed)
     q = reference.encode_e4m3(rng.standard_normal((batch, heads, seqlen_q, head_dim)) * scale)
     k = reference.encode_e4m3(rng.standard_normal((batch, kv_heads, seqlen_k, head_dim)) * scale)
     v = reference.encode_e4m3(rng.standard_normal((batch, kv_heads, seqlen_k, head_dim)))
     launch, default_config, _ = KERNELS[kernel]
     config = config or default_config(window, softcap)
+    sums = getattr(config, "fp8_sums", False)
+    modes = [write_lse] if write_lse is not None else [True] + ([False] if sums and not SIMULATOR else [])
+    sm = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
+    factors = descale or (None, None, None)
+    ref, ref_lse = reference.attention_fp8(q, k, v, *factors, causal=causal, sm_scale=sm, return_lse=True,
+                                           window=window, softcap=softcap)
+    qf, kf, vf = reference.dequantize(q, k, v, *factors)
+    norm = max(np.linalg.norm(ref), 1e-30)
+    empty = np.isneginf(ref_lse)
+    for lse_too in modes:
+        got, lse_host = _launch(launch, q, k, v, head_dim, out_pad, descale, config, sm, causal, out_dtype, window,
+                                softcap, lse_too)
+        model = reference.flash_fp8_model(qf, kf, vf, causal=causal, sm_scale=sm, block_n=config.block_n,
+                                          window=window, softcap=softcap, rounded_sums=sums and not lse_too,
+                                          p_exponent=fp8.P_EXPONENT)
+        model_error = np.linalg.norm(model - ref) / norm
+        error = np.linalg.norm(got - ref) / norm
+        assert np.linalg.norm(got - model) / norm < MODEL_TOLERANCE[out_dtype], (error, model_error, lse_too)
+        assert error < model_error + MODEL_TOLERANCE[out_dtype]
+        assert np.all(got[empty] == 0.0), "rows without keys: 0"
+        if not lse_too:
+            assert np.all(np.isnan(lse_host)), "an lse written where none was asked for"
+            continue
+        assert np.all(np.isneginf(lse_host[empty])), "rows without keys: an lse of -inf"
+        assert np.all(np.abs(lse_host[~empty] - ref_lse[~empty]) <= lse_bound(qf, kf, sm)[~empty])
+    return error, model_error
+
+
+def _launch(launch, q, k, v, head_dim, out_pad, descale, config, sm, causal, out_dtype, window, softcap, write_lse):
+    """One launch into a poisoned output (checked for writes past headdim) and a NaN lse: ``(out, lse)`` on the
+    host, the output as float64."""
+    batch, heads, seqlen_q = q.shape[:3]
     out_mem = cuda.to_device(np.full((batch, heads, seqlen_q, head_dim + out_pad), POISON, np.uint16))
     out = out_mem[:, :, :, :head_dim]
     lse = cuda.to_device(np.full((batch, heads, seqlen_q), np.nan, np.float32))
-    sm = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
-    factors = descale or (None, None, None)
     views = None
     if descale is not None:
         views = tuple(float(x) if np.ndim(x) == 0 else cuda.to_device(np.asarray(x, np.float32)) for x in descale)
@@ -90,26 +126,11 @@ def check(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal, *, desca
             views = tuple(cuda.to_device(np.full((batch, 1), x, np.float32)) if isinstance(x, float) else x
                           for x in views)
     stream = 0 if SIMULATOR else cuda.default_stream()
-    launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, lse, True, sm, causal, stream,
+    launch(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), out, lse, write_lse, sm, causal, stream,
            descale=views, config=config, out_dtype=out_dtype, window=window, softcap=softcap)
     got_mem = out_mem.copy_to_host()
     assert np.all(got_mem[..., head_dim:] == POISON), "wrote past headdim"
-    got = _to_float(got_mem[..., :head_dim], out_dtype)
-    ref, ref_lse = reference.attention_fp8(q, k, v, *factors, causal=causal, sm_scale=sm, return_lse=True,
-                                           window=window, softcap=softcap)
-    qf, kf, vf = reference.dequantize(q, k, v, *factors)
-    model = reference.flash_fp8_model(qf, kf, vf, causal=causal, sm_scale=sm, block_n=config.block_n, window=window,
-                                      softcap=softcap)
-    norm = max(np.linalg.norm(ref), 1e-30)
-    model_error = np.linalg.norm(model - ref) / norm
-    error = np.linalg.norm(got - ref) / norm
-    assert np.linalg.norm(got - model) / norm < MODEL_TOLERANCE[out_dtype], (error, model_error)
-    assert error < model_error + MODEL_TOLERANCE[out_dtype]
-    lse_host = lse.copy_to_host()
-    empty = np.isneginf(ref_lse)
-    assert np.all(np.isneginf(lse_host[empty])) and np.all(got[empty] == 0.0), "rows without keys: 0 and -inf"
-    assert np.all(np.abs(lse_host[~empty] - ref_lse[~empty]) <= lse_bound(qf, kf, sm)[~empty])
-    return error, model_error
+    return _to_float(got_mem[..., :head_dim], out_dtype), lse.copy_to_host()
 
 
 # -- always ----------------------------------------------------------------------------------------------------------

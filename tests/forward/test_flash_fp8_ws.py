@@ -39,10 +39,14 @@ def test_configs_and_shared_memory():
     # staging tiles (128 rows of two 128-byte atom columns); 10 mbarriers; the alignment slack
     assert wgmma_ws.shared_bytes(wgmma_ws.WsConfig(), 128, fp8=True) == 128 * (128 + 2 * 128 + 2 * 128 + 2 * 128) \
         + 8 * 10 + 1024
-    # the default: 224-key tiles, persistent, V^T in two atom columns
-    assert wgmma_ws_fp8.DEFAULT_CONFIG == wgmma_ws.WsConfig(block_n=224, persistent=True)
-    assert wgmma_ws.shared_bytes(wgmma_ws_fp8.DEFAULT_CONFIG, 128, fp8=True) == 128 * (128 + 2 * 224 + 2 * 256
+    # the default: 224-key tiles, persistent, V^T in two atom columns of 128 head-dim rows and 8 rows of ones each
+    # (P's row sums from the P V MMA)
+    assert wgmma_ws_fp8.DEFAULT_CONFIG == wgmma_ws.WsConfig(block_n=224, persistent=True, fp8_sums=True)
+    assert wgmma_ws.shared_bytes(wgmma_ws_fp8.DEFAULT_CONFIG, 128, fp8=True) == 128 * (128 + 2 * 224 + 2 * 272
                                                                                        + 2 * 128) + 8 * 10 + 1024
+    assert wgmma_ws.shared_bytes(wgmma_ws_fp8.PREVIOUS_DEFAULT, 128, fp8=True) == 128 * (128 + 2 * 224 + 2 * 256
+                                                                                         + 2 * 128) + 8 * 10 + 1024
+    assert not wgmma_ws.usable(wgmma_ws_fp8.DEFAULT_CONFIG, 128)  # (an 8-bit form: no 16-bit kernel takes it)
     # 160-key tiles at head dim 64: V^T in two atom columns of 64 rows; the output one atom column
     assert wgmma_ws.shared_bytes(wgmma_ws.WsConfig(block_n=160), 64, fp8=True) == 128 * (128 + 2 * 160 + 2 * 128
                                                                                          + 128) + 8 * 10 + 1024
@@ -121,6 +125,26 @@ def test_simulated_output_stores(monkeypatch, persistent):
     for out_pad in (8, 1, 2):
         check(1, 2, 1, 70, 90, 32, True, config=config, seed=out_pad, out_pad=out_pad)
     assert stores == ["tma", "elements", "pairs"]
+
+
+@simulator_only
+@pytest.mark.parametrize("args, fields", [
+    ((1, 1, 1, 20, 200, 32, False), dict(block_n=160)),  # a partial last tile (a narrow one)
+    ((1, 2, 1, 70, 90, 32, True), dict(block_n=32, stages=2, persistent=True)),  # GQA, persistent, causal
+    ((1, 1, 1, 77, 400, 96, False), dict(block_n=224, persistent=True)),  # the GPU default's tiles, long rows
+])
+def test_simulated_row_sums_from_the_mma(args, fields, monkeypatch):
+    # fp8_sums: P's row sums from the P V MMA (a row of ones under V^T), folded per tile; the model sums the rounded P.
+    # A call that asks for the lse runs the softmax's sums (its lse checked against the reference's)
+    compiled = []
+    kernel_of = wgmma_ws_fp8.flash_ws_fp8_kernel
+    monkeypatch.setattr(wgmma_ws_fp8, "flash_ws_fp8_kernel", lambda config, *a, **kw: (
+        compiled.append(config.fp8_sums), kernel_of(config, *a, **kw))[1])
+    config = wgmma_ws.WsConfig(fp8_sums=True, **fields)
+    for write_lse in (False, True):
+        error, model_error = check(*args, config=config, seed=5, write_lse=write_lse)
+        assert error < 2 * model_error + 1e-3
+    assert compiled == [True, False]
 
 
 @simulator_only

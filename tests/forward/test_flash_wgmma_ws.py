@@ -167,8 +167,8 @@ def widths_computed():
     s_widths, pv_widths = set(), set()
     real = warpgroup.attention_products
 
-    def recording(block_n, d_pad, bf16, fp8=False, width=None):
-        q_times_k, p_times_v = real(block_n, d_pad, bf16, fp8, width)
+    def recording(block_n, d_pad, bf16, fp8=False, width=None, sum_rows=0):
+        q_times_k, p_times_v = real(block_n, d_pad, bf16, fp8, width, sum_rows)
         width = width or block_n
 
         def q_k(*args):

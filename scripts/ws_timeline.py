@@ -1,13 +1,14 @@
 """Where a block of the warp-specialised forward spends its time: per-phase timestamps of every block, on a GPU.
 
-    python scripts/ws_timeline.py [--seqlen 16384] [--heads 16] [--windows 512,4096,none] [--stores tma,elements]
-        [--persistent]
+    python scripts/ws_timeline.py [--seqlen 16384] [--heads 16] [--batch 1] [--head-dim 128] [--dtype bf16|fp16|fp8]
+        [--windows 512,4096,none | --full] [--stores tma,elements] [--persistent | --config block_n=128,stages=3]
 
 A diagnostic, not the kernel: it rewrites ``forward/wgmma_ws_kernel.py``'s source text so that one thread of each
 consumer warpgroup (and the producer thread) reads ``%globaltimer`` after each phase of a block and writes it into
 ``lse`` (the launch passes ``write_lse=False``, so nothing else writes there), compiles that copy, and launches it
-through ``wgmma_ws.launch`` on causal bf16 inputs ``(1, heads, seqlen, 128)`` with the default configuration
-(``--persistent``: ``WsConfig(persistent=True)``, whose blocks are stamped inside the block loop). Per call it prints
+through ``wgmma_ws.launch`` (``--dtype fp8``: ``wgmma_ws_fp8.launch``) on inputs ``(batch, heads, seqlen, head_dim)``,
+causal unless ``--full``, with the kernel's default configuration (``--persistent``: its persistent form, whose
+blocks are stamped inside the block loop; ``--config``: WsConfig fields, two consumers). Per call it prints
 the median over blocks of each consumer phase -- Q landed, K of tile 0 landed, tile 0 (S, its softmax, P) done, the
 other tiles done, the last P V done, the epilogue done (with the TMA store: once the unit has read the staged tile)
 -- the median gap between one block's end and the next block's start on the same SM (not defined for the persistent
@@ -20,6 +21,7 @@ float32; unwrapped modulo 2^24).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -71,9 +73,8 @@ def rewritten_source(src: str) -> str:
     i12, i16, i20 = " " * 12, " " * 16, " " * 20
     k_full = _lines(i12 + "wait(smem, bars + K_FULL + 4 * stage, phase)", i12 + "if narrow:")
     first_done = "causal, diag_offset, scale_log2, post, stage, phase))\n"
-    last_pv = _lines(i12 + "last_p_times_v(code, (acc, p, smem, v_base + v_stage * V_TILE))", i12 + "wait_o(acc, l_run)",
-                     i12 + "if lane == 0:",
-                     i16 + "arrive(smem, bars + V_EMPTY + 4 * v_stage)")
+    last_pv = _lines(i12 + "last_p_times_v(code, (acc, p, smem, v_base + v_stage * V_TILE))",
+                     i12 + "wait_o(acc, l_run)\n")
     own_position = i12 + "b1, h1, m1, _, _, _, out_head = position(q, k, v, out, causal, schedule)\n"
     producer_position = i20 + "b1, h1, m1, _, _, _, _ = position(q, k, v, out, causal, schedule)\n"
     produced = _lines(" " * 32 + "n_first1, n_tiles1, 0, 0, 0)", i12 + "return")
@@ -97,7 +98,7 @@ def rewritten_source(src: str) -> str:
         (_lines(" " * 8 + "if n_tiles > 0:", i12 + "wait(smem, bars + V_FULL + 4 * v_stage, v_phase)"),
          _lines(_stamped(" " * 8, 4)[1:], " " * 8 + "if n_tiles > 0:",
                 i12 + "wait(smem, bars + V_FULL + 4 * v_stage, v_phase)")),
-        (last_pv, last_pv.replace("wait_o(acc, l_run)", "wait_o(acc, l_run)" + _stamped(i12, 5), 1)),
+        (last_pv, last_pv.replace("wait_o(acc, l_run)\n", "wait_o(acc, l_run)" + _stamped(i12, 5) + "\n", 1)),
         (_lines("post, out_scale)", " " * 8 + "return stage, phase"),
          _lines("post, out_scale)" + _stamped(" " * 8, 6), " " * 8 + "return stage, phase")),
         (own_position, own_position + i12 + "if warp % 4 == 0 and lane == 0:\n"
@@ -162,21 +163,45 @@ def summarise(stamps, say=print) -> None:
             f"{np.median(per_sm):.2f} us")
 
 
+def _config(text: str, fp8: bool):
+    """``--config``: "default" (the kernel's), "persistent" (the default's persistent form) or WsConfig fields as
+    ``block_n=128,persistent=1,stages=3`` (two consumers only: the stamps' slots hold two)."""
+    from numba_attn.forward import wgmma_ws, wgmma_ws_fp8
+
+    base = wgmma_ws_fp8.default_config() if fp8 else wgmma_ws.DEFAULT_CONFIG
+    if text == "default":
+        return base
+    if text == "persistent":
+        return dataclasses.replace(base, persistent=True)
+    fields = {}
+    for item in text.split(","):
+        name, value = item.split("=")
+        fields[name] = bool(int(value)) if name in ("persistent", "pingpong", "fp8_sums") else int(value)
+    return wgmma_ws.WsConfig(**fields)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seqlen", type=int, default=16384)
     parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp8"),
+                        help="fp8: e4m3 inputs on wgmma_ws_fp8 (its default configuration; bf16 output)")
+    parser.add_argument("--full", action="store_true", help="no causal mask (--windows then ignored)")
     parser.add_argument("--windows", default="512,4096,none", help="left window sides; 'none': plain causal")
     parser.add_argument("--stores", default="tma,elements", help="ways of storing the output (wgmma_ws_kernel.STORES)")
     parser.add_argument("--persistent", action="store_true", help="the persistent configuration (one block per SM)")
+    parser.add_argument("--config", default=None, help="'default', 'persistent' or fields: block_n=128,stages=3")
     args = parser.parse_args(argv)
     import torch
     from numba import cuda
 
-    from numba_attn.forward import wgmma_ws
+    from numba_attn.forward import wgmma_ws, wgmma_ws_fp8
     from numba_attn.runtime.device import kernel_jit
 
     timeline = timeline_module()
+    fp8 = args.dtype == "fp8"
 
     def stamped_kernel(config, head_dim_pad, bf16, scale_first=False, variant=wgmma_ws.PLAIN, store="elements",
                        probe=None, narrow=True):
@@ -184,30 +209,52 @@ def main(argv=None) -> int:
         source = timeline._kernel_source(config, head_dim_pad, bf16, scale_first, variant, store=store, narrow=narrow)
         return kernel_jit((config.threads, 1), wgmma_ws.SIGNATURE)(source)
 
+    def stamped_fp8_kernel(config, head_dim_pad, bf16_out, scale_first=False, per_head=False, variant=wgmma_ws.PLAIN,
+                           probe=None, store="tma", narrow=True):
+        assert probe is None, "the timeline's kernel has no probes"
+        source = timeline._kernel_source(config, head_dim_pad, bf16_out, scale_first, variant, fp8=True,
+                                         per_head=per_head, store=store, narrow=narrow)
+        return kernel_jit((config.threads, 1), wgmma_ws_fp8.SIGNATURE)(source)
+
     wgmma_ws.flash_ws_kernel = stamped_kernel  # (this process only)
-    n, heads, d = args.seqlen, args.heads, 128
-    q, k, v = (torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    out = torch.empty_like(q)
+    wgmma_ws_fp8.flash_ws_fp8_kernel = stamped_fp8_kernel
+    bsz, n, heads, d = args.batch, args.seqlen, args.heads, args.head_dim
+    dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
+    q, k, v = (torch.randn(bsz, heads, n, d, device="cuda", dtype=dtype) for _ in range(3))
+    out = torch.empty(bsz, heads, n, d, device="cuda", dtype=torch.bfloat16 if fp8 else dtype)
+    if fp8:
+        q, k, v = (x.to(torch.float8_e4m3fn) for x in (q, k, v))
 
     def bits(x):
-        return cuda.as_cuda_array(x.view(torch.int16))
+        return cuda.as_cuda_array(x.view(torch.uint8 if x.element_size() == 1 else torch.int16))
 
     chosen = wgmma_ws.output_store
-    config = wgmma_ws.WsConfig(persistent=True) if args.persistent else wgmma_ws.DEFAULT_CONFIG
-    for store, text in [(s, t) for s in args.stores.split(",") for t in args.windows.split(",")]:
+    text = args.config or ("persistent" if args.persistent else "default")
+    config = _config(text, fp8)
+    if config.consumers != 2:
+        raise SystemExit("--config: two consumers only (the stamps' slots hold two)")
+    windows = ["full"] if args.full else args.windows.split(",")
+    for store, wtext in [(s, t) for s in args.stores.split(",") for t in windows]:
         # (the TMA store needs the output's map: the launcher's own choice, which must then be "tma")
         wgmma_ws.output_store = chosen if store == "tma" else (lambda out, packed, stream, store=store: (store, 0))
-        w = None if text.strip().lower() == "none" else int(text)
-        lse = torch.full((1, heads, n), float("nan"), device="cuda", dtype=torch.float32)
+        w = None if wtext.strip().lower() in ("none", "full") else int(wtext)
+        lse = torch.full((bsz, heads, n), float("nan"), device="cuda", dtype=torch.float32)
         for _ in range(3):  # (compiles on the first)
-            wgmma_ws.launch(bits(q), bits(k), bits(v), bits(out), cuda.as_cuda_array(lse), False, d ** -0.5, True,
-                            cuda.default_stream(), config=config, dtype="bfloat16",
-                            window=(w, 0) if w else None)
+            if fp8:
+                wgmma_ws_fp8.launch(bits(q), bits(k), bits(v), bits(out), cuda.as_cuda_array(lse), False, d ** -0.5,
+                                    not args.full, cuda.default_stream(), config=config,
+                                    window=(w, 0) if w else None)
+            else:
+                wgmma_ws.launch(bits(q), bits(k), bits(v), bits(out), cuda.as_cuda_array(lse), False, d ** -0.5,
+                                not args.full, cuda.default_stream(), config=config, dtype=args.dtype.replace(
+                                    "bf16", "bfloat16").replace("fp16", "float16"), window=(w, 0) if w else None)
         torch.cuda.synchronize()
         rows = config.block_m
-        stamps = lse.cpu().numpy()[0].reshape(heads, n // rows, rows)[:, :, :48].reshape(-1, 48)
-        kind = "persistent" if args.persistent else "one block per query block"
-        print(f"store {store}, causal, window {w}, L{n} H{heads} D{d} bf16, {kind}: {len(stamps)} blocks", flush=True)
+        stamps = lse.cpu().numpy().reshape(bsz * heads, n // rows, rows)[:, :, :48].reshape(-1, 48)
+        kind = "persistent" if config.persistent else "one block per query block"
+        mask = "full" if args.full else f"causal, window {w}"
+        print(f"store {store}, {mask}, B{bsz} L{n} H{heads} D{d} {args.dtype}, {config} ({kind}): "
+              f"{len(stamps)} blocks", flush=True)
         summarise(stamps)
     return 0
 

@@ -1,0 +1,56 @@
+"""Offline check (no GPU): ptxas -v for sm_90a (registers, spills) of the WS forward's kernels that the persistent
+turn changes (branch h/block-turn: a block's last P V under the next block's tile 0) and one it must not (one block per
+query block). Run from a tree with CUDA_HOME / PATH at CUDA 13 and NUMBA_ENABLE_CUDASIM=0; prints one line a case."""
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.getcwd())
+
+CASES = [  # (config fields, head dim, causal, fp8)
+    (dict(block_n=224, persistent=True, fp8_sums=True), 128, False, True),
+    (dict(block_n=224, persistent=True, fp8_sums=True), 128, True, True),
+    (dict(block_n=128, persistent=True), 64, False, False),
+    (dict(block_n=128, persistent=True), 64, True, False),
+    (dict(block_n=128, persistent=True), 128, False, False),
+    (dict(block_n=128, persistent=True), 128, True, False),
+    (dict(block_n=128, persistent=True, consumers=3, producer_registers=32, consumer_registers=160), 64, False, False),
+    (dict(block_n=128), 128, False, False),
+]
+
+
+def build(spec):
+    fields, d, causal, fp8 = spec
+    import numba.cuda.dispatcher as dispatcher
+    from numba import cuda
+
+    class Sm90:  # (device functions ask the current device's capability: none here)
+        compute_capability = (9, 0)
+
+    dispatcher.get_current_device = lambda: Sm90()
+    from numba_attn.forward import wgmma_ws, wgmma_ws_fp8, wgmma_ws_kernel
+    from numba_attn.forward.common import Variant
+
+    config = wgmma_ws.WsConfig(**fields)
+    source = wgmma_ws_kernel._kernel_source(config, d, True, False, Variant.of(causal, None, None), fp8=fp8,
+                                            store="tma", narrow=True)
+    signature = wgmma_ws_fp8.SIGNATURE if fp8 else wgmma_ws.SIGNATURE
+    ptx, _ = cuda.compile_ptx(source, signature, cc=(9, 0), launch_bounds=(config.threads, 1))
+    ptx = re.sub(r"^\.target sm_90$", ".target sm_90a", ptx, flags=re.M)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        open(path, "w").write(ptx)
+        res = subprocess.run(["ptxas", "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
+                             capture_output=True, text=True)
+        info = " ".join(line.split("info    :")[-1].strip() for line in res.stderr.splitlines()
+                        if "Used" in line or "spill" in line or "arning" in line or "Loss" in line or "rror" in line)
+    return f"{fields} D{d} {'causal' if causal else 'full'}{' fp8' if fp8 else ''}: {info}"
+
+
+if __name__ == "__main__":
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        for line in pool.map(build, CASES):
+            print(line, flush=True)

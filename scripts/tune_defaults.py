@@ -285,8 +285,17 @@ def write_table(args, torch, family, done, seconds):
         with open(args.out) as f:
             old = json.load(f)
     if args.take:
+        # (the keys of a tuner whose configurations lack the fields -- another kernel's -- are not taken; where no
+        # tuner's have them, ``takes`` names the unknown field)
+        wanted = set(parse_fields(args.take))
+        having = {name: entries for name, entries in done.items()
+                  if all(wanted <= set(entry["config"]) for entry in entries.values())}
+        if not any(having.values()):
+            for entries in done.values():
+                for entry in entries.values():
+                    takes(args.take, entry["config"])
         done = {name: {key: entry for key, entry in entries.items() if takes(args.take, entry["config"])}
-                for name, entries in done.items()}
+                for name, entries in having.items()}
         source["taken"] = (f"only the keys whose choice has {args.take}: "
                            + (", ".join(sorted(k for e in done.values() for k in e)) or "none"))
     table = {"family": family, "about": ABOUT, "source": source, "tuners": {}}

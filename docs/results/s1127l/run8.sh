@@ -13,7 +13,7 @@ for round in 1 2; do
   for side in a b; do
     cp /tmp/sm90_$side.json $table
     timeout 40 python3 scripts/sweep.py --sweeps flash --direction forward --flash-configs 64:48 --dtypes bf16 \
-      --causal non-causal --seqlens 1k,2k --providers "=numba_attn,=torch-sdpa-cudnn" --budget 0.3 --no-plot \
+      --causal noncausal --seqlens 1k,2k --providers "=numba_attn,=torch-sdpa-cudnn" --budget 0.3 --no-plot \
       --out $OUT/d64_$side$round 2>&1 | grep -E "^\[flash" | sed "s/^/$side$round /"
   done
 done

@@ -173,6 +173,28 @@ def test_take_writes_only_the_keys_that_chose_those_fields(script, fake_gpu, tmp
         script.parse_fields("block_n")
 
 
+def test_take_leaves_the_keys_of_tuners_without_those_fields(script, fake_gpu, tmp_path, monkeypatch):
+    """A run over two kernels' keys (head dims 64 and 256: the wgmma and mma tuners) with ``take`` naming fields
+    of the mma kernel's configurations only: its keys are taken where they chose them, the wgmma keys keep the first
+    run's entries (2026-11-27: the run stopped at the wgmma keys instead, and wrote nothing)."""
+    torch, _ = fake_gpu
+    mma, wgmma = dispatch.FLASH_MMA_TUNER, dispatch.FLASH_WGMMA_TUNER
+    monkeypatch.setattr(script, "fake_time", lambda tuner_, config, key, seqlen_q: 1 + tuner_.candidates.index(config))
+    script.run_tune(options(tmp_path, headdims=[64, 256]), torch, "sm00")
+    for t in dispatch.TUNERS:
+        t.forget()
+    monkeypatch.setattr(script, "fake_time", lambda tuner_, config, key, seqlen_q: 1.0 / (1 + tuner_.candidates.index(
+        config)))  # (the last candidate everywhere)
+    take = ",".join(f"{name}={value}" for name, value in dataclasses.asdict(mma.candidates[-1]).items())
+    script.run_tune(options(tmp_path, headdims=[64, 256], merge=True, take=take), torch, "sm00")
+    table = json.loads((tmp_path / "sm00.json").read_text())
+    assert table["tuners"]["flash_wgmma"]["entries"] and all(
+        entry["config"] == dataclasses.asdict(wgmma.candidates[0])
+        for entry in table["tuners"]["flash_wgmma"]["entries"].values())
+    assert all(entry["config"] == dataclasses.asdict(mma.candidates[-1])
+               for entry in table["tuners"]["flash_mma"]["entries"].values())
+
+
 def test_time_limit_stops_new_shapes(script, fake_gpu, tmp_path, capsys):
     torch, calls = fake_gpu
     script.run_tune(options(tmp_path, time_limit=-1.0), torch, "sm00")

@@ -29,6 +29,9 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+from _fields import parse_fields  # noqa: E402
 
 #: the intrinsics the rewritten source uses (GPU only)
 TIMER_SOURCE = '''
@@ -165,7 +168,8 @@ def summarise(stamps, say=print) -> None:
 
 def _config(text: str, fp8: bool):
     """``--config``: "default" (the kernel's), "persistent" (the default's persistent form) or WsConfig fields as
-    ``block_n=128,persistent=1,stages=3`` (two consumers only: the stamps' slots hold two)."""
+    ``block_n=128,persistent=True,stages=3`` (``_fields.parse_fields``; two consumers only: the stamps' slots hold
+    two)."""
     from numba_attn.forward import wgmma_ws, wgmma_ws_fp8
 
     base = wgmma_ws_fp8.default_config() if fp8 else wgmma_ws.DEFAULT_CONFIG
@@ -173,11 +177,7 @@ def _config(text: str, fp8: bool):
         return base
     if text == "persistent":
         return dataclasses.replace(base, persistent=True)
-    fields = {}
-    for item in text.split(","):
-        name, value = item.split("=")
-        fields[name] = bool(int(value)) if name in ("persistent", "pingpong", "fp8_sums") else int(value)
-    return wgmma_ws.WsConfig(**fields)
+    return wgmma_ws.WsConfig(**parse_fields(text))
 
 
 def main(argv=None) -> int:

@@ -1,12 +1,10 @@
 """Offline check (no GPU): ptxas -v for sm_90a (registers, spills) of the WS forward's kernels that the persistent
 turn changes (branch h/block-turn: a block's last P V under the next block's tile 0) and one it must not (one block per
-query block). Run from a tree with CUDA_HOME / PATH at CUDA 13 and NUMBA_ENABLE_CUDASIM=0; prints one line a case."""
+query block). Run from a tree with CUDA_HOME / PATH at CUDA 13 and NUMBA_ENABLE_CUDASIM=0; prints one line a case
+(``scripts/compile_check.py``'s ptxas summary; ptxas_turn.log came from a copy of it written here before)."""
 import multiprocessing
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.getcwd())
 
@@ -24,13 +22,12 @@ CASES = [  # (config fields, head dim, causal, fp8)
 
 def build(spec):
     fields, d, causal, fp8 = spec
-    import numba.cuda.dispatcher as dispatcher
+    sys.path.insert(0, os.path.join(os.getcwd(), "scripts"))
+    from compile_check import _fake_sm90, _ptxas
+
+    _fake_sm90()
     from numba import cuda
 
-    class Sm90:  # (device functions ask the current device's capability: none here)
-        compute_capability = (9, 0)
-
-    dispatcher.get_current_device = lambda: Sm90()
     from numba_attn.forward import wgmma_ws, wgmma_ws_fp8, wgmma_ws_kernel
     from numba_attn.forward.common import Variant
 
@@ -39,15 +36,7 @@ def build(spec):
                                             store="tma", narrow=True)
     signature = wgmma_ws_fp8.SIGNATURE if fp8 else wgmma_ws.SIGNATURE
     ptx, _ = cuda.compile_ptx(source, signature, cc=(9, 0), launch_bounds=(config.threads, 1))
-    ptx = re.sub(r"^\.target sm_90$", ".target sm_90a", ptx, flags=re.M)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.ptx")
-        open(path, "w").write(ptx)
-        res = subprocess.run(["ptxas", "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
-                             capture_output=True, text=True)
-        info = " ".join(line.split("info    :")[-1].strip() for line in res.stderr.splitlines()
-                        if "Used" in line or "spill" in line or "arning" in line or "Loss" in line or "rror" in line)
-    return f"{fields} D{d} {'causal' if causal else 'full'}{' fp8' if fp8 else ''}: {info}"
+    return f"{fields} D{d} {'causal' if causal else 'full'}{' fp8' if fp8 else ''}: {_ptxas(ptx)}"
 
 
 if __name__ == "__main__":
